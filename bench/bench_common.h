@@ -1,0 +1,41 @@
+// Shared pieces of tdist-bench: options, percentiles and JSON rows.
+#pragma once
+
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tdist::bench {
+
+// Parsed "--name value" / "--name=value" arguments after the mode.
+class Args {
+ public:
+  Args(int argc, char** argv);
+  std::string get(const std::string& name, const std::string& fallback) const;
+  double number(const std::string& name, double fallback) const;
+  bool has(const std::string& name) const { return values_.count(name) > 0; }
+  // Names given but never read: typos should not pass silently.
+  void reject_unknown(const std::vector<std::string>& known) const;
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+double percentile(std::vector<double> v, double p);
+
+// Rows of a JSON array, each a flat object of numbers and strings.
+class JsonRows {
+ public:
+  void begin_row() { rows_.emplace_back(); }
+  void field(const std::string& k, const std::string& v);
+  void field(const std::string& k, double v);
+  bool write(const std::string& path) const;
+
+ private:
+  std::vector<std::vector<std::pair<std::string, std::string>>> rows_;
+};
+
+int store_bench(const Args& args);
+
+}  // namespace tdist::bench

@@ -1,0 +1,8 @@
+// The umbrella header: everything tdist offers.
+#pragma once
+
+#include "tdist/config.h"
+#include "tdist/errors.h"
+#include "tdist/rendezvous.h"
+#include "tdist/store.h"
+#include "tdist/version.h"

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs the Debian packages tdist needs to build, test and run its demo.
+# Idempotent: checks what is installed first and does nothing when all is there.
+# As root it runs apt-get; otherwise it prints the exact command to run.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config
+  clang libclang-rt-dev          # libFuzzer target and sanitizers
+  libtorch-dev                   # LibTorch 1.13 (CPU)
+  libopenblas0-openmp            # ~15x faster training than the reference BLAS
+  libgloo-dev                    # the gloo backend
+  libssl-dev                     # HMAC for store authentication
+  libgtest-dev libgmock-dev      # the test framework
+  dataset-fashion-mnist          # the demo's data set
+  iproute2                       # network namespaces in multi-host tests
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+cmd="apt-get install -y --no-install-recommends ${missing[*]}"
+if [ "$(id -u)" -ne 0 ]; then
+  echo "tdist: missing Debian packages. Run as root:" >&2
+  echo "  apt-get update && $cmd" >&2
+  exit 1
+fi
+
+echo "tdist: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# shellcheck disable=SC2086
+apt-get install -y -qq --no-install-recommends ${missing[*]}

@@ -1,0 +1,14 @@
+// Every difference between the LibTorch versions tdist builds against
+// (Debian's 1.13 here and in CI; 2.x from pytorch.org or a wheel, with or
+// without CUDA) lives in this header and nowhere else.
+#pragma once
+
+#include <torch/version.h>
+
+#define TDIST_TORCH_VERSION_AT_LEAST(major, minor)                 \
+  (TORCH_VERSION_MAJOR > (major) ||                                \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+#if !TDIST_TORCH_VERSION_AT_LEAST(1, 13)
+#error "tdist needs LibTorch 1.13 or newer"
+#endif

@@ -1,0 +1,269 @@
+// tdist-run: starts one process per local rank, torchrun-style.
+//
+//   tdist-run --nproc-per-node N [--nnodes M --node-rank R] [--master-addr A]
+//             [--master-port P] [--max-restarts K] [--] program [args...]
+//
+// Sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+// MASTER_ADDR, MASTER_PORT and (unless set) OMP_NUM_THREADS. Every output
+// line of a rank is prefixed with "[rank N]: ". When a rank fails, the others
+// get SIGTERM, then SIGKILL after a grace period, and tdist-run exits
+// non-zero after a summary naming the rank and how it ended.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "store/socket.h"
+#include "util/env.h"
+
+namespace {
+
+volatile sig_atomic_t g_signal = 0;
+void on_signal(int sig) { g_signal = sig; }
+
+struct Options {
+  int nproc = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0: a free port, chosen once
+  int max_restarts = 0;
+  double grace_s = 5.0;
+  std::vector<std::string> argv;
+};
+
+struct Child {
+  int rank = 0;
+  pid_t pid = -1;
+  int out_fd = -1;      // merged stdout+stderr
+  std::string partial;  // output not yet ended by a newline
+  bool exited = false;
+  int status = 0;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "tdist-run: %s\n"
+               "usage: tdist-run --nproc-per-node N [--nnodes M] [--node-rank R] [--master-addr HOST]\n"
+               "                 [--master-port PORT] [--max-restarts K] [--grace-seconds S] [--] program [args...]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+int int_arg(const std::string& name, const char* value, int lo, int hi) {
+  auto v = tdist::detail::parse_int(value ? value : "");
+  if (!v || *v < lo || *v > hi) {
+    usage(name + " needs an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" +
+          (value ? value : "") + "'");
+  }
+  return static_cast<int>(*v);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a.rfind("--", 0) != 0) break;
+    std::string name = a, value;
+    bool has_value = false;
+    if (size_t eq = a.find('='); eq != std::string::npos) {
+      name = a.substr(0, eq);
+      value = a.substr(eq + 1);
+      has_value = true;
+    }
+    for (auto& ch : name) if (ch == '_') ch = '-';
+    auto next = [&]() -> const char* {
+      if (has_value) return value.c_str();
+      if (i + 1 >= argc) usage(name + " needs a value");
+      return argv[++i];
+    };
+    if (name == "--nproc-per-node") o.nproc = int_arg(name, next(), 1, 4096);
+    else if (name == "--nnodes") o.nnodes = int_arg(name, next(), 1, 1 << 20);
+    else if (name == "--node-rank") o.node_rank = int_arg(name, next(), 0, 1 << 20);
+    else if (name == "--master-addr") o.master_addr = next();
+    else if (name == "--master-port") o.master_port = int_arg(name, next(), 1, 65535);
+    else if (name == "--max-restarts") o.max_restarts = int_arg(name, next(), 0, 1000);
+    else if (name == "--grace-seconds") o.grace_s = int_arg(name, next(), 0, 3600);
+    else if (name == "--help" || name == "-h") usage("help");
+    else usage("unknown option " + a);
+  }
+  for (; i < argc; ++i) o.argv.push_back(argv[i]);
+  if (o.argv.empty()) usage("no program given");
+  if (o.node_rank >= o.nnodes) usage("--node-rank must be below --nnodes");
+  if (o.nnodes > 1 && o.master_port == 0) usage("--master-port is required with --nnodes > 1");
+  return o;
+}
+
+void emit(Child& c, const char* data, size_t n, bool final) {
+  c.partial.append(data, n);
+  size_t start = 0;
+  for (;;) {
+    size_t nl = c.partial.find('\n', start);
+    if (nl == std::string::npos) break;
+    std::printf("[rank %d]: %.*s\n", c.rank, static_cast<int>(nl - start), c.partial.data() + start);
+    start = nl + 1;
+  }
+  c.partial.erase(0, start);
+  if (final && !c.partial.empty()) {
+    std::printf("[rank %d]: %s\n", c.rank, c.partial.c_str());
+    c.partial.clear();
+  }
+  std::fflush(stdout);
+}
+
+std::string describe(int status) {
+  if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    return "killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
+  }
+  return "status " + std::to_string(status);
+}
+
+bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+Child spawn(const Options& o, int local_rank, int port) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    std::perror("tdist-run: pipe");
+    std::exit(1);
+  }
+  Child c;
+  c.rank = o.node_rank * o.nproc + local_rank;
+  pid_t pid = fork();
+  if (pid < 0) {
+    std::perror("tdist-run: fork");
+    std::exit(1);
+  }
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    auto set = [](const char* k, const std::string& v) { setenv(k, v.c_str(), 1); };
+    set("RANK", std::to_string(c.rank));
+    set("LOCAL_RANK", std::to_string(local_rank));
+    set("WORLD_SIZE", std::to_string(o.nnodes * o.nproc));
+    set("LOCAL_WORLD_SIZE", std::to_string(o.nproc));
+    set("GROUP_RANK", std::to_string(o.node_rank));
+    set("MASTER_ADDR", o.master_addr);
+    set("MASTER_PORT", std::to_string(port));
+    if (!std::getenv("OMP_NUM_THREADS")) {
+      long cores = sysconf(_SC_NPROCESSORS_ONLN);
+      set("OMP_NUM_THREADS", std::to_string(std::max<long>(1, cores / o.nproc)));
+    }
+    std::vector<char*> args;
+    for (const auto& a : o.argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    std::fprintf(stderr, "tdist-run: cannot run '%s': %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  close(fds[1]);
+  c.pid = pid;
+  c.out_fd = fds[0];
+  return c;
+}
+
+// Runs one generation of the job; returns the index of the first rank that
+// failed, or -1 if all succeeded.
+int run_once(const Options& o, int port, std::vector<Child>& kids) {
+  kids.clear();
+  for (int r = 0; r < o.nproc; ++r) kids.push_back(spawn(o, r, port));
+  int first_failure = -1;
+  bool terminating = false;
+  std::chrono::steady_clock::time_point kill_at{};
+  size_t open_pipes = kids.size();
+  size_t running = kids.size();
+  while (open_pipes > 0 || running > 0) {
+    if (g_signal && !terminating) {
+      for (auto& k : kids) if (!k.exited) kill(k.pid, g_signal);
+      terminating = true;
+      kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
+    }
+    std::vector<pollfd> pfds;
+    std::vector<Child*> owners;
+    for (auto& k : kids) {
+      if (k.out_fd >= 0) {
+        pfds.push_back({k.out_fd, POLLIN, 0});
+        owners.push_back(&k);
+      }
+    }
+    int rc = poll(pfds.data(), pfds.size(), 50);
+    if (rc > 0) {
+      for (size_t i = 0; i < pfds.size(); ++i) {
+        if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        char buf[65536];
+        ssize_t n = read(pfds[i].fd, buf, sizeof buf);
+        if (n > 0) {
+          emit(*owners[i], buf, static_cast<size_t>(n), false);
+        } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+          emit(*owners[i], "", 0, true);
+          close(owners[i]->out_fd);
+          owners[i]->out_fd = -1;
+          --open_pipes;
+        }
+      }
+    }
+    for (auto& k : kids) {
+      if (k.exited) continue;
+      int status = 0;
+      if (waitpid(k.pid, &status, WNOHANG) == k.pid) {
+        k.exited = true;
+        k.status = status;
+        --running;
+        if (failed(status) && first_failure < 0) {
+          first_failure = static_cast<int>(&k - kids.data());
+          if (!terminating) {
+            for (auto& other : kids) if (!other.exited) kill(other.pid, SIGTERM);
+            terminating = true;
+            kill_at = std::chrono::steady_clock::now() +
+                      std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
+          }
+        }
+      }
+    }
+    if (terminating && std::chrono::steady_clock::now() >= kill_at) {
+      for (auto& k : kids) if (!k.exited) kill(k.pid, SIGKILL);
+    }
+  }
+  return first_failure;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = parse(argc, argv);
+  struct sigaction sa{};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  const int port = o.master_port ? o.master_port : tdist::detail::find_free_port();
+  std::vector<Child> kids;
+  for (int attempt = 0;; ++attempt) {
+    int failure = run_once(o, port, kids);
+    if (failure < 0) return 0;
+    const Child& f = kids[failure];
+    std::fprintf(stderr, "tdist-run: rank %d (pid %d) failed first: %s\n", f.rank, static_cast<int>(f.pid),
+                 describe(f.status).c_str());
+    for (const auto& k : kids) {
+      if (&k != &f) std::fprintf(stderr, "tdist-run:   rank %d: %s\n", k.rank, describe(k.status).c_str());
+    }
+    if (g_signal || attempt >= o.max_restarts) return 1;
+    std::fprintf(stderr, "tdist-run: restarting all ranks (restart %d of %d)\n", attempt + 1, o.max_restarts);
+  }
+}
