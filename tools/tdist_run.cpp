@@ -150,6 +150,7 @@ Child spawn(const Options& o, int local_rank, int port) {
     std::exit(1);
   }
   if (pid == 0) {
+    setpgid(0, 0);  // the rank and everything it starts form one group
     dup2(fds[1], 1);
     dup2(fds[1], 2);
     signal(SIGINT, SIG_DFL);
@@ -173,10 +174,16 @@ Child spawn(const Options& o, int local_rank, int port) {
     std::fprintf(stderr, "tdist-run: cannot run '%s': %s\n", args[0], std::strerror(errno));
     _exit(127);
   }
+  setpgid(pid, pid);  // also here: no race with the child's own call
   close(fds[1]);
   c.pid = pid;
   c.out_fd = fds[0];
   return c;
+}
+
+// Signals a rank's whole process group (it may have started children).
+void signal_rank(const Child& c, int sig) {
+  if (kill(-c.pid, sig) != 0) kill(c.pid, sig);
 }
 
 // Runs one generation of the job; returns the index of the first rank that
@@ -189,9 +196,12 @@ int run_once(const Options& o, int port, std::vector<Child>& kids) {
   std::chrono::steady_clock::time_point kill_at{};
   size_t open_pipes = kids.size();
   size_t running = kids.size();
-  while (open_pipes > 0 || running > 0) {
+  // After the last rank exits, its output pipe may still be held open by a
+  // child it left behind: drain briefly, then stop listening.
+  std::chrono::steady_clock::time_point drain_until{};
+  while (running > 0 || (open_pipes > 0 && std::chrono::steady_clock::now() < drain_until)) {
     if (g_signal && !terminating) {
-      for (auto& k : kids) if (!k.exited) kill(k.pid, g_signal);
+      for (auto& k : kids) if (!k.exited) signal_rank(k, g_signal);
       terminating = true;
       kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
     }
@@ -229,7 +239,7 @@ int run_once(const Options& o, int port, std::vector<Child>& kids) {
         if (failed(status) && first_failure < 0) {
           first_failure = static_cast<int>(&k - kids.data());
           if (!terminating) {
-            for (auto& other : kids) if (!other.exited) kill(other.pid, SIGTERM);
+            for (auto& other : kids) if (!other.exited) signal_rank(other, SIGTERM);
             terminating = true;
             kill_at = std::chrono::steady_clock::now() +
                       std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
@@ -237,9 +247,20 @@ int run_once(const Options& o, int port, std::vector<Child>& kids) {
         }
       }
     }
-    if (terminating && std::chrono::steady_clock::now() >= kill_at) {
-      for (auto& k : kids) if (!k.exited) kill(k.pid, SIGKILL);
+    if (running == 0 && drain_until == std::chrono::steady_clock::time_point{}) {
+      drain_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
     }
+    if (terminating && std::chrono::steady_clock::now() >= kill_at) {
+      for (auto& k : kids) if (!k.exited) signal_rank(k, SIGKILL);
+    }
+  }
+  for (auto& k : kids) {
+    if (k.out_fd >= 0) {
+      emit(k, "", 0, true);
+      close(k.out_fd);
+      k.out_fd = -1;
+    }
+    kill(-k.pid, SIGKILL);  // anything the rank left running in its group
   }
   return first_failure;
 }

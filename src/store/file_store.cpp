@@ -294,8 +294,7 @@ void FileStore::do_wait(const std::vector<std::string>& keys, Milliseconds timeo
     const auto waited = std::chrono::steady_clock::now() - start;
     if (waited >= timeout) {
       throw TimeoutError(detail::store_timeout_message(
-          "FileStore", keys.size() == 1 ? "get" : "wait", missing,
-          std::chrono::duration_cast<Milliseconds>(waited).count()));
+          "FileStore", keys.size() == 1 ? "get" : "wait", missing, timeout.count()));
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(10000));

@@ -1,4 +1,3 @@
-#include <chrono>
 #include <condition_variable>
 #include <mutex>
 
@@ -15,12 +14,9 @@ struct HashStore::State {
   // Waits (mu held through lock) until every key exists.
   void wait_for(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,
                 Milliseconds timeout, const char* op) {
-    const auto start = std::chrono::steady_clock::now();
     if (!changed.wait_for(lock, timeout, [&] { return map.contains_all(keys); })) {
-      const auto waited = std::chrono::duration_cast<Milliseconds>(
-          std::chrono::steady_clock::now() - start);
       throw TimeoutError(detail::store_timeout_message("HashStore", op, map.missing(keys),
-                                                       waited.count()));
+                                                       timeout.count()));
     }
   }
 };

@@ -1,0 +1,86 @@
+// tdist-run: environment of each rank, output prefixes, failure summaries,
+// and the 4-rank rendezvous demo end to end.
+#include <gtest/gtest.h>
+
+#include "tests/util/process.h"
+
+using namespace std::chrono_literals;
+namespace test = tdist::test;
+
+namespace {
+
+const std::string kRun = TDIST_BIN_DIR "/tdist-run";
+
+TEST(TdistRun, SetsTorchrunVariablesAndPrefixesLines) {
+  auto r = test::run_command(
+      "env -u OMP_NUM_THREADS " + kRun +
+          " --nproc-per-node 3 --master-port 23456 sh -c "
+          "'echo \"R=$RANK L=$LOCAL_RANK W=$WORLD_SIZE LW=$LOCAL_WORLD_SIZE G=$GROUP_RANK "
+          "A=$MASTER_ADDR P=$MASTER_PORT O=$OMP_NUM_THREADS\"'",
+      30s);
+  ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+  const std::string omp = std::to_string(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN) / 3));
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string want = "[rank " + std::to_string(rank) + "]: R=" + std::to_string(rank) + " L=" +
+                             std::to_string(rank) + " W=3 LW=3 G=0 A=127.0.0.1 P=23456 O=" + omp;
+    EXPECT_NE(r.output.find(want), std::string::npos) << "missing: " << want << "\n" << r.output;
+  }
+}
+
+TEST(TdistRun, AFailingRankStopsTheOthersAndIsNamed) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = test::run_command(kRun + " --nproc-per-node 3 --grace-seconds 2 sh -c "
+                                    "'if [ $RANK = 1 ]; then exit 7; fi; sleep 60'",
+                             30s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 15s) << "the other ranks were not stopped";
+  ASSERT_NE(r.status, -1);
+  EXPECT_FALSE(test::exited_ok(r.status));
+  EXPECT_NE(r.output.find("rank 1 (pid"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("failed first: exit code 7"), std::string::npos) << r.output;
+}
+
+TEST(TdistRun, AKilledRankIsNamedWithItsSignal) {
+  auto r = test::run_command(kRun + " --nproc-per-node 2 --grace-seconds 1 sh -c "
+                                    "'if [ $RANK = 0 ]; then kill -9 $$; fi; sleep 60'",
+                             30s);
+  EXPECT_NE(r.output.find("rank 0 (pid"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("killed by signal 9"), std::string::npos) << r.output;
+}
+
+TEST(TdistRun, RestartsTheWholeGroup) {
+  test::TempDir dir;
+  // Fails the first time (no marker file yet), succeeds the second.
+  const std::string marker = dir.path() + "/ran-once";
+  auto r = test::run_command(kRun + " --nproc-per-node 2 --max-restarts 2 sh -c "
+                                    "'if [ $RANK = 0 ] && [ ! -e " + marker + " ]; then touch " + marker +
+                                 "; exit 3; fi; echo finished'",
+                             30s);
+  EXPECT_TRUE(test::exited_ok(r.status)) << r.output;
+  EXPECT_NE(r.output.find("restarting all ranks (restart 1 of 2)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 0]: finished"), std::string::npos) << r.output;
+}
+
+TEST(TdistRun, RejectsBadArguments) {
+  auto r = test::run_command(kRun + " --nproc-per-node zero true", 10s);
+  EXPECT_EQ(WEXITSTATUS(r.status), 2);
+  EXPECT_NE(r.output.find("--nproc-per-node needs an integer"), std::string::npos) << r.output;
+  r = test::run_command(kRun + " --nproc-per-node 2", 10s);
+  EXPECT_NE(r.output.find("no program given"), std::string::npos) << r.output;
+}
+
+TEST(RendezvousDemo, FourRanksLearnAboutEachOther) {
+  auto r = test::run_command(kRun + " --nproc-per-node 4 " TDIST_BIN_DIR "/rendezvous_demo", 60s);
+  ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(r.output.find("[rank " + std::to_string(rank) + "]: rank " + std::to_string(rank) + " of 4"),
+              std::string::npos)
+        << r.output;
+  }
+  EXPECT_NE(r.output.find("all 4 ranks rendezvoused"), std::string::npos) << r.output;
+  // Tickets from the shared counter are exactly 1..4, each once.
+  for (int t = 1; t <= 4; ++t) {
+    EXPECT_NE(r.output.find("drew ticket " + std::to_string(t) + ";"), std::string::npos) << r.output;
+  }
+}
+
+}  // namespace
