@@ -10,6 +10,7 @@
 // naming the keys and how long the call waited.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -80,7 +81,7 @@ class Store {
   // Sets keys[i] to values[i] for every i, as one request.
   void multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values);
 
-  Milliseconds timeout() const { return timeout_; }
+  Milliseconds timeout() const { return Milliseconds(timeout_ms_.load(std::memory_order_relaxed)); }
   void set_timeout(Milliseconds timeout);
 
  protected:
@@ -99,7 +100,7 @@ class Store {
                             const std::vector<Bytes>& values) = 0;
 
  private:
-  Milliseconds timeout_;
+  std::atomic<int64_t> timeout_ms_;
 };
 
 // ---------------------------------------------------------------------------
@@ -246,6 +247,8 @@ struct TCPStoreOptions {
   TCPStoreLimits limits;  // for the server, when is_server
 };
 
+// On the master (is_server), the server lives exactly as long as this
+// object: keep it until the other ranks have had their last reply.
 class TCPStore final : public Store {
  public:
   TCPStore(std::string host, TCPStoreOptions options = {});

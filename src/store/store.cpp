@@ -28,12 +28,12 @@ void check_timeout(const char* op, Milliseconds timeout) {
 Bytes to_bytes(std::string_view s) { return Bytes(s.begin(), s.end()); }
 std::string to_string(const Bytes& b) { return std::string(b.begin(), b.end()); }
 
-Store::Store(Milliseconds timeout) : timeout_(timeout) { check_timeout("Store", timeout); }
+Store::Store(Milliseconds timeout) : timeout_ms_(timeout.count()) { check_timeout("Store", timeout); }
 Store::~Store() = default;
 
 void Store::set_timeout(Milliseconds timeout) {
   check_timeout("set_timeout", timeout);
-  timeout_ = timeout;
+  timeout_ms_.store(timeout.count(), std::memory_order_relaxed);
 }
 
 void Store::set(const std::string& key, const Bytes& value) {
@@ -43,7 +43,7 @@ void Store::set(const std::string& key, const Bytes& value) {
 
 void Store::set(const std::string& key, std::string_view value) { set(key, to_bytes(value)); }
 
-Bytes Store::get(const std::string& key) { return get(key, timeout_); }
+Bytes Store::get(const std::string& key) { return get(key, timeout()); }
 
 Bytes Store::get(const std::string& key, Milliseconds timeout) {
   check_key("get", key);
@@ -64,7 +64,7 @@ Bytes Store::compare_set(const std::string& key, const Bytes& expected, const By
   return do_compare_set(key, expected, desired);
 }
 
-void Store::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
+void Store::wait(const std::vector<std::string>& keys) { wait(keys, timeout()); }
 
 void Store::wait(const std::vector<std::string>& keys, Milliseconds timeout) {
   check_keys("wait", keys);
@@ -87,7 +87,7 @@ bool Store::delete_key(const std::string& key) {
 int64_t Store::num_keys() { return do_num_keys(); }
 
 std::vector<Bytes> Store::multi_get(const std::vector<std::string>& keys) {
-  return multi_get(keys, timeout_);
+  return multi_get(keys, timeout());
 }
 
 std::vector<Bytes> Store::multi_get(const std::vector<std::string>& keys, Milliseconds timeout) {
