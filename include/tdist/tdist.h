@@ -3,6 +3,7 @@
 
 #include "tdist/config.h"
 #include "tdist/errors.h"
+#include "tdist/process_group.h"
 #include "tdist/rendezvous.h"
 #include "tdist/store.h"
 #include "tdist/version.h"

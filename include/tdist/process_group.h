@@ -1,0 +1,210 @@
+// Process groups and collectives on at::Tensor, with torch.distributed's names.
+//
+//   auto world = tdist::init_process_group();   // env://, backend "auto"
+//   at::Tensor t = at::ones({1024});
+//   world->all_reduce(t)->wait();                                    // t = sum over ranks
+//
+// Every collective returns a Work at once; the group's worker thread runs the
+// collectives in the order they were called, and the same order must hold on
+// every rank. Work::wait() blocks until the op is done and rethrows its error.
+//
+// Errors (tdist/errors.h): a collective that runs past its timeout raises
+// TimeoutError naming the op, its sequence number and the ranks that never
+// arrived; a dead peer raises PeerFailureError naming it; ranks that call
+// different collectives at the same step raise CollectiveMismatchError on
+// every rank. After such an error the group is unusable: later collectives
+// fail at once with the first error. Bad arguments raise UsageError when the
+// collective is called, before anything is queued.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tdist/store.h"
+
+namespace tdist {
+
+// Collectives default to 10 minutes, as torch.distributed does.
+inline constexpr Milliseconds kDefaultCollectiveTimeout{600'000};
+
+enum class ReduceOp { SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR };
+
+// ---------------------------------------------------------------------------
+// Work: the handle of one queued collective (a future).
+class Work : public std::enable_shared_from_this<Work> {
+ public:
+  Work();
+  ~Work();
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  // Blocks until the op is done; rethrows its error, if any.
+  void wait();
+  // As wait(), but raises TimeoutError if the op is still running after
+  // `timeout` (the op itself goes on, bounded by its own timeout).
+  void wait(Milliseconds timeout);
+  bool is_completed() const;
+  // True when completed without error.
+  bool is_success() const;
+  // The op's error, or nullptr.
+  std::exception_ptr exception() const;
+  // The op's output tensors (for all_reduce, the reduced tensor). Valid once
+  // completed successfully.
+  std::vector<at::Tensor> result() const;
+  // The op's sequence number in its group, and its name ("all_reduce").
+  uint64_t seq() const;
+  const std::string& op_name() const;
+
+  // Chains fn after this work: fn runs (on the thread that completes this
+  // work, usually the group's worker) once it succeeds, and its return value
+  // becomes the result of the returned Work. If this work fails, or fn
+  // throws, the returned Work fails with that error. fn may queue more
+  // collectives, but must not wait on work of the same group (it runs on
+  // that group's worker thread).
+  std::shared_ptr<Work> then(std::function<std::vector<at::Tensor>(Work&)> fn);
+
+  // For backends and hooks that complete work themselves.
+  void mark_completed(std::vector<at::Tensor> result);
+  void mark_failed(std::exception_ptr error);
+  // A Work that is already complete, e.g. a hook's pass-through result.
+  static std::shared_ptr<Work> completed(std::vector<at::Tensor> result);
+  void set_info(uint64_t seq, std::string op_name);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// ---------------------------------------------------------------------------
+// Per-collective options. A timeout left empty uses the group's timeout.
+struct AllreduceOptions {
+  ReduceOp op = ReduceOp::SUM;
+  std::optional<Milliseconds> timeout = std::nullopt;
+};
+struct BroadcastOptions {
+  int root = 0;  // rank in the group
+  std::optional<Milliseconds> timeout = std::nullopt;
+};
+struct ReduceOptions {
+  int root = 0;
+  ReduceOp op = ReduceOp::SUM;
+  std::optional<Milliseconds> timeout = std::nullopt;
+};
+struct ReduceScatterOptions {
+  ReduceOp op = ReduceOp::SUM;
+  std::optional<Milliseconds> timeout = std::nullopt;
+};
+struct RootOptions {  // gather, scatter
+  int root = 0;
+  std::optional<Milliseconds> timeout = std::nullopt;
+};
+struct CollectiveOptions {  // all_gather, all_to_all, barrier, send, recv
+  std::optional<Milliseconds> timeout = std::nullopt;
+};
+
+struct NewGroupOptions {
+  // Backend of the subgroup; empty: the parent's.
+  std::string backend;
+  std::optional<Milliseconds> timeout = std::nullopt;  // empty: the parent's
+};
+
+class ProcessGroup {
+ public:
+  // Use init_process_group() and new_group(); this constructor is internal.
+  struct Impl;
+  explicit ProcessGroup(std::unique_ptr<Impl> impl);
+  ~ProcessGroup();  // runs queued work to completion, then stops the worker
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const;  // this process's rank in the group
+  int size() const;
+  // World ranks of the members, in group-rank order.
+  const std::vector<int>& ranks() const;
+  const std::string& backend_name() const;  // the resolved backend, e.g. "shm"
+  const std::string& group_name() const;
+  Milliseconds timeout() const;
+
+  // tensor = op(tensor over all ranks), in place.
+  std::shared_ptr<Work> all_reduce(const at::Tensor& tensor, const AllreduceOptions& options = {});
+  // tensor = root's tensor.
+  std::shared_ptr<Work> broadcast(const at::Tensor& tensor, const BroadcastOptions& options = {});
+  // root's tensor = op(tensor over all ranks); the others' are unchanged.
+  std::shared_ptr<Work> reduce(const at::Tensor& tensor, const ReduceOptions& options = {});
+  // outputs[r] = rank r's input; size() outputs shaped like input.
+  std::shared_ptr<Work> all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                   const CollectiveOptions& options = {});
+  // output (size() * input.numel() elements) = inputs of all ranks, concatenated.
+  std::shared_ptr<Work> all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input,
+                                               const CollectiveOptions& options = {});
+  // output = op over ranks of their inputs[rank()].
+  std::shared_ptr<Work> reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                                       const ReduceScatterOptions& options = {});
+  // output = op over ranks of their input's rank()-th slice.
+  std::shared_ptr<Work> reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
+                                              const ReduceScatterOptions& options = {});
+  // On root, outputs[r] = rank r's input; elsewhere outputs must be empty.
+  std::shared_ptr<Work> gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                               const RootOptions& options = {});
+  // output = root's inputs[rank()]; inputs must be empty off root.
+  std::shared_ptr<Work> scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                                const RootOptions& options = {});
+  // Splits input along dim 0 (input_split_sizes rows to each rank, or equal
+  // splits when empty) and receives output_split_sizes rows from each rank.
+  std::shared_ptr<Work> all_to_all_single(const at::Tensor& output, const at::Tensor& input,
+                                          const std::vector<int64_t>& output_split_sizes = {},
+                                          const std::vector<int64_t>& input_split_sizes = {},
+                                          const CollectiveOptions& options = {});
+  // outputs[r] = rank r's inputs[rank()].
+  std::shared_ptr<Work> all_to_all(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                                   const CollectiveOptions& options = {});
+  std::shared_ptr<Work> barrier(const CollectiveOptions& options = {});
+  // Point to point. Messages between a pair are matched by tag; the sizes of
+  // a send and its recv must agree.
+  std::shared_ptr<Work> send(const at::Tensor& tensor, int dst, int tag = 0, const CollectiveOptions& options = {});
+  std::shared_ptr<Work> recv(const at::Tensor& tensor, int src, int tag = 0, const CollectiveOptions& options = {});
+
+  // Makes a subgroup of `ranks` (ranks of this group). Every member of this
+  // group must call it, in the same order relative to other new_group
+  // calls; members get the subgroup, the others nullptr.
+  std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks, const NewGroupOptions& options = {});
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---------------------------------------------------------------------------
+struct InitOptions {
+  // "auto" (shm when every rank is on this host, gloo otherwise), "shm",
+  // "gloo", or any backend registered at run time.
+  std::string backend = "auto";
+  // env:// (default), tcp://host:port?rank=R&world_size=N, file:///path?...
+  std::string init_method;
+  std::shared_ptr<Store> store;  // exclusive with init_method
+  int world_size = -1;
+  int rank = -1;
+  Milliseconds timeout = kDefaultCollectiveTimeout;
+  std::string group_name = "world";
+};
+
+// Joins the job (blocks until every rank has) and returns the world group,
+// which also becomes the default group.
+std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});
+// The group made by init_process_group, or nullptr.
+std::shared_ptr<ProcessGroup> default_group();
+bool is_initialized();
+// new_group over the default group.
+std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks, const NewGroupOptions& options = {});
+// Drops the default group (with no argument) or forgets `group` if it is
+// the default. The group shuts down when its last reference goes.
+void destroy_process_group(const std::shared_ptr<ProcessGroup>& group = nullptr);
+
+}  // namespace tdist

@@ -1,0 +1,131 @@
+// Backend: the engine under a process group, on raw buffers.
+//
+// Contract:
+// - One Backend serves one group. Its collectives are called from one thread
+//   at a time (the group's worker thread), in the same order on every rank.
+// - Every call blocks until done or until `deadline`; past it, TimeoutError
+//   naming the op, its sequence number and the ranks that never arrived.
+//   A dead peer raises PeerFailureError naming it; ranks calling different
+//   ops raise CollectiveMismatchError. After any error the backend is
+//   unusable ("aborted"): later calls fail fast with the first error.
+// - Buffers are contiguous and stay valid for the call; `in` and `out` may be
+//   the same pointer where a call says so.
+// - abort() may be called from any thread; it wakes blocked calls, which
+//   then raise.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/types.h"
+#include "tdist/store.h"
+
+namespace tdist::comm {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+// What a rank is about to do, compared across ranks to catch mismatches.
+struct OpDesc {
+  uint8_t kind = 0;  // OpKind
+  uint8_t dtype = 0;
+  uint8_t reduce_op = 0;
+  uint8_t pad = 0;
+  int32_t root = -1;
+  uint64_t count = 0;  // elements (or bytes for untyped ops)
+  uint64_t seq = 0;    // the op's sequence number in the group
+  bool operator==(const OpDesc& o) const {
+    return kind == o.kind && dtype == o.dtype && reduce_op == o.reduce_op && root == o.root && count == o.count &&
+           seq == o.seq;
+  }
+  bool operator!=(const OpDesc& o) const { return !(*this == o); }
+};
+
+enum class OpKind : uint8_t {
+  kAllReduce = 1,
+  kBroadcast,
+  kReduce,
+  kAllGather,
+  kReduceScatter,
+  kGather,
+  kScatter,
+  kAllToAll,
+  kBarrier,
+  kSend,
+  kRecv,
+};
+
+const char* op_kind_name(OpKind k);
+// "all_reduce(float32 x 1024, SUM)" and the like, for error messages.
+std::string describe(const OpDesc& d);
+
+// What a backend is built from.
+struct BackendContext {
+  std::shared_ptr<Store> store;   // private to this group (a PrefixStore)
+  int rank = 0;                   // rank in the group
+  int size = 1;                   // ranks in the group
+  std::vector<int> global_ranks;  // group rank -> world rank, for messages
+  std::string group_name;
+  std::chrono::milliseconds timeout{600'000};  // for set-up steps
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  virtual void all_reduce(void* buf, size_t count, DataType t, ReduceOp op, Deadline d) = 0;
+  virtual void broadcast(void* buf, size_t bytes, int root, Deadline d) = 0;
+  // Only root's buf receives the result; the others' bufs are unchanged.
+  virtual void reduce(void* buf, size_t count, DataType t, ReduceOp op, int root, Deadline d) = 0;
+  // out holds size() * bytes, rank r's contribution at r * bytes. in may
+  // alias out + rank() * bytes.
+  virtual void all_gather(const void* in, void* out, size_t bytes, Deadline d) = 0;
+  // in holds size() * count elements; out receives this rank's count.
+  virtual void reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op, Deadline d) = 0;
+  // out (root only, else ignored) holds size() * bytes.
+  virtual void gather(const void* in, void* out, size_t bytes, int root, Deadline d) = 0;
+  // in (root only, else ignored) holds size() * bytes.
+  virtual void scatter(const void* in, void* out, size_t bytes, int root, Deadline d) = 0;
+  // Sends send_bytes[r] bytes from in + send_offsets[r] to rank r, which
+  // receives them at out + recv_offsets[rank()]. Every rank's recv sizes must
+  // match what the senders send (CollectiveMismatchError otherwise).
+  virtual void all_to_all(const void* in, const std::vector<size_t>& send_bytes,
+                          const std::vector<size_t>& send_offsets, void* out, const std::vector<size_t>& recv_bytes,
+                          const std::vector<size_t>& recv_offsets, Deadline d) = 0;
+  virtual void barrier(Deadline d) = 0;
+  virtual void send(const void* buf, size_t bytes, int dst, int tag, Deadline d) = 0;
+  virtual void recv(void* buf, size_t bytes, int src, int tag, Deadline d) = 0;
+
+  // Marks the backend failed with `reason` and wakes blocked calls on this
+  // rank and, where the backend can, on the others.
+  virtual void abort(const std::string& reason) = 0;
+
+ protected:
+  Backend(int rank, int size) : rank_(rank), size_(size) {}
+
+ private:
+  int rank_;
+  int size_;
+};
+
+// ---- the registry -----------------------------------------------------------
+
+using BackendFactory = std::function<std::unique_ptr<Backend>(const BackendContext&)>;
+
+// Registers a backend under name (e.g. "shm", "gloo", "nccl"). Registering a
+// name twice replaces the factory.
+void register_backend(const std::string& name, BackendFactory factory);
+bool has_backend(const std::string& name);
+std::vector<std::string> backend_names();
+// UsageError naming the known backends when name is unknown.
+std::unique_ptr<Backend> create_backend(const std::string& name, const BackendContext& ctx);
+
+}  // namespace tdist::comm

@@ -1,0 +1,17 @@
+// The backends built into this copy of tdist, registered by name. Optional
+// ones (gloo, mpi, nccl) add their line under their config.h switch.
+#include <map>
+
+#include "comm/backend.h"
+#include "comm/shm/shm_backend.h"
+#include "tdist/config.h"
+
+namespace tdist::comm {
+
+void add_builtin_backends(std::map<std::string, BackendFactory>& factories) {
+  factories["shm"] = [](const BackendContext& ctx) {
+    return shm::make_shm_backend(ctx, shm::ShmOptions::from_env());
+  };
+}
+
+}  // namespace tdist::comm

@@ -1,0 +1,792 @@
+// The shm backend.
+//
+// One segment per group, created by rank 0, attached by every rank and then
+// unlinked at once: it lives exactly as long as the processes that map it,
+// so nothing stays in /dev/shm, even after a crash. (A rank 0 that dies
+// between create and unlink leaves a file named after its pid; the next
+// job's rank 0 sweeps such files.)
+//
+// Segment layout:
+//   Header | Slot[size] | per-rank staging buffers [size][2][round_bytes]
+//          | send/recv rings [size][size][ring_bytes]
+//
+// Every collective is a sequence of rounds. In a round each rank writes its
+// own staging buffer of parity (g % 2), where g counts the barriers it has
+// passed, then arrives at barrier g+1; after the barrier it may read every
+// rank's buffer of that parity until it arrives at barrier g+2. A rank only
+// rewrites a buffer after barrier g+2, by which time everyone has finished
+// reading it. This rule holds across op boundaries, so ops need no closing
+// barrier. The first round of every op carries the op's descriptor, which
+// every rank compares after the first barrier: ranks that called different
+// collectives, dtypes, sizes or roots all raise CollectiveMismatchError.
+//
+// Waiting spins briefly (ranks on their own cores answer within
+// microseconds), then sleeps on one futex word in the header that every
+// arrival bumps. A sleeping waiter wakes every 100 ms to check that the
+// ranks it waits for are alive (/proc/<pid>/stat, with the process start
+// time against pid reuse), and to honour its deadline.
+#include "comm/shm/shm_backend.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <immintrin.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "comm/reduce.h"
+#include "util/env.h"
+
+namespace tdist::comm::shm {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x316d737473696474ull;  // "tdistsm1"
+constexpr uint32_t kVersion = 1;
+constexpr size_t kAlign = 64;
+constexpr const char* kSegmentPrefix = "tdist-shm-";
+
+size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+enum class AbortKind : uint32_t { kNone = 0, kTimeout = 1, kPeerFailure = 2, kMismatch = 3, kOther = 4 };
+
+struct Header {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t size;
+  uint64_t round_bytes;
+  uint64_t ring_bytes;
+  uint64_t total_bytes;
+  alignas(kAlign) std::atomic<uint32_t> wake;      // futex word: bumped by every arrival
+  std::atomic<uint32_t> sleepers;                  // waiters inside futex_wait
+  alignas(kAlign) std::atomic<uint32_t> abort_claimed;  // the first aborter wins
+  std::atomic<uint32_t> aborted;   // AbortKind, stored last: reason/from/peer are valid once set
+  std::atomic<int32_t> abort_from;                 // rank that aborted
+  std::atomic<int32_t> abort_peer;                 // for kPeerFailure: the dead rank
+  char abort_reason[1024];
+};
+
+struct alignas(kAlign) Slot {
+  std::atomic<uint64_t> round;  // barriers passed
+  std::atomic<int32_t> pid;
+  std::atomic<uint64_t> start_time;
+  OpDesc desc[2];  // by round parity
+};
+
+struct alignas(kAlign) Ring {
+  std::atomic<uint64_t> head;  // bytes written by the sender
+  alignas(kAlign) std::atomic<uint64_t> tail;  // bytes consumed by the receiver
+};
+
+struct MsgHeader {
+  int64_t tag;
+  uint64_t bytes;
+};
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+              "shared-memory atomics must be lock-free");
+
+long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0);
+}
+
+// Process start time (clock ticks since boot), field 22 of /proc/<pid>/stat;
+// 0 if the process does not exist or is a zombie.
+uint64_t process_start_time(int pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t close = s.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(s.substr(close + 2));
+  std::string state;
+  rest >> state;
+  if (state == "Z" || state == "X") return 0;
+  std::string field;
+  for (int i = 4; i <= 21; ++i) rest >> field;  // fields 4..21
+  uint64_t start = 0;
+  rest >> start;
+  return start;
+}
+
+bool pid_alive(int pid) { return !(kill(pid, 0) != 0 && errno == ESRCH); }
+
+class ShmBackend final : public Backend {
+ public:
+  ShmBackend(const BackendContext& ctx, const ShmOptions& options)
+      : Backend(ctx.rank, ctx.size), ctx_(ctx), opt_(options) {
+    opt_.round_bytes = align_up(std::max<size_t>(opt_.round_bytes, 4096), kAlign);
+    opt_.ring_bytes = align_up(std::max<size_t>(opt_.ring_bytes, 4096), kAlign);
+    attach();
+  }
+
+  ~ShmBackend() override {
+    if (base_) munmap(base_, total_);
+  }
+
+  std::string name() const override { return "shm"; }
+
+  // ---- collectives ------------------------------------------------------
+
+  void all_reduce(void* buf, size_t count, DataType t, ReduceOp op, Deadline d) override {
+    check_reduction(t, op);
+    const OpDesc desc = make_desc(OpKind::kAllReduce, t, op, -1, count);
+    const size_t es = dtype_size(t);
+    if (count * es <= std::min(opt_.small_bytes, opt_.round_bytes)) {
+      // One round: everyone posts the whole input, everyone reduces all of it
+      // in rank order (bit-identical results on every rank).
+      std::memcpy(mine(), buf, count * es);
+      first_barrier(desc, d);
+      std::vector<const void*> inputs(size());
+      for (int r = 0; r < size(); ++r) inputs[r] = r == rank() ? buf : theirs(r);
+      reduce_many(buf, inputs.data(), size(), count, t, op, size());
+      return;
+    }
+    reduce_scatter_gather(buf, count, t, op, desc, /*root=*/-1, d);
+  }
+
+  void reduce(void* buf, size_t count, DataType t, ReduceOp op, int root, Deadline d) override {
+    check_reduction(t, op);
+    check_root(root);
+    reduce_scatter_gather(buf, count, t, op, make_desc(OpKind::kReduce, t, op, root, count), root, d);
+  }
+
+  void broadcast(void* buf, size_t bytes, int root, Deadline d) override {
+    check_root(root);
+    const OpDesc desc = make_desc(OpKind::kBroadcast, DataType::kUInt8, ReduceOp::kSum, root, bytes);
+    const size_t chunk = opt_.round_bytes;
+    const size_t rounds = std::max<size_t>(1, (bytes + chunk - 1) / chunk);
+    auto* p = static_cast<uint8_t*>(buf);
+    for (size_t j = 0; j < rounds; ++j) {
+      const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
+      if (rank() == root) std::memcpy(mine(), p + off, len);
+      if (j == 0) first_barrier(desc, d); else barrier_round(desc, d);
+      if (rank() != root) std::memcpy(p + off, theirs(root), len);
+    }
+  }
+
+  void all_gather(const void* in, void* out, size_t bytes, Deadline d) override {
+    gather_impl(in, out, bytes, -1, make_desc(OpKind::kAllGather, DataType::kUInt8, ReduceOp::kSum, -1, bytes), d);
+  }
+
+  void gather(const void* in, void* out, size_t bytes, int root, Deadline d) override {
+    check_root(root);
+    gather_impl(in, out, bytes, root, make_desc(OpKind::kGather, DataType::kUInt8, ReduceOp::kSum, root, bytes), d);
+  }
+
+  void scatter(const void* in, void* out, size_t bytes, int root, Deadline d) override {
+    check_root(root);
+    const OpDesc desc = make_desc(OpKind::kScatter, DataType::kUInt8, ReduceOp::kSum, root, bytes);
+    const size_t piece = std::max<size_t>(1, opt_.round_bytes / size() / kAlign * kAlign);
+    const size_t rounds = std::max<size_t>(1, (bytes + piece - 1) / piece);
+    const auto* src = static_cast<const uint8_t*>(in);
+    auto* dst = static_cast<uint8_t*>(out);
+    for (size_t j = 0; j < rounds; ++j) {
+      const size_t off = j * piece, len = std::min(piece, bytes - std::min(bytes, off));
+      if (rank() == root) {
+        for (int r = 0; r < size(); ++r) std::memcpy(mine() + r * piece, src + r * bytes + off, len);
+      }
+      if (j == 0) first_barrier(desc, d); else barrier_round(desc, d);
+      std::memcpy(dst + off, theirs(root) + rank() * piece, len);
+    }
+  }
+
+  void reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op, Deadline d) override {
+    check_reduction(t, op);
+    const OpDesc desc = make_desc(OpKind::kReduceScatter, t, op, -1, count);
+    const size_t es = dtype_size(t);
+    const size_t piece = std::max<size_t>(1, opt_.round_bytes / size() / kAlign * kAlign / es);  // elements
+    const size_t rounds = std::max<size_t>(1, (count + piece - 1) / piece);
+    const auto* src = static_cast<const uint8_t*>(in);
+    auto* dst = static_cast<uint8_t*>(out);
+    std::vector<const void*> inputs(size());
+    for (size_t j = 0; j < rounds; ++j) {
+      const size_t off = j * piece, len = std::min(piece, count - std::min(count, off));
+      for (int r = 0; r < size(); ++r) {
+        if (r != rank()) std::memcpy(mine() + r * piece * es, src + (r * count + off) * es, len * es);
+      }
+      if (j == 0) first_barrier(desc, d); else barrier_round(desc, d);
+      for (int r = 0; r < size(); ++r) {
+        inputs[r] = r == rank() ? src + (rank() * count + off) * es : theirs(r) + rank() * piece * es;
+      }
+      reduce_many(dst + off * es, inputs.data(), size(), len, t, op, size());
+    }
+  }
+
+  void all_to_all(const void* in, const std::vector<size_t>& send_bytes, const std::vector<size_t>& send_offsets,
+                  void* out, const std::vector<size_t>& recv_bytes, const std::vector<size_t>& recv_offsets,
+                  Deadline d) override {
+    const int n = size();
+    const OpDesc desc = make_desc(OpKind::kAllToAll, DataType::kUInt8, ReduceOp::kSum, -1, 0);
+    // Round 0: everyone posts its send and receive sizes.
+    auto* meta = reinterpret_cast<uint64_t*>(mine());
+    if (2 * n * sizeof(uint64_t) > opt_.round_bytes) throw UsageError("shm all_to_all: group too large for its buffer");
+    for (int r = 0; r < n; ++r) {
+      meta[r] = send_bytes[r];
+      meta[n + r] = recv_bytes[r];
+    }
+    first_barrier(desc, d);
+    size_t longest = 0;
+    std::string mismatch;
+    for (int s = 0; s < n; ++s) {
+      const auto* m = reinterpret_cast<const uint64_t*>(theirs(s));
+      for (int r = 0; r < n; ++r) {
+        const uint64_t sends = m[r];
+        const uint64_t receives = reinterpret_cast<const uint64_t*>(theirs(r))[n + s];
+        if (sends != receives && mismatch.empty()) {
+          mismatch = "rank " + std::to_string(global(s)) + " sends " + std::to_string(sends) + " bytes to rank " +
+                     std::to_string(global(r)) + ", which expects " + std::to_string(receives);
+        }
+        longest = std::max<size_t>(longest, sends);
+      }
+    }
+    if (!mismatch.empty()) fail(AbortKind::kMismatch, -1, "all_to_all #" + std::to_string(desc.seq) + ": " + mismatch);
+    const size_t piece = std::max<size_t>(1, opt_.round_bytes / n / kAlign * kAlign);
+    const size_t rounds = (longest + piece - 1) / piece;
+    const auto* src = static_cast<const uint8_t*>(in);
+    auto* dst = static_cast<uint8_t*>(out);
+    for (size_t j = 0; j < rounds; ++j) {
+      const size_t off = j * piece;
+      for (int r = 0; r < n; ++r) {
+        if (off < send_bytes[r]) std::memcpy(mine() + r * piece, src + send_offsets[r] + off, std::min(piece, send_bytes[r] - off));
+      }
+      barrier_round(desc, d);
+      for (int s = 0; s < n; ++s) {
+        if (off < recv_bytes[s]) std::memcpy(dst + recv_offsets[s] + off, theirs(s) + rank() * piece, std::min(piece, recv_bytes[s] - off));
+      }
+    }
+  }
+
+  void barrier(Deadline d) override {
+    first_barrier(make_desc(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0), d);
+  }
+
+  // ---- point to point ----------------------------------------------------
+
+  void send(const void* buf, size_t bytes, int dst, int tag, Deadline d) override {
+    check_alive_state();
+    check_peer(dst, "send");
+    Ring& ring = *ring_of(rank(), dst);
+    uint8_t* data = ring_data(rank(), dst);
+    MsgHeader h{tag, bytes};
+    ring_write(ring, data, &h, sizeof h, dst, tag, d);
+    ring_write(ring, data, buf, bytes, dst, tag, d);
+  }
+
+  void recv(void* buf, size_t bytes, int src, int tag, Deadline d) override {
+    check_alive_state();
+    check_peer(src, "recv");
+    // A message that arrived earlier under another tag waits in `unexpected_`.
+    for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
+      if (it->src == src && it->tag == tag) {
+        check_recv_size(it->data.size(), bytes, src, tag);
+        std::memcpy(buf, it->data.data(), bytes);
+        unexpected_.erase(it);
+        return;
+      }
+    }
+    Ring& ring = *ring_of(src, rank());
+    const uint8_t* data = ring_data(src, rank());
+    for (;;) {
+      MsgHeader h{};
+      ring_read(ring, data, &h, sizeof h, src, tag, d);
+      if (h.tag == tag) {
+        if (h.bytes != bytes) {
+          // Drain it so the pair stays in step, then report.
+          std::vector<uint8_t> sink(h.bytes);
+          ring_read(ring, data, sink.data(), h.bytes, src, tag, d);
+          check_recv_size(h.bytes, bytes, src, tag);
+        }
+        ring_read(ring, data, buf, bytes, src, tag, d);
+        return;
+      }
+      Unexpected u{src, h.tag, std::vector<uint8_t>(h.bytes)};
+      ring_read(ring, data, u.data.data(), h.bytes, src, tag, d);
+      unexpected_.push_back(std::move(u));
+    }
+  }
+
+  void abort(const std::string& reason) override { set_abort(AbortKind::kOther, -1, reason); }
+
+ private:
+  struct Unexpected {
+    int src;
+    int64_t tag;
+    std::vector<uint8_t> data;
+  };
+
+  // ---- set-up --------------------------------------------------------------
+
+  void attach() {
+    const int n = size();
+    const size_t header_bytes = align_up(sizeof(Header), kAlign);
+    const size_t slots = align_up(sizeof(Slot) * n, kAlign);
+    const size_t staging = size_t(n) * 2 * opt_.round_bytes;
+    const size_t rings = size_t(n) * n * (align_up(sizeof(Ring), kAlign) + opt_.ring_bytes);
+    total_ = header_bytes + slots + staging + rings;
+    slots_off_ = header_bytes;
+    staging_off_ = header_bytes + slots;
+    rings_off_ = staging_off_ + staging;
+
+    Store& store = *ctx_.store;
+    std::string name;
+    int fd = -1;
+    if (rank() == 0) {
+      sweep_stale_segments();
+      std::random_device rd;
+      char suffix[32];
+      std::snprintf(suffix, sizeof suffix, "%08x%08x", rd(), rd());
+      name = "/" + std::string(kSegmentPrefix) + std::to_string(getpid()) + "-" + suffix;
+      fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+      if (fd < 0) throw Error("shm backend: cannot create shared memory " + name + ": " + detail::errno_string(errno));
+      if (ftruncate(fd, static_cast<off_t>(total_)) != 0) {
+        const int err = errno;
+        close(fd);
+        shm_unlink(name.c_str());
+        throw Error("shm backend: cannot size shared memory " + name + " to " + std::to_string(total_) +
+                    " bytes (is /dev/shm full?): " + detail::errno_string(err));
+      }
+    }
+    try {
+      if (rank() == 0) {
+        map(fd, name);
+        auto* h = new (base_) Header{};
+        h->version = kVersion;
+        h->size = static_cast<uint32_t>(n);
+        h->round_bytes = opt_.round_bytes;
+        h->ring_bytes = opt_.ring_bytes;
+        h->total_bytes = total_;
+        for (int r = 0; r < n; ++r) new (slot(r)) Slot{};
+        for (int s = 0; s < n; ++s)
+          for (int d = 0; d < n; ++d) new (ring_of(s, d)) Ring{};
+        std::atomic_thread_fence(std::memory_order_release);
+        h->magic = kMagic;
+        store.set("shm/segment", name);
+      } else {
+        name = to_string(store.get("shm/segment", ctx_.timeout));
+        fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+        if (fd < 0) {
+          throw Error("shm backend: rank " + std::to_string(global(rank())) + " cannot open " + name + ": " +
+                      detail::errno_string(errno) + ". Are all ranks of this group on one host? Use the gloo backend across hosts");
+        }
+        struct stat st;
+        if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != total_) {
+          close(fd);
+          throw Error("shm backend: segment " + name + " has an unexpected size; ranks disagree on the group size or buffer settings (TDIST_SHM_*)");
+        }
+        map(fd, name);
+        if (header()->magic != kMagic || header()->version != kVersion || header()->size != static_cast<uint32_t>(n)) {
+          throw Error("shm backend: segment " + name + " was made by another version or group size");
+        }
+      }
+      Slot* me = slot(rank());
+      me->start_time.store(process_start_time(getpid()));
+      me->pid.store(getpid());
+      if (store.add("shm/attached", 1) == n) store.set("shm/all_attached", "1");
+      store.wait({"shm/all_attached"}, ctx_.timeout);
+      if (rank() == 0) shm_unlink(name.c_str());
+    } catch (...) {
+      if (rank() == 0) shm_unlink(name.c_str());
+      throw;
+    }
+  }
+
+  void map(int fd, const std::string& name) {
+    void* p = mmap(nullptr, total_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    const int err = errno;
+    close(fd);
+    if (p == MAP_FAILED) throw Error("shm backend: cannot map " + name + ": " + detail::errno_string(err));
+    base_ = static_cast<uint8_t*>(p);
+  }
+
+  // ---- segment access ------------------------------------------------------
+
+  Header* header() const { return reinterpret_cast<Header*>(base_); }
+  Slot* slot(int r) const { return reinterpret_cast<Slot*>(base_ + slots_off_) + r; }
+  uint8_t* staging(int r, uint64_t parity) const {
+    return base_ + staging_off_ + (size_t(r) * 2 + parity) * opt_.round_bytes;
+  }
+  // The buffer this rank fills in the current round.
+  uint8_t* mine() const { return staging(rank(), g_ % 2); }
+  // Rank r's buffer from the round that just completed.
+  const uint8_t* theirs(int r) const { return staging(r, (g_ - 1) % 2); }
+  // The buffer this rank fills in the round after the current one: free to
+  // write once the current round's barrier has passed (i.e. right now, since
+  // theirs() refers to the round just completed).
+  uint8_t* mine_next() const { return staging(rank(), g_ % 2); }
+  size_t ring_stride() const { return align_up(sizeof(Ring), kAlign) + opt_.ring_bytes; }
+  Ring* ring_of(int src, int dst) const {
+    return reinterpret_cast<Ring*>(base_ + rings_off_ + (size_t(src) * size() + dst) * ring_stride());
+  }
+  uint8_t* ring_data(int src, int dst) const {
+    return reinterpret_cast<uint8_t*>(ring_of(src, dst)) + align_up(sizeof(Ring), kAlign);
+  }
+  int global(int r) const {
+    return r >= 0 && r < static_cast<int>(ctx_.global_ranks.size()) ? ctx_.global_ranks[r] : r;
+  }
+
+  OpDesc make_desc(OpKind k, DataType t, ReduceOp op, int root, size_t count) {
+    OpDesc d;
+    d.kind = static_cast<uint8_t>(k);
+    d.dtype = static_cast<uint8_t>(t);
+    d.reduce_op = static_cast<uint8_t>(op);
+    d.root = root;
+    d.count = count;
+    d.seq = seq_++;
+    return d;
+  }
+
+  void check_root(int root) const {
+    if (root < 0 || root >= size()) {
+      throw UsageError("root " + std::to_string(root) + " is not a rank of this group of " + std::to_string(size()));
+    }
+  }
+  void check_peer(int peer, const char* op) const {
+    if (peer < 0 || peer >= size() || peer == rank()) {
+      throw UsageError(std::string(op) + ": peer " + std::to_string(peer) + " is not another rank of this group of " +
+                       std::to_string(size()));
+    }
+  }
+  void check_recv_size(size_t got, size_t want, int src, int tag) {
+    if (got != want) {
+      fail(AbortKind::kMismatch, -1,
+           "recv from rank " + std::to_string(global(src)) + " with tag " + std::to_string(tag) + " expected " +
+               std::to_string(want) + " bytes but the message has " + std::to_string(got));
+    }
+  }
+
+  // ---- failure -------------------------------------------------------------
+
+  [[noreturn]] void raise(AbortKind kind, int peer, const std::string& msg) const {
+    switch (kind) {
+      case AbortKind::kTimeout: throw TimeoutError(msg);
+      case AbortKind::kPeerFailure: throw PeerFailureError(msg, global(peer));
+      case AbortKind::kMismatch: throw CollectiveMismatchError(msg);
+      default: throw Error(msg);
+    }
+  }
+
+  void set_abort(AbortKind kind, int peer, const std::string& reason) {
+    Header* h = header();
+    uint32_t expected = 0;
+    if (h->abort_claimed.compare_exchange_strong(expected, 1)) {
+      std::snprintf(h->abort_reason, sizeof h->abort_reason, "%s", reason.empty() ? "aborted" : reason.c_str());
+      h->abort_from.store(rank());
+      h->abort_peer.store(peer);
+      h->aborted.store(static_cast<uint32_t>(kind == AbortKind::kNone ? AbortKind::kOther : kind),
+                       std::memory_order_release);
+    }
+    h->wake.fetch_add(1);
+    futex(&h->wake, FUTEX_WAKE, INT32_MAX, nullptr);
+  }
+
+  // Aborts the group for everyone, then raises on this rank.
+  [[noreturn]] void fail(AbortKind kind, int peer, const std::string& msg) {
+    set_abort(kind, peer, msg);
+    raise(kind, peer, "shm backend, rank " + std::to_string(global(rank())) + ": " + msg);
+  }
+
+  // Raises if the group was aborted, by this rank or another.
+  void check_alive_state() const {
+    Header* h = header();
+    const auto kind = static_cast<AbortKind>(h->aborted.load(std::memory_order_acquire));
+    if (kind == AbortKind::kNone) return;
+    raise(kind, h->abort_peer.load(),
+          "shm backend, rank " + std::to_string(global(rank())) + ": the group was aborted by rank " +
+              std::to_string(global(h->abort_from.load())) + ": " + h->abort_reason);
+  }
+
+  // Checks that the ranks in `waiting_for` are alive; aborts if one is not.
+  void check_liveness(const std::vector<int>& waiting_for, const std::string& what) {
+    for (int r : waiting_for) {
+      const Slot* s = slot(r);
+      const int pid = s->pid.load();
+      if (pid <= 0) continue;
+      const uint64_t start = process_start_time(pid);
+      if (start == 0 || start != s->start_time.load() || !pid_alive(pid)) {
+        fail(AbortKind::kPeerFailure, r,
+             "rank " + std::to_string(global(r)) + " (pid " + std::to_string(pid) + ") died during " + what);
+      }
+    }
+  }
+
+  // ---- waiting -------------------------------------------------------------
+
+  // Blocks until ready() or deadline. ready() is re-evaluated after every
+  // wake-up; waiting_for() names the ranks that hold us up (for liveness
+  // checks and the timeout message).
+  template <typename Ready, typename Missing>
+  void wait_until(Ready&& ready, Missing&& waiting_for, const std::string& what, Deadline deadline) {
+    Header* h = header();
+    const auto spin_end = Clock::now() + opt_.spin;
+    int polls = 0;
+    while (true) {
+      if (ready()) return;
+      check_alive_state();
+      if ((++polls & 63) == 0 && Clock::now() >= spin_end) break;
+      _mm_pause();
+    }
+    auto next_liveness = Clock::now();
+    for (;;) {
+      const uint32_t w = h->wake.load();
+      if (ready()) return;
+      check_alive_state();
+      const auto now = Clock::now();
+      if (now >= next_liveness) {
+        check_liveness(waiting_for(), what);
+        next_liveness = now + std::chrono::milliseconds(100);
+      }
+      if (now >= deadline) {
+        std::string ranks;
+        for (int r : waiting_for()) ranks += (ranks.empty() ? "" : ", ") + std::to_string(global(r));
+        fail(AbortKind::kTimeout, -1,
+             what + " timed out; rank(s) " + (ranks.empty() ? "?" : ranks) + " never arrived");
+      }
+      const auto slice = std::min<Clock::duration>(std::min(deadline, next_liveness) - now, std::chrono::milliseconds(100));
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
+      timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(std::max<int64_t>(ns % 1'000'000'000, 1000))};
+      h->sleepers.fetch_add(1);
+      futex(&h->wake, FUTEX_WAIT, w, &ts);
+      h->sleepers.fetch_sub(1);
+    }
+  }
+
+  void notify() {
+    Header* h = header();
+    h->wake.fetch_add(1);
+    if (h->sleepers.load() > 0) futex(&h->wake, FUTEX_WAKE, INT32_MAX, nullptr);
+  }
+
+  // Arrives at barrier g_+1 and waits for everyone; afterwards theirs(r)
+  // reads the buffers of the round just finished.
+  void barrier_round(const OpDesc& desc, Deadline deadline) {
+    check_alive_state();
+    const uint64_t target = g_ + 1;
+    slot(rank())->round.store(target, std::memory_order_release);
+    notify();
+    const int n = size();
+    wait_until(
+        [&] {
+          for (int r = 0; r < n; ++r) {
+            if (slot(r)->round.load(std::memory_order_acquire) < target) return false;
+          }
+          return true;
+        },
+        [&] {
+          std::vector<int> missing;
+          for (int r = 0; r < n; ++r) {
+            if (slot(r)->round.load() < target) missing.push_back(r);
+          }
+          return missing;
+        },
+        describe(desc), deadline);
+    g_ = target;
+  }
+
+  // The first barrier of an op: publishes desc with the round's data and
+  // checks every rank's desc against ours afterwards.
+  void first_barrier(const OpDesc& desc, Deadline deadline) {
+    slot(rank())->desc[g_ % 2] = desc;
+    barrier_round(desc, deadline);
+    const uint64_t parity = (g_ - 1) % 2;
+    for (int r = 0; r < size(); ++r) {
+      const OpDesc other = slot(r)->desc[parity];
+      if (other != desc) {
+        std::string all;
+        for (int q = 0; q < size(); ++q) {
+          all += "\n  rank " + std::to_string(global(q)) + ": " + describe(slot(q)->desc[parity]);
+        }
+        fail(AbortKind::kMismatch, -1, "ranks called different collectives at the same step:" + all);
+      }
+    }
+  }
+
+  // ---- all_reduce / reduce, large path ---------------------------------------
+  //
+  // Each round handles one chunk of count elements, split into size()
+  // segments; rank r reduces segment r. In round j every rank posts the
+  // segments of chunk j the others reduce, plus its reduced segment of chunk
+  // j-1; after the barrier it reduces its segment of chunk j (straight into
+  // the next round's buffer) and copies the others' reduced segments of chunk
+  // j-1 into its output. One barrier per chunk, plus one to drain.
+  void reduce_scatter_gather(void* buf, size_t count, DataType t, ReduceOp op, const OpDesc& desc, int root,
+                             Deadline d) {
+    const int n = size();
+    const size_t es = dtype_size(t);
+    // Buffer layout per round: [n segments of seg elements][reduced segment].
+    const size_t seg = std::max<size_t>(1, opt_.round_bytes / (n + 1) / kAlign * kAlign / es);
+    const size_t chunk = seg * n;
+    const size_t chunks = std::max<size_t>(1, (count + chunk - 1) / chunk);
+    const size_t red_off = seg * n * es;
+    auto* p = static_cast<uint8_t*>(buf);
+    const bool want_output = root < 0 || root == rank();
+    std::vector<const void*> inputs(n);
+    auto seg_range = [&](size_t j, int s) {
+      const size_t begin = std::min(count, j * chunk + s * seg);
+      const size_t end = std::min(count, begin + seg);
+      return std::make_pair(begin, end - begin);
+    };
+    for (size_t j = 0; j <= chunks; ++j) {
+      if (j < chunks) {
+        for (int s = 0; s < n; ++s) {
+          if (s == rank()) continue;
+          auto [begin, len] = seg_range(j, s);
+          std::memcpy(mine() + s * seg * es, p + begin * es, len * es);
+        }
+      }
+      // (The reduced segment of chunk j-1 was written into this buffer at the
+      // end of the previous round.)
+      if (j == 0) first_barrier(desc, d); else barrier_round(desc, d);
+      if (j < chunks) {
+        auto [begin, len] = seg_range(j, rank());
+        for (int r = 0; r < n; ++r) inputs[r] = r == rank() ? p + begin * es : theirs(r) + rank() * seg * es;
+        uint8_t* reduced = mine_next() + red_off;
+        reduce_many(reduced, inputs.data(), n, len, t, op, n);
+        if (want_output) std::memcpy(p + begin * es, reduced, len * es);
+      }
+      if (j >= 1 && want_output) {
+        for (int r = 0; r < n; ++r) {
+          if (r == rank()) continue;
+          auto [begin, len] = seg_range(j - 1, r);
+          std::memcpy(p + begin * es, theirs(r) + red_off, len * es);
+        }
+      }
+    }
+  }
+
+  // ---- gathers ---------------------------------------------------------------
+
+  void gather_impl(const void* in, void* out, size_t bytes, int root, const OpDesc& desc, Deadline d) {
+    const size_t chunk = opt_.round_bytes;
+    const size_t rounds = std::max<size_t>(1, (bytes + chunk - 1) / chunk);
+    const auto* src = static_cast<const uint8_t*>(in);
+    auto* dst = static_cast<uint8_t*>(out);
+    const bool want = root < 0 || root == rank();
+    for (size_t j = 0; j < rounds; ++j) {
+      const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
+      std::memcpy(mine(), src + off, len);
+      if (j == 0) first_barrier(desc, d); else barrier_round(desc, d);
+      if (!want) continue;
+      for (int r = 0; r < size(); ++r) {
+        uint8_t* to = dst + r * bytes + off;
+        if (r == rank()) {
+          if (to != src + off) std::memmove(to, src + off, len);
+        } else {
+          std::memcpy(to, theirs(r), len);
+        }
+      }
+    }
+  }
+
+  // ---- rings -------------------------------------------------------------------
+
+  void ring_write(Ring& ring, uint8_t* data, const void* src, size_t bytes, int dst, int tag, Deadline d) {
+    const auto* p = static_cast<const uint8_t*>(src);
+    const size_t cap = opt_.ring_bytes;
+    uint64_t head = ring.head.load(std::memory_order_relaxed);
+    while (bytes > 0) {
+      uint64_t tail = ring.tail.load(std::memory_order_acquire);
+      if (head - tail == cap) {
+        wait_until([&] { return head - ring.tail.load(std::memory_order_acquire) < cap; },
+                   [&] { return std::vector<int>{dst}; },
+                   "send to rank " + std::to_string(global(dst)) + " (tag " + std::to_string(tag) + ")", d);
+        tail = ring.tail.load(std::memory_order_acquire);
+      }
+      const size_t pos = head % cap;
+      const size_t len = std::min({bytes, cap - (head - tail), cap - pos});
+      std::memcpy(data + pos, p, len);
+      head += len;
+      p += len;
+      bytes -= len;
+      ring.head.store(head, std::memory_order_release);
+      notify();
+    }
+  }
+
+  void ring_read(Ring& ring, const uint8_t* data, void* dst_buf, size_t bytes, int src, int tag, Deadline d) {
+    auto* p = static_cast<uint8_t*>(dst_buf);
+    const size_t cap = opt_.ring_bytes;
+    uint64_t tail = ring.tail.load(std::memory_order_relaxed);
+    while (bytes > 0) {
+      uint64_t head = ring.head.load(std::memory_order_acquire);
+      if (head == tail) {
+        wait_until([&] { return ring.head.load(std::memory_order_acquire) != tail; },
+                   [&] { return std::vector<int>{src}; },
+                   "recv from rank " + std::to_string(global(src)) + " (tag " + std::to_string(tag) + ")", d);
+        head = ring.head.load(std::memory_order_acquire);
+      }
+      const size_t pos = tail % cap;
+      const size_t len = std::min({bytes, static_cast<size_t>(head - tail), cap - pos});
+      std::memcpy(p, data + pos, len);
+      tail += len;
+      p += len;
+      bytes -= len;
+      ring.tail.store(tail, std::memory_order_release);
+      notify();
+    }
+  }
+
+  BackendContext ctx_;
+  ShmOptions opt_;
+  uint8_t* base_ = nullptr;
+  size_t total_ = 0;
+  size_t slots_off_ = 0, staging_off_ = 0, rings_off_ = 0;
+  uint64_t g_ = 0;    // barriers passed by this rank
+  uint64_t seq_ = 0;  // collectives started by this rank
+  std::deque<Unexpected> unexpected_;
+};
+
+}  // namespace
+
+ShmOptions ShmOptions::from_env() {
+  ShmOptions o;
+  auto read = [](const char* name, int64_t lo, int64_t hi, int64_t fallback) -> int64_t {
+    const char* v = std::getenv(name);
+    if (!v || !*v) return fallback;
+    auto parsed = detail::parse_int(v);
+    if (!parsed || *parsed < lo || *parsed > hi) {
+      throw UsageError(std::string(name) + " must be an integer in [" + std::to_string(lo) + ", " +
+                       std::to_string(hi) + "], got '" + v + "'");
+    }
+    return *parsed;
+  };
+  o.round_bytes = static_cast<size_t>(read("TDIST_SHM_ROUND_BYTES", 4096, int64_t(1) << 30, int64_t(o.round_bytes)));
+  o.small_bytes = static_cast<size_t>(read("TDIST_SHM_SMALL_BYTES", 0, int64_t(1) << 30, int64_t(o.small_bytes)));
+  o.spin = std::chrono::microseconds(read("TDIST_SHM_SPIN_US", 0, 10'000'000, o.spin.count()));
+  return o;
+}
+
+std::unique_ptr<Backend> make_shm_backend(const BackendContext& ctx, const ShmOptions& options) {
+  return std::make_unique<ShmBackend>(ctx, options);
+}
+
+int sweep_stale_segments() {
+  int removed = 0;
+  DIR* dir = opendir("/dev/shm");
+  if (!dir) return 0;
+  const std::string prefix = kSegmentPrefix;
+  while (dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    auto pid = detail::parse_int(name.substr(prefix.size(), name.find('-', prefix.size()) - prefix.size()));
+    if (!pid || *pid <= 0) continue;
+    if (!pid_alive(static_cast<int>(*pid)) || process_start_time(static_cast<int>(*pid)) == 0) {
+      if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
+    }
+  }
+  closedir(dir);
+  return removed;
+}
+
+}  // namespace tdist::comm::shm

@@ -1,0 +1,31 @@
+// The shm backend: collectives between processes on one host through POSIX
+// shared memory. See shm_backend.cpp for the algorithms.
+#pragma once
+
+#include <memory>
+
+#include "comm/backend.h"
+
+namespace tdist::comm::shm {
+
+struct ShmOptions {
+  // Bytes of each rank's staging buffer per round (two are kept, for double
+  // buffering). Larger rounds mean fewer barriers; smaller ones stay in cache.
+  size_t round_bytes = 512 * 1024;
+  // all_reduce of at most this many bytes takes the one-round path.
+  size_t small_bytes = 32 * 1024;
+  // Bytes of each ordered pair's send/recv ring.
+  size_t ring_bytes = 256 * 1024;
+  // How long a waiting rank spins before it sleeps on the futex.
+  std::chrono::microseconds spin{50};
+  // Read from TDIST_SHM_ROUND_BYTES, TDIST_SHM_SMALL_BYTES, TDIST_SHM_SPIN_US.
+  static ShmOptions from_env();
+};
+
+std::unique_ptr<Backend> make_shm_backend(const BackendContext& ctx, const ShmOptions& options);
+
+// Removes /dev/shm segments left by tdist processes that no longer exist.
+// Returns how many were removed.
+int sweep_stale_segments();
+
+}  // namespace tdist::comm::shm

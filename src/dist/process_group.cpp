@@ -1,0 +1,466 @@
+// ProcessGroup: checks tensors on the caller's thread, queues the op, and
+// runs it on the group's worker thread through its comm::Backend.
+#include "tdist/process_group.h"
+
+#include <ATen/ATen.h>
+#include <immintrin.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "comm/backend.h"
+#include "dist/tensor_util.h"
+#include "tdist/rendezvous.h"
+#include "util/env.h"
+
+namespace tdist {
+
+namespace {
+
+using Body = std::function<std::vector<at::Tensor>(comm::Deadline)>;
+
+struct Task {
+  std::shared_ptr<Work> work;
+  Milliseconds timeout;
+  Body body;
+};
+
+comm::ReduceOp to_comm(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM: return comm::ReduceOp::kSum;
+    case ReduceOp::AVG: return comm::ReduceOp::kAvg;
+    case ReduceOp::PRODUCT: return comm::ReduceOp::kProduct;
+    case ReduceOp::MIN: return comm::ReduceOp::kMin;
+    case ReduceOp::MAX: return comm::ReduceOp::kMax;
+    case ReduceOp::BAND: return comm::ReduceOp::kBand;
+    case ReduceOp::BOR: return comm::ReduceOp::kBor;
+    case ReduceOp::BXOR: return comm::ReduceOp::kBxor;
+  }
+  throw UsageError("unknown ReduceOp " + std::to_string(static_cast<int>(op)));
+}
+
+// After finishing an op, the worker polls for the next one this long before
+// sleeping: back-to-back collectives then need no wake-up.
+constexpr auto kWorkerSpin = std::chrono::microseconds(30);
+
+}  // namespace
+
+struct ProcessGroup::Impl {
+  std::unique_ptr<comm::Backend> backend;
+  std::shared_ptr<Store> store;  // private to this group
+  int rank = 0;
+  int size = 1;
+  std::vector<int> ranks;
+  std::string backend_name;
+  std::string group_name;
+  Milliseconds timeout = kDefaultCollectiveTimeout;
+  uint64_t next_seq = 0;       // caller thread only
+  int next_subgroup = 0;       // caller thread only
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Task> queue;
+  std::atomic<size_t> queued{0};
+  bool stopping = false;
+  std::thread worker;
+
+  void start() { worker = std::thread([this] { run(); }); }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stopping = true;
+    }
+    cv.notify_all();
+    if (worker.joinable()) worker.join();
+  }
+
+  std::shared_ptr<Work> enqueue(const char* name, const std::optional<Milliseconds>& t, Body body) {
+    auto work = std::make_shared<Work>();
+    work->set_info(next_seq++, name);
+    const Milliseconds to = t.value_or(timeout);
+    if (to.count() <= 0) throw UsageError(std::string(name) + ": the timeout must be positive");
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (stopping) throw UsageError(std::string(name) + ": the process group '" + group_name + "' is shut down");
+      queue.push_back(Task{work, to, std::move(body)});
+      queued.fetch_add(1, std::memory_order_release);
+    }
+    cv.notify_one();
+    return work;
+  }
+
+  void run() {
+    for (;;) {
+      Task task;
+      {
+        const auto spin_end = std::chrono::steady_clock::now() + kWorkerSpin;
+        for (int i = 0; queued.load(std::memory_order_acquire) == 0; ++i) {
+          if ((i & 63) == 0 && std::chrono::steady_clock::now() >= spin_end) break;
+          _mm_pause();
+        }
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return !queue.empty() || stopping; });
+        if (queue.empty()) return;  // stopping, and everything queued has run
+        task = std::move(queue.front());
+        queue.pop_front();
+        queued.fetch_sub(1, std::memory_order_relaxed);
+      }
+      try {
+        auto result = task.body(comm::Clock::now() + task.timeout);
+        task.work->mark_completed(std::move(result));
+      } catch (...) {
+        task.work->mark_failed(std::current_exception());
+      }
+    }
+  }
+
+  // Point-to-point and root arguments are group ranks.
+  void check_rank(int r, const char* op, const char* what) const {
+    if (r < 0 || r >= size) {
+      throw UsageError(std::string(op) + ": " + what + " " + std::to_string(r) + " is not a rank of group '" +
+                       group_name + "' (size " + std::to_string(size) + ")");
+    }
+  }
+};
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) { impl_->start(); }
+
+ProcessGroup::~ProcessGroup() { impl_->stop(); }
+
+int ProcessGroup::rank() const { return impl_->rank; }
+int ProcessGroup::size() const { return impl_->size; }
+const std::vector<int>& ProcessGroup::ranks() const { return impl_->ranks; }
+const std::string& ProcessGroup::backend_name() const { return impl_->backend_name; }
+const std::string& ProcessGroup::group_name() const { return impl_->group_name; }
+Milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
+
+// ---- collectives --------------------------------------------------------------
+
+std::shared_ptr<Work> ProcessGroup::all_reduce(const at::Tensor& tensor, const AllreduceOptions& o) {
+  const auto dt = detail::check_tensor(tensor, "all_reduce");
+  const auto op = to_comm(o.op);
+  comm::check_reduction(dt, op);
+  comm::Backend* b = impl_->backend.get();
+  return impl_->enqueue("all_reduce", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+    b->all_reduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), dt, op, d);
+    return {tensor};
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::broadcast(const at::Tensor& tensor, const BroadcastOptions& o) {
+  detail::check_tensor(tensor, "broadcast");
+  impl_->check_rank(o.root, "broadcast", "root");
+  comm::Backend* b = impl_->backend.get();
+  return impl_->enqueue("broadcast", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+    b->broadcast(tensor.data_ptr(), tensor.nbytes(), o.root, d);
+    return {tensor};
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce(const at::Tensor& tensor, const ReduceOptions& o) {
+  const auto dt = detail::check_tensor(tensor, "reduce");
+  impl_->check_rank(o.root, "reduce", "root");
+  const auto op = to_comm(o.op);
+  comm::check_reduction(dt, op);
+  comm::Backend* b = impl_->backend.get();
+  return impl_->enqueue("reduce", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+    b->reduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), dt, op, o.root, d);
+    return {tensor};
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input,
+                                                           const CollectiveOptions& o) {
+  detail::check_tensor(input, "all_gather_into_tensor", "input");
+  detail::check_tensor(output, "all_gather_into_tensor", "output");
+  detail::check_same_dtype(output, input, "all_gather_into_tensor");
+  detail::check_numel(output, input.numel() * size(), "all_gather_into_tensor", "output");
+  comm::Backend* b = impl_->backend.get();
+  return impl_->enqueue("all_gather_into_tensor", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+    b->all_gather(input.data_ptr(), output.data_ptr(), input.nbytes(), d);
+    return {output};
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                               const CollectiveOptions& o) {
+  detail::check_tensor(input, "all_gather", "input");
+  detail::check_list(outputs, size(), input, "all_gather", "outputs");
+  comm::Backend* b = impl_->backend.get();
+  return impl_->enqueue("all_gather", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+    at::Tensor flat = at::empty({input.numel() * static_cast<int64_t>(outputs.size())}, input.options());
+    b->all_gather(input.data_ptr(), flat.data_ptr(), input.nbytes(), d);
+    detail::unflatten_into(flat, outputs);
+    return outputs;
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
+                                                          const ReduceScatterOptions& o) {
+  const auto dt = detail::check_tensor(output, "reduce_scatter_tensor", "output");
+  detail::check_tensor(input, "reduce_scatter_tensor", "input");
+  detail::check_same_dtype(output, input, "reduce_scatter_tensor");
+  detail::check_numel(input, output.numel() * size(), "reduce_scatter_tensor", "input");
+  const auto op = to_comm(o.op);
+  comm::check_reduction(dt, op);
+  comm::Backend* b = impl_->backend.get();
+  return impl_->enqueue("reduce_scatter_tensor", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+    b->reduce_scatter(input.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()), dt, op, d);
+    return {output};
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                                                   const ReduceScatterOptions& o) {
+  const auto dt = detail::check_tensor(output, "reduce_scatter", "output");
+  detail::check_list(inputs, size(), output, "reduce_scatter", "inputs");
+  const auto op = to_comm(o.op);
+  comm::check_reduction(dt, op);
+  comm::Backend* b = impl_->backend.get();
+  return impl_->enqueue("reduce_scatter", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+    at::Tensor flat = detail::flatten(inputs);
+    b->reduce_scatter(flat.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()), dt, op, d);
+    return {output};
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                           const RootOptions& o) {
+  detail::check_tensor(input, "gather", "input");
+  impl_->check_rank(o.root, "gather", "root");
+  const bool is_root = rank() == o.root;
+  if (is_root) {
+    detail::check_list(outputs, size(), input, "gather", "outputs");
+  } else if (!outputs.empty()) {
+    throw UsageError("gather: outputs must be empty on non-root rank " + std::to_string(rank()));
+  }
+  comm::Backend* b = impl_->backend.get();
+  return impl_->enqueue("gather", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+    at::Tensor flat = is_root ? at::empty({input.numel() * size()}, input.options()) : at::Tensor();
+    b->gather(input.data_ptr(), is_root ? flat.data_ptr() : nullptr, input.nbytes(), o.root, d);
+    if (is_root) detail::unflatten_into(flat, outputs);
+    return outputs;
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                                            const RootOptions& o) {
+  detail::check_tensor(output, "scatter", "output");
+  impl_->check_rank(o.root, "scatter", "root");
+  const bool is_root = rank() == o.root;
+  if (is_root) {
+    detail::check_list(inputs, size(), output, "scatter", "inputs");
+  } else if (!inputs.empty()) {
+    throw UsageError("scatter: inputs must be empty on non-root rank " + std::to_string(rank()));
+  }
+  comm::Backend* b = impl_->backend.get();
+  return impl_->enqueue("scatter", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+    at::Tensor flat = is_root ? detail::flatten(inputs) : at::Tensor();
+    b->scatter(is_root ? flat.data_ptr() : nullptr, output.data_ptr(), output.nbytes(), o.root, d);
+    return {output};
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::all_to_all_single(const at::Tensor& output, const at::Tensor& input,
+                                                      const std::vector<int64_t>& output_split_sizes,
+                                                      const std::vector<int64_t>& input_split_sizes,
+                                                      const CollectiveOptions& o) {
+  detail::check_tensor(input, "all_to_all_single", "input");
+  detail::check_tensor(output, "all_to_all_single", "output");
+  detail::check_same_dtype(output, input, "all_to_all_single");
+  auto send = detail::split_bytes(input, input_split_sizes, size(), "all_to_all_single", "input");
+  auto recv = detail::split_bytes(output, output_split_sizes, size(), "all_to_all_single", "output");
+  comm::Backend* b = impl_->backend.get();
+  return impl_->enqueue("all_to_all_single", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+    b->all_to_all(input.data_ptr(), send.bytes, send.offsets, output.data_ptr(), recv.bytes, recv.offsets, d);
+    return {output};
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<at::Tensor>& outputs,
+                                               const std::vector<at::Tensor>& inputs, const CollectiveOptions& o) {
+  if (static_cast<int>(inputs.size()) != size() || static_cast<int>(outputs.size()) != size()) {
+    throw UsageError("all_to_all: needs " + std::to_string(size()) + " inputs and outputs, got " +
+                     std::to_string(inputs.size()) + " and " + std::to_string(outputs.size()));
+  }
+  for (const auto& t : inputs) detail::check_tensor(t, "all_to_all", "inputs[i]");
+  for (const auto& t : outputs) {
+    detail::check_tensor(t, "all_to_all", "outputs[i]");
+    detail::check_same_dtype(t, inputs[0], "all_to_all");
+  }
+  comm::Backend* b = impl_->backend.get();
+  return impl_->enqueue("all_to_all", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+    at::Tensor in = detail::flatten(inputs);
+    std::vector<size_t> send_bytes, send_off, recv_bytes, recv_off;
+    size_t off = 0;
+    for (const auto& t : inputs) {
+      send_bytes.push_back(t.nbytes());
+      send_off.push_back(off);
+      off += t.nbytes();
+    }
+    off = 0;
+    for (const auto& t : outputs) {
+      recv_bytes.push_back(t.nbytes());
+      recv_off.push_back(off);
+      off += t.nbytes();
+    }
+    at::Tensor out = at::empty({static_cast<int64_t>(off)}, at::TensorOptions().dtype(at::kByte));
+    b->all_to_all(in.data_ptr(), send_bytes, send_off, out.data_ptr(), recv_bytes, recv_off, d);
+    for (size_t r = 0; r < outputs.size(); ++r) {
+      std::memcpy(outputs[r].data_ptr(), static_cast<uint8_t*>(out.data_ptr()) + recv_off[r], recv_bytes[r]);
+    }
+    return outputs;
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::barrier(const CollectiveOptions& o) {
+  comm::Backend* b = impl_->backend.get();
+  return impl_->enqueue("barrier", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+    b->barrier(d);
+    return {};
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::send(const at::Tensor& tensor, int dst, int tag, const CollectiveOptions& o) {
+  detail::check_tensor(tensor, "send");
+  impl_->check_rank(dst, "send", "destination");
+  if (dst == rank()) throw UsageError("send: rank " + std::to_string(dst) + " cannot send to itself");
+  comm::Backend* b = impl_->backend.get();
+  return impl_->enqueue("send", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+    b->send(tensor.data_ptr(), tensor.nbytes(), dst, tag, d);
+    return {tensor};
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::recv(const at::Tensor& tensor, int src, int tag, const CollectiveOptions& o) {
+  detail::check_tensor(tensor, "recv");
+  impl_->check_rank(src, "recv", "source");
+  if (src == rank()) throw UsageError("recv: rank " + std::to_string(src) + " cannot receive from itself");
+  comm::Backend* b = impl_->backend.get();
+  return impl_->enqueue("recv", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+    b->recv(tensor.data_ptr(), tensor.nbytes(), src, tag, d);
+    return {tensor};
+  });
+}
+
+// ---- groups -------------------------------------------------------------------
+
+namespace {
+
+// "host/boot-id": equal for two processes exactly when they share a kernel,
+// and so can share memory.
+std::string host_identity() {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string boot;
+  std::getline(f, boot);
+  return std::string(host) + "/" + boot;
+}
+
+std::shared_ptr<ProcessGroup> make_group(std::shared_ptr<Store> store, int rank, std::vector<int> ranks,
+                                         std::string backend, std::string name, Milliseconds timeout) {
+  const int size = static_cast<int>(ranks.size());
+  if (backend == "auto") {
+    store->set("host/" + std::to_string(rank), host_identity());
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r) keys.push_back("host/" + std::to_string(r));
+    const auto hosts = store->multi_get(keys, timeout);
+    const bool one_host = std::all_of(hosts.begin(), hosts.end(), [&](const Bytes& h) { return h == hosts[0]; });
+    backend = one_host || !comm::has_backend("gloo") ? "shm" : "gloo";
+    if (!one_host && backend == "shm") {
+      throw UsageError("process group '" + name + "' spans several hosts, but this build of tdist has no gloo backend");
+    }
+  }
+  comm::BackendContext ctx;
+  ctx.store = std::make_shared<PrefixStore>("backend", store);
+  ctx.rank = rank;
+  ctx.size = size;
+  ctx.global_ranks = ranks;
+  ctx.group_name = name;
+  ctx.timeout = timeout;
+  auto impl = std::make_unique<ProcessGroup::Impl>();
+  impl->backend = comm::create_backend(backend, ctx);
+  impl->store = std::move(store);
+  impl->rank = rank;
+  impl->size = size;
+  impl->ranks = std::move(ranks);
+  impl->backend_name = backend;
+  impl->group_name = std::move(name);
+  impl->timeout = timeout;
+  return std::make_shared<ProcessGroup>(std::move(impl));
+}
+
+std::mutex g_default_mu;
+std::shared_ptr<ProcessGroup> g_default;
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks, const NewGroupOptions& options) {
+  if (ranks.empty()) throw UsageError("new_group: the list of ranks is empty");
+  std::sort(ranks.begin(), ranks.end());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    impl_->check_rank(ranks[i], "new_group", "rank");
+    if (i > 0 && ranks[i] == ranks[i - 1]) {
+      throw UsageError("new_group: rank " + std::to_string(ranks[i]) + " is listed twice");
+    }
+  }
+  const int id = impl_->next_subgroup++;
+  auto it = std::find(ranks.begin(), ranks.end(), rank());
+  if (it == ranks.end()) return nullptr;
+  std::vector<int> world_ranks;
+  for (int r : ranks) world_ranks.push_back(impl_->ranks[r]);
+  const std::string name = impl_->group_name + "/" + std::to_string(id);
+  auto store = std::make_shared<PrefixStore>("group" + std::to_string(id), impl_->store);
+  return make_group(store, static_cast<int>(it - ranks.begin()), std::move(world_ranks),
+                    options.backend.empty() ? impl_->backend_name : options.backend, name,
+                    options.timeout.value_or(impl_->timeout));
+}
+
+std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
+  if (options.timeout.count() <= 0) throw UsageError("init_process_group: the timeout must be positive");
+  RendezvousOptions ro;
+  ro.init_method = options.init_method;
+  ro.store = options.store;
+  ro.rank = options.rank;
+  ro.world_size = options.world_size;
+  ro.timeout = options.timeout;
+  RendezvousResult world = rendezvous(ro);
+  std::vector<int> ranks(world.world_size);
+  for (int r = 0; r < world.world_size; ++r) ranks[r] = r;
+  auto store = std::make_shared<PrefixStore>("tdist/pg/" + options.group_name, world.store);
+  auto group = make_group(store, world.rank, std::move(ranks), options.backend, options.group_name, options.timeout);
+  std::lock_guard<std::mutex> lock(g_default_mu);
+  g_default = group;
+  return group;
+}
+
+std::shared_ptr<ProcessGroup> default_group() {
+  std::lock_guard<std::mutex> lock(g_default_mu);
+  return g_default;
+}
+
+bool is_initialized() { return default_group() != nullptr; }
+
+std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks, const NewGroupOptions& options) {
+  auto world = default_group();
+  if (!world) throw UsageError("new_group: call init_process_group first");
+  return world->new_group(std::move(ranks), options);
+}
+
+void destroy_process_group(const std::shared_ptr<ProcessGroup>& group) {
+  std::shared_ptr<ProcessGroup> dropped;
+  {
+    std::lock_guard<std::mutex> lock(g_default_mu);
+    if (!group || group == g_default) dropped = std::move(g_default);
+  }
+}
+
+}  // namespace tdist

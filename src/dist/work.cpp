@@ -1,0 +1,137 @@
+#include <immintrin.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+
+#include "tdist/process_group.h"
+#include "util/env.h"
+
+namespace tdist {
+
+struct Work::State {
+  mutable std::mutex mu;
+  std::condition_variable done_cv;
+  std::atomic<bool> done{false};
+  std::exception_ptr error;
+  std::vector<at::Tensor> result;
+  std::vector<std::function<void()>> callbacks;  // run once, on completion
+  uint64_t seq = 0;
+  std::string op_name = "work";
+};
+
+Work::Work() : state_(std::make_unique<State>()) {}
+Work::~Work() = default;
+
+void Work::set_info(uint64_t seq, std::string op_name) {
+  state_->seq = seq;
+  state_->op_name = std::move(op_name);
+}
+uint64_t Work::seq() const { return state_->seq; }
+const std::string& Work::op_name() const { return state_->op_name; }
+
+bool Work::is_completed() const { return state_->done.load(std::memory_order_acquire); }
+
+bool Work::is_success() const {
+  if (!is_completed()) return false;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return !state_->error;
+}
+
+std::exception_ptr Work::exception() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->error;
+}
+
+std::vector<at::Tensor> Work::result() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->result;
+}
+
+namespace {
+
+// Collectives on small tensors finish in microseconds: spin that long before
+// paying for a sleep and a wake-up.
+constexpr auto kSpin = std::chrono::microseconds(30);
+
+}  // namespace
+
+void Work::wait() {
+  const auto spin_end = std::chrono::steady_clock::now() + kSpin;
+  for (int i = 0; !is_completed(); ++i) {
+    if ((i & 63) == 0 && std::chrono::steady_clock::now() >= spin_end) break;
+    _mm_pause();
+  }
+  std::unique_lock<std::mutex> lock(state_->mu);
+  state_->done_cv.wait(lock, [&] { return state_->done.load(); });
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+void Work::wait(Milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  if (!state_->done_cv.wait_for(lock, timeout, [&] { return state_->done.load(); })) {
+    throw TimeoutError("Work::wait: " + state_->op_name + " #" + std::to_string(state_->seq) +
+                       " did not complete within " + detail::format_duration_ms(timeout.count()));
+  }
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+void Work::mark_completed(std::vector<at::Tensor> result) {
+  std::vector<std::function<void()>> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->done) return;
+    state_->result = std::move(result);
+    state_->done.store(true, std::memory_order_release);
+    callbacks.swap(state_->callbacks);
+  }
+  state_->done_cv.notify_all();
+  for (auto& cb : callbacks) cb();
+}
+
+void Work::mark_failed(std::exception_ptr error) {
+  std::vector<std::function<void()>> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->done) return;
+    state_->error = std::move(error);
+    state_->done.store(true, std::memory_order_release);
+    callbacks.swap(state_->callbacks);
+  }
+  state_->done_cv.notify_all();
+  for (auto& cb : callbacks) cb();
+}
+
+std::shared_ptr<Work> Work::completed(std::vector<at::Tensor> result) {
+  auto w = std::make_shared<Work>();
+  w->mark_completed(std::move(result));
+  return w;
+}
+
+std::shared_ptr<Work> Work::then(std::function<std::vector<at::Tensor>(Work&)> fn) {
+  auto next = std::make_shared<Work>();
+  next->set_info(state_->seq, state_->op_name + ".then");
+  auto self = shared_from_this();
+  auto run = [self, next, fn = std::move(fn)] {
+    if (auto err = self->exception()) {
+      next->mark_failed(err);
+      return;
+    }
+    try {
+      next->mark_completed(fn(*self));
+    } catch (...) {
+      next->mark_failed(std::current_exception());
+    }
+  };
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (!state_->done) {
+      state_->callbacks.push_back(std::move(run));
+      return next;
+    }
+  }
+  run();
+  return next;
+}
+
+}  // namespace tdist
