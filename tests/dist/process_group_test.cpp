@@ -1,0 +1,301 @@
+// Process groups beyond the conformance suite: what happens when things go
+// wrong (timeouts, a killed rank, mismatched collectives, stale segments,
+// misuse), subgroups, and Work chaining.
+#include <ATen/ATen.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "tdist/tdist.h"
+#include "tests/dist/world.h"
+#include "tests/util/process.h"
+
+using namespace std::chrono_literals;
+using tdist::ProcessGroup;
+using tdist::ReduceOp;
+using tdist::test::run_world;
+using tdist::test::WorldOptions;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Runs fn expecting it to throw E; returns the message (throws otherwise).
+template <typename E, typename Fn>
+std::string expect_throw(Fn&& fn, const char* what) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string(what) + ": threw the wrong error: " + e.what());
+  }
+  throw std::runtime_error(std::string(what) + ": did not throw");
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+std::vector<std::string> our_segments() {
+  std::vector<std::string> out;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) {
+      if (std::string(e->d_name).rfind("tdist-shm-", 0) == 0) out.push_back(e->d_name);
+    }
+    closedir(d);
+  }
+  return out;
+}
+
+TEST(Failures, ATimeoutNamesTheOpItsSequenceNumberAndTheMissingRank) {
+  WorldOptions o;
+  o.final_barrier = false;
+  const std::string failures = run_world(2, [](ProcessGroup& pg) {
+    at::Tensor t = at::ones({10});
+    pg.all_reduce(t)->wait();  // #0 succeeds
+    if (pg.rank() == 0) {
+      const auto t0 = Clock::now();
+      const std::string msg = expect_throw<tdist::TimeoutError>(
+          [&] { pg.all_reduce(t, {ReduceOp::SUM, 300ms})->wait(); }, "timed-out all_reduce");
+      WORLD_CHECK(Clock::now() - t0 < 5s, "took too long");
+      WORLD_CHECK(contains(msg, "all_reduce(float32 x 10, SUM) #1"), msg);
+      WORLD_CHECK(contains(msg, "rank(s) 1 never arrived"), msg);
+      // Later ops fail at once with the first error.
+      const std::string again = expect_throw<tdist::TimeoutError>([&] { pg.barrier()->wait(); }, "after timeout");
+      WORLD_CHECK(contains(again, "aborted by rank 0"), again);
+    } else {
+      std::this_thread::sleep_for(1500ms);  // miss the deadline
+      const std::string msg = expect_throw<tdist::TimeoutError>([&] { pg.all_reduce(t)->wait(); }, "late rank");
+      WORLD_CHECK(contains(msg, "aborted by rank 0"), msg);
+    }
+  }, o);
+  EXPECT_EQ(failures, "");
+}
+
+TEST(Failures, AKilledRankIsNamedWithinSeconds) {
+  WorldOptions o;
+  o.final_barrier = false;
+  const std::string failures = run_world(3, [](ProcessGroup& pg) {
+    at::Tensor t = at::ones({1 << 20});
+    pg.all_reduce(t)->wait();
+    if (pg.rank() == 2) {
+      std::this_thread::sleep_for(200ms);  // the others are inside the next all_reduce
+      raise(SIGKILL);
+    }
+    const auto t0 = Clock::now();
+    try {
+      pg.all_reduce(t, {ReduceOp::SUM, 120s})->wait();
+      throw std::runtime_error("all_reduce with a dead peer succeeded");
+    } catch (const tdist::PeerFailureError& e) {
+      WORLD_CHECK(e.rank() == 2, e.what());
+      WORLD_CHECK(contains(e.what(), "rank 2"), e.what());
+      WORLD_CHECK(Clock::now() - t0 < 10s, "noticed only after " << std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count() << " ms");
+    }
+  }, o);
+  EXPECT_EQ(failures, "rank 2: signal 9\n");
+}
+
+TEST(Failures, MismatchedCollectivesRaiseOnEveryRank) {
+  struct Case {
+    const char* name;
+    std::function<void(ProcessGroup&)> call;
+    const char* on_rank0;
+    const char* on_rank1;
+  };
+  const std::vector<Case> cases = {
+      {"size", [](ProcessGroup& pg) { pg.all_reduce(at::ones({10 + pg.rank()}))->wait(); },
+       "all_reduce(float32 x 10, SUM)", "all_reduce(float32 x 11, SUM)"},
+      {"dtype", [](ProcessGroup& pg) { pg.all_reduce(pg.rank() ? at::ones({4}, at::kDouble) : at::ones({4}))->wait(); },
+       "all_reduce(float32 x 4, SUM)", "all_reduce(float64 x 4, SUM)"},
+      {"op", [](ProcessGroup& pg) { pg.all_reduce(at::ones({4}), {pg.rank() ? ReduceOp::MAX : ReduceOp::SUM})->wait(); },
+       "SUM", "MAX"},
+      {"kind", [](ProcessGroup& pg) {
+         at::Tensor t = at::ones({4});
+         if (pg.rank() == 0) pg.all_reduce(t)->wait(); else pg.broadcast(t)->wait();
+       }, "all_reduce", "broadcast"},
+      {"root", [](ProcessGroup& pg) { pg.broadcast(at::ones({4}), {pg.rank()})->wait(); }, "root 0", "root 1"},
+  };
+  for (const auto& c : cases) {
+    WorldOptions o;
+    o.final_barrier = false;
+    const std::string failures = run_world(2, [&](ProcessGroup& pg) {
+      const std::string msg = expect_throw<tdist::CollectiveMismatchError>([&] { c.call(pg); }, c.name);
+      WORLD_CHECK(contains(msg, c.on_rank0) && contains(msg, c.on_rank1), c.name << ": " << msg);
+    }, o);
+    EXPECT_EQ(failures, "") << c.name;
+  }
+}
+
+TEST(Failures, AllToAllSizesThatDisagreeAreAMismatch) {
+  WorldOptions o;
+  o.final_barrier = false;
+  const std::string failures = run_world(2, [](ProcessGroup& pg) {
+    at::Tensor in = at::ones({4});
+    at::Tensor out = at::ones({pg.rank() == 0 ? 5 : 4});  // rank 0 expects one element too many
+    std::vector<int64_t> recv = pg.rank() == 0 ? std::vector<int64_t>{2, 3} : std::vector<int64_t>{2, 2};
+    const std::string msg = expect_throw<tdist::CollectiveMismatchError>(
+        [&] { pg.all_to_all_single(out, in, recv, {2, 2})->wait(); }, "all_to_all");
+    WORLD_CHECK(contains(msg, "rank 1 sends 8 bytes to rank 0, which expects 12"), msg);
+  }, o);
+  EXPECT_EQ(failures, "");
+}
+
+TEST(SharedMemory, NoSegmentIsLeftBehind) {
+  const auto before = our_segments();
+  EXPECT_EQ(run_world(3, [](ProcessGroup& pg) {
+    at::Tensor t = at::ones({100});
+    pg.all_reduce(t)->wait();
+    auto sub = pg.new_group({0, 1});
+    if (sub) sub->all_reduce(t)->wait();
+  }), "");
+  EXPECT_EQ(our_segments(), before);
+}
+
+TEST(SharedMemory, StaleSegmentsOfDeadJobsAreSwept) {
+  // A segment named after a process that no longer exists, as a crashed
+  // rank 0 would leave it.
+  pid_t dead = tdist::test::fork_child([] { return 0; });
+  tdist::test::wait_child(dead, 10s);
+  const std::string name = "/tdist-shm-" + std::to_string(dead) + "-deadbeefdeadbeef";
+  int fd = shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 1 << 20), 0);
+  close(fd);
+  EXPECT_EQ(run_world(2, [](ProcessGroup& pg) { pg.barrier()->wait(); }), "");
+  EXPECT_NE(shm_unlink(name.c_str()), 0) << "the stale segment was still there";
+}
+
+TEST(Groups, SubgroupsAndTheWorldRunSideBySide) {
+  EXPECT_EQ(run_world(4, [](ProcessGroup& pg) {
+    const int r = pg.rank();
+    auto evens = pg.new_group({2, 0});  // order given does not matter
+    auto odds_and_two = pg.new_group({1, 2, 3});
+    WORLD_CHECK((evens != nullptr) == (r % 2 == 0), "membership of evens");
+    WORLD_CHECK((odds_and_two != nullptr) == (r != 0), "membership of odds_and_two");
+    if (evens) {
+      WORLD_CHECK(evens->size() == 2 && evens->rank() == r / 2, "evens rank");
+      WORLD_CHECK(evens->ranks() == std::vector<int>({0, 2}), "evens world ranks");
+    }
+    // Interleave collectives on all three groups.
+    std::vector<std::shared_ptr<tdist::Work>> works;
+    at::Tensor w = at::full({1000}, static_cast<float>(r));
+    at::Tensor e = at::full({1000}, static_cast<float>(r));
+    at::Tensor o = at::full({1000}, static_cast<float>(r));
+    for (int i = 0; i < 10; ++i) {
+      works.push_back(pg.all_reduce(w, {ReduceOp::MAX}));
+      if (evens) works.push_back(evens->all_reduce(e, {ReduceOp::MAX}));
+      if (odds_and_two) works.push_back(odds_and_two->all_reduce(o, {ReduceOp::MIN}));
+    }
+    for (auto& x : works) x->wait();
+    WORLD_CHECK(w.eq(3).all().item<bool>(), "world");
+    if (evens) WORLD_CHECK(e.eq(2).all().item<bool>(), "evens");
+    if (odds_and_two) WORLD_CHECK(o.eq(1).all().item<bool>(), "odds_and_two");
+  }), "");
+}
+
+// Misuse is caught on the caller's thread, before anything is queued.
+class Misuse : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tdist::InitOptions o;
+    o.store = std::make_shared<tdist::HashStore>();
+    o.rank = 0;
+    o.world_size = 1;
+    o.backend = "shm";
+    pg_ = tdist::init_process_group(o);
+  }
+  void TearDown() override { tdist::destroy_process_group(); }
+  std::shared_ptr<ProcessGroup> pg_;
+};
+
+TEST_F(Misuse, BadTensorsAreNamed) {
+  at::Tensor t = at::ones({4, 4});
+  auto msg = expect_throw<tdist::UsageError>([&] { pg_->all_reduce(t.t()); }, "non-contiguous");
+  EXPECT_TRUE(contains(msg, "not contiguous")) << msg;
+  msg = expect_throw<tdist::UsageError>([&] { pg_->all_reduce(at::ones({2}, at::kShort)); }, "int16");
+  EXPECT_TRUE(contains(msg, "Short")) << msg;
+  msg = expect_throw<tdist::UsageError>([&] { pg_->all_reduce(at::Tensor()); }, "undefined");
+  EXPECT_TRUE(contains(msg, "undefined")) << msg;
+  msg = expect_throw<tdist::UsageError>([&] { pg_->all_reduce(at::empty({2}, at::device(at::kMeta))); }, "device");
+  EXPECT_TRUE(contains(msg, "meta")) << msg;
+  msg = expect_throw<tdist::UsageError>([&] { pg_->all_reduce(at::ones({2}), {ReduceOp::BXOR}); }, "bxor float");
+  EXPECT_TRUE(contains(msg, "BXOR")) << msg;
+  msg = expect_throw<tdist::UsageError>([&] { pg_->all_reduce(at::ones({2}, at::kInt), {ReduceOp::AVG}); }, "avg int");
+  EXPECT_TRUE(contains(msg, "AVG")) << msg;
+}
+
+TEST_F(Misuse, BadArgumentsAreNamed) {
+  at::Tensor t = at::ones({4});
+  EXPECT_TRUE(contains(expect_throw<tdist::UsageError>([&] { pg_->broadcast(t, {1}); }, "root"), "root 1"));
+  EXPECT_TRUE(contains(expect_throw<tdist::UsageError>([&] { pg_->send(t, 0); }, "self"), "itself"));
+  EXPECT_TRUE(contains(expect_throw<tdist::UsageError>([&] { pg_->all_gather({t, t}, t); }, "list"), "must hold 1"));
+  EXPECT_TRUE(contains(expect_throw<tdist::UsageError>([&] { pg_->all_gather_into_tensor(at::ones({3}), t); }, "numel"),
+                       "must have 4 elements"));
+  EXPECT_TRUE(contains(expect_throw<tdist::UsageError>([&] { pg_->all_to_all_single(t, t, {3}, {4}); }, "splits"),
+                       "add up to 3"));
+  EXPECT_TRUE(contains(expect_throw<tdist::UsageError>([&] { pg_->new_group({0, 0}); }, "dup"), "twice"));
+  EXPECT_TRUE(contains(expect_throw<tdist::UsageError>([&] { pg_->new_group({5}); }, "range"), "rank 5"));
+  EXPECT_TRUE(contains(expect_throw<tdist::UsageError>([&] { pg_->all_reduce(t, {ReduceOp::SUM, 0ms}); }, "timeout"),
+                       "positive"));
+  // Nothing of the above reached the backend: the group still works.
+  pg_->all_reduce(t)->wait();
+  EXPECT_TRUE(t.eq(1).all().item<bool>());
+}
+
+TEST_F(Misuse, UnknownBackendListsTheKnownOnes) {
+  tdist::InitOptions o;
+  o.store = std::make_shared<tdist::HashStore>();
+  o.rank = 0;
+  o.world_size = 1;
+  o.backend = "carrier-pigeon";
+  auto msg = expect_throw<tdist::UsageError>([&] { tdist::init_process_group(o); }, "backend");
+  EXPECT_TRUE(contains(msg, "carrier-pigeon") && contains(msg, "shm")) << msg;
+}
+
+TEST_F(Misuse, AutoPicksSharedMemoryOnOneHost) {
+  tdist::InitOptions o;
+  o.store = std::make_shared<tdist::HashStore>();
+  o.rank = 0;
+  o.world_size = 1;
+  auto pg = tdist::init_process_group(o);
+  EXPECT_EQ(pg->backend_name(), "shm");
+  EXPECT_EQ(tdist::default_group(), pg);
+}
+
+TEST(Work, ThenChainsAndPropagatesErrors) {
+  tdist::InitOptions o;
+  o.store = std::make_shared<tdist::HashStore>();
+  o.rank = 0;
+  o.world_size = 1;
+  auto pg = tdist::init_process_group(o);
+  at::Tensor t = at::full({3}, 2.0f);
+  auto doubled = pg->all_reduce(t)->then([](tdist::Work& w) { return std::vector<at::Tensor>{w.result()[0] * 2}; });
+  doubled->wait();
+  EXPECT_TRUE(doubled->result()[0].eq(4).all().item<bool>());
+  auto failing = pg->barrier()->then([](tdist::Work&) -> std::vector<at::Tensor> { throw std::runtime_error("hook broke"); });
+  auto after = failing->then([](tdist::Work&) { return std::vector<at::Tensor>{}; });
+  EXPECT_THROW(after->wait(), std::runtime_error);
+  EXPECT_FALSE(after->is_success());
+  // then() on finished work runs at once.
+  auto done = tdist::Work::completed({t});
+  EXPECT_TRUE(done->then([](tdist::Work& w) { return w.result(); })->is_completed());
+  tdist::destroy_process_group();
+}
+
+TEST(Work, WaitWithATimeoutRaisesWhileTheOpRuns) {
+  auto w = std::make_shared<tdist::Work>();
+  w->set_info(7, "all_reduce");
+  const std::string msg = expect_throw<tdist::TimeoutError>([&] { w->wait(50ms); }, "wait");
+  EXPECT_TRUE(contains(msg, "all_reduce #7")) << msg;
+  std::thread t([&] { w->mark_completed({}); });
+  w->wait(5s);
+  t.join();
+  EXPECT_TRUE(w->is_success());
+}
+
+}  // namespace
