@@ -37,5 +37,6 @@ class JsonRows {
 };
 
 int store_bench(const Args& args);
+int collectives_bench(int argc, char** argv);
 
 }  // namespace tdist::bench

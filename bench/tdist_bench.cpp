@@ -96,13 +96,17 @@ int main(int argc, char** argv) {
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0) {
     std::fprintf(stderr,
                  "usage: tdist-bench MODE [options]\n"
-                 "  store [--store tcp|file|hash] [--clients 1,4,16] [--seconds S] [--value-bytes N] [--json FILE]\n");
+                 "  store [--store tcp|file|hash] [--clients 1,4,16] [--seconds S] [--value-bytes N] [--json FILE]\n"
+                 "  collectives [--backend shm] [--world-size 2] [--op all_reduce|broadcast|reduce|all_gather|\n"
+                 "              reduce_scatter|all_to_all|all] [--min-bytes 4] [--max-bytes 256M] [--step-factor 4]\n"
+                 "              [--dtype float32] [--seconds 0.25] [--json FILE]\n");
     return 2;
   }
   try {
+    if (std::strcmp(argv[1], "collectives") == 0) return tdist::bench::collectives_bench(argc - 2, argv + 2);
     tdist::bench::Args args(argc - 2, argv + 2);
     if (std::strcmp(argv[1], "store") == 0) return tdist::bench::store_bench(args);
-    std::fprintf(stderr, "tdist-bench: unknown mode '%s' (known: store)\n", argv[1]);
+    std::fprintf(stderr, "tdist-bench: unknown mode '%s' (known: store, collectives)\n", argv[1]);
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tdist-bench: %s\n", e.what());

@@ -632,10 +632,17 @@ class ShmBackend final : public Backend {
     auto* p = static_cast<uint8_t*>(buf);
     const bool want_output = root < 0 || root == rank();
     std::vector<const void*> inputs(n);
+    // Chunk j's elements split evenly over the ranks (in whole cache lines),
+    // so a tensor smaller than a chunk still shares the work.
+    const size_t line = std::max<size_t>(1, kAlign / es);
     auto seg_range = [&](size_t j, int s) {
-      const size_t begin = std::min(count, j * chunk + s * seg);
-      const size_t end = std::min(count, begin + seg);
-      return std::make_pair(begin, end - begin);
+      const size_t chunk_begin = j * chunk;
+      const size_t chunk_len = std::min(chunk, count - std::min(count, chunk_begin));
+      const size_t per = (chunk_len + n - 1) / n;
+      const size_t per_aligned = std::min(seg, (per + line - 1) / line * line);
+      const size_t begin = std::min(chunk_len, s * per_aligned);
+      const size_t end = std::min(chunk_len, begin + per_aligned);
+      return std::make_pair(chunk_begin + begin, end - begin);
     };
     for (size_t j = 0; j <= chunks; ++j) {
       if (j < chunks) {

@@ -11,7 +11,7 @@ namespace tdist::comm::shm {
 struct ShmOptions {
   // Bytes of each rank's staging buffer per round (two are kept, for double
   // buffering). Larger rounds mean fewer barriers; smaller ones stay in cache.
-  size_t round_bytes = 512 * 1024;
+  size_t round_bytes = 1024 * 1024;
   // all_reduce of at most this many bytes takes the one-round path.
   size_t small_bytes = 32 * 1024;
   // Bytes of each ordered pair's send/recv ring.

@@ -1,0 +1,312 @@
+// tdist-bench collectives: the nccl-tests table for tdist's collectives.
+//
+//   tdist-bench collectives --backend shm --world-size 2 [--op all_reduce|all|...]
+//       [--min-bytes 4] [--max-bytes 256M] [--step-factor 4] [--dtype float32]
+//       [--seconds 0.25] [--json FILE]
+//
+// Spawns its own ranks on this host (or runs as one rank under tdist-run,
+// when RANK and WORLD_SIZE are set). First it measures this machine's memcpy
+// bandwidth, on one core and on all cores at once, so the figures read as a
+// fraction of what memory can do; then, per op and size: bytes, count, dtype,
+// redop, time (µs), algbw, busbw (as nccl-tests defines them), busbw over the
+// all-core memcpy bandwidth, and #wrong (elements that differ from the
+// expected result in a checked run).
+#include <ATen/ATen.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "bench/bench_common.h"
+#include "store/socket.h"
+#include "tdist/tdist.h"
+#include "util/env.h"
+
+namespace tdist::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+size_t parse_bytes(const std::string& s) {
+  if (s.empty()) throw UsageError("tdist-bench: empty size");
+  size_t mult = 1;
+  std::string digits = s;
+  const char last = static_cast<char>(std::toupper(static_cast<unsigned char>(s.back())));
+  if (last == 'K' || last == 'M' || last == 'G') {
+    mult = last == 'K' ? 1024 : last == 'M' ? 1024 * 1024 : size_t(1) << 30;
+    digits = s.substr(0, s.size() - 1);
+  }
+  auto v = detail::parse_int(digits);
+  if (!v || *v < 0) throw UsageError("tdist-bench: bad size '" + s + "' (e.g. 4, 64K, 256M)");
+  return static_cast<size_t>(*v) * mult;
+}
+
+// Bytes copied per second by memcpy over 64 MiB buffers, best of a few.
+double memcpy_gbps_one() {
+  const size_t n = 64u << 20;
+  std::vector<char> a(n, 1), b(n, 2);
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), n);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::max(best, n / s / 1e9);
+    std::swap(a, b);
+  }
+  return best;
+}
+
+double memcpy_gbps_all(int threads) {
+  std::vector<double> rates(threads);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) ts.emplace_back([&, t] { rates[t] = memcpy_gbps_one(); });
+  for (auto& t : ts) t.join();
+  double sum = 0;
+  for (double r : rates) sum += r;
+  return sum;
+}
+
+struct OpSpec {
+  std::string name;
+  double bus_factor(int n) const {
+    if (name == "all_reduce") return 2.0 * (n - 1) / n;
+    if (name == "all_gather" || name == "reduce_scatter" || name == "all_to_all") return double(n - 1) / n;
+    return 1.0;  // broadcast, reduce
+  }
+};
+
+const std::vector<std::string> kOps = {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"};
+
+at::ScalarType parse_dtype(const std::string& s) {
+  if (s == "float32" || s == "float") return at::kFloat;
+  if (s == "float64" || s == "double") return at::kDouble;
+  if (s == "float16" || s == "half") return at::kHalf;
+  if (s == "bfloat16") return at::kBFloat16;
+  if (s == "int32") return at::kInt;
+  if (s == "int64") return at::kLong;
+  throw UsageError("tdist-bench: unknown --dtype " + s);
+}
+
+// Runs `op` once on tensors sized for `bytes` (the per-rank buffer nccl-tests
+// reports: the all_reduce buffer, all_gather's output, ...).
+struct Buffers {
+  at::Tensor in, out;
+};
+
+Buffers make_buffers(const std::string& op, int64_t count, int n, at::ScalarType t) {
+  Buffers b;
+  if (op == "all_gather") {
+    b.in = at::empty({count / n}, t);
+    b.out = at::empty({count / n * n}, t);
+  } else if (op == "reduce_scatter") {
+    b.in = at::empty({count / n * n}, t);
+    b.out = at::empty({count / n}, t);
+  } else if (op == "all_to_all") {
+    b.in = at::empty({count / n * n}, t);
+    b.out = at::empty({count / n * n}, t);
+  } else {
+    b.in = at::empty({count}, t);
+  }
+  return b;
+}
+
+std::shared_ptr<Work> launch(ProcessGroup& pg, const std::string& op, Buffers& b) {
+  if (op == "all_reduce") return pg.all_reduce(b.in);
+  if (op == "broadcast") return pg.broadcast(b.in);
+  if (op == "reduce") return pg.reduce(b.in);
+  if (op == "all_gather") return pg.all_gather_into_tensor(b.out, b.in);
+  if (op == "reduce_scatter") return pg.reduce_scatter_tensor(b.out, b.in);
+  return pg.all_to_all_single(b.out, b.in);
+}
+
+// Fills inputs with rank-dependent small integers and counts the elements of
+// the result that differ from the exact answer.
+int64_t check(ProcessGroup& pg, const std::string& op, Buffers& b) {
+  const int n = pg.size(), r = pg.rank();
+  const auto t = b.in.scalar_type();
+  auto pattern = [&](int64_t len, int rank) { return ((at::arange(len, at::kLong) + rank * 3) % 7).to(t); };
+  b.in.copy_(pattern(b.in.numel(), r));
+  launch(pg, op, b)->wait();
+  at::Tensor got, want;
+  if (op == "all_reduce" || (op == "reduce" && r == 0)) {
+    got = b.in;
+    want = pattern(b.in.numel(), 0).to(at::kDouble);
+    for (int q = 1; q < n; ++q) want += pattern(b.in.numel(), q).to(at::kDouble);
+    want = want.to(t);
+  } else if (op == "broadcast") {
+    got = b.in;
+    want = pattern(b.in.numel(), 0);
+  } else if (op == "all_gather") {
+    got = b.out;
+    std::vector<at::Tensor> parts;
+    for (int q = 0; q < n; ++q) parts.push_back(pattern(b.in.numel(), q));
+    want = at::cat(parts);
+  } else if (op == "reduce_scatter") {
+    got = b.out;
+    const int64_t len = b.out.numel();
+    want = at::zeros({len}, at::kDouble);
+    for (int q = 0; q < n; ++q) want += pattern(b.in.numel(), q).slice(0, r * len, (r + 1) * len).to(at::kDouble);
+    want = want.to(t);
+  } else if (op == "all_to_all") {
+    got = b.out;
+    const int64_t len = b.out.numel() / n;
+    std::vector<at::Tensor> parts;
+    for (int q = 0; q < n; ++q) parts.push_back(pattern(b.in.numel(), q).slice(0, r * len, (r + 1) * len));
+    want = at::cat(parts);
+  } else {
+    return 0;  // reduce on a non-root: nothing to check
+  }
+  return got.ne(want).sum().item<int64_t>();
+}
+
+int run_rank(const Args& args, int rank, int world) {
+  InitOptions io;
+  io.backend = args.get("backend", "shm");
+  io.rank = rank;
+  io.world_size = world;
+  io.timeout = std::chrono::seconds(120);
+  auto pg = init_process_group(io);
+  const at::ScalarType dtype = parse_dtype(args.get("dtype", "float32"));
+  const size_t es = at::elementSize(dtype);
+  const size_t min_bytes = std::max(parse_bytes(args.get("min-bytes", "4")), es);
+  const size_t max_bytes = parse_bytes(args.get("max-bytes", "256M"));
+  const double step = args.number("step-factor", 4);
+  const double seconds = args.number("seconds", 0.25);
+  if (step < 2) throw UsageError("tdist-bench: --step-factor must be at least 2");
+  std::vector<std::string> ops;
+  const std::string op_arg = args.get("op", "all_reduce");
+  if (op_arg == "all") ops = kOps;
+  else ops = {op_arg};
+  for (const auto& op : ops) {
+    if (std::find(kOps.begin(), kOps.end(), op) == kOps.end()) throw UsageError("tdist-bench: unknown --op " + op);
+  }
+  double mem_one = args.number("memcpy-one", 0), mem_all = args.number("memcpy-all", 0);
+  if (rank == 0 && mem_all == 0) {  // run by an outside launcher: measure here
+    mem_one = memcpy_gbps_one();
+    mem_all = memcpy_gbps_all(static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+  }
+
+  JsonRows json;
+  for (const auto& op : ops) {
+    if (rank == 0) {
+      std::printf("\n# %s, backend %s, world size %d, %s\n", op.c_str(), pg->backend_name().c_str(), world,
+                  c10::toString(dtype));
+      std::printf("%12s %12s %9s %7s %11s %9s %9s %9s %7s\n", "size(B)", "count", "type", "redop", "time(us)",
+                  "algbw", "busbw", "bus/mem", "#wrong");
+      std::fflush(stdout);
+    }
+    const OpSpec spec{op};
+    for (double bytes_d = static_cast<double>(min_bytes); bytes_d <= static_cast<double>(max_bytes) * 1.0001;
+         bytes_d *= step) {
+      // Counts divisible by the world size, for the sharded ops.
+      int64_t count = static_cast<int64_t>(bytes_d / es);
+      if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") count = count / world * world;
+      if (count == 0) continue;
+      const size_t bytes = static_cast<size_t>(count) * es;
+      Buffers b = make_buffers(op, count, world, dtype);
+      const int64_t wrong = check(*pg, op, b);
+      // Warm up, then agree on an iteration count that fills `seconds`.
+      for (int i = 0; i < 3; ++i) launch(*pg, op, b)->wait();
+      auto t0 = Clock::now();
+      launch(*pg, op, b)->wait();
+      at::Tensor est = at::tensor({std::chrono::duration<double>(Clock::now() - t0).count()}, at::kDouble);
+      pg->all_reduce(est, {ReduceOp::MAX})->wait();
+      const int iters = static_cast<int>(std::clamp(seconds / std::max(est.item<double>(), 1e-7), 5.0, 20000.0));
+      pg->barrier()->wait();
+      t0 = Clock::now();
+      std::shared_ptr<Work> last;
+      for (int i = 0; i < iters; ++i) last = launch(*pg, op, b);
+      last->wait();
+      at::Tensor took = at::tensor({std::chrono::duration<double>(Clock::now() - t0).count() / iters}, at::kDouble);
+      pg->all_reduce(took, {ReduceOp::MAX})->wait();
+      at::Tensor wrong_t = at::tensor({wrong}, at::kLong);
+      pg->all_reduce(wrong_t)->wait();
+      if (rank == 0) {
+        const double us = took.item<double>() * 1e6;
+        const double algbw = bytes / (us * 1e-6) / 1e9;
+        const double busbw = algbw * spec.bus_factor(world);
+        const bool reduces = op == "all_reduce" || op == "reduce" || op == "reduce_scatter";
+        std::printf("%12zu %12lld %9s %7s %11.2f %9.2f %9.2f %9.2f %7lld\n", bytes, static_cast<long long>(count),
+                    c10::toString(dtype), reduces ? "sum" : "none", us, algbw, busbw,
+                    mem_all > 0 ? busbw / mem_all : 0.0, static_cast<long long>(wrong_t.item<int64_t>()));
+        std::fflush(stdout);
+        json.begin_row();
+        json.field("op", op);
+        json.field("backend", pg->backend_name());
+        json.field("world_size", world);
+        json.field("dtype", std::string(c10::toString(dtype)));
+        json.field("bytes", static_cast<double>(bytes));
+        json.field("time_us", us);
+        json.field("algbw_GBps", algbw);
+        json.field("busbw_GBps", busbw);
+        json.field("busbw_over_memcpy", mem_all > 0 ? busbw / mem_all : 0.0);
+        json.field("memcpy_one_core_GBps", mem_one);
+        json.field("memcpy_all_cores_GBps", mem_all);
+        json.field("wrong", static_cast<double>(wrong_t.item<int64_t>()));
+      }
+    }
+  }
+  pg->barrier()->wait();
+  if (rank == 0 && args.has("json") && !json.write(args.get("json", ""))) {
+    std::fprintf(stderr, "tdist-bench: cannot write %s\n", args.get("json", "").c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int collectives_bench(int argc, char** argv) {
+  Args args(argc, argv);
+  args.reject_unknown({"backend", "world-size", "op", "min-bytes", "max-bytes", "step-factor", "dtype", "seconds",
+                       "json", "memcpy-one", "memcpy-all"});
+  // Under a launcher: be one rank.
+  if (std::getenv("RANK") && std::getenv("WORLD_SIZE") && std::getenv("MASTER_ADDR")) {
+    return run_rank(args, std::atoi(std::getenv("RANK")), std::atoi(std::getenv("WORLD_SIZE")));
+  }
+  const int world = static_cast<int>(args.number("world-size", 2));
+  if (world < 1 || world > 256) throw UsageError("tdist-bench: --world-size must be in [1, 256]");
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const double one = memcpy_gbps_one();
+  const double all = memcpy_gbps_all(static_cast<int>(cores));
+  std::printf("# memcpy bandwidth: %.2f GB/s on one core, %.2f GB/s on all %ld cores at once\n", one, all, cores);
+  std::fflush(stdout);
+  const uint16_t port = detail::find_free_port();
+  std::vector<pid_t> kids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      if (!std::getenv("OMP_NUM_THREADS")) setenv("OMP_NUM_THREADS", "1", 1);
+      std::vector<std::string> a = {"/proc/self/exe", "collectives", "--memcpy-one", std::to_string(one),
+                                    "--memcpy-all", std::to_string(all)};
+      for (int i = 0; i < argc; ++i) a.push_back(argv[i]);
+      std::vector<char*> cargs;
+      for (auto& s : a) cargs.push_back(s.data());
+      cargs.push_back(nullptr);
+      execv("/proc/self/exe", cargs.data());
+      _exit(127);
+    }
+    kids.push_back(pid);
+  }
+  int rc = 0;
+  for (pid_t k : kids) {
+    int st = 0;
+    waitpid(k, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      rc = 1;
+      for (pid_t other : kids) kill(other, SIGTERM);
+    }
+  }
+  return rc;
+}
+
+}  // namespace tdist::bench
