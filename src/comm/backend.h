@@ -72,6 +72,9 @@ struct BackendContext {
   std::vector<int> global_ranks;  // group rank -> world rank, for messages
   std::string group_name;
   std::chrono::milliseconds timeout{600'000};  // for set-up steps
+  // The master's address when known (tcp:// and env://): network backends
+  // bind the local interface that routes there.
+  std::string master_addr;
 };
 
 class Backend {

@@ -60,6 +60,7 @@ struct ProcessGroup::Impl {
   std::string backend_name;
   std::string group_name;
   Milliseconds timeout = kDefaultCollectiveTimeout;
+  std::string master_addr;     // handed to network backends
   uint64_t next_seq = 0;       // caller thread only
   int next_subgroup = 0;       // caller thread only
 
@@ -366,7 +367,8 @@ std::string host_identity() {
 }
 
 std::shared_ptr<ProcessGroup> make_group(std::shared_ptr<Store> store, int rank, std::vector<int> ranks,
-                                         std::string backend, std::string name, Milliseconds timeout) {
+                                         std::string backend, std::string name, Milliseconds timeout,
+                                         const std::string& master_addr) {
   const int size = static_cast<int>(ranks.size());
   if (backend == "auto") {
     store->set("host/" + std::to_string(rank), host_identity());
@@ -386,6 +388,7 @@ std::shared_ptr<ProcessGroup> make_group(std::shared_ptr<Store> store, int rank,
   ctx.global_ranks = ranks;
   ctx.group_name = name;
   ctx.timeout = timeout;
+  ctx.master_addr = master_addr;
   auto impl = std::make_unique<ProcessGroup::Impl>();
   impl->backend = comm::create_backend(backend, ctx);
   impl->store = std::move(store);
@@ -395,6 +398,7 @@ std::shared_ptr<ProcessGroup> make_group(std::shared_ptr<Store> store, int rank,
   impl->backend_name = backend;
   impl->group_name = std::move(name);
   impl->timeout = timeout;
+  impl->master_addr = master_addr;
   return std::make_shared<ProcessGroup>(std::move(impl));
 }
 
@@ -421,7 +425,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks, co
   auto store = std::make_shared<PrefixStore>("group" + std::to_string(id), impl_->store);
   return make_group(store, static_cast<int>(it - ranks.begin()), std::move(world_ranks),
                     options.backend.empty() ? impl_->backend_name : options.backend, name,
-                    options.timeout.value_or(impl_->timeout));
+                    options.timeout.value_or(impl_->timeout), impl_->master_addr);
 }
 
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
@@ -432,11 +436,17 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   ro.rank = options.rank;
   ro.world_size = options.world_size;
   ro.timeout = options.timeout;
+  std::string master_addr;
+  if (!ro.store) {
+    const InitMethod m = parse_init_method(ro);
+    if (m.scheme != "file") master_addr = m.host;
+  }
   RendezvousResult world = rendezvous(ro);
   std::vector<int> ranks(world.world_size);
   for (int r = 0; r < world.world_size; ++r) ranks[r] = r;
   auto store = std::make_shared<PrefixStore>("tdist/pg/" + options.group_name, world.store);
-  auto group = make_group(store, world.rank, std::move(ranks), options.backend, options.group_name, options.timeout);
+  auto group = make_group(store, world.rank, std::move(ranks), options.backend, options.group_name, options.timeout,
+                          master_addr);
   std::lock_guard<std::mutex> lock(g_default_mu);
   g_default = group;
   return group;

@@ -118,7 +118,9 @@ struct TCPStore::Impl {
   Message request(const Message& req, Milliseconds store_timeout, Milliseconds wait_budget) {
     const char* op = wire::op_name(req.kind);
     std::lock_guard<std::mutex> lock(mu);
-    if (!fd.valid()) connect(Clock::now() + store_timeout);
+    // A call with its own timeout (get/wait) is bounded by it, reconnecting
+    // included; the others by the store's timeout.
+    if (!fd.valid()) connect(Clock::now() + (wait_budget.count() > 0 ? wait_budget : store_timeout));
     std::string frame;
     wire::encode_frame(req, &frame);
     const auto deadline = Clock::now() + store_timeout + wait_budget + (wait_budget.count() ? kReplySlack : Milliseconds(0));

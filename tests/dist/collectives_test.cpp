@@ -308,6 +308,7 @@ std::string param_name(const ::testing::TestParamInfo<std::tuple<std::string, in
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Collectives,
-                         ::testing::Combine(::testing::Values("shm"), ::testing::Values(1, 2, 3, 4)), param_name);
+                         ::testing::Combine(::testing::Values("shm", "gloo"), ::testing::Values(1, 2, 3, 4)),
+                         param_name);
 
 }  // namespace
