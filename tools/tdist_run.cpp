@@ -38,6 +38,10 @@ struct Options {
   int master_port = 0;  // 0: a free port, chosen once
   int max_restarts = 0;
   double grace_s = 5.0;
+  // After the first failure, how long the other ranks get to notice it and
+  // exit on their own (reporting the error in their own words) before
+  // they are sent SIGTERM.
+  double peer_wait_s = 3.0;
   std::vector<std::string> argv;
 };
 
@@ -54,7 +58,8 @@ struct Child {
   std::fprintf(stderr,
                "tdist-run: %s\n"
                "usage: tdist-run --nproc-per-node N [--nnodes M] [--node-rank R] [--master-addr HOST]\n"
-               "                 [--master-port PORT] [--max-restarts K] [--grace-seconds S] [--] program [args...]\n",
+               "                 [--master-port PORT] [--max-restarts K] [--grace-seconds S]\n"
+               "                 [--peer-wait-seconds S] [--] program [args...]\n",
                why.c_str());
   std::exit(2);
 }
@@ -98,6 +103,7 @@ Options parse(int argc, char** argv) {
     else if (name == "--master-port") o.master_port = int_arg(name, next(), 1, 65535);
     else if (name == "--max-restarts") o.max_restarts = int_arg(name, next(), 0, 1000);
     else if (name == "--grace-seconds") o.grace_s = int_arg(name, next(), 0, 3600);
+    else if (name == "--peer-wait-seconds") o.peer_wait_s = int_arg(name, next(), 0, 3600);
     else if (name == "--help" || name == "-h") usage("help");
     else usage("unknown option " + a);
   }
@@ -193,7 +199,7 @@ int run_once(const Options& o, int port, std::vector<Child>& kids) {
   for (int r = 0; r < o.nproc; ++r) kids.push_back(spawn(o, r, port));
   int first_failure = -1;
   bool terminating = false;
-  std::chrono::steady_clock::time_point kill_at{};
+  std::chrono::steady_clock::time_point kill_at{}, term_at{};
   size_t open_pipes = kids.size();
   size_t running = kids.size();
   // After the last rank exits, its output pipe may still be held open by a
@@ -238,14 +244,15 @@ int run_once(const Options& o, int port, std::vector<Child>& kids) {
         --running;
         if (failed(status) && first_failure < 0) {
           first_failure = static_cast<int>(&k - kids.data());
-          if (!terminating) {
-            for (auto& other : kids) if (!other.exited) signal_rank(other, SIGTERM);
-            terminating = true;
-            kill_at = std::chrono::steady_clock::now() +
-                      std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
-          }
+          term_at = std::chrono::steady_clock::now() +
+                    std::chrono::milliseconds(static_cast<int64_t>(o.peer_wait_s * 1000));
         }
       }
+    }
+    if (first_failure >= 0 && !terminating && running > 0 && std::chrono::steady_clock::now() >= term_at) {
+      for (auto& other : kids) if (!other.exited) signal_rank(other, SIGTERM);
+      terminating = true;
+      kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
     }
     if (running == 0 && drain_until == std::chrono::steady_clock::time_point{}) {
       drain_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);

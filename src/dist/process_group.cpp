@@ -45,6 +45,14 @@ comm::ReduceOp to_comm(ReduceOp op) {
   throw UsageError("unknown ReduceOp " + std::to_string(static_cast<int>(op)));
 }
 
+std::string shape_of(const at::Tensor& t) {
+  std::string s = std::string(c10::toString(t.scalar_type())) + "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? "," : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+const char* reduce_name(ReduceOp op) { return comm::reduce_op_name(to_comm(op)); }
+
 // After finishing an op, the worker polls for the next one this long before
 // sleeping: back-to-back collectives then need no wake-up.
 constexpr auto kWorkerSpin = std::chrono::microseconds(30);
@@ -82,9 +90,49 @@ struct ProcessGroup::Impl {
     if (worker.joinable()) worker.join();
   }
 
-  std::shared_ptr<Work> enqueue(const char* name, const std::optional<Milliseconds>& t, Body body) {
+  // With TDIST_DEBUG=detail every collective first publishes a fingerprint
+  // (op, dtype, shape, root, reduce op) in the store and compares it with
+  // every other rank's, so that mismatches are caught on any backend.
+  bool debug_detail = false;
+
+  void check_fingerprint(uint64_t seq, const std::string& mine, comm::Deadline d) {
+    const std::string prefix = "fingerprint/" + std::to_string(seq) + "/";
+    store->set(prefix + std::to_string(rank), mine);
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r) keys.push_back(prefix + std::to_string(r));
+    const auto left = std::chrono::duration_cast<Milliseconds>(d - comm::Clock::now());
+    std::vector<Bytes> all;
+    try {
+      all = store->multi_get(keys, std::max(left, Milliseconds(1)));
+    } catch (const TimeoutError&) {
+      std::string missing;
+      for (int r = 0; r < size; ++r) {
+        if (!store->check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(ranks[r]);
+      }
+      throw TimeoutError("TDIST_DEBUG=detail: " + mine + " #" + std::to_string(seq) + " in group '" + group_name +
+                         "' timed out; rank(s) " + missing + " never arrived");
+    }
+    if (seq > 0) store->delete_key("fingerprint/" + std::to_string(seq - 1) + "/" + std::to_string(rank));
+    for (const auto& fp : all) {
+      if (to_string(fp) == mine) continue;
+      std::string msg = "ranks called different collectives at step #" + std::to_string(seq) + " of group '" +
+                        group_name + "' (TDIST_DEBUG=detail):";
+      for (int r = 0; r < size; ++r) msg += "\n  rank " + std::to_string(ranks[r]) + ": " + to_string(all[r]);
+      throw CollectiveMismatchError(msg);
+    }
+  }
+
+  std::shared_ptr<Work> enqueue(const char* name, const std::optional<Milliseconds>& t, Body body,
+                                std::string fingerprint = "") {
     auto work = std::make_shared<Work>();
-    work->set_info(next_seq++, name);
+    const uint64_t seq = next_seq++;
+    work->set_info(seq, name);
+    if (debug_detail && !fingerprint.empty()) {
+      body = [this, seq, fp = std::move(fingerprint), inner = std::move(body)](comm::Deadline d) {
+        check_fingerprint(seq, fp, d);
+        return inner(d);
+      };
+    }
     const Milliseconds to = t.value_or(timeout);
     if (to.count() <= 0) throw UsageError(std::string(name) + ": the timeout must be positive");
     {
@@ -152,7 +200,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(const at::Tensor& tensor, const A
   return impl_->enqueue("all_reduce", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->all_reduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), dt, op, d);
     return {tensor};
-  });
+  }, "all_reduce " + shape_of(tensor) + " " + reduce_name(o.op));
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast(const at::Tensor& tensor, const BroadcastOptions& o) {
@@ -162,7 +210,7 @@ std::shared_ptr<Work> ProcessGroup::broadcast(const at::Tensor& tensor, const Br
   return impl_->enqueue("broadcast", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->broadcast(tensor.data_ptr(), tensor.nbytes(), o.root, d);
     return {tensor};
-  });
+  }, "broadcast " + shape_of(tensor) + " root " + std::to_string(o.root));
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce(const at::Tensor& tensor, const ReduceOptions& o) {
@@ -174,7 +222,7 @@ std::shared_ptr<Work> ProcessGroup::reduce(const at::Tensor& tensor, const Reduc
   return impl_->enqueue("reduce", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->reduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), dt, op, o.root, d);
     return {tensor};
-  });
+  }, "reduce " + shape_of(tensor) + " " + reduce_name(o.op) + " root " + std::to_string(o.root));
 }
 
 std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input,
@@ -187,7 +235,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const at::Tensor& out
   return impl_->enqueue("all_gather_into_tensor", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->all_gather(input.data_ptr(), output.data_ptr(), input.nbytes(), d);
     return {output};
-  });
+  }, "all_gather " + shape_of(input));
 }
 
 std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
@@ -200,7 +248,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<at::Tensor>& ou
     b->all_gather(input.data_ptr(), flat.data_ptr(), input.nbytes(), d);
     detail::unflatten_into(flat, outputs);
     return outputs;
-  });
+  }, "all_gather " + shape_of(input));
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
@@ -215,7 +263,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const at::Tensor& outp
   return impl_->enqueue("reduce_scatter_tensor", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->reduce_scatter(input.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()), dt, op, d);
     return {output};
-  });
+  }, "reduce_scatter " + shape_of(output) + " " + reduce_name(o.op));
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
@@ -229,7 +277,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(const at::Tensor& output, con
     at::Tensor flat = detail::flatten(inputs);
     b->reduce_scatter(flat.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()), dt, op, d);
     return {output};
-  });
+  }, "reduce_scatter " + shape_of(output) + " " + reduce_name(o.op));
 }
 
 std::shared_ptr<Work> ProcessGroup::gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
@@ -248,7 +296,7 @@ std::shared_ptr<Work> ProcessGroup::gather(const std::vector<at::Tensor>& output
     b->gather(input.data_ptr(), is_root ? flat.data_ptr() : nullptr, input.nbytes(), o.root, d);
     if (is_root) detail::unflatten_into(flat, outputs);
     return outputs;
-  });
+  }, "gather " + shape_of(input) + " root " + std::to_string(o.root));
 }
 
 std::shared_ptr<Work> ProcessGroup::scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
@@ -266,7 +314,7 @@ std::shared_ptr<Work> ProcessGroup::scatter(const at::Tensor& output, const std:
     at::Tensor flat = is_root ? detail::flatten(inputs) : at::Tensor();
     b->scatter(is_root ? flat.data_ptr() : nullptr, output.data_ptr(), output.nbytes(), o.root, d);
     return {output};
-  });
+  }, "scatter " + shape_of(output) + " root " + std::to_string(o.root));
 }
 
 std::shared_ptr<Work> ProcessGroup::all_to_all_single(const at::Tensor& output, const at::Tensor& input,
@@ -282,7 +330,7 @@ std::shared_ptr<Work> ProcessGroup::all_to_all_single(const at::Tensor& output, 
   return impl_->enqueue("all_to_all_single", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->all_to_all(input.data_ptr(), send.bytes, send.offsets, output.data_ptr(), recv.bytes, recv.offsets, d);
     return {output};
-  });
+  }, std::string("all_to_all ") + c10::toString(input.scalar_type()));
 }
 
 std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<at::Tensor>& outputs,
@@ -318,7 +366,7 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<at::Tensor>& ou
       std::memcpy(outputs[r].data_ptr(), static_cast<uint8_t*>(out.data_ptr()) + recv_off[r], recv_bytes[r]);
     }
     return outputs;
-  });
+  }, std::string("all_to_all ") + c10::toString(inputs[0].scalar_type()));
 }
 
 std::shared_ptr<Work> ProcessGroup::barrier(const CollectiveOptions& o) {
@@ -326,7 +374,7 @@ std::shared_ptr<Work> ProcessGroup::barrier(const CollectiveOptions& o) {
   return impl_->enqueue("barrier", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->barrier(d);
     return {};
-  });
+  }, "barrier");
 }
 
 std::shared_ptr<Work> ProcessGroup::send(const at::Tensor& tensor, int dst, int tag, const CollectiveOptions& o) {
@@ -399,6 +447,8 @@ std::shared_ptr<ProcessGroup> make_group(std::shared_ptr<Store> store, int rank,
   impl->group_name = std::move(name);
   impl->timeout = timeout;
   impl->master_addr = master_addr;
+  const char* debug = std::getenv("TDIST_DEBUG");
+  impl->debug_detail = debug && std::string(debug) == "detail";
   return std::make_shared<ProcessGroup>(std::move(impl));
 }
 

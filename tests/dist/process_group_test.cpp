@@ -142,6 +142,47 @@ TEST(ShmFailures, MismatchedCollectivesRaiseOnEveryRank) {
   }
 }
 
+// With TDIST_DEBUG=detail, every backend catches mismatches through the store.
+class DebugDetail : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { setenv("TDIST_DEBUG", "detail", 1); }
+  void TearDown() override { unsetenv("TDIST_DEBUG"); }
+};
+
+TEST_P(DebugDetail, MismatchesAreCaughtOnEveryRank) {
+  WorldOptions o;
+  o.backend = GetParam();
+  o.final_barrier = false;
+  o.timeout = 20s;
+  const auto t0 = Clock::now();
+  const std::string failures = run_world(2, [](ProcessGroup& pg) {
+    at::Tensor t = at::ones({4});
+    pg.all_reduce(t)->wait();  // a matching op first
+    const std::string msg = expect_throw<tdist::CollectiveMismatchError>([&] {
+      if (pg.rank() == 0) pg.all_reduce(at::ones({10}))->wait(); else pg.broadcast(at::ones({10, 1}))->wait();
+    }, "mismatch");
+    WORLD_CHECK(contains(msg, "TDIST_DEBUG=detail") && contains(msg, "#1"), msg);
+    WORLD_CHECK(contains(msg, "rank 0: all_reduce Float[10] SUM") && contains(msg, "rank 1: broadcast Float[10,1] root 0"), msg);
+  }, o);
+  EXPECT_EQ(failures, "");
+  EXPECT_LT(Clock::now() - t0, 15s) << "caught only by the timeout";
+}
+
+TEST_P(DebugDetail, MatchingCollectivesPass) {
+  WorldOptions o;
+  o.backend = GetParam();
+  EXPECT_EQ(run_world(3, [](ProcessGroup& pg) {
+    for (int i = 0; i < 20; ++i) {
+      at::Tensor t = at::full({5}, static_cast<float>(pg.rank()));
+      pg.all_reduce(t)->wait();
+      WORLD_CHECK(t.eq(3).all().item<bool>(), "sum");
+    }
+  }, o), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DebugDetail, ::testing::Values("shm", "gloo"),
+                         [](const auto& info) { return info.param; });
+
 TEST(ShmFailures, AllToAllSizesThatDisagreeAreAMismatch) {
   WorldOptions o;
   o.final_barrier = false;

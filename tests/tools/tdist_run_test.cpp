@@ -68,6 +68,28 @@ TEST(TdistRun, RejectsBadArguments) {
   EXPECT_NE(r.output.find("no program given"), std::string::npos) << r.output;
 }
 
+TEST(TdistRun, KillingOneRankOfAJobNamesItEverywhere) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = test::run_command(kRun + " --nproc-per-node 3 " TDIST_BIN_DIR "/allreduce_demo --iters 100000 "
+                                    "--numel 4096 --die-rank 1 --die-at 200",
+                             60s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
+  EXPECT_FALSE(test::exited_ok(r.status));
+  // The survivors say who died, in their own words...
+  EXPECT_NE(r.output.find("[rank 0]: rank 0: peer rank 1 failed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 2]: rank 2: peer rank 1 failed"), std::string::npos) << r.output;
+  // ...and so does the launcher's summary.
+  EXPECT_NE(r.output.find("rank 1 (pid"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("failed first: killed by signal 9"), std::string::npos) << r.output;
+}
+
+TEST(AllreduceDemo, RunsOnFourRanks) {
+  auto r = test::run_command(kRun + " --nproc-per-node 4 " TDIST_BIN_DIR "/allreduce_demo --iters 50", 60s);
+  ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+  EXPECT_NE(r.output.find("50 all_reduces of 1048576 floats on 4 ranks (shm): all correct"), std::string::npos)
+      << r.output;
+}
+
 TEST(RendezvousDemo, FourRanksLearnAboutEachOther) {
   auto r = test::run_command(kRun + " --nproc-per-node 4 " TDIST_BIN_DIR "/rendezvous_demo", 60s);
   ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
