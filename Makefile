@@ -30,7 +30,10 @@ demo: build
 	$(BUILD)/bin/tdist-run --nproc-per-node 4 $(BUILD)/bin/rendezvous_demo
 
 bench: build
-	$(BUILD)/bin/tdist-bench store --json $(BUILD)/bench-store.json
+	@bash scripts/install-deps.sh --bench
+	mkdir -p $(BUILD)/bench
+	$(BUILD)/bin/tdist-bench store --json $(BUILD)/bench/store.json
+	bash bench/compare_collectives.sh $(BUILD) $(BUILD)/bench
 
 # The suite under sanitizers, each in its own build tree.
 asan: deps

@@ -2,6 +2,8 @@
 # Installs the Debian packages tdist needs to build, test and run its demo.
 # Idempotent: checks what is installed first and does nothing when all is there.
 # As root it runs apt-get; otherwise it prints the exact command to run.
+#   scripts/install-deps.sh          what building, testing and the demo need
+#   scripts/install-deps.sh --bench  also the references benchmarks compare with
 set -euo pipefail
 
 PACKAGES=(
@@ -14,7 +16,14 @@ PACKAGES=(
   libgtest-dev libgmock-dev      # the test framework
   dataset-fashion-mnist          # the demo's data set
   iproute2                       # network namespaces in multi-host tests
+  openmpi-bin libopenmpi-dev     # the mpi backend, and its tests under mpirun
 )
+
+if [ "${1:-}" = "--bench" ]; then
+  PACKAGES+=(
+    python3-torch                # PyTorch's own Gloo and TCPStore, as references
+  )
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -9,6 +9,9 @@
 #if TDIST_WITH_GLOO
 #include "comm/gloo/gloo_backend.h"
 #endif
+#if TDIST_WITH_MPI
+#include "comm/mpi/mpi_backend.h"
+#endif
 
 namespace tdist::comm {
 
@@ -20,6 +23,9 @@ void add_builtin_backends(std::map<std::string, BackendFactory>& factories) {
   factories["gloo"] = [](const BackendContext& ctx) {
     return gloo_backend::make_gloo_backend(ctx, gloo_backend::GlooOptions::from_env());
   };
+#endif
+#if TDIST_WITH_MPI
+  factories["mpi"] = [](const BackendContext& ctx) { return mpi_backend::make_mpi_backend(ctx); };
 #endif
 }
 

@@ -17,6 +17,7 @@
 #include "comm/backend.h"
 #include "dist/tensor_util.h"
 #include "tdist/rendezvous.h"
+#include "util/bytes.h"
 #include "util/env.h"
 
 namespace tdist {
@@ -363,7 +364,7 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<at::Tensor>& ou
     at::Tensor out = at::empty({static_cast<int64_t>(off)}, at::TensorOptions().dtype(at::kByte));
     b->all_to_all(in.data_ptr(), send_bytes, send_off, out.data_ptr(), recv_bytes, recv_off, d);
     for (size_t r = 0; r < outputs.size(); ++r) {
-      std::memcpy(outputs[r].data_ptr(), static_cast<uint8_t*>(out.data_ptr()) + recv_off[r], recv_bytes[r]);
+      detail::copy_bytes(outputs[r].data_ptr(), static_cast<uint8_t*>(out.data_ptr()) + recv_off[r], recv_bytes[r]);
     }
     return outputs;
   }, std::string("all_to_all ") + c10::toString(inputs[0].scalar_type()));

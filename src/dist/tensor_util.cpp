@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "tdist/errors.h"
+#include "util/bytes.h"
 
 namespace tdist::detail {
 
@@ -86,7 +87,7 @@ at::Tensor flatten(const std::vector<at::Tensor>& list) {
   at::Tensor flat = at::empty({total}, list.at(0).options());
   size_t off = 0;
   for (const auto& t : list) {
-    std::memcpy(static_cast<uint8_t*>(flat.data_ptr()) + off, t.data_ptr(), t.nbytes());
+    detail::copy_bytes(static_cast<uint8_t*>(flat.data_ptr()) + off, t.data_ptr(), t.nbytes());
     off += t.nbytes();
   }
   return flat;
@@ -95,7 +96,7 @@ at::Tensor flatten(const std::vector<at::Tensor>& list) {
 void unflatten_into(const at::Tensor& flat, const std::vector<at::Tensor>& outs) {
   size_t off = 0;
   for (const auto& t : outs) {
-    std::memcpy(t.data_ptr(), static_cast<const uint8_t*>(flat.data_ptr()) + off, t.nbytes());
+    detail::copy_bytes(t.data_ptr(), static_cast<const uint8_t*>(flat.data_ptr()) + off, t.nbytes());
     off += t.nbytes();
   }
 }

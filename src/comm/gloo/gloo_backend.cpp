@@ -34,6 +34,7 @@
 #include <thread>
 
 #include "comm/reduce.h"
+#include "util/bytes.h"
 #include "util/env.h"
 
 namespace tdist::comm::gloo_backend {
@@ -231,7 +232,7 @@ class GlooBackend final : public Backend {
       o.setTag(next_tag());
       o.setTimeout(remaining(d));
       ::gloo::allreduce(o);
-      std::memcpy(out, all.data() + rank() * count * es, count * es);
+      detail::copy_bytes(out, all.data() + rank() * count * es, count * es);
       if (op == ReduceOp::kAvg) scale(out, count, t);
     });
   }

@@ -47,6 +47,7 @@
 #include <thread>
 
 #include "comm/reduce.h"
+#include "util/bytes.h"
 #include "util/env.h"
 
 namespace tdist::comm::shm {
@@ -146,7 +147,7 @@ class ShmBackend final : public Backend {
     if (count * es <= std::min(opt_.small_bytes, opt_.round_bytes)) {
       // One round: everyone posts the whole input, everyone reduces all of it
       // in rank order (bit-identical results on every rank).
-      std::memcpy(mine(), buf, count * es);
+      detail::copy_bytes(mine(), buf, count * es);
       first_barrier(desc, d);
       std::vector<const void*> inputs(size());
       for (int r = 0; r < size(); ++r) inputs[r] = r == rank() ? buf : theirs(r);
@@ -170,9 +171,9 @@ class ShmBackend final : public Backend {
     auto* p = static_cast<uint8_t*>(buf);
     for (size_t j = 0; j < rounds; ++j) {
       const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
-      if (rank() == root) std::memcpy(mine(), p + off, len);
+      if (rank() == root) detail::copy_bytes(mine(), p + off, len);
       if (j == 0) first_barrier(desc, d); else barrier_round(desc, d);
-      if (rank() != root) std::memcpy(p + off, theirs(root), len);
+      if (rank() != root) detail::copy_bytes(p + off, theirs(root), len);
     }
   }
 
@@ -195,10 +196,10 @@ class ShmBackend final : public Backend {
     for (size_t j = 0; j < rounds; ++j) {
       const size_t off = j * piece, len = std::min(piece, bytes - std::min(bytes, off));
       if (rank() == root) {
-        for (int r = 0; r < size(); ++r) std::memcpy(mine() + r * piece, src + r * bytes + off, len);
+        for (int r = 0; r < size(); ++r) detail::copy_bytes(mine() + r * piece, src + r * bytes + off, len);
       }
       if (j == 0) first_barrier(desc, d); else barrier_round(desc, d);
-      std::memcpy(dst + off, theirs(root) + rank() * piece, len);
+      detail::copy_bytes(dst + off, theirs(root) + rank() * piece, len);
     }
   }
 
@@ -214,7 +215,7 @@ class ShmBackend final : public Backend {
     for (size_t j = 0; j < rounds; ++j) {
       const size_t off = j * piece, len = std::min(piece, count - std::min(count, off));
       for (int r = 0; r < size(); ++r) {
-        if (r != rank()) std::memcpy(mine() + r * piece * es, src + (r * count + off) * es, len * es);
+        if (r != rank()) detail::copy_bytes(mine() + r * piece * es, src + (r * count + off) * es, len * es);
       }
       if (j == 0) first_barrier(desc, d); else barrier_round(desc, d);
       for (int r = 0; r < size(); ++r) {
@@ -259,11 +260,11 @@ class ShmBackend final : public Backend {
     for (size_t j = 0; j < rounds; ++j) {
       const size_t off = j * piece;
       for (int r = 0; r < n; ++r) {
-        if (off < send_bytes[r]) std::memcpy(mine() + r * piece, src + send_offsets[r] + off, std::min(piece, send_bytes[r] - off));
+        if (off < send_bytes[r]) detail::copy_bytes(mine() + r * piece, src + send_offsets[r] + off, std::min(piece, send_bytes[r] - off));
       }
       barrier_round(desc, d);
       for (int s = 0; s < n; ++s) {
-        if (off < recv_bytes[s]) std::memcpy(dst + recv_offsets[s] + off, theirs(s) + rank() * piece, std::min(piece, recv_bytes[s] - off));
+        if (off < recv_bytes[s]) detail::copy_bytes(dst + recv_offsets[s] + off, theirs(s) + rank() * piece, std::min(piece, recv_bytes[s] - off));
       }
     }
   }
@@ -291,7 +292,7 @@ class ShmBackend final : public Backend {
     for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
       if (it->src == src && it->tag == tag) {
         check_recv_size(it->data.size(), bytes, src, tag);
-        std::memcpy(buf, it->data.data(), bytes);
+        detail::copy_bytes(buf, it->data.data(), bytes);
         unexpected_.erase(it);
         return;
       }
@@ -649,7 +650,7 @@ class ShmBackend final : public Backend {
         for (int s = 0; s < n; ++s) {
           if (s == rank()) continue;
           auto [begin, len] = seg_range(j, s);
-          std::memcpy(mine() + s * seg * es, p + begin * es, len * es);
+          detail::copy_bytes(mine() + s * seg * es, p + begin * es, len * es);
         }
       }
       // (The reduced segment of chunk j-1 was written into this buffer at the
@@ -660,13 +661,13 @@ class ShmBackend final : public Backend {
         for (int r = 0; r < n; ++r) inputs[r] = r == rank() ? p + begin * es : theirs(r) + rank() * seg * es;
         uint8_t* reduced = mine_next() + red_off;
         reduce_many(reduced, inputs.data(), n, len, t, op, n);
-        if (want_output) std::memcpy(p + begin * es, reduced, len * es);
+        if (want_output) detail::copy_bytes(p + begin * es, reduced, len * es);
       }
       if (j >= 1 && want_output) {
         for (int r = 0; r < n; ++r) {
           if (r == rank()) continue;
           auto [begin, len] = seg_range(j - 1, r);
-          std::memcpy(p + begin * es, theirs(r) + red_off, len * es);
+          detail::copy_bytes(p + begin * es, theirs(r) + red_off, len * es);
         }
       }
     }
@@ -682,15 +683,15 @@ class ShmBackend final : public Backend {
     const bool want = root < 0 || root == rank();
     for (size_t j = 0; j < rounds; ++j) {
       const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
-      std::memcpy(mine(), src + off, len);
+      detail::copy_bytes(mine(), src + off, len);
       if (j == 0) first_barrier(desc, d); else barrier_round(desc, d);
       if (!want) continue;
       for (int r = 0; r < size(); ++r) {
         uint8_t* to = dst + r * bytes + off;
         if (r == rank()) {
-          if (to != src + off) std::memmove(to, src + off, len);
+          if (to != src + off) detail::move_bytes(to, src + off, len);
         } else {
-          std::memcpy(to, theirs(r), len);
+          detail::copy_bytes(to, theirs(r), len);
         }
       }
     }
@@ -712,7 +713,7 @@ class ShmBackend final : public Backend {
       }
       const size_t pos = head % cap;
       const size_t len = std::min({bytes, cap - (head - tail), cap - pos});
-      std::memcpy(data + pos, p, len);
+      detail::copy_bytes(data + pos, p, len);
       head += len;
       p += len;
       bytes -= len;
@@ -735,7 +736,7 @@ class ShmBackend final : public Backend {
       }
       const size_t pos = tail % cap;
       const size_t len = std::min({bytes, static_cast<size_t>(head - tail), cap - pos});
-      std::memcpy(p, data + pos, len);
+      detail::copy_bytes(p, data + pos, len);
       tail += len;
       p += len;
       bytes -= len;
