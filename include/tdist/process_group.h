@@ -78,8 +78,9 @@ class Work : public std::enable_shared_from_this<Work> {
   static std::shared_ptr<Work> completed(std::vector<at::Tensor> result);
   void set_info(uint64_t seq, std::string op_name);
 
+  struct State;  // private to work.cpp
+
  private:
-  struct State;
   std::unique_ptr<State> state_;
 };
 

@@ -76,31 +76,35 @@ void Work::wait(Milliseconds timeout) {
   if (state_->error) std::rethrow_exception(state_->error);
 }
 
-void Work::mark_completed(std::vector<at::Tensor> result) {
+namespace {
+
+// Completes a work once (later calls are ignored), then runs its callbacks
+// outside the lock.
+void finish(Work::State& s, std::vector<at::Tensor> result, std::exception_ptr error);
+
+}  // namespace
+
+void Work::mark_completed(std::vector<at::Tensor> result) { finish(*state_, std::move(result), nullptr); }
+
+void Work::mark_failed(std::exception_ptr error) { finish(*state_, {}, std::move(error)); }
+
+namespace {
+
+void finish(Work::State& s, std::vector<at::Tensor> result, std::exception_ptr error) {
   std::vector<std::function<void()>> callbacks;
   {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    if (state_->done) return;
-    state_->result = std::move(result);
-    state_->done.store(true, std::memory_order_release);
-    callbacks.swap(state_->callbacks);
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.done) return;
+    s.result = std::move(result);
+    s.error = std::move(error);
+    s.done.store(true, std::memory_order_release);
+    callbacks.swap(s.callbacks);
   }
-  state_->done_cv.notify_all();
+  s.done_cv.notify_all();
   for (auto& cb : callbacks) cb();
 }
 
-void Work::mark_failed(std::exception_ptr error) {
-  std::vector<std::function<void()>> callbacks;
-  {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    if (state_->done) return;
-    state_->error = std::move(error);
-    state_->done.store(true, std::memory_order_release);
-    callbacks.swap(state_->callbacks);
-  }
-  state_->done_cv.notify_all();
-  for (auto& cb : callbacks) cb();
-}
+}  // namespace
 
 std::shared_ptr<Work> Work::completed(std::vector<at::Tensor> result) {
   auto w = std::make_shared<Work>();
