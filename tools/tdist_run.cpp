@@ -284,6 +284,11 @@ int main(int argc, char** argv) {
   std::vector<Child> kids;
   for (int attempt = 0;; ++attempt) {
     int failure = run_once(o, port, kids);
+    if (g_signal) {  // forwarded to every rank; report it as our own end
+      std::fprintf(stderr, "tdist-run: stopped by signal %d (%s), forwarded to every rank\n", static_cast<int>(g_signal),
+                   strsignal(g_signal));
+      return 128 + g_signal;
+    }
     if (failure < 0) return 0;
     const Child& f = kids[failure];
     std::fprintf(stderr, "tdist-run: rank %d (pid %d) failed first: %s\n", f.rank, static_cast<int>(f.pid),

@@ -81,6 +81,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // Whether buffers may live in CUDA memory (a nccl backend would say yes);
+  // otherwise the process group accepts CPU tensors only.
+  virtual bool supports_cuda() const { return false; }
   int rank() const { return rank_; }
   int size() const { return size_; }
 

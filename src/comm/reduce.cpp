@@ -8,6 +8,15 @@
 
 #include "tdist/errors.h"
 
+// Kernels are compiled for several ISAs and picked at load time (ifunc).
+// ThreadSanitizer's runtime is not up when ifunc resolvers run, so a TSan
+// build uses the default ISA only.
+#if defined(__SANITIZE_THREAD__)
+#define TDIST_CLONES
+#else
+#define TDIST_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+
 namespace tdist::comm {
 
 namespace {
@@ -154,7 +163,7 @@ T combine(T a, T b, ReduceOp op) {
 // ---- fast paths: float32 / float64 sum and average --------------------------
 
 template <typename T>
-__attribute__((target_clones("avx512f", "avx2", "default")))
+TDIST_CLONES
 void sum_float(T* out, const T* const* inputs, int n, size_t count, T scale, bool do_scale) {
   T acc[kBlock];
   for (size_t base = 0; base < count; base += kBlock) {
@@ -203,7 +212,7 @@ bool have_f16c() {
 }
 
 template <bool kBf16>
-__attribute__((target_clones("avx512f", "avx2", "default")))
+TDIST_CLONES
 void reduce_16bit_block(uint16_t* out, const uint16_t* const* inputs, int n, size_t base, size_t m, ReduceOp op,
                         float scale, bool do_scale) {
   float acc[kBlock];

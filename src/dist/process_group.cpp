@@ -171,6 +171,10 @@ struct ProcessGroup::Impl {
     }
   }
 
+  comm::DataType check(const at::Tensor& t, const char* op, const char* what = "tensor") const {
+    return detail::check_tensor(t, op, what, backend->supports_cuda());
+  }
+
   // Point-to-point and root arguments are group ranks.
   void check_rank(int r, const char* op, const char* what) const {
     if (r < 0 || r >= size) {
@@ -194,7 +198,7 @@ Milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
 // ---- collectives --------------------------------------------------------------
 
 std::shared_ptr<Work> ProcessGroup::all_reduce(const at::Tensor& tensor, const AllreduceOptions& o) {
-  const auto dt = detail::check_tensor(tensor, "all_reduce");
+  const auto dt = impl_->check(tensor, "all_reduce");
   const auto op = to_comm(o.op);
   comm::check_reduction(dt, op);
   comm::Backend* b = impl_->backend.get();
@@ -205,7 +209,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(const at::Tensor& tensor, const A
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast(const at::Tensor& tensor, const BroadcastOptions& o) {
-  detail::check_tensor(tensor, "broadcast");
+  impl_->check(tensor, "broadcast");
   impl_->check_rank(o.root, "broadcast", "root");
   comm::Backend* b = impl_->backend.get();
   return impl_->enqueue("broadcast", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
@@ -215,7 +219,7 @@ std::shared_ptr<Work> ProcessGroup::broadcast(const at::Tensor& tensor, const Br
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce(const at::Tensor& tensor, const ReduceOptions& o) {
-  const auto dt = detail::check_tensor(tensor, "reduce");
+  const auto dt = impl_->check(tensor, "reduce");
   impl_->check_rank(o.root, "reduce", "root");
   const auto op = to_comm(o.op);
   comm::check_reduction(dt, op);
@@ -228,8 +232,8 @@ std::shared_ptr<Work> ProcessGroup::reduce(const at::Tensor& tensor, const Reduc
 
 std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input,
                                                            const CollectiveOptions& o) {
-  detail::check_tensor(input, "all_gather_into_tensor", "input");
-  detail::check_tensor(output, "all_gather_into_tensor", "output");
+  impl_->check(input, "all_gather_into_tensor", "input");
+  impl_->check(output, "all_gather_into_tensor", "output");
   detail::check_same_dtype(output, input, "all_gather_into_tensor");
   detail::check_numel(output, input.numel() * size(), "all_gather_into_tensor", "output");
   comm::Backend* b = impl_->backend.get();
@@ -241,8 +245,8 @@ std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const at::Tensor& out
 
 std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
                                                const CollectiveOptions& o) {
-  detail::check_tensor(input, "all_gather", "input");
-  detail::check_list(outputs, size(), input, "all_gather", "outputs");
+  impl_->check(input, "all_gather", "input");
+  detail::check_list(outputs, size(), input, "all_gather", "outputs", impl_->backend->supports_cuda());
   comm::Backend* b = impl_->backend.get();
   return impl_->enqueue("all_gather", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor flat = at::empty({input.numel() * static_cast<int64_t>(outputs.size())}, input.options());
@@ -254,8 +258,8 @@ std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<at::Tensor>& ou
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
                                                           const ReduceScatterOptions& o) {
-  const auto dt = detail::check_tensor(output, "reduce_scatter_tensor", "output");
-  detail::check_tensor(input, "reduce_scatter_tensor", "input");
+  const auto dt = impl_->check(output, "reduce_scatter_tensor", "output");
+  impl_->check(input, "reduce_scatter_tensor", "input");
   detail::check_same_dtype(output, input, "reduce_scatter_tensor");
   detail::check_numel(input, output.numel() * size(), "reduce_scatter_tensor", "input");
   const auto op = to_comm(o.op);
@@ -269,8 +273,8 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const at::Tensor& outp
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
                                                    const ReduceScatterOptions& o) {
-  const auto dt = detail::check_tensor(output, "reduce_scatter", "output");
-  detail::check_list(inputs, size(), output, "reduce_scatter", "inputs");
+  const auto dt = impl_->check(output, "reduce_scatter", "output");
+  detail::check_list(inputs, size(), output, "reduce_scatter", "inputs", impl_->backend->supports_cuda());
   const auto op = to_comm(o.op);
   comm::check_reduction(dt, op);
   comm::Backend* b = impl_->backend.get();
@@ -283,11 +287,11 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(const at::Tensor& output, con
 
 std::shared_ptr<Work> ProcessGroup::gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
                                            const RootOptions& o) {
-  detail::check_tensor(input, "gather", "input");
+  impl_->check(input, "gather", "input");
   impl_->check_rank(o.root, "gather", "root");
   const bool is_root = rank() == o.root;
   if (is_root) {
-    detail::check_list(outputs, size(), input, "gather", "outputs");
+    detail::check_list(outputs, size(), input, "gather", "outputs", impl_->backend->supports_cuda());
   } else if (!outputs.empty()) {
     throw UsageError("gather: outputs must be empty on non-root rank " + std::to_string(rank()));
   }
@@ -302,11 +306,11 @@ std::shared_ptr<Work> ProcessGroup::gather(const std::vector<at::Tensor>& output
 
 std::shared_ptr<Work> ProcessGroup::scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
                                             const RootOptions& o) {
-  detail::check_tensor(output, "scatter", "output");
+  impl_->check(output, "scatter", "output");
   impl_->check_rank(o.root, "scatter", "root");
   const bool is_root = rank() == o.root;
   if (is_root) {
-    detail::check_list(inputs, size(), output, "scatter", "inputs");
+    detail::check_list(inputs, size(), output, "scatter", "inputs", impl_->backend->supports_cuda());
   } else if (!inputs.empty()) {
     throw UsageError("scatter: inputs must be empty on non-root rank " + std::to_string(rank()));
   }
@@ -322,8 +326,8 @@ std::shared_ptr<Work> ProcessGroup::all_to_all_single(const at::Tensor& output, 
                                                       const std::vector<int64_t>& output_split_sizes,
                                                       const std::vector<int64_t>& input_split_sizes,
                                                       const CollectiveOptions& o) {
-  detail::check_tensor(input, "all_to_all_single", "input");
-  detail::check_tensor(output, "all_to_all_single", "output");
+  impl_->check(input, "all_to_all_single", "input");
+  impl_->check(output, "all_to_all_single", "output");
   detail::check_same_dtype(output, input, "all_to_all_single");
   auto send = detail::split_bytes(input, input_split_sizes, size(), "all_to_all_single", "input");
   auto recv = detail::split_bytes(output, output_split_sizes, size(), "all_to_all_single", "output");
@@ -340,9 +344,9 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<at::Tensor>& ou
     throw UsageError("all_to_all: needs " + std::to_string(size()) + " inputs and outputs, got " +
                      std::to_string(inputs.size()) + " and " + std::to_string(outputs.size()));
   }
-  for (const auto& t : inputs) detail::check_tensor(t, "all_to_all", "inputs[i]");
+  for (const auto& t : inputs) impl_->check(t, "all_to_all", "inputs[i]");
   for (const auto& t : outputs) {
-    detail::check_tensor(t, "all_to_all", "outputs[i]");
+    impl_->check(t, "all_to_all", "outputs[i]");
     detail::check_same_dtype(t, inputs[0], "all_to_all");
   }
   comm::Backend* b = impl_->backend.get();
@@ -379,7 +383,7 @@ std::shared_ptr<Work> ProcessGroup::barrier(const CollectiveOptions& o) {
 }
 
 std::shared_ptr<Work> ProcessGroup::send(const at::Tensor& tensor, int dst, int tag, const CollectiveOptions& o) {
-  detail::check_tensor(tensor, "send");
+  impl_->check(tensor, "send");
   impl_->check_rank(dst, "send", "destination");
   if (dst == rank()) throw UsageError("send: rank " + std::to_string(dst) + " cannot send to itself");
   comm::Backend* b = impl_->backend.get();
@@ -390,7 +394,7 @@ std::shared_ptr<Work> ProcessGroup::send(const at::Tensor& tensor, int dst, int 
 }
 
 std::shared_ptr<Work> ProcessGroup::recv(const at::Tensor& tensor, int src, int tag, const CollectiveOptions& o) {
-  detail::check_tensor(tensor, "recv");
+  impl_->check(tensor, "recv");
   impl_->check_rank(src, "recv", "source");
   if (src == rank()) throw UsageError("recv: rank " + std::to_string(src) + " cannot receive from itself");
   comm::Backend* b = impl_->backend.get();

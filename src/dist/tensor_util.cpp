@@ -38,11 +38,11 @@ comm::DataType to_comm_dtype(at::ScalarType s, const char* op, const char* what)
                    "int64, bool)");
 }
 
-comm::DataType check_tensor(const at::Tensor& t, const char* op, const char* what) {
+comm::DataType check_tensor(const at::Tensor& t, const char* op, const char* what, bool allow_cuda) {
   if (!t.defined()) throw UsageError(std::string(op) + ": " + what + " is an undefined tensor");
-  if (!t.device().is_cpu()) {
-    throw UsageError(std::string(op) + ": " + what + " is on " + t.device().str() +
-                     "; this backend moves CPU tensors (a CUDA backend is planned)");
+  if (!(t.device().is_cpu() || (allow_cuda && t.device().is_cuda()))) {
+    throw UsageError(std::string(op) + ": " + what + " is on " + t.device().str() + "; this group's backend moves " +
+                     (allow_cuda ? "CPU and CUDA" : "CPU") + " tensors");
   }
   if (!t.is_contiguous()) {
     throw UsageError(std::string(op) + ": " + what + " of shape " + shape(t) +
@@ -66,14 +66,15 @@ void check_numel(const at::Tensor& t, int64_t want, const char* op, const char* 
   }
 }
 
-void check_list(const std::vector<at::Tensor>& list, int n, const at::Tensor& like, const char* op, const char* what) {
+void check_list(const std::vector<at::Tensor>& list, int n, const at::Tensor& like, const char* op, const char* what,
+                bool allow_cuda) {
   if (static_cast<int>(list.size()) != n) {
     throw UsageError(std::string(op) + ": " + what + " must hold " + std::to_string(n) + " tensors (one per rank), holds " +
                      std::to_string(list.size()));
   }
   for (size_t i = 0; i < list.size(); ++i) {
     const std::string name = std::string(what) + "[" + std::to_string(i) + "]";
-    check_tensor(list[i], op, name.c_str());
+    check_tensor(list[i], op, name.c_str(), allow_cuda);
     check_same_dtype(list[i], like, op);
     if (list[i].numel() != like.numel()) {
       throw UsageError(std::string(op) + ": " + name + " has shape " + shape(list[i]) + " but must match " + shape(like));

@@ -1,6 +1,11 @@
 // tdist-run: environment of each rank, output prefixes, failure summaries,
 // and the 4-rank rendezvous demo end to end.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <thread>
 
 #include "tests/util/process.h"
 
@@ -81,6 +86,34 @@ TEST(TdistRun, KillingOneRankOfAJobNamesItEverywhere) {
   // ...and so does the launcher's summary.
   EXPECT_NE(r.output.find("rank 1 (pid"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("failed first: killed by signal 9"), std::string::npos) << r.output;
+}
+
+TEST(TdistRun, ForwardsSigtermToEveryRank) {
+  test::TempDir dir;
+  // Each rank records the SIGTERM it receives, then exits.
+  const std::string cmd = "exec " + kRun + " --nproc-per-node 2 sh -c "
+                          "'trap \"touch " + dir.path() + "/got-$RANK; exit 0\" TERM; "
+                          "touch " + dir.path() + "/up-$RANK; while true; do sleep 0.05; done'";
+  pid_t pid = test::fork_child([&] {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    return 127;
+  });
+  const auto up = [&](const char* what) {
+    for (int i = 0; i < 200; ++i) {
+      if (access((dir.path() + "/" + what + "-0").c_str(), F_OK) == 0 &&
+          access((dir.path() + "/" + what + "-1").c_str(), F_OK) == 0) {
+        return true;
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+    return false;
+  };
+  ASSERT_TRUE(up("up"));
+  kill(pid, SIGTERM);
+  const int st = test::wait_child(pid, 20s);
+  EXPECT_TRUE(up("got")) << "a rank never saw the SIGTERM";
+  ASSERT_NE(st, -1) << "tdist-run did not exit after SIGTERM";
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGTERM) << test::describe_status(st);
 }
 
 TEST(AllreduceDemo, RunsOnFourRanks) {
