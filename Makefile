@@ -39,7 +39,8 @@ bench: build
 asan: deps
 	$(MAKE) test BUILD=build-asan CMAKE_ARGS="-DTDIST_SANITIZE=address,undefined"
 tsan: deps
-	$(MAKE) test BUILD=build-tsan CMAKE_ARGS="-DTDIST_SANITIZE=thread"
+	TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp second_deadlock_stack=1" \
+	  $(MAKE) test BUILD=build-tsan CMAKE_ARGS="-DTDIST_SANITIZE=thread"
 
 fuzz: deps
 	scripts/fuzz.sh 300 $(BUILD)/fuzz

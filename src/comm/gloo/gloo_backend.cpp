@@ -173,8 +173,10 @@ class GlooBackend final : public Backend {
   void broadcast(void* buf, size_t bytes, int root, Deadline d) override {
     run(OpKind::kBroadcast, d, [&] {
       if (bytes == 0) return;
+      // Output only: with no input the root broadcasts in place (an input
+      // buffer on the same memory would make Gloo copy it onto itself while
+      // sending it).
       ::gloo::BroadcastOptions o(context_);
-      if (rank() == root) o.setInput(static_cast<uint8_t*>(buf), bytes);
       o.setOutput(static_cast<uint8_t*>(buf), bytes);
       o.setRoot(root);
       o.setTag(next_tag());
