@@ -72,7 +72,12 @@ void JsonRows::field(const std::string& k, const std::string& v) {
 
 void JsonRows::field(const std::string& k, double v) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
+  // Whole numbers (bytes, counts) exactly; measurements to 6 digits.
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15) {
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.6g", v);
+  }
   rows_.back().emplace_back(k, buf);
 }
 
