@@ -32,6 +32,7 @@ std::string run_world(int world, const std::function<void(ProcessGroup&)>& fn, c
       }
     }));
   }
+  if (options.pids) *options.pids = kids;
   std::string failures;
   for (int r = 0; r < world; ++r) {
     const int st = wait_child(kids[r], options.limit);

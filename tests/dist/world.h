@@ -1,7 +1,10 @@
 // Runs a function on N real processes that form one process group.
 #pragma once
 
+#include <sys/types.h>
+
 #include <functional>
+#include <vector>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -15,6 +18,7 @@ struct WorldOptions {
   std::chrono::milliseconds limit{120'000};  // whole run; children are killed past it
   std::chrono::milliseconds timeout{60'000}; // the group's collective timeout
   bool final_barrier = true;                 // keep rank 0 (the store) alive until all are done
+  std::vector<pid_t>* pids = nullptr;        // if set, receives the ranks' process ids
 };
 
 // Forks `world` processes; each joins a group through a fresh TCP store and
