@@ -28,6 +28,7 @@
 #include "comm/shm/shm_backend.h"
 
 #include <dirent.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <immintrin.h>
 #include <linux/futex.h>
@@ -530,13 +531,20 @@ class ShmBackend final : public Backend {
   template <typename Ready, typename Missing>
   void wait_until(Ready&& ready, Missing&& waiting_for, const std::string& what, Deadline deadline) {
     Header* h = header();
-    const auto spin_end = Clock::now() + opt_.spin;
+    const auto start = Clock::now();
+    const auto spin_end = start + opt_.spin;
+    const auto yield_end = std::min<Clock::time_point>(spin_end + opt_.yield, deadline);
     int polls = 0;
     while (true) {
       if (ready()) return;
       check_alive_state();
       if ((++polls & 63) == 0 && Clock::now() >= spin_end) break;
       _mm_pause();
+    }
+    while (Clock::now() < yield_end) {
+      if (ready()) return;
+      check_alive_state();
+      sched_yield();
     }
     auto next_liveness = Clock::now();
     for (;;) {
@@ -772,6 +780,7 @@ ShmOptions ShmOptions::from_env() {
   o.round_bytes = static_cast<size_t>(read("TDIST_SHM_ROUND_BYTES", 4096, int64_t(1) << 30, int64_t(o.round_bytes)));
   o.small_bytes = static_cast<size_t>(read("TDIST_SHM_SMALL_BYTES", 0, int64_t(1) << 30, int64_t(o.small_bytes)));
   o.spin = std::chrono::microseconds(read("TDIST_SHM_SPIN_US", 0, 10'000'000, o.spin.count()));
+  o.yield = std::chrono::microseconds(read("TDIST_SHM_YIELD_US", 0, 10'000'000, o.yield.count()));
   return o;
 }
 

@@ -16,9 +16,15 @@ struct ShmOptions {
   size_t small_bytes = 32 * 1024;
   // Bytes of each ordered pair's send/recv ring.
   size_t ring_bytes = 256 * 1024;
-  // How long a waiting rank spins before it sleeps on the futex.
+  // How long a waiting rank spins (pause loop) before it starts yielding.
   std::chrono::microseconds spin{50};
-  // Read from TDIST_SHM_ROUND_BYTES, TDIST_SHM_SMALL_BYTES, TDIST_SHM_SPIN_US.
+  // How long it then keeps polling with sched_yield() before it sleeps on
+  // the futex. Yielding hands the core to any other runnable thread (ranks
+  // may outnumber cores), and a rank that never sleeps needs no wake-up: on
+  // a VM, waking a sleeping vCPU can cost hundreds of microseconds per round.
+  std::chrono::microseconds yield{2000};
+  // Read from TDIST_SHM_ROUND_BYTES, TDIST_SHM_SMALL_BYTES, TDIST_SHM_SPIN_US,
+  // TDIST_SHM_YIELD_US.
   static ShmOptions from_env();
 };
 
