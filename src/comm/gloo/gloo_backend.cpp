@@ -33,6 +33,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/heartbeat.h"
 #include "comm/reduce.h"
 #include "util/bytes.h"
 #include "util/env.h"
@@ -131,11 +132,7 @@ class GlooBackend final : public Backend {
       throw NetworkError("gloo backend, rank " + std::to_string(global(rank())) + ": cannot connect the group: " +
                          e.what() + ". Set TDIST_GLOO_IFNAME to the network interface the ranks share");
     }
-    hb_ = std::make_shared<Heartbeat>();
-    hb_->store = ctx.store;
-    hb_->key = "hb/" + std::to_string(rank());
-    heartbeat_exited_ = hb_->exited.get_future();
-    std::thread(beat, hb_).detach();  // joined through heartbeat_exited_, if it can be
+    hb_ = std::make_unique<Heartbeat>(ctx.store, ctx.rank, ctx.size, ctx.global_ranks);
     sender_ = std::thread([this] { reap_sends(); });
   }
 
@@ -145,12 +142,6 @@ class GlooBackend final : public Backend {
       stopping_ = true;
     }
     cv_.notify_all();
-    {
-      std::lock_guard<std::mutex> lock(hb_->mu);
-      hb_->stopping = true;
-    }
-    hb_->cv.notify_all();
-    heartbeat_exited_.wait_for(std::chrono::seconds(1));
     if (sender_.joinable()) sender_.join();  // after the queued sends are delivered or time out
   }
 
@@ -401,7 +392,7 @@ class GlooBackend final : public Backend {
   template <typename Fn>
   void run(OpKind kind, Deadline d, Fn&& fn) {
     const uint64_t seq = seq_++;
-    hb_->started.store(seq_, std::memory_order_relaxed);
+    hb_->set_ops_started(seq_);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (first_error_) std::rethrow_exception(first_error_);
@@ -415,11 +406,11 @@ class GlooBackend final : public Backend {
       remember(std::current_exception());
       throw;
     } catch (const TimeoutError& e) {
-      remember(std::make_exception_ptr(TimeoutError(who + what + " timed out; " + missing_ranks(seq) + ": " + e.what())));
+      remember(std::make_exception_ptr(TimeoutError(who + what + " timed out; " + hb_->missing_ranks(seq) + ": " + e.what())));
     } catch (const ::gloo::IoException& e) {
       const std::string msg = e.what();
       if (msg.find("Timed out") != std::string::npos || Clock::now() >= d) {
-        remember(std::make_exception_ptr(TimeoutError(who + what + " timed out; " + missing_ranks(seq) + " (" + msg + ")")));
+        remember(std::make_exception_ptr(TimeoutError(who + what + " timed out; " + hb_->missing_ranks(seq) + " (" + msg + ")")));
       } else {
         remember(peer_failure(who + what + " failed: " + msg));
       }
@@ -465,86 +456,13 @@ class GlooBackend final : public Backend {
 
   // ---- liveness ------------------------------------------------------------
 
-  // The heartbeat thread owns its state through a shared_ptr: a store call
-  // blocked on a dead server must not hold up the backend's destruction.
-  struct Heartbeat {
-    std::shared_ptr<tdist::Store> store;
-    std::string key;
-    std::atomic<uint64_t> started{0};  // ops started, published with every beat
-    std::mutex mu;
-    std::condition_variable cv;
-    bool stopping = false;
-    std::promise<void> exited;
-  };
-
-  static void beat(std::shared_ptr<Heartbeat> hb) {
-    int64_t n = 0;
-    std::unique_lock<std::mutex> lock(hb->mu);
-    while (!hb->stopping) {
-      lock.unlock();
-      try {
-        // "beats:ops started", read back by peer_failure() and missing_ranks().
-        hb->store->set(hb->key, std::to_string(++n) + ":" + std::to_string(hb->started.load()));
-      } catch (const std::exception&) {
-        // The store may be gone with its host; peer_failure() deals with it.
-      }
-      lock.lock();
-      hb->cv.wait_for(lock, kBeat, [&] { return hb->stopping; });
-    }
-    hb->exited.set_value();
-  }
-
-  // Each rank's heartbeat as {beats, ops started}.
-  std::vector<std::pair<int64_t, int64_t>> read_beats() {
-    std::vector<std::string> keys;
-    for (int r = 0; r < size(); ++r) keys.push_back("hb/" + std::to_string(r));
-    std::vector<std::pair<int64_t, int64_t>> out;
-    for (const auto& v : ctx_.store->multi_get(keys, milliseconds(2000))) {
-      const std::string s = to_string(v);
-      const size_t colon = s.find(':');
-      out.emplace_back(detail::parse_int(s.substr(0, colon)).value_or(-1),
-                       colon == std::string::npos ? -1 : detail::parse_int(s.substr(colon + 1)).value_or(-1));
-    }
-    return out;
-  }
-
-  // "rank(s) 2, 3 never arrived": the ranks that had not started op `seq`.
-  std::string missing_ranks(uint64_t seq) {
-    try {
-      const auto beats = read_beats();
-      std::string names;
-      for (int r = 0; r < size(); ++r) {
-        if (beats[r].second <= static_cast<int64_t>(seq)) names += (names.empty() ? "" : ", ") + std::to_string(global(r));
-      }
-      return names.empty() ? "every rank had started it" : "rank(s) " + names + " never arrived";
-    } catch (const std::exception&) {
-      return "the store is unreachable, so the missing ranks are unknown";
-    }
-  }
-
   // After a lost connection: which ranks stopped beating?
   std::exception_ptr peer_failure(const std::string& msg) {
-    std::vector<int> dead;
-    try {
-      const auto before = read_beats();
-      std::this_thread::sleep_for(kBeat * 4);
-      const auto after = read_beats();
-      for (int r = 0; r < size(); ++r) {
-        if (r != rank() && after[r].first == before[r].first) dead.push_back(r);
-      }
-    } catch (const std::exception&) {
-      // The store is unreachable: its host, group rank 0, is the likely loss.
-      if (rank() != 0) dead.push_back(0);
-    }
+    const std::vector<int> dead = hb_->dead_ranks();
     if (dead.empty()) return std::make_exception_ptr(NetworkError(msg));
-    std::string names;
-    for (int r : dead) names += (names.empty() ? "" : ", ") + std::to_string(global(r));
-    return std::make_exception_ptr(PeerFailureError(
-        msg + "; " + (dead.size() == 1 ? "rank " : "ranks ") + names + " stopped answering (heartbeat lost)",
-        global(dead[0])));
+    return std::make_exception_ptr(
+        PeerFailureError(msg + "; " + hb_->describe(dead) + " stopped answering (heartbeat lost)", global(dead[0])));
   }
-
-  static constexpr milliseconds kBeat{250};
 
   BackendContext ctx_;
   std::shared_ptr<::gloo::transport::Device> device_;
@@ -556,8 +474,7 @@ class GlooBackend final : public Backend {
   bool stopping_ = false;
   std::exception_ptr first_error_;
   std::deque<std::unique_ptr<PendingSend>> sends_;
-  std::shared_ptr<Heartbeat> hb_;
-  std::future<void> heartbeat_exited_;
+  std::unique_ptr<Heartbeat> hb_;
   std::thread sender_;
 };
 

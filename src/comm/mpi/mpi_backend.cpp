@@ -21,6 +21,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/heartbeat.h"
 #include "comm/reduce.h"
 #include "util/bytes.h"
 
@@ -143,6 +144,8 @@ class MpiBackend final : public Backend {
       half_ops_[i] = make_user_op<DataType::kFloat16>(static_cast<ReduceOp>(i));
       bf16_ops_[i] = make_user_op<DataType::kBFloat16>(static_cast<ReduceOp>(i));
     }
+    // MPI cannot say who is missing when an op times out: the store can.
+    hb_ = std::make_unique<Heartbeat>(ctx.store, ctx.rank, ctx.size, ctx.global_ranks);
   }
 
   ~MpiBackend() override {
@@ -352,6 +355,7 @@ class MpiBackend final : public Backend {
   template <typename Start>
   void run(const char* what, Deadline d, Start&& start) {
     const uint64_t seq = seq_++;
+    hb_->set_ops_started(seq_);
     check_first_error();
     reap_sends(/*block=*/false);
     const std::string who = "mpi backend, rank " + std::to_string(ctx_.global_ranks.empty() ? rank() : ctx_.global_ranks[rank()]) +
@@ -372,7 +376,8 @@ class MpiBackend final : public Backend {
       const auto now = Clock::now();
       if (now >= d) {
         aborted_ = true;
-        fail(TimeoutError(who + " timed out (MPI cannot cancel it or tell which ranks are missing; the group is now unusable)"));
+        fail(TimeoutError(who + " timed out; " + hb_->missing_ranks(seq) +
+                          " (MPI cannot cancel the op: the group is now unusable)"));
       }
       if (now < spin_end) {
         _mm_pause();
@@ -396,6 +401,7 @@ class MpiBackend final : public Backend {
   uint64_t seq_ = 0;
   bool aborted_ = false;
   std::deque<PendingSend> sends_;
+  std::unique_ptr<Heartbeat> hb_;
   std::mutex mu_;
   std::exception_ptr first_error_;
 };
