@@ -154,6 +154,12 @@ class MpiBackend final : public Backend {
     } catch (const std::exception&) {
       // Undeliverable sends at shutdown have nobody left to tell.
     }
+    while (!sends_.empty()) abandon_front_send();
+    if (!abandoned_.empty()) {
+      // MPI may still write into these until MPI_Finalize: never free them.
+      static auto* keep = new std::vector<std::shared_ptr<Staging>>();
+      keep->insert(keep->end(), abandoned_.begin(), abandoned_.end());
+    }
     MpiLock lock;
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -165,77 +171,113 @@ class MpiBackend final : public Backend {
 
   std::string name() const override { return "mpi"; }
 
+  // MPI cannot cancel an operation, so it never gets a user buffer: every op
+  // runs on buffers this backend owns, copied in before and out after. If an
+  // op times out, its buffers are kept alive for good (MPI may still write
+  // into them when the late rank turns up), and the user's tensor is safe.
+  struct Staging {
+    std::vector<uint8_t> in, out;
+  };
+
   void all_reduce(void* buf, size_t count, DataType t, ReduceOp op, Deadline d) override {
     check_reduction(t, op);
+    const size_t es = dtype_size(t);
+    auto s = stage(buf, count * es, 0);
     for_chunks(count, [&](size_t off, int n) {
-      void* p = static_cast<uint8_t*>(buf) + off * dtype_size(t);
-      run("all_reduce", d, [&](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, p, n, mpi_type(t), mpi_op(t, op), comm_, r); });
+      uint8_t* p = s->in.data() + off * es;
+      run("all_reduce", d, s, [&](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, p, n, mpi_type(t), mpi_op(t, op), comm_, r); });
     });
+    detail::copy_bytes(buf, s->in.data(), count * es);
     if (op == ReduceOp::kAvg) scale(buf, count, t);
   }
 
   void broadcast(void* buf, size_t bytes, int root, Deadline d) override {
+    auto s = stage(rank() == root ? buf : nullptr, bytes, 0);
     for_chunks(bytes, [&](size_t off, int n) {
-      run("broadcast", d, [&](MPI_Request* r) { return MPI_Ibcast(static_cast<uint8_t*>(buf) + off, n, MPI_BYTE, root, comm_, r); });
+      run("broadcast", d, s, [&](MPI_Request* r) { return MPI_Ibcast(s->in.data() + off, n, MPI_BYTE, root, comm_, r); });
     });
+    if (rank() != root) detail::copy_bytes(buf, s->in.data(), bytes);
   }
 
   void reduce(void* buf, size_t count, DataType t, ReduceOp op, int root, Deadline d) override {
     check_reduction(t, op);
     const size_t es = dtype_size(t);
-    std::vector<uint8_t> scratch(rank() == root ? 0 : count * es + 1);
+    auto s = stage(buf, count * es, rank() == root ? 0 : count * es);
     for_chunks(count, [&](size_t off, int n) {
-      uint8_t* p = static_cast<uint8_t*>(buf) + off * es;
-      run("reduce", d, [&](MPI_Request* r) {
+      uint8_t* p = s->in.data() + off * es;
+      run("reduce", d, s, [&](MPI_Request* r) {
         return rank() == root ? MPI_Ireduce(MPI_IN_PLACE, p, n, mpi_type(t), mpi_op(t, op), root, comm_, r)
-                              : MPI_Ireduce(p, scratch.data(), n, mpi_type(t), mpi_op(t, op), root, comm_, r);
+                              : MPI_Ireduce(p, s->out.data() + off * es, n, mpi_type(t), mpi_op(t, op), root, comm_, r);
       });
     });
-    if (op == ReduceOp::kAvg && rank() == root) scale(buf, count, t);
+    if (rank() == root) {
+      detail::copy_bytes(buf, s->in.data(), count * es);
+      if (op == ReduceOp::kAvg) scale(buf, count, t);
+    }
   }
 
   void all_gather(const void* in, void* out, size_t bytes, Deadline d) override {
     const int n = checked_int(bytes, "all_gather");
-    const void* src = in == static_cast<uint8_t*>(out) + rank() * bytes ? MPI_IN_PLACE : in;
-    run("all_gather", d, [&](MPI_Request* r) { return MPI_Iallgather(src, n, MPI_BYTE, out, n, MPI_BYTE, comm_, r); });
+    auto s = stage(in, bytes, bytes * size());
+    run("all_gather", d, s, [&](MPI_Request* r) {
+      return MPI_Iallgather(s->in.data(), n, MPI_BYTE, s->out.data(), n, MPI_BYTE, comm_, r);
+    });
+    detail::copy_bytes(out, s->out.data(), bytes * size());
   }
 
   void reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op, Deadline d) override {
     check_reduction(t, op);
     const int n = checked_int(count, "reduce_scatter");
-    run("reduce_scatter", d, [&](MPI_Request* r) {
-      return MPI_Ireduce_scatter_block(in, out, n, mpi_type(t), mpi_op(t, op), comm_, r);
+    const size_t es = dtype_size(t);
+    auto s = stage(in, count * es * size(), count * es);
+    run("reduce_scatter", d, s, [&](MPI_Request* r) {
+      return MPI_Ireduce_scatter_block(s->in.data(), s->out.data(), n, mpi_type(t), mpi_op(t, op), comm_, r);
     });
+    detail::copy_bytes(out, s->out.data(), count * es);
     if (op == ReduceOp::kAvg) scale(out, count, t);
   }
 
   void gather(const void* in, void* out, size_t bytes, int root, Deadline d) override {
     const int n = checked_int(bytes, "gather");
-    run("gather", d, [&](MPI_Request* r) { return MPI_Igather(in, n, MPI_BYTE, out, n, MPI_BYTE, root, comm_, r); });
+    auto s = stage(in, bytes, rank() == root ? bytes * size() : 0);
+    run("gather", d, s, [&](MPI_Request* r) {
+      return MPI_Igather(s->in.data(), n, MPI_BYTE, s->out.data(), n, MPI_BYTE, root, comm_, r);
+    });
+    if (rank() == root) detail::copy_bytes(out, s->out.data(), bytes * size());
   }
 
   void scatter(const void* in, void* out, size_t bytes, int root, Deadline d) override {
     const int n = checked_int(bytes, "scatter");
-    run("scatter", d, [&](MPI_Request* r) { return MPI_Iscatter(in, n, MPI_BYTE, out, n, MPI_BYTE, root, comm_, r); });
+    auto s = stage(rank() == root ? in : nullptr, rank() == root ? bytes * size() : 0, bytes);
+    run("scatter", d, s, [&](MPI_Request* r) {
+      return MPI_Iscatter(s->in.data(), n, MPI_BYTE, s->out.data(), n, MPI_BYTE, root, comm_, r);
+    });
+    detail::copy_bytes(out, s->out.data(), bytes);
   }
 
   void all_to_all(const void* in, const std::vector<size_t>& send_bytes, const std::vector<size_t>& send_offsets,
                   void* out, const std::vector<size_t>& recv_bytes, const std::vector<size_t>& recv_offsets,
                   Deadline d) override {
     std::vector<int> sc, so, rc, ro;
+    size_t in_total = 0, out_total = 0;
     for (int r = 0; r < size(); ++r) {
       sc.push_back(checked_int(send_bytes[r], "all_to_all"));
       so.push_back(checked_int(send_offsets[r], "all_to_all"));
       rc.push_back(checked_int(recv_bytes[r], "all_to_all"));
       ro.push_back(checked_int(recv_offsets[r], "all_to_all"));
+      in_total = std::max(in_total, send_offsets[r] + send_bytes[r]);
+      out_total = std::max(out_total, recv_offsets[r] + recv_bytes[r]);
     }
-    run("all_to_all", d, [&](MPI_Request* r) {
-      return MPI_Ialltoallv(in, sc.data(), so.data(), MPI_BYTE, out, rc.data(), ro.data(), MPI_BYTE, comm_, r);
+    auto s = stage(in, in_total, out_total);
+    run("all_to_all", d, s, [&](MPI_Request* r) {
+      return MPI_Ialltoallv(s->in.data(), sc.data(), so.data(), MPI_BYTE, s->out.data(), rc.data(), ro.data(),
+                            MPI_BYTE, comm_, r);
     });
+    detail::copy_bytes(out, s->out.data(), out_total);
   }
 
   void barrier(Deadline d) override {
-    run("barrier", d, [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
+    run("barrier", d, nullptr, [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
   }
 
   // A large send completes only once its receiver posts the recv; waiting for
@@ -261,7 +303,9 @@ class MpiBackend final : public Backend {
 
   void recv(void* buf, size_t bytes, int src, int tag, Deadline d) override {
     const int n = checked_int(bytes, "recv");
-    run("recv", d, [&](MPI_Request* r) { return MPI_Irecv(buf, n, MPI_BYTE, src, tag, comm_, r); });
+    auto s = stage(nullptr, bytes, 0);
+    run("recv", d, s, [&](MPI_Request* r) { return MPI_Irecv(s->in.data(), n, MPI_BYTE, src, tag, comm_, r); });
+    detail::copy_bytes(buf, s->in.data(), bytes);
   }
 
   void abort(const std::string& reason) override {
@@ -323,6 +367,14 @@ class MpiBackend final : public Backend {
     std::string what;
   };
 
+  // A send MPI may still read from: keep its payload alive for good.
+  void abandon_front_send() {
+    auto st = std::make_shared<Staging>();
+    st->in = std::move(sends_.front().data);
+    abandoned_.push_back(std::move(st));
+    sends_.pop_front();
+  }
+
   void check_first_error() {
     std::lock_guard<std::mutex> lock(mu_);
     if (first_error_) std::rethrow_exception(first_error_);
@@ -341,7 +393,9 @@ class MpiBackend final : public Backend {
       if (!done) {
         if (Clock::now() >= s.deadline) {
           aborted_ = true;
-          fail(TimeoutError("mpi backend: " + s.what + " was never received"));
+          const std::string what = s.what;
+          abandon_front_send();
+          fail(TimeoutError("mpi backend: " + what + " was never received"));
         }
         if (!block) return;
         std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -351,9 +405,20 @@ class MpiBackend final : public Backend {
     }
   }
 
-  // Starts a non-blocking MPI op and polls it until done or the deadline.
+  // Backend-owned buffers: `in` holds a copy of src (in_bytes, or zeros when
+  // src is null), `out` out_bytes; both at least one byte, so never null.
+  std::shared_ptr<Staging> stage(const void* src, size_t in_bytes, size_t out_bytes) {
+    auto s = std::make_shared<Staging>();
+    s->in.resize(std::max<size_t>(in_bytes, 1));
+    s->out.resize(std::max<size_t>(out_bytes, 1));
+    if (src) detail::copy_bytes(s->in.data(), src, in_bytes);
+    return s;
+  }
+
+  // Starts a non-blocking MPI op and polls it until done or the deadline. A
+  // timed-out op's staging is kept alive for good: MPI may still use it.
   template <typename Start>
-  void run(const char* what, Deadline d, Start&& start) {
+  void run(const char* what, Deadline d, const std::shared_ptr<Staging>& staging, Start&& start) {
     const uint64_t seq = seq_++;
     hb_->set_ops_started(seq_);
     check_first_error();
@@ -376,6 +441,7 @@ class MpiBackend final : public Backend {
       const auto now = Clock::now();
       if (now >= d) {
         aborted_ = true;
+        if (staging) abandoned_.push_back(staging);
         fail(TimeoutError(who + " timed out; " + hb_->missing_ranks(seq) +
                           " (MPI cannot cancel the op: the group is now unusable)"));
       }
@@ -402,6 +468,8 @@ class MpiBackend final : public Backend {
   bool aborted_ = false;
   std::deque<PendingSend> sends_;
   std::unique_ptr<Heartbeat> hb_;
+  // Buffers of ops that timed out; see run(). Released only with the process.
+  std::vector<std::shared_ptr<Staging>> abandoned_;
   std::mutex mu_;
   std::exception_ptr first_error_;
 };
