@@ -2,6 +2,7 @@
 #pragma once
 
 #include "tdist/config.h"
+#include "tdist/ddp.h"
 #include "tdist/errors.h"
 #include "tdist/process_group.h"
 #include "tdist/rendezvous.h"

@@ -1,0 +1,113 @@
+// DistributedDataParallel: data-parallel training of any torch::nn::Module.
+//
+//   auto world = tdist::init_process_group();
+//   tdist::DistributedDataParallel<Net> ddp(Net(), tdist::DistributedDataParallelOptions{});
+//   auto loss = loss_fn(ddp->forward(x), y);
+//   loss.backward();          // gradients are averaged over ranks when this returns
+//   optimizer.step();
+//
+// At construction every rank checks that all ranks hold the same parameters
+// (names, shapes, dtypes, order), then parameters and buffers are broadcast
+// from rank 0. During backward, gradients are grouped into buckets (reverse
+// registration order; the first bucket 1 MiB, then bucket_cap_mb each) and a
+// bucket's all-reduce starts as soon as its last gradient is ready, while the
+// rest of backward runs. Buckets are launched in index order, the same on
+// every rank.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tdist/process_group.h"
+
+namespace tdist {
+
+struct DistributedDataParallelOptions {
+  std::shared_ptr<ProcessGroup> process_group;  // null: the default group
+  double bucket_cap_mb = 25;
+  double first_bucket_cap_mb = 1;
+  bool broadcast_buffers = true;                // broadcast buffers from rank 0 before each forward
+  bool find_unused_parameters = false;          // not implemented yet: raises UsageError when set
+  bool gradient_as_bucket_view = false;         // .grad tensors are views into the bucket buffers
+  bool static_graph = false;                    // not implemented yet: raises UsageError when set
+};
+
+namespace detail {
+
+// The gradient reducer behind every DistributedDataParallel<M>; not a
+// template, so it is compiled once.
+class DataParallel {
+ public:
+  DataParallel(torch::nn::Module& module, DistributedDataParallelOptions options);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // Called before each forward: raises a pending error from the previous
+  // backward (e.g. parameters that got no gradient) and broadcasts buffers.
+  void before_forward();
+  void set_require_sync(bool on);
+  bool require_sync() const;
+  const std::shared_ptr<ProcessGroup>& process_group() const;
+  // Parameter indices (registration order) of each bucket, in launch order.
+  std::vector<std::vector<size_t>> bucket_indices() const;
+
+  struct State;  // private to src/ddp/data_parallel.cpp
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace detail
+
+template <typename ModuleHolder>
+class DistributedDataParallelImpl : public torch::nn::Module {
+ public:
+  DistributedDataParallelImpl(ModuleHolder module, DistributedDataParallelOptions options = {})
+      : module_(register_module("module", std::move(module))), core_(*module_.ptr(), std::move(options)) {}
+
+  // The wrapped module's own forward, with its own signature.
+  template <typename... Args>
+  auto forward(Args&&... args) {
+    core_.before_forward();
+    return module_->forward(std::forward<Args>(args)...);
+  }
+
+  ModuleHolder module() const { return module_; }
+  const std::shared_ptr<ProcessGroup>& process_group() const { return core_.process_group(); }
+  std::vector<std::vector<size_t>> bucket_indices() const { return core_.bucket_indices(); }
+
+  // Gradient accumulation: while the guard lives, backward only accumulates
+  // into .grad locally; the first backward after it synchronises everything.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(detail::DataParallel& core) : core_(core), previous_(core.require_sync()) {
+      core_.set_require_sync(false);
+    }
+    ~NoSyncGuard() { core_.set_require_sync(previous_); }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    detail::DataParallel& core_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(core_); }
+
+ private:
+  ModuleHolder module_;
+  detail::DataParallel core_;
+};
+
+// ModuleHolder style: ddp->forward(x), ddp(x), ddp->parameters(), ...
+template <typename ModuleHolder>
+class DistributedDataParallel : public torch::nn::ModuleHolder<DistributedDataParallelImpl<ModuleHolder>> {
+ public:
+  using torch::nn::ModuleHolder<DistributedDataParallelImpl<ModuleHolder>>::ModuleHolder;
+};
+
+}  // namespace tdist

@@ -1,0 +1,23 @@
+// Bucket assignment: which parameters share a gradient bucket.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace tdist::detail {
+
+struct ParamInfo {
+  size_t bytes = 0;
+  int dtype = 0;  // parameters of different dtypes never share a bucket
+};
+
+// Buckets in reverse registration order (gradients of the last layers are
+// ready first in backward). A bucket closes once it holds at least
+// first_cap_bytes (the first bucket, so that communication starts early) or
+// cap_bytes (every later one); a parameter larger than the cap gets a bucket
+// of its own. Returns the parameter indices of each bucket, in launch order.
+std::vector<std::vector<size_t>> assign_buckets(const std::vector<ParamInfo>& params, size_t first_cap_bytes,
+                                                size_t cap_bytes);
+
+}  // namespace tdist::detail

@@ -1,0 +1,307 @@
+// The DDP reducer: gradient-ready tracking through autograd post-hooks,
+// in-order bucket launches, and the end-of-backward callback that waits for
+// every bucket and writes the averaged gradients back.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <mutex>
+#include <sstream>
+
+#include "ddp/bucket_assignment.h"
+#include "util/bytes.h"
+#include "tdist/ddp.h"
+
+namespace tdist::detail {
+
+namespace {
+
+std::string describe_param(const std::string& name, const at::Tensor& p) {
+  std::ostringstream os;
+  os << name << " " << p.sizes() << " " << c10::toString(p.scalar_type());
+  return os.str();
+}
+
+// Every rank's string, through two all_gathers (lengths, then padded bytes).
+std::vector<std::string> all_gather_strings(ProcessGroup& pg, const std::string& mine) {
+  at::Tensor len = at::tensor({static_cast<int64_t>(mine.size())}, at::kLong);
+  at::Tensor lens = at::empty({pg.size()}, at::kLong);
+  pg.all_gather_into_tensor(lens, len)->wait();
+  const int64_t longest = lens.max().item<int64_t>();
+  at::Tensor bytes = at::zeros({longest}, at::kByte);
+  copy_bytes(bytes.data_ptr(), mine.data(), mine.size());
+  at::Tensor all = at::empty({longest * pg.size()}, at::kByte);
+  pg.all_gather_into_tensor(all, bytes)->wait();
+  std::vector<std::string> out;
+  const auto* p = static_cast<const char*>(all.data_ptr());
+  for (int r = 0; r < pg.size(); ++r) out.emplace_back(p + r * longest, static_cast<size_t>(lens[r].item<int64_t>()));
+  return out;
+}
+
+// A tensor over flat's storage at `offset` elements, shaped `sizes`. Not an
+// autograd view: optimizers may detach_() and zero_() it (LibTorch's
+// zero_grad does), which autograd refuses on views.
+at::Tensor alias_of(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * sizes[d + 1];
+  at::Tensor t = at::empty({0}, flat.options());
+  t.set_(flat.storage(), flat.storage_offset() + offset, sizes, strides);
+  return t;
+}
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream is(s);
+  for (std::string line; std::getline(is, line);) out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
+  std::shared_ptr<ProcessGroup> pg;
+  DistributedDataParallelOptions options;
+  std::vector<at::Tensor> params;  // that require grad, in registration order
+  std::vector<std::string> names;
+  std::vector<at::Tensor> buffers;
+
+  struct Bucket {
+    std::vector<size_t> members;
+    at::Tensor flat;
+    std::vector<at::Tensor> views;  // per member, shaped like the parameter, aliasing flat
+    size_t pending = 0;
+    std::shared_ptr<Work> work;
+  };
+  std::vector<Bucket> buckets;
+  std::vector<size_t> bucket_of, slot_in_bucket;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // hooks fire only while held
+
+  std::mutex mu;
+  bool require_sync = true;
+  bool callback_queued = false;
+  size_t next_launch = 0;
+  std::vector<bool> ready;
+  std::string pending_error;
+
+  void reset_iteration() {
+    for (auto& b : buckets) {
+      b.pending = b.members.size();
+      b.work.reset();
+    }
+    std::fill(ready.begin(), ready.end(), false);
+    next_launch = 0;
+    callback_queued = false;
+  }
+
+  // A parameter's gradient has been accumulated (autograd thread).
+  void mark_ready(size_t i) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!require_sync || ready[i]) return;
+    if (!callback_queued) {
+      callback_queued = true;
+      std::weak_ptr<State> weak = shared_from_this();
+      torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+        if (auto s = weak.lock()) s->finish_backward();
+      });
+    }
+    ready[i] = true;
+    Bucket& b = buckets[bucket_of[i]];
+    at::Tensor& view = b.views[slot_in_bucket[i]];
+    at::Tensor& grad = params[i].mutable_grad();
+    if (!grad.defined() || grad.data_ptr() != view.data_ptr()) {
+      view.copy_(grad.defined() ? grad : at::zeros_like(view));
+      if (options.gradient_as_bucket_view) grad = view;
+    }
+    if (--b.pending == 0) {
+      // Launch in index order, so that every rank issues the same sequence.
+      while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
+        Bucket& next = buckets[next_launch++];
+        next.work = pg->all_reduce(next.flat, {ReduceOp::AVG});
+      }
+    }
+  }
+
+  // Runs once at the end of a synchronised backward, before backward()
+  // returns: waits for every bucket and writes the averages back.
+  void finish_backward() {
+    std::unique_lock<std::mutex> lock(mu);
+    std::vector<std::string> missing;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!ready[i]) missing.push_back(names[i]);
+    }
+    std::vector<std::shared_ptr<Work>> works;
+    for (auto& b : buckets) {
+      if (b.work) works.push_back(b.work);
+    }
+    lock.unlock();
+    for (auto& w : works) w->wait();
+    lock.lock();
+    for (size_t k = 0; k < next_launch; ++k) {
+      Bucket& b = buckets[k];
+      for (size_t s = 0; s < b.members.size(); ++s) {
+        at::Tensor& grad = params[b.members[s]].mutable_grad();
+        if (grad.defined() && grad.data_ptr() != b.views[s].data_ptr()) grad.copy_(b.views[s]);
+      }
+    }
+    if (!missing.empty()) {
+      std::string list;
+      for (size_t k = 0; k < missing.size() && k < 10; ++k) list += (k ? ", " : "") + missing[k];
+      if (missing.size() > 10) list += " and " + std::to_string(missing.size() - 10) + " more";
+      pending_error = "DistributedDataParallel: " + std::to_string(missing.size()) +
+                      " parameter(s) received no gradient in the last backward, so their buckets were never "
+                      "reduced: " + list +
+                      ". Make every parameter take part in the loss, or leave them out of the wrapped module "
+                      "(find_unused_parameters is not implemented yet)";
+    }
+    reset_iteration();
+  }
+};
+
+namespace {
+
+struct ReadyHook : torch::autograd::FunctionPostHook {
+  ReadyHook(std::weak_ptr<DataParallel::State> s, size_t i) : state(std::move(s)), index(i) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    if (auto s = state.lock()) s->mark_ready(index);
+    return outputs;
+  }
+  std::weak_ptr<DataParallel::State> state;
+  size_t index;
+};
+
+}  // namespace
+
+DataParallel::DataParallel(torch::nn::Module& module, DistributedDataParallelOptions options)
+    : state_(std::make_shared<State>()) {
+  State& s = *state_;
+  if (options.find_unused_parameters) {
+    throw UsageError("DistributedDataParallel: find_unused_parameters is not implemented yet");
+  }
+  if (options.static_graph) throw UsageError("DistributedDataParallel: static_graph is not implemented yet");
+  if (options.bucket_cap_mb <= 0 || options.first_bucket_cap_mb <= 0) {
+    throw UsageError("DistributedDataParallel: bucket_cap_mb and first_bucket_cap_mb must be positive");
+  }
+  s.pg = options.process_group ? options.process_group : default_group();
+  if (!s.pg) throw UsageError("DistributedDataParallel: call init_process_group first, or pass a process_group");
+  s.options = std::move(options);
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;
+    s.names.push_back(item.key());
+    s.params.push_back(item.value());
+  }
+  for (const auto& b : module.buffers(/*recurse=*/true)) s.buffers.push_back(b);
+
+  // Every rank must hold the same parameters, in the same order.
+  std::string mine;
+  for (size_t i = 0; i < s.params.size(); ++i) mine += describe_param(s.names[i], s.params[i]) + "\n";
+  const auto all = all_gather_strings(*s.pg, mine);
+  const auto ref = split_lines(all[0]);
+  for (int r = 1; r < s.pg->size(); ++r) {
+    if (all[r] == all[0]) continue;
+    const auto theirs = split_lines(all[r]);
+    size_t k = 0;
+    while (k < ref.size() && k < theirs.size() && ref[k] == theirs[k]) ++k;
+    const std::string a = k < ref.size() ? "'" + ref[k] + "'" : "nothing";
+    const std::string b = k < theirs.size() ? "'" + theirs[k] + "'" : "nothing";
+    throw UsageError("DistributedDataParallel: rank " + std::to_string(s.pg->ranks()[r]) +
+                     "'s model differs from rank " + std::to_string(s.pg->ranks()[0]) + "'s at parameter #" +
+                     std::to_string(k) + ": rank " + std::to_string(s.pg->ranks()[0]) + " has " + a + ", rank " +
+                     std::to_string(s.pg->ranks()[r]) + " has " + b + ". Build the same model on every rank");
+  }
+
+  // Start from rank 0's parameters and buffers.
+  {
+    at::NoGradGuard no_grad;
+    std::vector<std::shared_ptr<Work>> works;
+    for (auto& p : s.params) works.push_back(s.pg->broadcast(p.detach(), {0}));
+    for (auto& b : s.buffers) works.push_back(s.pg->broadcast(b.detach(), {0}));
+    for (auto& w : works) w->wait();
+  }
+
+  // Buckets.
+  std::vector<ParamInfo> infos;
+  for (const auto& p : s.params) {
+    infos.push_back({static_cast<size_t>(p.numel()) * p.element_size(), static_cast<int>(p.scalar_type())});
+  }
+  const auto mib = [](double mb) { return static_cast<size_t>(mb * 1024 * 1024); };
+  const auto assignment = assign_buckets(infos, mib(s.options.first_bucket_cap_mb), mib(s.options.bucket_cap_mb));
+  s.bucket_of.resize(s.params.size());
+  s.slot_in_bucket.resize(s.params.size());
+  for (const auto& members : assignment) {
+    State::Bucket b;
+    b.members = members;
+    int64_t total = 0;
+    for (size_t m : members) total += s.params[m].numel();
+    b.flat = at::zeros({total}, s.params[members[0]].options().requires_grad(false));
+    int64_t offset = 0;
+    for (size_t k = 0; k < members.size(); ++k) {
+      const at::Tensor& p = s.params[members[k]];
+      b.views.push_back(alias_of(b.flat, offset, p.sizes()));
+      offset += p.numel();
+      s.bucket_of[members[k]] = s.buckets.size();
+      s.slot_in_bucket[members[k]] = k;
+    }
+    s.buckets.push_back(std::move(b));
+  }
+  if (s.options.gradient_as_bucket_view) {
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      const at::Tensor& view = s.buckets[s.bucket_of[i]].views[s.slot_in_bucket[i]];
+      at::Tensor& grad = s.params[i].mutable_grad();
+      if (grad.defined()) view.copy_(grad);
+      grad = view;
+    }
+  }
+  s.ready.assign(s.params.size(), false);
+  s.reset_iteration();
+
+  // Hooks after each parameter's gradient accumulation. Autograd holds its
+  // accumulators weakly: keep them, or the hooks never fire.
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(s.params[i]);
+    acc->add_post_hook(std::make_unique<ReadyHook>(state_, i));
+    s.accumulators.push_back(std::move(acc));
+  }
+}
+
+DataParallel::~DataParallel() = default;
+
+void DataParallel::before_forward() {
+  State& s = *state_;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.pending_error.empty()) {
+      std::string e = std::move(s.pending_error);
+      s.pending_error.clear();
+      throw UsageError(e);
+    }
+  }
+  if (s.options.broadcast_buffers && !s.buffers.empty()) {
+    at::NoGradGuard no_grad;
+    std::vector<std::shared_ptr<Work>> works;
+    for (auto& b : s.buffers) works.push_back(s.pg->broadcast(b.detach(), {0}));
+    for (auto& w : works) w->wait();
+  }
+}
+
+void DataParallel::set_require_sync(bool on) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->require_sync = on;
+}
+
+bool DataParallel::require_sync() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->require_sync;
+}
+
+const std::shared_ptr<ProcessGroup>& DataParallel::process_group() const { return state_->pg; }
+
+std::vector<std::vector<size_t>> DataParallel::bucket_indices() const {
+  std::vector<std::vector<size_t>> out;
+  for (const auto& b : state_->buckets) out.push_back(b.members);
+  return out;
+}
+
+}  // namespace tdist::detail
