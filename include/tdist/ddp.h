@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "tdist/comm_hooks.h"
 #include "tdist/process_group.h"
 
 namespace tdist {
@@ -55,6 +56,8 @@ class DataParallel {
   const std::shared_ptr<ProcessGroup>& process_group() const;
   // Parameter indices (registration order) of each bucket, in launch order.
   std::vector<std::vector<size_t>> bucket_indices() const;
+  // Once per instance, before training; a second call raises UsageError.
+  void register_comm_hook(CommHook hook);
 
   struct State;  // private to src/ddp/data_parallel.cpp
 
@@ -78,6 +81,16 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   }
 
   ModuleHolder module() const { return module_; }
+
+  // Replaces the all-reduce of each bucket (see tdist/comm_hooks.h). Call
+  // once, before training. Either a callable taking GradBucket&, or a state
+  // and a hook taking (state, GradBucket&), as with the built-ins:
+  //   ddp->register_comm_hook(group, tdist::fp16_compress_hook);
+  void register_comm_hook(CommHook hook) { core_.register_comm_hook(std::move(hook)); }
+  template <typename State, typename Hook>
+  void register_comm_hook(std::shared_ptr<State> state, Hook hook) {
+    core_.register_comm_hook([state = std::move(state), hook = std::move(hook)](GradBucket& b) { return hook(state, b); });
+  }
   const std::shared_ptr<ProcessGroup>& process_group() const { return core_.process_group(); }
   std::vector<std::vector<size_t>> bucket_indices() const { return core_.bucket_indices(); }
 

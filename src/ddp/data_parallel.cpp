@@ -78,6 +78,8 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
   std::vector<size_t> bucket_of, slot_in_bucket;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // hooks fire only while held
 
+  CommHook hook;  // empty: all-reduce, averaged
+
   std::mutex mu;
   bool require_sync = true;
   bool callback_queued = false;
@@ -117,8 +119,17 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
     if (--b.pending == 0) {
       // Launch in index order, so that every rank issues the same sequence.
       while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
-        Bucket& next = buckets[next_launch++];
-        next.work = pg->all_reduce(next.flat, {ReduceOp::AVG});
+        const size_t index = next_launch++;
+        Bucket& next = buckets[index];
+        if (hook) {
+          std::vector<at::Tensor> members;
+          for (size_t m : next.members) members.push_back(params[m]);
+          GradBucket gb(index, index + 1 == buckets.size(), next.flat, next.views, std::move(members));
+          next.work = hook(gb);
+          if (!next.work) throw UsageError("DistributedDataParallel: the communication hook returned no Work");
+        } else {
+          next.work = pg->all_reduce(next.flat, {ReduceOp::AVG});
+        }
       }
     }
   }
@@ -136,10 +147,29 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
       if (b.work) works.push_back(b.work);
     }
     lock.unlock();
-    for (auto& w : works) w->wait();
+    try {
+      for (auto& w : works) w->wait();
+    } catch (...) {
+      // A failed reduction (timeout, dead peer, broken hook) fails this
+      // backward; the next iteration starts clean.
+      lock.lock();
+      reset_iteration();
+      throw;
+    }
     lock.lock();
     for (size_t k = 0; k < next_launch; ++k) {
       Bucket& b = buckets[k];
+      // A hook may return its result in a tensor of its own.
+      const auto result = b.work ? b.work->result() : std::vector<at::Tensor>{};
+      if (!result.empty() && result[0].defined() && result[0].data_ptr() != b.flat.data_ptr()) {
+        if (result[0].numel() != b.flat.numel()) {
+          pending_error = "DistributedDataParallel: the communication hook returned " +
+                          std::to_string(result[0].numel()) + " elements for bucket " + std::to_string(k) +
+                          " of " + std::to_string(b.flat.numel());
+          continue;
+        }
+        b.flat.copy_(result[0].reshape({-1}));
+      }
       for (size_t s = 0; s < b.members.size(); ++s) {
         at::Tensor& grad = params[b.members[s]].mutable_grad();
         if (grad.defined() && grad.data_ptr() != b.views[s].data_ptr()) grad.copy_(b.views[s]);
@@ -284,6 +314,15 @@ void DataParallel::before_forward() {
     for (auto& b : s.buffers) works.push_back(s.pg->broadcast(b.detach(), {0}));
     for (auto& w : works) w->wait();
   }
+}
+
+void DataParallel::register_comm_hook(CommHook hook) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (!hook) throw UsageError("DistributedDataParallel::register_comm_hook: the hook is empty");
+  if (state_->hook) {
+    throw UsageError("DistributedDataParallel::register_comm_hook may be called only once per instance");
+  }
+  state_->hook = std::move(hook);
 }
 
 void DataParallel::set_require_sync(bool on) {

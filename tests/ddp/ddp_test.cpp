@@ -177,6 +177,115 @@ TEST_P(Ddp, NoSyncAccumulatesLocally) {
   }), "");
 }
 
+// Trains with a hook and returns the max relative difference to a local
+// reference on the whole batch.
+double parity_with_hook(ProcessGroup& pg, const std::function<void(tdist::DistributedDataParallel<Net>&)>& install) {
+  const int n = pg.size(), r = pg.rank();
+  torch::manual_seed(5);
+  Net net;
+  tdist::DistributedDataParallelOptions o;
+  o.bucket_cap_mb = 0.01;
+  tdist::DistributedDataParallel<Net> ddp(net, o);
+  install(ddp);
+  torch::manual_seed(5);
+  Net reference;
+  torch::optim::SGD opt(ddp->parameters(), 0.05), ref_opt(reference->parameters(), 0.05);
+  for (int step = 0; step < 4; ++step) {
+    auto [x, y] = batch(step, 8 * n);
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(ddp->forward(x.narrow(0, 8 * r, 8)), y.narrow(0, 8 * r, 8)).backward();
+    opt.step();
+    ref_opt.zero_grad();
+    torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
+    ref_opt.step();
+  }
+  return max_rel_diff(net, reference);
+}
+
+TEST_P(Ddp, BuiltInHooks) {
+  EXPECT_EQ(run_world(GetParam(), [](ProcessGroup&) {
+    auto world = tdist::default_group();
+    double d = parity_with_hook(*world, [&](auto& ddp) { ddp->register_comm_hook(world, tdist::allreduce_hook); });
+    WORLD_CHECK(d <= 1e-5, "allreduce_hook: " << d);
+    d = parity_with_hook(*world, [&](auto& ddp) { ddp->register_comm_hook(world, tdist::fp16_compress_hook); });
+    WORLD_CHECK(d <= 5e-3, "fp16_compress_hook: " << d);
+    d = parity_with_hook(*world, [&](auto& ddp) { ddp->register_comm_hook(world, tdist::bf16_compress_hook); });
+    WORLD_CHECK(d <= 3e-2, "bf16_compress_hook: " << d);
+    d = parity_with_hook(*world, [&](auto& ddp) {
+      ddp->register_comm_hook(world, tdist::fp16_compress_wrapper(tdist::allreduce_hook));
+    });
+    WORLD_CHECK(d <= 5e-3, "fp16_compress_wrapper(allreduce_hook): " << d);
+  }), "");
+}
+
+TEST_P(Ddp, NoopHookLeavesGradientsLocal) {
+  EXPECT_EQ(run_world(GetParam(), [](ProcessGroup& pg) {
+    torch::manual_seed(9);
+    Net net;
+    tdist::DistributedDataParallel<Net> ddp(net);
+    ddp->register_comm_hook(tdist::default_group(), tdist::noop_hook);
+    torch::manual_seed(9);
+    Net local;
+    auto [x, y] = batch(pg.rank(), 8);  // different data per rank
+    torch::nn::functional::cross_entropy(ddp->forward(x), y).backward();
+    torch::nn::functional::cross_entropy(local->forward(x), y).backward();
+    auto pa = net->parameters(), pb = local->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) WORLD_CHECK(torch::equal(pa[i].grad(), pb[i].grad()), "grad " << i);
+  }), "");
+}
+
+TEST_P(Ddp, AHookSeesEachBucketOnce) {
+  EXPECT_EQ(run_world(GetParam(), [](ProcessGroup& pg) {
+    torch::manual_seed(3);
+    Net net;
+    tdist::DistributedDataParallelOptions o;
+    o.bucket_cap_mb = 0.001;  // about one layer per bucket: three buckets
+    o.first_bucket_cap_mb = 0.001;
+    tdist::DistributedDataParallel<Net> ddp(net, o);
+    struct Seen {
+      std::vector<size_t> indices;
+      std::vector<bool> last;
+      std::vector<int64_t> numel, grads_numel;
+      std::vector<bool> views_match;
+    };
+    auto seen = std::make_shared<Seen>();
+    auto group = tdist::default_group();
+    ddp->register_comm_hook(seen, [group](const std::shared_ptr<Seen>& s, tdist::GradBucket& b) {
+      s->indices.push_back(b.index());
+      s->last.push_back(b.is_last());
+      s->numel.push_back(b.buffer().numel());
+      int64_t total = 0;
+      bool match = b.gradients().size() == b.parameters().size();
+      for (size_t k = 0; k < b.gradients().size(); ++k) {
+        total += b.gradients()[k].numel();
+        match = match && b.gradients()[k].sizes() == b.parameters()[k].sizes() &&
+                torch::equal(b.gradients()[k], b.parameters()[k].grad());
+      }
+      s->grads_numel.push_back(total);
+      s->views_match.push_back(match);
+      return tdist::allreduce_hook(group, b);
+    });
+    // Registering a second hook is an error.
+    bool refused = false;
+    try {
+      ddp->register_comm_hook([](tdist::GradBucket& b) { return tdist::Work::completed({b.buffer()}); });
+    } catch (const tdist::UsageError&) {
+      refused = true;
+    }
+    WORLD_CHECK(refused, "a second register_comm_hook was accepted");
+    auto [x, y] = batch(pg.rank(), 8);
+    torch::nn::functional::cross_entropy(ddp->forward(x), y).backward();
+    const size_t buckets = ddp->bucket_indices().size();
+    WORLD_CHECK(buckets > 2 && seen->indices.size() == buckets, seen->indices.size() << " hook calls, " << buckets << " buckets");
+    for (size_t k = 0; k < buckets; ++k) {
+      WORLD_CHECK(seen->indices[k] == k, "bucket order");
+      WORLD_CHECK(seen->last[k] == (k + 1 == buckets), "is_last");
+      WORLD_CHECK(seen->numel[k] == seen->grads_numel[k], "buffer size");
+      WORLD_CHECK(seen->views_match[k], "gradients() views do not match the parameters' grads");
+    }
+  }), "");
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Ddp, ::testing::Values(1, 2, 3));
 
 TEST(DdpMisuse, AParameterWithoutGradientIsNamedAtTheNextForward) {
