@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <thread>
 
 #include "tests/util/process.h"
@@ -121,6 +122,28 @@ TEST(AllreduceDemo, RunsOnFourRanks) {
   ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
   EXPECT_NE(r.output.find("50 all_reduces of 1048576 floats on 4 ranks (shm): all correct"), std::string::npos)
       << r.output;
+}
+
+TEST(FashionMnist, OneEpochOnTwoRanksWithTheFp16Hook) {
+  test::TempDir dir;
+  const std::string json = dir.path() + "/result.json";
+  auto r = test::run_command(kRun + " --nproc-per-node 2 " TDIST_BIN_DIR "/fashion_mnist --epochs 1 --hook fp16 --json " +
+                                 json,
+                             300s);
+  ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+  std::ifstream f(json);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const auto field = [&](const std::string& key) {
+    const size_t at = text.find("\"" + key + "\": ");
+    return at == std::string::npos ? std::string() : text.substr(at + key.size() + 4);
+  };
+  ASSERT_FALSE(field("test_accuracy").empty()) << text;
+  const double accuracy = std::stod(field("test_accuracy"));
+  EXPECT_GE(accuracy, 0.84) << text;  // one epoch; make demo trains four and reaches 88 %
+  EXPECT_EQ(std::stoi(field("world_size")), 2) << text;
+  EXPECT_EQ(std::stoi(field("steps")), 469) << text;  // 60000 / 2 ranks / 64 per batch
+  EXPECT_EQ(field("hook").substr(0, 6), "\"fp16\"") << text;
+  EXPECT_NE(r.output.find("[rank 0]: test accuracy"), std::string::npos) << r.output;
 }
 
 TEST(RendezvousDemo, FourRanksLearnAboutEachOther) {

@@ -1,0 +1,245 @@
+// Fashion-MNIST with DistributedDataParallel: the main demo.
+//
+//   build/bin/tdist-run --nproc-per-node 2 build/bin/fashion_mnist [--model mlp|cnn] [--epochs 3]
+//       [--batch-size 64] [--lr 0.001] [--seed 0] [--hook allreduce|fp16|bf16|noop]
+//       [--backend auto] [--data-dir /usr/share/datasets/fashion-mnist] [--json FILE]
+//
+// Reads Debian's dataset-fashion-mnist (gzipped IDX files), shards the
+// training set over the ranks with a distributed sampler (a shuffle shared by
+// all ranks, then every world_size-th sample), trains with Adam, and reports
+// the test accuracy measured on all ranks' shards of the test set. Adam, with
+// the learning rate halved after every epoch.
+#include <torch/torch.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "tdist/tdist.h"
+
+namespace {
+
+struct Args {
+  std::string model = "mlp";
+  int epochs = 4;
+  int64_t batch_size = 64;
+  double lr = 1e-3;
+  uint64_t seed = 0;
+  std::string hook = "allreduce";
+  std::string backend = "auto";
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string json;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "fashion_mnist: %s\nusage: fashion_mnist [--model mlp|cnn] [--epochs N] [--batch-size N] [--lr X] "
+               "[--seed N] [--hook allreduce|fp16|bf16|noop] [--backend NAME] [--data-dir DIR] [--json FILE]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) usage("missing value for " + k);
+    const std::string v = argv[++i];
+    try {
+      if (k == "--model") a.model = v;
+      else if (k == "--epochs") a.epochs = std::stoi(v);
+      else if (k == "--batch-size") a.batch_size = std::stoll(v);
+      else if (k == "--lr") a.lr = std::stod(v);
+      else if (k == "--seed") a.seed = std::stoull(v);
+      else if (k == "--hook") a.hook = v;
+      else if (k == "--backend") a.backend = v;
+      else if (k == "--data-dir") a.data_dir = v;
+      else if (k == "--json") a.json = v;
+      else usage("unknown option " + k);
+    } catch (const std::logic_error&) {
+      usage("bad value '" + v + "' for " + k);
+    }
+  }
+  if (a.model != "mlp" && a.model != "cnn") usage("--model must be mlp or cnn");
+  if (a.epochs < 1 || a.batch_size < 1 || !(a.lr > 0)) usage("--epochs, --batch-size and --lr must be positive");
+  return a;
+}
+
+// The whole of a gzipped file.
+std::string gunzip(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (!f) throw std::runtime_error("cannot open " + path + " (is dataset-fashion-mnist installed?)");
+  std::string out;
+  char buf[1 << 16];
+  int n;
+  while ((n = gzread(f, buf, sizeof buf)) > 0) out.append(buf, n);
+  const bool bad = n < 0;
+  gzclose(f);
+  if (bad) throw std::runtime_error(path + ": corrupt gzip data");
+  return out;
+}
+
+uint32_t be32(const std::string& s, size_t at) {
+  return uint32_t(uint8_t(s[at])) << 24 | uint32_t(uint8_t(s[at + 1])) << 16 | uint32_t(uint8_t(s[at + 2])) << 8 |
+         uint32_t(uint8_t(s[at + 3]));
+}
+
+// IDX files: images as [N, 1, 28, 28] floats normalised, labels as [N] int64.
+torch::Tensor read_images(const std::string& path) {
+  const std::string s = gunzip(path);
+  if (s.size() < 16 || be32(s, 0) != 0x803) throw std::runtime_error(path + ": not an IDX image file");
+  const int64_t n = be32(s, 4), rows = be32(s, 8), cols = be32(s, 12);
+  if (s.size() != static_cast<size_t>(16 + n * rows * cols)) throw std::runtime_error(path + ": truncated");
+  auto t = torch::from_blob(const_cast<char*>(s.data() + 16), {n, 1, rows, cols}, torch::kUInt8).to(torch::kFloat);
+  return (t / 255.0 - 0.2860) / 0.3530;  // Fashion-MNIST's mean and std
+}
+
+torch::Tensor read_labels(const std::string& path) {
+  const std::string s = gunzip(path);
+  if (s.size() < 8 || be32(s, 0) != 0x801) throw std::runtime_error(path + ": not an IDX label file");
+  const int64_t n = be32(s, 4);
+  if (s.size() != static_cast<size_t>(8 + n)) throw std::runtime_error(path + ": truncated");
+  return torch::from_blob(const_cast<char*>(s.data() + 8), {n}, torch::kUInt8).to(torch::kLong);
+}
+
+struct MlpImpl : torch::nn::Module {
+  MlpImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(784, 1024));
+    fc2 = register_module("fc2", torch::nn::Linear(1024, 1024));
+    fc3 = register_module("fc3", torch::nn::Linear(1024, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = x.flatten(1);
+    return fc3->forward(torch::relu(fc2->forward(torch::relu(fc1->forward(x)))));
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+struct CnnImpl : torch::nn::Module {
+  CnnImpl() {
+    c1 = register_module("c1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).padding(1)));
+    c2 = register_module("c2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)));
+    fc1 = register_module("fc1", torch::nn::Linear(64 * 7 * 7, 128));
+    fc2 = register_module("fc2", torch::nn::Linear(128, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::max_pool2d(torch::relu(c1->forward(x)), 2);
+    x = torch::max_pool2d(torch::relu(c2->forward(x)), 2);
+    return fc2->forward(torch::relu(fc1->forward(x.flatten(1))));
+  }
+  torch::nn::Conv2d c1{nullptr}, c2{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Cnn);
+
+template <typename Net>
+int train(const Args& a, tdist::ProcessGroup& pg) {
+  const int rank = pg.rank(), world = pg.size();
+  const auto t_start = std::chrono::steady_clock::now();
+  torch::Tensor train_x = read_images(a.data_dir + "/train-images-idx3-ubyte.gz");
+  torch::Tensor train_y = read_labels(a.data_dir + "/train-labels-idx1-ubyte.gz");
+  torch::Tensor test_x = read_images(a.data_dir + "/t10k-images-idx3-ubyte.gz");
+  torch::Tensor test_y = read_labels(a.data_dir + "/t10k-labels-idx1-ubyte.gz");
+
+  torch::manual_seed(a.seed);
+  Net net;
+  tdist::DistributedDataParallel<Net> ddp(net);
+  auto group = tdist::default_group();
+  if (a.hook == "fp16") ddp->register_comm_hook(group, tdist::fp16_compress_hook);
+  else if (a.hook == "bf16") ddp->register_comm_hook(group, tdist::bf16_compress_hook);
+  else if (a.hook == "noop") ddp->register_comm_hook(group, tdist::noop_hook);
+  else if (a.hook != "allreduce") usage("--hook must be allreduce, fp16, bf16 or noop");
+  torch::optim::Adam opt(ddp->parameters(), torch::optim::AdamOptions(a.lr));
+
+  const int64_t n = train_x.size(0);
+  const int64_t per_rank = n / world;  // the sampler drops the remainder, as PyTorch's does with drop_last
+  const int64_t steps_per_epoch = (per_rank + a.batch_size - 1) / a.batch_size;
+  int64_t steps = 0;
+  for (int epoch = 0; epoch < a.epochs; ++epoch) {
+    ddp->train();
+    // Halve the learning rate after every epoch.
+    for (auto& group : opt.param_groups()) {
+      static_cast<torch::optim::AdamOptions&>(group.options()).lr(a.lr / (1 << epoch));
+    }
+    torch::manual_seed(a.seed + 1000 + epoch);  // the same shuffle on every rank
+    const torch::Tensor order = torch::randperm(n, torch::kLong).slice(0, rank, per_rank * world, world);
+    const auto t0 = std::chrono::steady_clock::now();
+    double loss_sum = 0;
+    for (int64_t s = 0; s < steps_per_epoch; ++s) {
+      const torch::Tensor idx = order.slice(0, s * a.batch_size, std::min(per_rank, (s + 1) * a.batch_size));
+      opt.zero_grad();
+      torch::Tensor loss = torch::nn::functional::cross_entropy(ddp->forward(train_x.index_select(0, idx)),
+                                                       train_y.index_select(0, idx));
+      loss.backward();
+      opt.step();
+      loss_sum += loss.item<double>();
+      ++steps;
+      if (rank == 0 && (s % 20 == 0 || s + 1 == steps_per_epoch) && isatty(1)) {
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const int filled = static_cast<int>(30 * (s + 1) / steps_per_epoch);
+        std::printf("\repoch %d/%d [%-30s] %3lld%% %6.0f samples/s  loss %.4f", epoch + 1, a.epochs,
+                    std::string(filled, '#').c_str(), static_cast<long long>(100 * (s + 1) / steps_per_epoch),
+                    (s + 1) * a.batch_size * world / std::max(secs, 1e-9), loss_sum / (s + 1));
+        std::fflush(stdout);
+      }
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rank == 0) {
+      std::printf("%sepoch %d/%d: %lld steps, %.1f s, %.0f samples/s, mean loss %.4f\n", isatty(1) ? "\n" : "",
+                  epoch + 1, a.epochs, static_cast<long long>(steps_per_epoch), secs,
+                  steps_per_epoch * a.batch_size * world / secs, loss_sum / steps_per_epoch);
+    }
+  }
+
+  // Test accuracy over every rank's shard of the test set.
+  ddp->eval();
+  torch::NoGradGuard no_grad;
+  const int64_t tn = test_x.size(0);
+  const torch::Tensor mine = torch::arange(rank, tn, world, torch::kLong);
+  const torch::Tensor pred = net->forward(test_x.index_select(0, mine)).argmax(1);
+  torch::Tensor counts = torch::tensor({pred.eq(test_y.index_select(0, mine)).sum().item<int64_t>(), mine.numel()});
+  pg.all_reduce(counts)->wait();
+  const double accuracy = static_cast<double>(counts[0].item<int64_t>()) / counts[1].item<int64_t>();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  if (rank == 0) {
+    std::printf("test accuracy %.2f%% after %d epochs (%lld steps per rank, %d ranks, hook %s, %s backend) in %.1f s\n",
+                100 * accuracy, a.epochs, static_cast<long long>(steps), world, a.hook.c_str(),
+                pg.backend_name().c_str(), seconds);
+    if (!a.json.empty()) {
+      std::ofstream f(a.json);
+      f << "{\"test_accuracy\": " << accuracy << ", \"epochs\": " << a.epochs << ", \"steps\": " << steps
+        << ", \"seconds\": " << seconds << ", \"world_size\": " << world << ", \"hook\": \"" << a.hook << "\"}\n";
+      if (!f) {
+        std::fprintf(stderr, "fashion_mnist: cannot write %s\n", a.json.c_str());
+        return 1;
+      }
+    }
+  }
+  pg.barrier()->wait();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  try {
+    tdist::InitOptions o;
+    o.backend = a.backend;
+    o.timeout = std::chrono::seconds(120);
+    if (!std::getenv("RANK")) {  // run alone, without a launcher: a world of one
+      o.store = std::make_shared<tdist::HashStore>();
+      o.rank = 0;
+      o.world_size = 1;
+    }
+    auto pg = tdist::init_process_group(o);
+    return a.model == "mlp" ? train<Mlp>(a, *pg) : train<Cnn>(a, *pg);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    return 1;
+  }
+}
