@@ -36,6 +36,18 @@ struct SpareImpl : torch::nn::Module {
 };
 TORCH_MODULE(Spare);
 
+// A module whose output shows its buffer: out = fc(x) + offset.
+struct OffsetImpl : torch::nn::Module {
+  OffsetImpl() {
+    fc = register_module("fc", torch::nn::Linear(3, 3));
+    offset = register_buffer("offset", torch::zeros({3}));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc->forward(x) + offset; }
+  torch::nn::Linear fc{nullptr};
+  torch::Tensor offset;
+};
+TORCH_MODULE(Offset);
+
 // Deterministic data: the same full batch on every rank.
 std::pair<torch::Tensor, torch::Tensor> batch(int step, int64_t n) {
   torch::manual_seed(1000 + step);
@@ -287,6 +299,26 @@ TEST_P(Ddp, AHookSeesEachBucketOnce) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Ddp, ::testing::Values(1, 2, 3));
+
+TEST(Ddp, BuffersAreBroadcastFromRankZeroBeforeEachForward) {
+  EXPECT_EQ(run_world(3, [](ProcessGroup& pg) {
+    for (bool broadcast : {true, false}) {
+      Offset net;
+      tdist::DistributedDataParallelOptions o;
+      o.broadcast_buffers = broadcast;
+      tdist::DistributedDataParallel<Offset> ddp(net, o);
+      // Each rank's buffer drifts apart (as running statistics would)...
+      net->offset.fill_(static_cast<float>(10 * (pg.rank() + 1)));
+      const auto x = torch::zeros({1, 3});
+      const auto bias = net->fc->bias.detach();
+      auto out = ddp->forward(x).detach();
+      // ...and each forward starts from rank 0's again, unless told not to.
+      const float want = broadcast ? 10.0f : static_cast<float>(10 * (pg.rank() + 1));
+      WORLD_CHECK(torch::allclose(out - bias, torch::full({1, 3}, want)), "broadcast_buffers=" << broadcast);
+      WORLD_CHECK(net->offset.eq(want).all().item<bool>(), "buffer after forward, broadcast_buffers=" << broadcast);
+    }
+  }), "");
+}
 
 TEST(DdpMisuse, AParameterWithoutGradientIsNamedAtTheNextForward) {
   EXPECT_EQ(run_world(2, [](ProcessGroup&) {
