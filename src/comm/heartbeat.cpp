@@ -69,13 +69,17 @@ std::vector<std::pair<int64_t, int64_t>> Heartbeat::read() {
   return out;
 }
 
-std::string Heartbeat::describe(const std::vector<int>& group_ranks) const {
-  std::string names;
+std::string Heartbeat::names(const std::vector<int>& group_ranks) const {
+  std::string out;
   for (int r : group_ranks) {
     const int g = r < static_cast<int>(global_ranks_.size()) ? global_ranks_[r] : r;
-    names += (names.empty() ? "" : ", ") + std::to_string(g);
+    out += (out.empty() ? "" : ", ") + std::to_string(g);
   }
-  return (group_ranks.size() == 1 ? "rank " : "ranks ") + names;
+  return out;
+}
+
+std::string Heartbeat::describe(const std::vector<int>& group_ranks) const {
+  return (group_ranks.size() == 1 ? "rank " : "ranks ") + names(group_ranks);
 }
 
 std::string Heartbeat::missing_ranks(uint64_t seq) {
@@ -86,11 +90,7 @@ std::string Heartbeat::missing_ranks(uint64_t seq) {
       if (beats[r].second <= static_cast<int64_t>(seq)) missing.push_back(r);
     }
     if (missing.empty()) return "every rank had started it";
-    std::string names;
-    for (int r : missing) {
-      names += (names.empty() ? "" : ", ") + std::to_string(r < static_cast<int>(global_ranks_.size()) ? global_ranks_[r] : r);
-    }
-    return "rank(s) " + names + " never arrived";
+    return "rank(s) " + names(missing) + " never arrived";
   } catch (const std::exception&) {
     return "the store is unreachable, so the missing ranks are unknown";
   }

@@ -37,6 +37,7 @@ class Heartbeat {
  private:
   struct State;
   std::vector<std::pair<int64_t, int64_t>> read();
+  std::string names(const std::vector<int>& group_ranks) const;  // "2, 3" as world ranks
 
   std::shared_ptr<State> state_;
   std::future<void> exited_;

@@ -419,14 +419,12 @@ class ShmBackend final : public Backend {
   uint8_t* staging(int r, uint64_t parity) const {
     return base_ + staging_off_ + (size_t(r) * 2 + parity) * opt_.round_bytes;
   }
-  // The buffer this rank fills in the current round.
+  // The buffer this rank fills in the current round. Right after a barrier
+  // that is already the next round's buffer, free to write (see the rule at
+  // the top of this file).
   uint8_t* mine() const { return staging(rank(), g_ % 2); }
   // Rank r's buffer from the round that just completed.
   const uint8_t* theirs(int r) const { return staging(r, (g_ - 1) % 2); }
-  // The buffer this rank fills in the round after the current one: free to
-  // write once the current round's barrier has passed (i.e. right now, since
-  // theirs() refers to the round just completed).
-  uint8_t* mine_next() const { return staging(rank(), g_ % 2); }
   size_t ring_stride() const { return align_up(sizeof(Ring), kAlign) + opt_.ring_bytes; }
   Ring* ring_of(int src, int dst) const {
     return reinterpret_cast<Ring*>(base_ + rings_off_ + (size_t(src) * size() + dst) * ring_stride());
@@ -667,7 +665,7 @@ class ShmBackend final : public Backend {
       if (j < chunks) {
         auto [begin, len] = seg_range(j, rank());
         for (int r = 0; r < n; ++r) inputs[r] = r == rank() ? p + begin * es : theirs(r) + rank() * seg * es;
-        uint8_t* reduced = mine_next() + red_off;
+        uint8_t* reduced = mine() + red_off;  // the next round's buffer
         reduce_many(reduced, inputs.data(), n, len, t, op, n);
         if (want_output) detail::copy_bytes(p + begin * es, reduced, len * es);
       }
