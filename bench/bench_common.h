@@ -38,5 +38,12 @@ class JsonRows {
 
 int store_bench(const Args& args);
 int collectives_bench(int argc, char** argv);
+int ddp_bench(int argc, char** argv);
+
+// Forks `world` copies of this program as ranks of a local job (RANK,
+// WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; OMP_NUM_THREADS=1 unless set),
+// each running `tdist-bench MODE EXTRA... ARGV...`; waits for all of them.
+// Returns 0 when every rank exits 0.
+int spawn_ranks(const std::string& mode, int world, const std::vector<std::string>& extra, int argc, char** argv);
 
 }  // namespace tdist::bench

@@ -12,8 +12,6 @@
 // all-core memcpy bandwidth, and #wrong (elements that differ from the
 // expected result in a checked run).
 #include <ATen/ATen.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -22,7 +20,6 @@
 #include <thread>
 
 #include "bench/bench_common.h"
-#include "store/socket.h"
 #include "tdist/tdist.h"
 #include "util/env.h"
 
@@ -276,37 +273,8 @@ int collectives_bench(int argc, char** argv) {
   const double all = memcpy_gbps_all(static_cast<int>(cores));
   std::printf("# memcpy bandwidth: %.2f GB/s on one core, %.2f GB/s on all %ld cores at once\n", one, all, cores);
   std::fflush(stdout);
-  const uint16_t port = detail::find_free_port();
-  std::vector<pid_t> kids;
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      setenv("RANK", std::to_string(r).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      if (!std::getenv("OMP_NUM_THREADS")) setenv("OMP_NUM_THREADS", "1", 1);
-      std::vector<std::string> a = {"/proc/self/exe", "collectives", "--memcpy-one", std::to_string(one),
-                                    "--memcpy-all", std::to_string(all)};
-      for (int i = 0; i < argc; ++i) a.push_back(argv[i]);
-      std::vector<char*> cargs;
-      for (auto& s : a) cargs.push_back(s.data());
-      cargs.push_back(nullptr);
-      execv("/proc/self/exe", cargs.data());
-      _exit(127);
-    }
-    kids.push_back(pid);
-  }
-  int rc = 0;
-  for (pid_t k : kids) {
-    int st = 0;
-    waitpid(k, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      rc = 1;
-      for (pid_t other : kids) kill(other, SIGTERM);
-    }
-  }
-  return rc;
+  return spawn_ranks("collectives", world, {"--memcpy-one", std::to_string(one), "--memcpy-all", std::to_string(all)},
+                     argc, argv);
 }
 
 }  // namespace tdist::bench

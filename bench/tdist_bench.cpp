@@ -1,12 +1,17 @@
 // tdist-bench MODE [options]: benchmarks that print tables (and JSON on
-// request). Modes: store.
+// request). Modes: store, collectives, ddp.
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <algorithm>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "bench/bench_common.h"
+#include "store/socket.h"
 #include "tdist/errors.h"
 #include "util/env.h"
 
@@ -95,6 +100,52 @@ bool JsonRows::write(const std::string& path) const {
   return static_cast<bool>(f);
 }
 
+int spawn_ranks(const std::string& mode, int world, const std::vector<std::string>& extra, int argc, char** argv) {
+  const uint16_t port = detail::find_free_port();
+  std::vector<pid_t> kids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = fork();
+    if (pid < 0) throw std::runtime_error("tdist-bench: fork failed");
+    if (pid == 0) {
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      if (!std::getenv("OMP_NUM_THREADS")) setenv("OMP_NUM_THREADS", "1", 1);
+      std::vector<std::string> a = {"/proc/self/exe", mode};
+      a.insert(a.end(), extra.begin(), extra.end());
+      for (int i = 0; i < argc; ++i) a.push_back(argv[i]);
+      std::vector<char*> cargs;
+      for (auto& s : a) cargs.push_back(s.data());
+      cargs.push_back(nullptr);
+      execv("/proc/self/exe", cargs.data());
+      _exit(127);
+    }
+    kids.push_back(pid);
+  }
+  // Wait for all; the first failure takes the others down, so that a rank
+  // that died cannot leave the rest waiting out their timeouts.
+  int rc = 0;
+  size_t left = kids.size();
+  while (left > 0) {
+    int st = 0;
+    const pid_t k = waitpid(-1, &st, 0);
+    if (k < 0) break;
+    if (std::find(kids.begin(), kids.end(), k) == kids.end()) continue;
+    --left;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      if (rc == 0) {
+        const int rank = static_cast<int>(std::find(kids.begin(), kids.end(), k) - kids.begin());
+        std::fprintf(stderr, "tdist-bench: rank %d %s %d\n", rank, WIFEXITED(st) ? "exited with" : "was killed by signal",
+                     WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+      }
+      rc = 1;
+      for (pid_t other : kids) kill(other, SIGTERM);
+    }
+  }
+  return rc;
+}
+
 }  // namespace tdist::bench
 
 int main(int argc, char** argv) {
@@ -104,14 +155,17 @@ int main(int argc, char** argv) {
                  "  store [--store tcp|file|hash] [--clients 1,4,16] [--seconds S] [--value-bytes N] [--json FILE]\n"
                  "  collectives [--backend shm] [--world-size 2] [--op all_reduce|broadcast|reduce|all_gather|\n"
                  "              reduce_scatter|all_to_all|all] [--min-bytes 4] [--max-bytes 256M] [--step-factor 4]\n"
-                 "              [--dtype float32] [--seconds 0.25] [--json FILE]\n");
+                 "              [--dtype float32] [--seconds 0.25] [--json FILE]\n"
+                 "  ddp [--backend shm] [--world-size 2] [--steps 40] [--rounds 3] [--variants local,allreduce,...]\n"
+                 "      [--json FILE]\n");
     return 2;
   }
   try {
     if (std::strcmp(argv[1], "collectives") == 0) return tdist::bench::collectives_bench(argc - 2, argv + 2);
+    if (std::strcmp(argv[1], "ddp") == 0) return tdist::bench::ddp_bench(argc - 2, argv + 2);
     tdist::bench::Args args(argc - 2, argv + 2);
     if (std::strcmp(argv[1], "store") == 0) return tdist::bench::store_bench(args);
-    std::fprintf(stderr, "tdist-bench: unknown mode '%s' (known: store, collectives)\n", argv[1]);
+    std::fprintf(stderr, "tdist-bench: unknown mode '%s' (known: store, collectives, ddp)\n", argv[1]);
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tdist-bench: %s\n", e.what());

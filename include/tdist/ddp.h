@@ -20,6 +20,8 @@
 
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "tdist/comm_hooks.h"
@@ -32,9 +34,18 @@ struct DistributedDataParallelOptions {
   double bucket_cap_mb = 25;
   double first_bucket_cap_mb = 1;
   bool broadcast_buffers = true;                // broadcast buffers from rank 0 before each forward
-  bool find_unused_parameters = false;          // not implemented yet: raises UsageError when set
+  // Parameters that the forward's outputs cannot reach (found by walking the
+  // autograd graph after each forward) are reduced as zeros as soon as
+  // backward starts; a parameter that no rank used keeps its .grad as it was.
+  // Any parameter still without gradient when backward ends is treated the
+  // same way (e.g. one reached only from an output that the loss ignored).
+  bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;         // .grad tensors are views into the bucket buffers
-  bool static_graph = false;                    // not implemented yet: raises UsageError when set
+  // The set of parameters that take part is the same in every iteration:
+  // the first iteration is reduced after its backward and records which
+  // parameters no rank used; later ones need no graph walk and no extra
+  // all-reduce. Reentrant backward (activation checkpointing) is not supported.
+  bool static_graph = false;
 };
 
 namespace detail {
@@ -51,6 +62,9 @@ class DataParallel {
   // Called before each forward: raises a pending error from the previous
   // backward (e.g. parameters that got no gradient) and broadcasts buffers.
   void before_forward();
+  // find_unused_parameters: the template hands over the forward's outputs.
+  bool wants_outputs() const;
+  void after_forward(const std::vector<at::Tensor>& outputs);
   void set_require_sync(bool on);
   bool require_sync() const;
   const std::shared_ptr<ProcessGroup>& process_group() const;
@@ -65,6 +79,31 @@ class DataParallel {
   std::shared_ptr<State> state_;
 };
 
+// The tensors inside a forward's result: a tensor, or vectors, tuples and
+// pairs of them (nested). Other types hold none that DDP can see.
+template <typename T>
+void collect_tensors(const T&, std::vector<at::Tensor>&) {}
+inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
+template <typename T>
+void collect_tensors(const std::vector<T>& v, std::vector<at::Tensor>& out);
+template <typename A, typename B>
+void collect_tensors(const std::pair<A, B>& p, std::vector<at::Tensor>& out);
+template <typename... Ts>
+void collect_tensors(const std::tuple<Ts...>& t, std::vector<at::Tensor>& out);
+template <typename T>
+void collect_tensors(const std::vector<T>& v, std::vector<at::Tensor>& out) {
+  for (const auto& x : v) collect_tensors(x, out);
+}
+template <typename A, typename B>
+void collect_tensors(const std::pair<A, B>& p, std::vector<at::Tensor>& out) {
+  collect_tensors(p.first, out);
+  collect_tensors(p.second, out);
+}
+template <typename... Ts>
+void collect_tensors(const std::tuple<Ts...>& t, std::vector<at::Tensor>& out) {
+  std::apply([&](const auto&... x) { (collect_tensors(x, out), ...); }, t);
+}
+
 }  // namespace detail
 
 template <typename ModuleHolder>
@@ -77,7 +116,13 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   template <typename... Args>
   auto forward(Args&&... args) {
     core_.before_forward();
-    return module_->forward(std::forward<Args>(args)...);
+    auto out = module_->forward(std::forward<Args>(args)...);
+    if (core_.wants_outputs()) {
+      std::vector<at::Tensor> tensors;
+      detail::collect_tensors(out, tensors);
+      core_.after_forward(tensors);
+    }
+    return out;
   }
 
   ModuleHolder module() const { return module_; }
@@ -121,6 +166,11 @@ template <typename ModuleHolder>
 class DistributedDataParallel : public torch::nn::ModuleHolder<DistributedDataParallelImpl<ModuleHolder>> {
  public:
   using torch::nn::ModuleHolder<DistributedDataParallelImpl<ModuleHolder>>::ModuleHolder;
+  // LibTorch's ModuleHolder::operator() cannot see a templated forward.
+  template <typename... Args>
+  decltype(auto) operator()(Args&&... args) {
+    return this->get()->forward(std::forward<Args>(args)...);
+  }
 };
 
 }  // namespace tdist

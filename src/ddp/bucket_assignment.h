@@ -20,4 +20,11 @@ struct ParamInfo {
 std::vector<std::vector<size_t>> assign_buckets(const std::vector<ParamInfo>& params, size_t first_cap_bytes,
                                                 size_t cap_bytes);
 
+// The same, with the parameters taken in `order` (a permutation of their
+// indices: the order in which their gradients arrived) instead of reverse
+// registration order. Used to rebuild the buckets after the first iteration.
+std::vector<std::vector<size_t>> assign_buckets_in_order(const std::vector<ParamInfo>& params,
+                                                         const std::vector<size_t>& order, size_t first_cap_bytes,
+                                                         size_t cap_bytes);
+
 }  // namespace tdist::detail

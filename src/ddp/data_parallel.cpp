@@ -9,6 +9,7 @@
 
 #include <mutex>
 #include <sstream>
+#include <unordered_set>
 
 #include "ddp/bucket_assignment.h"
 #include "util/bytes.h"
@@ -82,10 +83,23 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
 
   std::mutex mu;
   bool require_sync = true;
+  // Per synchronised iteration.
   bool callback_queued = false;
   size_t next_launch = 0;
-  std::vector<bool> ready;
+  std::vector<bool> ready;           // the parameter's slot in its bucket is final
+  std::vector<char> locally_used;    // its gradient arrived in this backward
+  std::vector<size_t> arrival;       // parameters in the order their gradients arrived
+  std::vector<size_t> unused_now;    // find_unused_parameters: unreachable from the last forward's outputs
+  bool unused_marked = false;
   std::string pending_error;
+  // Bucket rebuild: once, after the first synchronised iteration.
+  bool rebuild_due = false, rebuilt = false;
+  // static_graph: the first iteration records which parameters the graph
+  // leaves without gradient on every rank; later ones reuse it.
+  bool static_recorded = false;
+  std::vector<char> static_unused;
+
+  bool recording_static() const { return options.static_graph && !static_recorded; }
 
   void reset_iteration() {
     for (auto& b : buckets) {
@@ -93,14 +107,119 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
       b.work.reset();
     }
     std::fill(ready.begin(), ready.end(), false);
+    std::fill(locally_used.begin(), locally_used.end(), 0);
+    arrival.clear();
+    unused_now.clear();
+    unused_marked = false;
     next_launch = 0;
     callback_queued = false;
   }
 
+  // (Re)creates the buckets for `assignment`; gradients that are bucket
+  // views move to the new buckets with their values.
+  void build_buckets(const std::vector<std::vector<size_t>>& assignment) {
+    std::vector<Bucket> fresh;
+    bucket_of.assign(params.size(), 0);
+    slot_in_bucket.assign(params.size(), 0);
+    for (const auto& members : assignment) {
+      Bucket b;
+      b.members = members;
+      int64_t total = 0;
+      for (size_t m : members) total += params[m].numel();
+      b.flat = at::zeros({total}, params[members[0]].options().requires_grad(false));
+      int64_t offset = 0;
+      for (size_t k = 0; k < members.size(); ++k) {
+        const at::Tensor& p = params[members[k]];
+        b.views.push_back(alias_of(b.flat, offset, p.sizes()));
+        offset += p.numel();
+        bucket_of[members[k]] = fresh.size();
+        slot_in_bucket[members[k]] = k;
+      }
+      fresh.push_back(std::move(b));
+    }
+    buckets = std::move(fresh);
+    if (options.gradient_as_bucket_view) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        const at::Tensor& view = buckets[bucket_of[i]].views[slot_in_bucket[i]];
+        at::Tensor& grad = params[i].mutable_grad();
+        if (grad.defined()) view.copy_(grad);
+        grad = view;
+      }
+    }
+  }
+
+  std::vector<ParamInfo> param_infos() const {
+    std::vector<ParamInfo> infos;
+    for (const auto& p : params) {
+      infos.push_back({static_cast<size_t>(p.numel()) * p.element_size(), static_cast<int>(p.scalar_type())});
+    }
+    return infos;
+  }
+
+  static size_t mib(double mb) { return static_cast<size_t>(mb * 1024 * 1024); }
+
+  // Before a forward, on every rank alike: adopt rank 0's gradient arrival
+  // order from the first iteration as the bucket order.
+  void maybe_rebuild() {
+    if (!rebuild_due) return;
+    rebuild_due = false;
+    rebuilt = true;
+    const int64_t n = static_cast<int64_t>(params.size());
+    at::Tensor order = at::empty({n}, at::kLong);
+    auto* o = order.data_ptr<int64_t>();
+    for (int64_t k = 0; k < n; ++k) o[k] = static_cast<int64_t>(arrival_for_rebuild[k]);
+    pg->broadcast(order, {0})->wait();
+    std::vector<size_t> perm(n);
+    std::vector<bool> seen(n, false);
+    for (int64_t k = 0; k < n; ++k) {
+      if (o[k] < 0 || o[k] >= n || seen[o[k]]) {
+        throw CollectiveMismatchError("DistributedDataParallel: rank 0's gradient order is not a permutation");
+      }
+      seen[o[k]] = true;
+      perm[k] = static_cast<size_t>(o[k]);
+    }
+    auto assignment = assign_buckets_in_order(param_infos(), perm, mib(options.first_bucket_cap_mb),
+                                              mib(options.bucket_cap_mb));
+    std::vector<std::vector<size_t>> current;
+    for (const auto& b : buckets) current.push_back(b.members);
+    if (assignment != current) build_buckets(assignment);
+  }
+  std::vector<size_t> arrival_for_rebuild;
+
+  // Slot i of its bucket is final: copy the gradient in (zeros for a
+  // parameter without one) and launch every bucket that is now complete,
+  // in index order, so that every rank issues the same sequence.
+  void make_ready(size_t i, bool has_grad) {
+    ready[i] = true;
+    Bucket& b = buckets[bucket_of[i]];
+    at::Tensor& view = b.views[slot_in_bucket[i]];
+    at::Tensor& grad = params[i].mutable_grad();
+    if (!has_grad || !grad.defined()) {
+      view.zero_();
+    } else if (grad.data_ptr() != view.data_ptr()) {
+      view.copy_(grad);
+      if (options.gradient_as_bucket_view) grad = view;
+    }
+    if (--b.pending > 0) return;
+    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
+      const size_t index = next_launch++;
+      Bucket& next = buckets[index];
+      if (hook) {
+        std::vector<at::Tensor> members;
+        for (size_t m : next.members) members.push_back(params[m]);
+        GradBucket gb(index, index + 1 == buckets.size(), next.flat, next.views, std::move(members));
+        next.work = hook(gb);
+        if (!next.work) throw UsageError("DistributedDataParallel: the communication hook returned no Work");
+      } else {
+        next.work = pg->all_reduce(next.flat, {ReduceOp::AVG});
+      }
+    }
+  }
+
   // A parameter's gradient has been accumulated (autograd thread).
-  void mark_ready(size_t i) {
+  void on_gradient(size_t i) {
     std::lock_guard<std::mutex> lock(mu);
-    if (!require_sync || ready[i]) return;
+    if (!require_sync) return;
     if (!callback_queued) {
       callback_queued = true;
       std::weak_ptr<State> weak = shared_from_this();
@@ -108,29 +227,63 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
         if (auto s = weak.lock()) s->finish_backward();
       });
     }
-    ready[i] = true;
-    Bucket& b = buckets[bucket_of[i]];
-    at::Tensor& view = b.views[slot_in_bucket[i]];
-    at::Tensor& grad = params[i].mutable_grad();
-    if (!grad.defined() || grad.data_ptr() != view.data_ptr()) {
-      view.copy_(grad.defined() ? grad : at::zeros_like(view));
-      if (options.gradient_as_bucket_view) grad = view;
-    }
-    if (--b.pending == 0) {
-      // Launch in index order, so that every rank issues the same sequence.
-      while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
-        const size_t index = next_launch++;
-        Bucket& next = buckets[index];
-        if (hook) {
-          std::vector<at::Tensor> members;
-          for (size_t m : next.members) members.push_back(params[m]);
-          GradBucket gb(index, index + 1 == buckets.size(), next.flat, next.views, std::move(members));
-          next.work = hook(gb);
-          if (!next.work) throw UsageError("DistributedDataParallel: the communication hook returned no Work");
-        } else {
-          next.work = pg->all_reduce(next.flat, {ReduceOp::AVG});
-        }
+    if (locally_used[i]) {
+      if (pending_error.empty()) {
+        pending_error = "DistributedDataParallel: parameter " + names[i] +
+                        " received its gradient twice in one backward (reentrant backward, e.g. activation "
+                        "checkpointing, is not supported)";
       }
+      return;
+    }
+    locally_used[i] = 1;
+    arrival.push_back(i);
+    // The first iteration of a static graph is reduced after backward,
+    // once it is known which parameters take part.
+    if (recording_static()) return;
+    if (!unused_marked) {
+      unused_marked = true;
+      if (options.static_graph) {
+        for (size_t k = 0; k < params.size(); ++k) {
+          if (static_unused[k]) make_ready(k, false);
+        }
+      } else {
+        for (size_t k : unused_now) make_ready(k, false);
+      }
+    }
+    if (ready[i]) {
+      if (pending_error.empty()) {
+        pending_error = "DistributedDataParallel: parameter " + names[i] +
+                        " received a gradient although the forward's outputs do not depend on it (it was "
+                        "reduced as unused); compute the loss from the outputs of forward only";
+      }
+      return;
+    }
+    make_ready(i, true);
+  }
+
+  // find_unused_parameters: which parameters the outputs cannot reach.
+  void after_forward(const std::vector<at::Tensor>& outputs) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!require_sync || !options.find_unused_parameters || options.static_graph || !at::GradMode::is_enabled()) {
+      return;
+    }
+    std::unordered_set<const torch::autograd::Node*> seen;
+    std::vector<torch::autograd::Node*> stack;
+    for (const auto& t : outputs) {
+      if (!t.defined() || !t.requires_grad()) continue;
+      const auto edge = torch::autograd::impl::gradient_edge(t);
+      if (edge.function && seen.insert(edge.function.get()).second) stack.push_back(edge.function.get());
+    }
+    while (!stack.empty()) {
+      torch::autograd::Node* node = stack.back();
+      stack.pop_back();
+      for (const auto& e : node->next_edges()) {
+        if (e.function && seen.insert(e.function.get()).second) stack.push_back(e.function.get());
+      }
+    }
+    unused_now.clear();
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (!seen.count(accumulators[k].get())) unused_now.push_back(k);
     }
   }
 
@@ -138,13 +291,29 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
   // returns: waits for every bucket and writes the averages back.
   void finish_backward() {
     std::unique_lock<std::mutex> lock(mu);
-    std::vector<std::string> missing;
+    const bool first_static = recording_static();
+    const bool tolerate_unused = options.find_unused_parameters || options.static_graph;
+    std::vector<std::string> missing, changed;
     for (size_t i = 0; i < params.size(); ++i) {
-      if (!ready[i]) missing.push_back(names[i]);
+      if (ready[i]) continue;
+      if (first_static || tolerate_unused) {
+        if (options.static_graph && !first_static && !locally_used[i]) changed.push_back(names[i]);
+        make_ready(i, locally_used[i] != 0);
+      } else {
+        missing.push_back(names[i]);
+      }
     }
     std::vector<std::shared_ptr<Work>> works;
     for (auto& b : buckets) {
       if (b.work) works.push_back(b.work);
+    }
+    // Which parameters got a gradient on any rank: those that got none
+    // anywhere keep their .grad as it was.
+    at::Tensor used;
+    if (options.find_unused_parameters || first_static) {
+      used = at::empty({static_cast<int64_t>(params.size())}, at::kInt);
+      for (size_t i = 0; i < params.size(); ++i) used.data_ptr<int32_t>()[i] = locally_used[i];
+      works.push_back(pg->all_reduce(used, {ReduceOp::SUM}));
     }
     lock.unlock();
     try {
@@ -157,6 +326,12 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
       throw;
     }
     lock.lock();
+    std::vector<char> globally_used(params.size(), 1);
+    if (used.defined()) {
+      for (size_t i = 0; i < params.size(); ++i) globally_used[i] = used.data_ptr<int32_t>()[i] > 0;
+    } else if (options.static_graph) {
+      for (size_t i = 0; i < params.size(); ++i) globally_used[i] = !static_unused[i];
+    }
     for (size_t k = 0; k < next_launch; ++k) {
       Bucket& b = buckets[k];
       // A hook may return its result in a tensor of its own.
@@ -171,9 +346,20 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
         b.flat.copy_(result[0].reshape({-1}));
       }
       for (size_t s = 0; s < b.members.size(); ++s) {
-        at::Tensor& grad = params[b.members[s]].mutable_grad();
-        if (grad.defined() && grad.data_ptr() != b.views[s].data_ptr()) grad.copy_(b.views[s]);
+        const size_t m = b.members[s];
+        if (!globally_used[m]) continue;
+        at::Tensor& grad = params[m].mutable_grad();
+        if (!grad.defined()) {
+          grad = options.gradient_as_bucket_view ? b.views[s] : b.views[s].clone();
+        } else if (grad.data_ptr() != b.views[s].data_ptr()) {
+          grad.copy_(b.views[s]);
+        }
       }
+    }
+    if (first_static) {
+      static_unused.assign(params.size(), 0);
+      for (size_t i = 0; i < params.size(); ++i) static_unused[i] = !globally_used[i];
+      static_recorded = true;
     }
     if (!missing.empty()) {
       std::string list;
@@ -182,8 +368,20 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
       pending_error = "DistributedDataParallel: " + std::to_string(missing.size()) +
                       " parameter(s) received no gradient in the last backward, so their buckets were never "
                       "reduced: " + list +
-                      ". Make every parameter take part in the loss, or leave them out of the wrapped module "
-                      "(find_unused_parameters is not implemented yet)";
+                      ". Make every parameter take part in the loss, leave them out of the wrapped module, or "
+                      "construct DistributedDataParallel with find_unused_parameters = true";
+    } else if (!changed.empty()) {
+      pending_error = "DistributedDataParallel: static_graph is set, but parameter " + changed[0] +
+                      " received no gradient in this backward although it did in the first one; the graph "
+                      "changed, so construct DistributedDataParallel without static_graph";
+    } else if (!rebuilt && pending_error.empty() &&
+               (options.static_graph || !options.find_unused_parameters)) {
+      // The arrival order, then whatever never arrived, last registered first.
+      arrival_for_rebuild = arrival;
+      for (size_t k = params.size(); k-- > 0;) {
+        if (!locally_used[k]) arrival_for_rebuild.push_back(k);
+      }
+      rebuild_due = true;
     }
     reset_iteration();
   }
@@ -195,7 +393,7 @@ struct ReadyHook : torch::autograd::FunctionPostHook {
   ReadyHook(std::weak_ptr<DataParallel::State> s, size_t i) : state(std::move(s)), index(i) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list&) override {
-    if (auto s = state.lock()) s->mark_ready(index);
+    if (auto s = state.lock()) s->on_gradient(index);
     return outputs;
   }
   std::weak_ptr<DataParallel::State> state;
@@ -207,10 +405,6 @@ struct ReadyHook : torch::autograd::FunctionPostHook {
 DataParallel::DataParallel(torch::nn::Module& module, DistributedDataParallelOptions options)
     : state_(std::make_shared<State>()) {
   State& s = *state_;
-  if (options.find_unused_parameters) {
-    throw UsageError("DistributedDataParallel: find_unused_parameters is not implemented yet");
-  }
-  if (options.static_graph) throw UsageError("DistributedDataParallel: static_graph is not implemented yet");
   if (options.bucket_cap_mb <= 0 || options.first_bucket_cap_mb <= 0) {
     throw UsageError("DistributedDataParallel: bucket_cap_mb and first_bucket_cap_mb must be positive");
   }
@@ -251,40 +445,10 @@ DataParallel::DataParallel(torch::nn::Module& module, DistributedDataParallelOpt
     for (auto& w : works) w->wait();
   }
 
-  // Buckets.
-  std::vector<ParamInfo> infos;
-  for (const auto& p : s.params) {
-    infos.push_back({static_cast<size_t>(p.numel()) * p.element_size(), static_cast<int>(p.scalar_type())});
-  }
-  const auto mib = [](double mb) { return static_cast<size_t>(mb * 1024 * 1024); };
-  const auto assignment = assign_buckets(infos, mib(s.options.first_bucket_cap_mb), mib(s.options.bucket_cap_mb));
-  s.bucket_of.resize(s.params.size());
-  s.slot_in_bucket.resize(s.params.size());
-  for (const auto& members : assignment) {
-    State::Bucket b;
-    b.members = members;
-    int64_t total = 0;
-    for (size_t m : members) total += s.params[m].numel();
-    b.flat = at::zeros({total}, s.params[members[0]].options().requires_grad(false));
-    int64_t offset = 0;
-    for (size_t k = 0; k < members.size(); ++k) {
-      const at::Tensor& p = s.params[members[k]];
-      b.views.push_back(alias_of(b.flat, offset, p.sizes()));
-      offset += p.numel();
-      s.bucket_of[members[k]] = s.buckets.size();
-      s.slot_in_bucket[members[k]] = k;
-    }
-    s.buckets.push_back(std::move(b));
-  }
-  if (s.options.gradient_as_bucket_view) {
-    for (size_t i = 0; i < s.params.size(); ++i) {
-      const at::Tensor& view = s.buckets[s.bucket_of[i]].views[s.slot_in_bucket[i]];
-      at::Tensor& grad = s.params[i].mutable_grad();
-      if (grad.defined()) view.copy_(grad);
-      grad = view;
-    }
-  }
+  s.build_buckets(assign_buckets(s.param_infos(), State::mib(s.options.first_bucket_cap_mb),
+                                 State::mib(s.options.bucket_cap_mb)));
   s.ready.assign(s.params.size(), false);
+  s.locally_used.assign(s.params.size(), 0);
   s.reset_iteration();
 
   // Hooks after each parameter's gradient accumulation. Autograd holds its
@@ -307,6 +471,7 @@ void DataParallel::before_forward() {
       s.pending_error.clear();
       throw UsageError(e);
     }
+    s.maybe_rebuild();
   }
   if (s.options.broadcast_buffers && !s.buffers.empty()) {
     at::NoGradGuard no_grad;
@@ -315,6 +480,12 @@ void DataParallel::before_forward() {
     for (auto& w : works) w->wait();
   }
 }
+
+bool DataParallel::wants_outputs() const {
+  return state_->options.find_unused_parameters && !state_->options.static_graph;
+}
+
+void DataParallel::after_forward(const std::vector<at::Tensor>& outputs) { state_->after_forward(outputs); }
 
 void DataParallel::register_comm_hook(CommHook hook) {
   std::lock_guard<std::mutex> lock(state_->mu);

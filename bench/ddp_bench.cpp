@@ -1,0 +1,195 @@
+// tdist-bench ddp: what data-parallel training costs per step.
+//
+//   tdist-bench ddp [--backend shm] [--world-size 2] [--steps 40] [--rounds 3]
+//       [--variants local,ddp_allreduce,ddp_fp16,ddp_bf16,ddp_noop,status_quo] [--json FILE]
+//
+// The model is the MLP 784-1024-1024-10 with batch 64 per rank, SGD with
+// momentum, one compute thread per rank; a step is zero_grad, forward,
+// cross-entropy, backward and the optimizer step. Variants:
+//   local          one process alone (rank 0, while the other ranks wait)
+//   ddp_<hook>     DistributedDataParallel with the built-in hook <hook>
+//   status_quo     what C++ users write today (pytorch/examples cpp/distributed):
+//                  after backward, all-reduce each gradient in turn, then divide
+// Variants take turns, `rounds` times; each reports its best round's mean
+// step time (the slowest rank's), and its ratio to local.
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "bench/bench_common.h"
+#include "tdist/tdist.h"
+
+namespace tdist::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct MlpImpl : torch::nn::Module {
+  MlpImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(784, 1024))),
+        fc2(register_module("fc2", torch::nn::Linear(1024, 1024))),
+        fc3(register_module("fc3", torch::nn::Linear(1024, 10))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc3(torch::relu(fc2(torch::relu(fc1(x)))));
+  }
+  torch::nn::Linear fc1, fc2, fc3;
+};
+TORCH_MODULE(Mlp);
+
+const std::vector<std::string> kVariants = {"local",    "ddp_allreduce", "ddp_fp16",
+                                            "ddp_bf16", "ddp_noop",      "status_quo", "local_all"};
+
+Mlp make_model() {
+  torch::manual_seed(0);
+  return Mlp();
+}
+
+// Mean milliseconds per step over `steps` steps of `step`, after a warm-up.
+template <typename Step>
+double time_steps(int steps, Step&& step) {
+  for (int i = 0; i < 3; ++i) step();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < steps; ++i) step();
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
+}
+
+// One round of `variant` on this rank; returns the slowest rank's ms/step.
+double run_variant(ProcessGroup& pg, const std::string& variant, int steps, const torch::Tensor& x,
+                   const torch::Tensor& y) {
+  const int world = pg.size();
+  double ms = 0;
+  pg.barrier()->wait();
+  if (variant == "local" || variant == "local_all") {
+    if (pg.rank() == 0 || variant == "local_all") {
+      Mlp model = make_model();
+      torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+      ms = time_steps(steps, [&] {
+        opt.zero_grad();
+        torch::nn::functional::cross_entropy(model(x), y).backward();
+        opt.step();
+      });
+    }
+  } else if (variant == "status_quo") {
+    Mlp model = make_model();
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    pg.barrier()->wait();
+    ms = time_steps(steps, [&] {
+      opt.zero_grad();
+      torch::nn::functional::cross_entropy(model(x), y).backward();
+      for (auto& p : model->parameters()) {
+        pg.all_reduce(p.mutable_grad())->wait();
+        p.mutable_grad().div_(world);
+      }
+      opt.step();
+    });
+  } else {
+    DistributedDataParallelOptions o;
+    o.gradient_as_bucket_view = std::getenv("XVIEW") != nullptr;
+    DistributedDataParallel<Mlp> ddp(make_model(), o);
+    const std::string hook = variant.substr(4);
+    if (hook == "allreduce") ddp->register_comm_hook(std::shared_ptr<ProcessGroup>(), allreduce_hook);
+    else if (hook == "fp16") ddp->register_comm_hook(std::shared_ptr<ProcessGroup>(), fp16_compress_hook);
+    else if (hook == "bf16") ddp->register_comm_hook(std::shared_ptr<ProcessGroup>(), bf16_compress_hook);
+    else if (hook == "noop") ddp->register_comm_hook(std::shared_ptr<ProcessGroup>(), noop_hook);
+    else throw UsageError("tdist-bench ddp: unknown variant '" + variant + "'");
+    torch::optim::SGD opt(ddp->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    pg.barrier()->wait();
+    ms = time_steps(steps, [&] {
+      opt.zero_grad();
+      torch::nn::functional::cross_entropy(ddp(x), y).backward();
+      opt.step();
+    });
+  }
+  at::Tensor t = at::tensor({ms}, at::kDouble);
+  pg.all_reduce(t, {ReduceOp::MAX})->wait();
+  return t.item<double>();
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream is(s);
+  for (std::string item; std::getline(is, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+int run_rank(const Args& args, int rank, int world) {
+  at::set_num_threads(1);
+  InitOptions io;
+  io.backend = args.get("backend", "shm");
+  io.rank = rank;
+  io.world_size = world;
+  io.timeout = std::chrono::seconds(300);
+  auto pg = init_process_group(io);
+  const int steps = static_cast<int>(args.number("steps", 40));
+  const int rounds = static_cast<int>(args.number("rounds", 3));
+  if (steps < 1 || rounds < 1) throw UsageError("tdist-bench ddp: --steps and --rounds must be positive");
+  std::vector<std::string> variants = split_commas(args.get("variants", ""));
+  if (variants.empty()) variants = kVariants;
+  for (const auto& v : variants) {
+    if (std::find(kVariants.begin(), kVariants.end(), v) == kVariants.end()) {
+      throw UsageError("tdist-bench ddp: unknown variant '" + v + "'");
+    }
+  }
+  torch::manual_seed(1000 + rank);
+  const torch::Tensor x = torch::randn({64, 784});
+  const torch::Tensor y = torch::randint(0, 10, {64}, torch::kLong);
+
+  std::map<std::string, std::vector<double>> times;
+  for (int r = 0; r < rounds; ++r) {
+    for (const auto& v : variants) times[v].push_back(run_variant(*pg, v, steps, x, y));
+  }
+  pg->barrier()->wait();
+  if (rank != 0) return 0;
+
+  auto best = [&](const std::string& v) { return *std::min_element(times[v].begin(), times[v].end()); };
+  const double local = times.count("local") ? best("local") : 0;
+  std::printf("\n# DDP step time: MLP 784-1024-1024-10, batch 64 per rank, SGD, 1 thread per rank, backend %s, "
+              "world size %d\n# best of %d rounds of %d steps (each round: the slowest rank's mean)\n",
+              pg->backend_name().c_str(), world, rounds, steps);
+  std::printf("%-14s %10s %9s   %s\n", "variant", "ms/step", "x local", "rounds (ms/step)");
+  JsonRows json;
+  for (const auto& v : variants) {
+    const double ms = best(v);
+    std::string all;
+    for (double t : times[v]) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%s%.2f", all.empty() ? "" : " ", t);
+      all += buf;
+    }
+    std::printf("%-14s %10.2f %9s   %s\n", v.c_str(), ms,
+                local > 0 ? (std::to_string(ms / local).substr(0, 4)).c_str() : "-", all.c_str());
+    json.begin_row();
+    json.field("variant", v);
+    json.field("world_size", world);
+    json.field("backend", pg->backend_name());
+    json.field("ms_per_step", ms);
+    json.field("ratio_vs_local", local > 0 ? ms / local : 0.0);
+  }
+  std::fflush(stdout);
+  if (args.has("json") && !json.write(args.get("json", ""))) {
+    std::fprintf(stderr, "tdist-bench: cannot write %s\n", args.get("json", "").c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int ddp_bench(int argc, char** argv) {
+  Args args(argc, argv);
+  args.reject_unknown({"backend", "world-size", "steps", "rounds", "variants", "json"});
+  if (std::getenv("RANK") && std::getenv("WORLD_SIZE") && std::getenv("MASTER_ADDR")) {
+    return run_rank(args, std::atoi(std::getenv("RANK")), std::atoi(std::getenv("WORLD_SIZE")));
+  }
+  const int world = static_cast<int>(args.number("world-size", 2));
+  if (world < 1 || world > 256) throw UsageError("tdist-bench: --world-size must be in [1, 256]");
+  return spawn_ranks("ddp", world, {}, argc, argv);
+}
+
+}  // namespace tdist::bench
