@@ -124,6 +124,7 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
     for (const auto& members : assignment) {
       Bucket b;
       b.members = members;
+      b.pending = members.size();
       int64_t total = 0;
       for (size_t m : members) total += params[m].numel();
       b.flat = at::zeros({total}, params[members[0]].options().requires_grad(false));

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <set>
+
 #include "ddp/bucket_assignment.h"
 #include "tdist/ddp.h"
 #include "tests/dist/world.h"
@@ -47,6 +49,44 @@ struct OffsetImpl : torch::nn::Module {
   torch::Tensor offset;
 };
 TORCH_MODULE(Offset);
+
+// A model with a branch that each rank may or may not take.
+struct BranchImpl : torch::nn::Module {
+  BranchImpl() {
+    trunk = register_module("trunk", torch::nn::Linear(4, 4));
+    branch = register_module("branch", torch::nn::Linear(4, 4));
+  }
+  torch::Tensor forward(torch::Tensor x, bool take_branch) {
+    auto h = trunk->forward(x);
+    return take_branch ? branch->forward(h) : h;
+  }
+  torch::nn::Linear trunk{nullptr}, branch{nullptr};
+};
+TORCH_MODULE(Branch);
+
+// Two heads; the caller may leave one out of the loss.
+struct TwoHeadsImpl : torch::nn::Module {
+  TwoHeadsImpl() {
+    a = register_module("a", torch::nn::Linear(4, 2));
+    b = register_module("b", torch::nn::Linear(4, 2));
+  }
+  std::tuple<torch::Tensor, torch::Tensor> forward(torch::Tensor x) { return {a->forward(x), b->forward(x)}; }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+};
+TORCH_MODULE(TwoHeads);
+
+// Layers registered in one order and used in the other: gradients arrive
+// first for `outer` (the last layer applied), which reverse registration
+// order puts last.
+struct ReorderedImpl : torch::nn::Module {
+  ReorderedImpl() {
+    outer = register_module("outer", torch::nn::Linear(6, 6));
+    inner = register_module("inner", torch::nn::Linear(6, 6));
+  }
+  torch::Tensor forward(torch::Tensor x) { return outer->forward(torch::tanh(inner->forward(x))); }
+  torch::nn::Linear outer{nullptr}, inner{nullptr};
+};
+TORCH_MODULE(Reordered);
 
 // Deterministic data: the same full batch on every rank.
 std::pair<torch::Tensor, torch::Tensor> batch(int step, int64_t n) {
@@ -348,6 +388,204 @@ TEST(DdpMisuse, ModelsThatDifferAcrossRanksAreNamed) {
       WORLD_CHECK(m.find("rank 1's model differs from rank 0's at parameter #0") != std::string::npos, m);
       WORLD_CHECK(m.find("[3, 4]") != std::string::npos && m.find("[5, 4]") != std::string::npos, m);
     }
+  }), "");
+}
+
+TEST(DdpUnused, FindUnusedParametersReducesTheRestAndLeavesNeverUsedGradientsAlone) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup& pg) {
+    Spare net;
+    tdist::DistributedDataParallelOptions o;
+    o.find_unused_parameters = true;
+    tdist::DistributedDataParallel<Spare> ddp(net, o);
+    for (int step = 0; step < 3; ++step) {
+      auto x = torch::full({2, 4}, static_cast<float>(pg.rank() + 1 + step));
+      ddp->zero_grad();
+      ddp(x).sum().backward();  // no error, no hang, at this or the next forward
+      // d(sum)/d(weight) = column sums of x: 2 * (rank + 1 + step), averaged.
+      const float want = 2.0f * (1.5f + step);
+      WORLD_CHECK(net->used->weight.grad().eq(want).all().item<bool>(), "step " << step);
+      WORLD_CHECK(!net->unused->weight.grad().defined() || net->unused->weight.grad().eq(0).all().item<bool>(),
+                  "a parameter no rank used gets no gradient");
+    }
+  }), "");
+}
+
+TEST(DdpUnused, AParameterUsedOnOneRankOnlyGetsTheAverageEverywhere) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup& pg) {
+    Branch net;
+    tdist::DistributedDataParallelOptions o;
+    o.find_unused_parameters = true;
+    tdist::DistributedDataParallel<Branch> ddp(net, o);
+    const auto x = torch::ones({1, 4});
+    // Reference: rank 0's branch gradient, computed locally on a copy.
+    Branch ref;
+    {
+      torch::NoGradGuard g;
+      for (size_t i = 0; i < ref->parameters().size(); ++i) ref->parameters()[i].copy_(net->parameters()[i]);
+    }
+    ref->forward(x, true).sum().backward();
+    for (int step = 0; step < 2; ++step) {
+      ddp->zero_grad();
+      ddp->forward(x, pg.rank() == 0).sum().backward();
+      const auto g = net->branch->weight.grad();
+      WORLD_CHECK(g.defined(), "the branch has a gradient on every rank, step " << step);
+      WORLD_CHECK(torch::allclose(g, ref->branch->weight.grad() / 2), "branch gradient, step " << step);
+    }
+  }), "");
+}
+
+TEST(DdpUnused, AnOutputLeftOutOfTheLossDoesNotHang) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup&) {
+    TwoHeads net;
+    tdist::DistributedDataParallelOptions o;
+    o.find_unused_parameters = true;
+    tdist::DistributedDataParallel<TwoHeads> ddp(net, o);
+    for (int step = 0; step < 2; ++step) {
+      ddp->zero_grad();
+      auto [a, b] = ddp(torch::ones({1, 4}));
+      a.sum().backward();  // b's parameters are reachable from the outputs but get no gradient
+      WORLD_CHECK(net->a->weight.grad().eq(1).all().item<bool>(), "step " << step);
+    }
+    ddp(torch::ones({1, 4}));  // and no error is pending
+  }), "");
+}
+
+TEST(DdpUnused, WithoutTheOptionTheFixIsNamed) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup&) {
+    Spare net;
+    tdist::DistributedDataParallel<Spare> ddp(net);
+    ddp(torch::ones({1, 4})).sum().backward();
+    try {
+      ddp(torch::ones({1, 4}));
+      throw std::runtime_error("no error");
+    } catch (const tdist::UsageError& e) {
+      WORLD_CHECK(std::string(e.what()).find("find_unused_parameters = true") != std::string::npos, e.what());
+    }
+  }), "");
+}
+
+TEST(DdpUnused, ALossThatUsesAParameterOutsideTheForwardIsNamed) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup&) {
+    Spare net;
+    tdist::DistributedDataParallelOptions o;
+    o.find_unused_parameters = true;
+    tdist::DistributedDataParallel<Spare> ddp(net, o);
+    // unused.weight is not reachable from the output, so DDP reduces it as
+    // unused at the start of backward; then its gradient arrives.
+    (ddp(torch::ones({1, 4})).sum() + net->unused->weight.sum()).backward();
+    try {
+      ddp(torch::ones({1, 4}));
+      throw std::runtime_error("no error");
+    } catch (const tdist::UsageError& e) {
+      WORLD_CHECK(std::string(e.what()).find("unused.weight") != std::string::npos, e.what());
+    }
+  }), "");
+}
+
+TEST(DdpStaticGraph, UnusedParametersAreLearnedInTheFirstIteration) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup& pg) {
+    Spare net;
+    tdist::DistributedDataParallelOptions o;
+    o.static_graph = true;
+    tdist::DistributedDataParallel<Spare> ddp(net, o);
+    for (int step = 0; step < 4; ++step) {
+      ddp->zero_grad();
+      ddp(torch::full({2, 4}, static_cast<float>(pg.rank() + 1 + step))).sum().backward();
+      WORLD_CHECK(net->used->weight.grad().eq(2.0f * (1.5f + step)).all().item<bool>(),
+                  "step " << step << ": " << net->used->weight.grad());
+      WORLD_CHECK(!net->unused->weight.grad().defined() || net->unused->weight.grad().eq(0).all().item<bool>(),
+                  "step " << step);
+    }
+  }), "");
+}
+
+TEST(DdpStaticGraph, MatchesOneProcessAfterTheFirstIteration) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup& pg) {
+    tdist::DistributedDataParallelOptions o;
+    o.static_graph = true;
+    o.first_bucket_cap_mb = o.bucket_cap_mb = 1e-3;  // several buckets
+    parity(pg, Opt::kAdam, o, 4);
+  }), "");
+}
+
+TEST(DdpStaticGraph, AGraphThatChangesIsAnError) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup&) {
+    Branch net;
+    tdist::DistributedDataParallelOptions o;
+    o.static_graph = true;
+    tdist::DistributedDataParallel<Branch> ddp(net, o);
+    ddp->forward(torch::ones({1, 4}), true).sum().backward();
+    ddp->forward(torch::ones({1, 4}), false).sum().backward();  // the branch is left out now
+    try {
+      ddp->forward(torch::ones({1, 4}), true);
+      throw std::runtime_error("no error");
+    } catch (const tdist::UsageError& e) {
+      const std::string m = e.what();
+      WORLD_CHECK(m.find("static_graph") != std::string::npos && m.find("branch.") != std::string::npos, m);
+    }
+  }), "");
+}
+
+TEST(DdpBuckets, RebuiltInTheOrderGradientsArrived) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup& pg) {
+    torch::manual_seed(7);
+    Reordered net;
+    Reordered local;
+    {
+      torch::NoGradGuard g;
+      for (size_t i = 0; i < net->parameters().size(); ++i) local->parameters()[i].copy_(net->parameters()[i]);
+    }
+    tdist::DistributedDataParallelOptions o;
+    o.first_bucket_cap_mb = o.bucket_cap_mb = 1e-6;  // one parameter per bucket
+    tdist::DistributedDataParallel<Reordered> ddp(net, o);
+    // Registration: outer.weight 0, outer.bias 1, inner.weight 2, inner.bias 3.
+    const auto before = ddp->bucket_indices();
+    WORLD_CHECK(before.size() == 4 && before[0] == std::vector<size_t>{3} && before[3] == std::vector<size_t>{0},
+                "reverse registration order at first");
+    torch::optim::SGD opt(ddp->parameters(), 0.1);
+    torch::optim::SGD local_opt(local->parameters(), 0.1);
+    for (int step = 0; step < 4; ++step) {
+      torch::manual_seed(100 + step);
+      const auto x = torch::randn({4, 6});
+      opt.zero_grad();
+      ddp(x.slice(0, 2 * pg.rank(), 2 * pg.rank() + 2)).pow(2).mean().backward();
+      opt.step();
+      local_opt.zero_grad();
+      local->forward(x).pow(2).mean().backward();
+      local_opt.step();
+      if (step == 0) continue;
+      // From the second forward on, `outer` (whose gradients arrive first) leads.
+      const auto after = ddp->bucket_indices();
+      WORLD_CHECK(after.size() == 4, "buckets " << after.size());
+      std::vector<size_t> order;
+      for (const auto& b : after) order.insert(order.end(), b.begin(), b.end());
+      WORLD_CHECK(std::min(order[0], order[1]) == 0 && std::max(order[0], order[1]) == 1 &&
+                      std::min(order[2], order[3]) == 2 && std::max(order[2], order[3]) == 3,
+                  "rebuilt order " << order[0] << order[1] << order[2] << order[3]);
+    }
+    for (size_t i = 0; i < net->parameters().size(); ++i) {
+      WORLD_CHECK(torch::allclose(net->parameters()[i], local->parameters()[i], 1e-5, 1e-6), "parameter " << i);
+    }
+  }), "");
+}
+
+TEST(DdpBuckets, RebuildKeepsGradientsAsBucketViews) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup&) {
+    Reordered net;
+    tdist::DistributedDataParallelOptions o;
+    o.first_bucket_cap_mb = o.bucket_cap_mb = 1e-6;
+    o.gradient_as_bucket_view = true;
+    tdist::DistributedDataParallel<Reordered> ddp(net, o);
+    torch::optim::SGD opt(ddp->parameters(), 0.1);
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      ddp(torch::ones({2, 6})).sum().backward();
+      opt.step();
+    }
+    // Each gradient still aliases its (new) bucket: the four share no storage.
+    std::set<const void*> storages;
+    for (const auto& p : net->parameters()) storages.insert(p.grad().storage().data());
+    WORLD_CHECK(storages.size() == 4, "one bucket per parameter, got " << storages.size());
   }), "");
 }
 
