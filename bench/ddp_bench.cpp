@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -40,69 +41,92 @@ struct MlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
-const std::vector<std::string> kVariants = {"local",    "ddp_allreduce", "ddp_fp16",
-                                            "ddp_bf16", "ddp_noop",      "status_quo", "local_all"};
+const std::vector<std::string> kVariants = {"local",         "ddp_allreduce", "ddp_fp16",      "ddp_bf16",
+                                            "ddp_noop",      "status_quo",    "ddp_allreduce_view", "ddp_fp16_view",
+                                            "ddp_bf16_view", "local_all"};
 
 Mlp make_model() {
   torch::manual_seed(0);
   return Mlp();
 }
 
-// Mean milliseconds per step over `steps` steps of `step`, after a warm-up.
-template <typename Step>
-double time_steps(int steps, Step&& step) {
-  for (int i = 0; i < 3; ++i) step();
-  const auto t0 = Clock::now();
-  for (int i = 0; i < steps; ++i) step();
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
+// One variant's training step, built once and run in every round.
+struct Variant {
+  std::string name;
+  bool everyone = true;  // false: only rank 0 steps (local)
+  std::function<void()> step;
+  std::vector<std::shared_ptr<void>> keep;  // the model, optimizer, DDP behind step
+};
+
+template <typename T>
+std::shared_ptr<T> keep(Variant& v, std::shared_ptr<T> p) {
+  v.keep.push_back(p);
+  return p;
 }
 
-// One round of `variant` on this rank; returns the slowest rank's ms/step.
-double run_variant(ProcessGroup& pg, const std::string& variant, int steps, const torch::Tensor& x,
-                   const torch::Tensor& y) {
-  const int world = pg.size();
-  double ms = 0;
-  pg.barrier()->wait();
-  if (variant == "local" || variant == "local_all") {
-    if (pg.rank() == 0 || variant == "local_all") {
-      Mlp model = make_model();
-      torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-      ms = time_steps(steps, [&] {
-        opt.zero_grad();
-        torch::nn::functional::cross_entropy(model(x), y).backward();
-        opt.step();
-      });
-    }
-  } else if (variant == "status_quo") {
-    Mlp model = make_model();
-    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-    pg.barrier()->wait();
-    ms = time_steps(steps, [&] {
-      opt.zero_grad();
-      torch::nn::functional::cross_entropy(model(x), y).backward();
-      for (auto& p : model->parameters()) {
+Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Tensor& x, const torch::Tensor& y) {
+  Variant v;
+  v.name = name;
+  const auto sgd = [](std::vector<torch::Tensor> ps) {
+    return std::make_shared<torch::optim::SGD>(std::move(ps), torch::optim::SGDOptions(0.01).momentum(0.9));
+  };
+  if (name == "local" || name == "local_all") {
+    v.everyone = name == "local_all";
+    auto model = keep(v, std::make_shared<Mlp>(make_model()));
+    auto opt = keep(v, sgd((*model)->parameters()));
+    v.step = [model, opt, x, y] {
+      opt->zero_grad();
+      torch::nn::functional::cross_entropy((*model)(x), y).backward();
+      opt->step();
+    };
+  } else if (name == "status_quo") {
+    auto model = keep(v, std::make_shared<Mlp>(make_model()));
+    auto opt = keep(v, sgd((*model)->parameters()));
+    v.step = [model, opt, x, y, &pg] {
+      opt->zero_grad();
+      torch::nn::functional::cross_entropy((*model)(x), y).backward();
+      for (auto& p : (*model)->parameters()) {
         pg.all_reduce(p.mutable_grad())->wait();
-        p.mutable_grad().div_(world);
+        p.mutable_grad().div_(pg.size());
       }
-      opt.step();
-    });
+      opt->step();
+    };
   } else {
+    // ddp_<hook>, or ddp_<hook>_view for gradient_as_bucket_view.
+    std::string hook = name.substr(4);
     DistributedDataParallelOptions o;
-    o.gradient_as_bucket_view = std::getenv("XVIEW") != nullptr;
-    DistributedDataParallel<Mlp> ddp(make_model(), o);
-    const std::string hook = variant.substr(4);
-    if (hook == "allreduce") ddp->register_comm_hook(std::shared_ptr<ProcessGroup>(), allreduce_hook);
-    else if (hook == "fp16") ddp->register_comm_hook(std::shared_ptr<ProcessGroup>(), fp16_compress_hook);
-    else if (hook == "bf16") ddp->register_comm_hook(std::shared_ptr<ProcessGroup>(), bf16_compress_hook);
-    else if (hook == "noop") ddp->register_comm_hook(std::shared_ptr<ProcessGroup>(), noop_hook);
-    else throw UsageError("tdist-bench ddp: unknown variant '" + variant + "'");
-    torch::optim::SGD opt(ddp->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-    pg.barrier()->wait();
-    ms = time_steps(steps, [&] {
-      opt.zero_grad();
-      torch::nn::functional::cross_entropy(ddp(x), y).backward();
-      opt.step();
-    });
+    if (hook.size() > 5 && hook.compare(hook.size() - 5, 5, "_view") == 0) {
+      o.gradient_as_bucket_view = true;
+      hook.resize(hook.size() - 5);
+    }
+    auto ddp = keep(v, std::make_shared<DistributedDataParallel<Mlp>>(make_model(), o));
+    const std::shared_ptr<ProcessGroup> group;  // the default
+    if (hook == "allreduce") (*ddp)->register_comm_hook(group, allreduce_hook);
+    else if (hook == "fp16") (*ddp)->register_comm_hook(group, fp16_compress_hook);
+    else if (hook == "bf16") (*ddp)->register_comm_hook(group, bf16_compress_hook);
+    else if (hook == "noop") (*ddp)->register_comm_hook(group, noop_hook);
+    else throw UsageError("tdist-bench ddp: unknown variant '" + name + "'");
+    auto opt = keep(v, sgd((*ddp)->parameters()));
+    v.step = [ddp, opt, x, y] {
+      opt->zero_grad();
+      torch::nn::functional::cross_entropy((*ddp)(x), y).backward();
+      opt->step();
+    };
+  }
+  if (v.everyone || pg.rank() == 0) {
+    for (int i = 0; i < 3; ++i) v.step();  // warm up
+  }
+  return v;
+}
+
+// One round of `v`: the slowest rank's mean ms/step over `steps` steps.
+double run_round(ProcessGroup& pg, Variant& v, int steps) {
+  pg.barrier()->wait();
+  double ms = 0;
+  if (v.everyone || pg.rank() == 0) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < steps; ++i) v.step();
+    ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
   }
   at::Tensor t = at::tensor({ms}, at::kDouble);
   pg.all_reduce(t, {ReduceOp::MAX})->wait();
@@ -126,23 +150,21 @@ int run_rank(const Args& args, int rank, int world) {
   io.world_size = world;
   io.timeout = std::chrono::seconds(300);
   auto pg = init_process_group(io);
-  const int steps = static_cast<int>(args.number("steps", 40));
-  const int rounds = static_cast<int>(args.number("rounds", 3));
+  const int steps = static_cast<int>(args.number("steps", 10));
+  const int rounds = static_cast<int>(args.number("rounds", 10));
   if (steps < 1 || rounds < 1) throw UsageError("tdist-bench ddp: --steps and --rounds must be positive");
   std::vector<std::string> variants = split_commas(args.get("variants", ""));
   if (variants.empty()) variants = kVariants;
-  for (const auto& v : variants) {
-    if (std::find(kVariants.begin(), kVariants.end(), v) == kVariants.end()) {
-      throw UsageError("tdist-bench ddp: unknown variant '" + v + "'");
-    }
-  }
+
   torch::manual_seed(1000 + rank);
   const torch::Tensor x = torch::randn({64, 784});
   const torch::Tensor y = torch::randint(0, 10, {64}, torch::kLong);
 
+  std::vector<Variant> built;
+  for (const auto& v : variants) built.push_back(make_variant(*pg, v, x, y));
   std::map<std::string, std::vector<double>> times;
   for (int r = 0; r < rounds; ++r) {
-    for (const auto& v : variants) times[v].push_back(run_variant(*pg, v, steps, x, y));
+    for (auto& v : built) times[v.name].push_back(run_round(*pg, v, steps));
   }
   pg->barrier()->wait();
   if (rank != 0) return 0;

@@ -205,6 +205,40 @@ void sum_half_f16c(uint16_t* out, const uint16_t* const* inputs, int n, size_t c
   }
 }
 
+// bfloat16 is the top half of a float32: widen by shifting, narrow by
+// rounding to nearest even (NaNs stay quiet NaNs), 8 lanes at a time.
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 load_bf16x8(const uint16_t* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+__attribute__((target("avx2,fma")))
+void sum_bf16_avx2(uint16_t* out, const uint16_t* const* inputs, int n, size_t count, float scale, bool do_scale) {
+  const auto load = load_bf16x8;
+  const __m256 vscale = _mm256_set1_ps(scale);
+  const __m256i one = _mm256_set1_epi32(1), half_ulp = _mm256_set1_epi32(0x7fff), quiet = _mm256_set1_epi32(0x400000);
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    __m256 acc = load(inputs[0] + i);
+    for (int k = 1; k < n; ++k) acc = _mm256_add_ps(acc, load(inputs[k] + i));
+    if (do_scale) acc = _mm256_mul_ps(acc, vscale);
+    const __m256i u = _mm256_castps_si256(acc);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, half_ulp));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(acc, acc, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(u, quiet), nan);
+    const __m256i top = _mm256_srli_epi32(r, 16);
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), packed);
+  }
+  for (; i < count; ++i) {
+    float acc = bfloat16_to_float(inputs[0][i]);
+    for (int k = 1; k < n; ++k) acc += bfloat16_to_float(inputs[k][i]);
+    if (do_scale) acc *= scale;
+    out[i] = float_to_bfloat16(acc);
+  }
+}
+
 bool have_f16c() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
                           __builtin_cpu_supports("fma");
@@ -235,8 +269,9 @@ void reduce_16bit_block(uint16_t* out, const uint16_t* const* inputs, int n, siz
 template <bool kBf16>
 void reduce_16bit(uint16_t* out, const uint16_t* const* inputs, int n, size_t count, ReduceOp op, float scale,
                   bool do_scale) {
-  if (!kBf16 && have_f16c() && (op == ReduceOp::kSum || op == ReduceOp::kAvg)) {
-    sum_half_f16c(out, inputs, n, count, scale, do_scale);
+  if (have_f16c() && (op == ReduceOp::kSum || op == ReduceOp::kAvg)) {
+    if (kBf16) sum_bf16_avx2(out, inputs, n, count, scale, do_scale);
+    else sum_half_f16c(out, inputs, n, count, scale, do_scale);
     return;
   }
   for (size_t base = 0; base < count; base += kBlock) {
