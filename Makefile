@@ -35,6 +35,7 @@ bench: build
 	mkdir -p $(BUILD)/bench
 	$(BUILD)/bin/tdist-bench store --json $(BUILD)/bench/store.json
 	bash bench/compare_collectives.sh $(BUILD) $(BUILD)/bench
+	bash bench/compare_ddp.sh $(BUILD) $(BUILD)/bench
 
 # The suite under sanitizers, each in its own build tree.
 asan: deps

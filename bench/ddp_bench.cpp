@@ -174,7 +174,7 @@ int run_rank(const Args& args, int rank, int world) {
   std::printf("\n# DDP step time: MLP 784-1024-1024-10, batch 64 per rank, SGD, 1 thread per rank, backend %s, "
               "world size %d\n# best of %d rounds of %d steps (each round: the slowest rank's mean)\n",
               pg->backend_name().c_str(), world, rounds, steps);
-  std::printf("%-14s %10s %9s   %s\n", "variant", "ms/step", "x local", "rounds (ms/step)");
+  std::printf("%-20s %10s %9s   %s\n", "variant", "ms/step", "x local", "rounds (ms/step)");
   JsonRows json;
   for (const auto& v : variants) {
     const double ms = best(v);
@@ -184,7 +184,7 @@ int run_rank(const Args& args, int rank, int world) {
       std::snprintf(buf, sizeof buf, "%s%.2f", all.empty() ? "" : " ", t);
       all += buf;
     }
-    std::printf("%-14s %10.2f %9s   %s\n", v.c_str(), ms,
+    std::printf("%-20s %10.2f %9s   %s\n", v.c_str(), ms,
                 local > 0 ? (std::to_string(ms / local).substr(0, 4)).c_str() : "-", all.c_str());
     json.begin_row();
     json.field("variant", v);

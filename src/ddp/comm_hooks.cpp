@@ -2,6 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
 namespace tdist {
 
 namespace {
@@ -12,12 +16,44 @@ std::shared_ptr<ProcessGroup> group_or_default(const std::shared_ptr<ProcessGrou
   return g;
 }
 
+// The compressed copy of a buffer, reused from one iteration to the next:
+// fresh memory for it every time costs more than the conversion itself
+// (page faults). Keyed by the original's storage, held weakly, so that a
+// buffer that is freed (e.g. buckets rebuilt) drops its copy.
+at::Tensor compression_buffer(const at::Tensor& original, at::ScalarType dtype) {
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    const void* data;
+    int64_t numel;
+    at::ScalarType dtype;
+    at::Tensor buffer;
+  };
+  static std::mutex mu;
+  static std::vector<Entry> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const void* data = original.data_ptr();
+  for (const Entry& e : cache) {
+    if (e.data == data && e.numel == original.numel() && e.dtype == dtype && !e.storage.expired() &&
+        e.storage._unsafe_get_target() == original.storage().unsafeGetStorageImpl()) {
+      return e.buffer;
+    }
+  }
+  cache.erase(std::remove_if(cache.begin(), cache.end(), [](const Entry& e) { return e.storage.expired(); }),
+              cache.end());
+  at::Tensor buffer = at::empty({original.numel()}, original.options().dtype(dtype));
+  cache.push_back({original.storage().getWeakStorageImpl(), data,
+                   original.numel(), dtype, buffer});
+  return buffer;
+}
+
 // Casts the bucket to `dtype`, runs `inner` on the copy, and writes the
 // result back into the original buffer's dtype.
 std::shared_ptr<Work> compressed(const std::shared_ptr<ProcessGroup>& group, GradBucket& bucket, at::ScalarType dtype,
                                  const StatefulHook& inner) {
   at::Tensor original = bucket.buffer();
-  bucket.set_buffer(original.to(dtype));
+  at::Tensor small = original.is_contiguous() ? compression_buffer(original, dtype) : original.to(dtype);
+  if (original.is_contiguous()) small.view(original.sizes()).copy_(original);
+  bucket.set_buffer(small.view(original.sizes()));
   auto work = inner(group, bucket);
   if (!work) throw UsageError("communication hook: the wrapped hook returned no Work");
   return work->then([original](Work& w) {

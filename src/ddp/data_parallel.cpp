@@ -214,8 +214,6 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
       } else {
         next.work = pg->all_reduce(next.flat, {ReduceOp::AVG});
       }
-      static const bool xsync = std::getenv("XSYNC") != nullptr;
-      if (xsync) next.work->wait();
     }
   }
 

@@ -1,0 +1,162 @@
+#!/usr/bin/python3
+"""Reference numbers: PyTorch's DistributedDataParallel on Gloo (Debian's
+python3-torch 1.13), with the model, data, optimizer, variants and columns of
+`tdist-bench ddp`. For comparison only; tdist does not use Python.
+
+    /usr/bin/python3 bench/torch_ddp_reference.py [--world-size 2] [--steps 10] [--rounds 10]
+        [--variants local,ddp_allreduce,...] [--json FILE]
+
+A variant that this PyTorch cannot run (e.g. bf16 on Gloo) is reported as
+unavailable, with the reason.
+"""
+import argparse
+import json
+import os
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+VARIANTS = ["local", "ddp_allreduce", "ddp_fp16", "ddp_bf16", "ddp_noop", "status_quo",
+            "ddp_allreduce_view", "ddp_fp16_view", "ddp_bf16_view", "local_all"]
+
+
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+
+
+def noop_hook(_, bucket):
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def make_variant(name, x, y, world):
+    """Returns (runs_on_every_rank, step function)."""
+    def sgd(params):
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+
+    if name in ("local", "local_all"):
+        model = make_model()
+        opt = sgd(model.parameters())
+
+        def step():
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        return name == "local_all", step
+    if name == "status_quo":
+        model = make_model()
+        opt = sgd(model.parameters())
+
+        def step():
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p.grad /= world
+            opt.step()
+        return True, step
+    hook = name[4:]
+    view = hook.endswith("_view")
+    hook = hook[:-5] if view else hook
+    ddp = DDP(make_model(), gradient_as_bucket_view=view)
+    hooks = {"allreduce": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
+             "bf16": default_hooks.bf16_compress_hook, "noop": noop_hook}
+    ddp.register_comm_hook(None, hooks[hook])
+    opt = sgd(ddp.parameters())
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    return True, step
+
+
+def rank_main(rank, world, port, args, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(1000 + rank)
+    x = torch.randn(64, 784)
+    y = torch.randint(0, 10, (64,))
+    built, unavailable = [], {}
+    for name in args.variants:
+        try:
+            everyone, step = make_variant(name, x, y, world)
+            if everyone or rank == 0:
+                for _ in range(3):
+                    step()
+            built.append((name, everyone, step))
+        except Exception as e:  # noqa: BLE001 -- reported, not hidden
+            unavailable[name] = str(e).splitlines()[0][:120]
+        dist.barrier()
+    times = {name: [] for name, _, _ in built}
+    for _ in range(args.rounds):
+        for name, everyone, step in built:
+            dist.barrier()
+            ms = 0.0
+            if everyone or rank == 0:
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    step()
+                ms = (time.perf_counter() - t0) * 1e3 / args.steps
+            t = torch.tensor([ms], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            times[name].append(t.item())
+    if rank == 0:
+        out.put((times, unavailable))
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    args.variants = [v for v in args.variants.split(",") if v]
+    for v in args.variants:
+        if v not in VARIANTS:
+            ap.error(f"unknown variant {v}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=rank_main, args=(r, args.world_size, port, args, out)) for r in range(args.world_size)]
+    for p in procs:
+        p.start()
+    times, unavailable = out.get(timeout=1800)
+    for p in procs:
+        p.join()
+    local = min(times["local"]) if times.get("local") else 0.0
+    print(f"\n# PyTorch {torch.__version__} DDP step time (Gloo): MLP 784-1024-1024-10, batch 64 per rank, SGD, "
+          f"1 thread per rank, world size {args.world_size}\n"
+          f"# best of {args.rounds} rounds of {args.steps} steps (each round: the slowest rank's mean)")
+    print(f"{'variant':<20} {'ms/step':>10} {'x local':>9}")
+    rows = []
+    for v in args.variants:
+        if v in unavailable:
+            print(f"{v:<20} {'-':>10} {'-':>9}   unavailable: {unavailable[v]}")
+            continue
+        ms = min(times[v])
+        print(f"{v:<20} {ms:>10.2f} {ms / local if local else 0:>9.2f}")
+        rows.append(dict(variant=v, world_size=args.world_size, backend="torch-gloo", ms_per_step=ms,
+                         ratio_vs_local=ms / local if local else 0))
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write("[\n" + ",\n".join("  " + json.dumps(r) for r in rows) + "\n]\n")
+
+
+if __name__ == "__main__":
+    main()
