@@ -311,7 +311,7 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
     // Which parameters got a gradient on any rank: those that got none
     // anywhere keep their .grad as it was.
     at::Tensor used;
-    if (options.find_unused_parameters || first_static) {
+    if ((options.find_unused_parameters && !options.static_graph) || first_static) {
       used = at::empty({static_cast<int64_t>(params.size())}, at::kInt);
       for (size_t i = 0; i < params.size(); ++i) used.data_ptr<int32_t>()[i] = locally_used[i];
       works.push_back(pg->all_reduce(used, {ReduceOp::SUM}));
