@@ -54,15 +54,8 @@ Mlp make_model() {
 struct Variant {
   std::string name;
   bool everyone = true;  // false: only rank 0 steps (local)
-  std::function<void()> step;
-  std::vector<std::shared_ptr<void>> keep;  // the model, optimizer, DDP behind step
+  std::function<void()> step;  // owns the model, optimizer and DDP it drives
 };
-
-template <typename T>
-std::shared_ptr<T> keep(Variant& v, std::shared_ptr<T> p) {
-  v.keep.push_back(p);
-  return p;
-}
 
 Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Tensor& x, const torch::Tensor& y) {
   Variant v;
@@ -72,16 +65,16 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
   };
   if (name == "local" || name == "local_all") {
     v.everyone = name == "local_all";
-    auto model = keep(v, std::make_shared<Mlp>(make_model()));
-    auto opt = keep(v, sgd((*model)->parameters()));
+    auto model = std::make_shared<Mlp>(make_model());
+    auto opt = sgd((*model)->parameters());
     v.step = [model, opt, x, y] {
       opt->zero_grad();
       torch::nn::functional::cross_entropy((*model)(x), y).backward();
       opt->step();
     };
   } else if (name == "status_quo") {
-    auto model = keep(v, std::make_shared<Mlp>(make_model()));
-    auto opt = keep(v, sgd((*model)->parameters()));
+    auto model = std::make_shared<Mlp>(make_model());
+    auto opt = sgd((*model)->parameters());
     v.step = [model, opt, x, y, &pg] {
       opt->zero_grad();
       torch::nn::functional::cross_entropy((*model)(x), y).backward();
@@ -99,14 +92,14 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
       o.gradient_as_bucket_view = true;
       hook.resize(hook.size() - 5);
     }
-    auto ddp = keep(v, std::make_shared<DistributedDataParallel<Mlp>>(make_model(), o));
+    auto ddp = std::make_shared<DistributedDataParallel<Mlp>>(make_model(), o);
     const std::shared_ptr<ProcessGroup> group;  // the default
     if (hook == "allreduce") (*ddp)->register_comm_hook(group, allreduce_hook);
     else if (hook == "fp16") (*ddp)->register_comm_hook(group, fp16_compress_hook);
     else if (hook == "bf16") (*ddp)->register_comm_hook(group, bf16_compress_hook);
     else if (hook == "noop") (*ddp)->register_comm_hook(group, noop_hook);
     else throw UsageError("tdist-bench ddp: unknown variant '" + name + "'");
-    auto opt = keep(v, sgd((*ddp)->parameters()));
+    auto opt = sgd((*ddp)->parameters());
     v.step = [ddp, opt, x, y] {
       opt->zero_grad();
       torch::nn::functional::cross_entropy((*ddp)(x), y).backward();

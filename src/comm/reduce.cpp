@@ -214,13 +214,12 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m256 load_bf16x8(con
 
 __attribute__((target("avx2,fma")))
 void sum_bf16_avx2(uint16_t* out, const uint16_t* const* inputs, int n, size_t count, float scale, bool do_scale) {
-  const auto load = load_bf16x8;
   const __m256 vscale = _mm256_set1_ps(scale);
   const __m256i one = _mm256_set1_epi32(1), half_ulp = _mm256_set1_epi32(0x7fff), quiet = _mm256_set1_epi32(0x400000);
   size_t i = 0;
   for (; i + 8 <= count; i += 8) {
-    __m256 acc = load(inputs[0] + i);
-    for (int k = 1; k < n; ++k) acc = _mm256_add_ps(acc, load(inputs[k] + i));
+    __m256 acc = load_bf16x8(inputs[0] + i);
+    for (int k = 1; k < n; ++k) acc = _mm256_add_ps(acc, load_bf16x8(inputs[k] + i));
     if (do_scale) acc = _mm256_mul_ps(acc, vscale);
     const __m256i u = _mm256_castps_si256(acc);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);

@@ -51,9 +51,14 @@ at::Tensor compression_buffer(const at::Tensor& original, at::ScalarType dtype) 
 std::shared_ptr<Work> compressed(const std::shared_ptr<ProcessGroup>& group, GradBucket& bucket, at::ScalarType dtype,
                                  const StatefulHook& inner) {
   at::Tensor original = bucket.buffer();
-  at::Tensor small = original.is_contiguous() ? compression_buffer(original, dtype) : original.to(dtype);
-  if (original.is_contiguous()) small.view(original.sizes()).copy_(original);
-  bucket.set_buffer(small.view(original.sizes()));
+  at::Tensor small;
+  if (original.is_contiguous()) {
+    small = compression_buffer(original, dtype).view(original.sizes());
+    small.copy_(original);
+  } else {
+    small = original.to(dtype);
+  }
+  bucket.set_buffer(small);
   auto work = inner(group, bucket);
   if (!work) throw UsageError("communication hook: the wrapped hook returned no Work");
   return work->then([original](Work& w) {

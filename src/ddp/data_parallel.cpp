@@ -88,12 +88,13 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
   size_t next_launch = 0;
   std::vector<bool> ready;           // the parameter's slot in its bucket is final
   std::vector<char> locally_used;    // its gradient arrived in this backward
-  std::vector<size_t> arrival;       // parameters in the order their gradients arrived
+  std::vector<size_t> arrival;       // until the rebuild: parameters in the order their gradients arrived
   std::vector<size_t> unused_now;    // find_unused_parameters: unreachable from the last forward's outputs
   bool unused_marked = false;
   std::string pending_error;
   // Bucket rebuild: once, after the first synchronised iteration.
   bool rebuild_due = false, rebuilt = false;
+  std::vector<size_t> arrival_for_rebuild;
   // static_graph: the first iteration records which parameters the graph
   // leaves without gradient on every rank; later ones reuse it.
   bool static_recorded = false;
@@ -185,7 +186,6 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
     for (const auto& b : buckets) current.push_back(b.members);
     if (assignment != current) build_buckets(assignment);
   }
-  std::vector<size_t> arrival_for_rebuild;
 
   // Slot i of its bucket is final: copy the gradient in (zeros for a
   // parameter without one) and launch every bucket that is now complete,
@@ -237,7 +237,7 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
       return;
     }
     locally_used[i] = 1;
-    arrival.push_back(i);
+    if (!rebuilt && !rebuild_due) arrival.push_back(i);
     // The first iteration of a static graph is reduced after backward,
     // once it is known which parameters take part.
     if (recording_static()) return;
@@ -378,7 +378,7 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
     } else if (!rebuilt && pending_error.empty() &&
                (options.static_graph || !options.find_unused_parameters)) {
       // The arrival order, then whatever never arrived, last registered first.
-      arrival_for_rebuild = arrival;
+      arrival_for_rebuild = std::move(arrival);
       for (size_t k = params.size(); k-- > 0;) {
         if (!locally_used[k]) arrival_for_rebuild.push_back(k);
       }
