@@ -136,6 +136,12 @@ class ProcessGroup {
 
   // tensor = op(tensor over all ranks), in place.
   std::shared_ptr<Work> all_reduce(const at::Tensor& tensor, const AllreduceOptions& options = {});
+  // Each tensor = op(that tensor over all ranks), in place, as one op: the
+  // same result as all_reduce of their concatenation, without building it
+  // (shm reads and writes the tensors where they are). One dtype for all;
+  // every rank passes the same total number of elements.
+  std::shared_ptr<Work> all_reduce_coalesced(const std::vector<at::Tensor>& tensors,
+                                             const AllreduceOptions& options = {});
   // tensor = root's tensor.
   std::shared_ptr<Work> broadcast(const at::Tensor& tensor, const BroadcastOptions& options = {});
   // root's tensor = op(tensor over all ranks); the others' are unchanged.

@@ -14,6 +14,7 @@
 //   then raise.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -29,6 +30,41 @@ namespace tdist::comm {
 
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
+
+// count elements of some dtype at data: one part of a buffer that lives in
+// several places (all_reduce_coalesced).
+struct Piece {
+  void* data = nullptr;
+  size_t count = 0;
+};
+
+// The elements [begin, begin + len) of a buffer made of pieces, walked
+// piece by piece: fn(pointer, offset from begin, elements) for each stretch
+// that lies in one piece.
+class PieceWalker {
+ public:
+  PieceWalker(const std::vector<Piece>& pieces, size_t element_size);
+  size_t count() const { return starts_.empty() ? 0 : starts_.back(); }
+  template <typename Fn>
+  void for_each(size_t begin, size_t len, Fn&& fn) const {
+    if (len == 0) return;
+    size_t k = locate(begin);
+    size_t done = 0;
+    while (done < len) {
+      const size_t at = begin + done - starts_[k];
+      const size_t n = std::min(len - done, pieces_[k].count - at);
+      if (n > 0) fn(static_cast<uint8_t*>(pieces_[k].data) + at * es_, done, n);
+      done += n;
+      ++k;
+    }
+  }
+
+ private:
+  size_t locate(size_t element) const;  // the piece holding element
+  const std::vector<Piece>& pieces_;
+  size_t es_;
+  std::vector<size_t> starts_;  // starts_[k]: first element of piece k; back(): the total
+};
 
 // What a rank is about to do, compared across ranks to catch mismatches.
 struct OpDesc {
@@ -88,6 +124,11 @@ class Backend {
   int size() const { return size_; }
 
   virtual void all_reduce(void* buf, size_t count, DataType t, ReduceOp op, Deadline d) = 0;
+  // all_reduce of the pieces as if laid end to end: the same result, element
+  // for element, as all_reduce of their concatenation (and the same op to
+  // the other ranks, who may pass it cut differently). This default packs
+  // the pieces into one buffer and back; shm reads and writes them in place.
+  virtual void all_reduce_coalesced(const std::vector<Piece>& pieces, DataType t, ReduceOp op, Deadline d);
   virtual void broadcast(void* buf, size_t bytes, int root, Deadline d) = 0;
   // Only root's buf receives the result; the others' bufs are unchanged.
   virtual void reduce(void* buf, size_t count, DataType t, ReduceOp op, int root, Deadline d) = 0;

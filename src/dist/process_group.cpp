@@ -208,6 +208,30 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(const at::Tensor& tensor, const A
   }, "all_reduce " + shape_of(tensor) + " " + reduce_name(o.op));
 }
 
+std::shared_ptr<Work> ProcessGroup::all_reduce_coalesced(const std::vector<at::Tensor>& tensors,
+                                                         const AllreduceOptions& o) {
+  if (tensors.empty()) throw UsageError("all_reduce_coalesced: no tensors given");
+  const auto dt = impl_->check(tensors[0], "all_reduce_coalesced", "tensors[0]");
+  int64_t total = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string what = "tensors[" + std::to_string(i) + "]";
+    impl_->check(tensors[i], "all_reduce_coalesced", what.c_str());
+    detail::check_same_dtype(tensors[0], tensors[i], "all_reduce_coalesced");
+    total += tensors[i].numel();
+  }
+  const auto op = to_comm(o.op);
+  comm::check_reduction(dt, op);
+  comm::Backend* b = impl_->backend.get();
+  return impl_->enqueue("all_reduce_coalesced", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+    std::vector<comm::Piece> pieces;
+    pieces.reserve(tensors.size());
+    for (const auto& t : tensors) pieces.push_back({t.data_ptr(), static_cast<size_t>(t.numel())});
+    b->all_reduce_coalesced(pieces, dt, op, d);
+    return tensors;
+  }, "all_reduce_coalesced " + std::string(c10::toString(tensors[0].scalar_type())) + " x " +
+         std::to_string(total) + " " + reduce_name(o.op));
+}
+
 std::shared_ptr<Work> ProcessGroup::broadcast(const at::Tensor& tensor, const BroadcastOptions& o) {
   impl_->check(tensor, "broadcast");
   impl_->check_rank(o.root, "broadcast", "root");

@@ -19,6 +19,9 @@ class Collectives : public ::testing::TestWithParam<std::tuple<std::string, int>
 };
 
 TEST_P(Collectives, AllReduceEveryDtypeOpAndSize) { run(conformance::AllReduceEveryDtypeOpAndSize); }
+TEST_P(Collectives, AllReduceCoalescedMatchesTheConcatenation) {
+  run(conformance::AllReduceCoalescedMatchesTheConcatenation);
+}
 TEST_P(Collectives, ReduceToEveryRoot) { run(conformance::ReduceToEveryRoot); }
 TEST_P(Collectives, BroadcastFromEveryRoot) { run(conformance::BroadcastFromEveryRoot); }
 TEST_P(Collectives, AllGatherBothForms) { run(conformance::AllGatherBothForms); }

@@ -281,9 +281,62 @@ inline void ManyQueuedOpsCompleteInOrder(ProcessGroup& pg) {
     }
 }
 
+// The pieces, cut differently on every rank (even and odd ranks swap two
+// layouts), come back equal to all_reduce of the whole.
+inline void AllReduceCoalescedMatchesTheConcatenation(ProcessGroup& pg) {
+  const int n = pg.size(), r = pg.rank();
+  const std::vector<std::vector<std::vector<int64_t>>> layouts = {
+      {{5}, {2, 0, 3}},
+      {{1, 0, 7, 1001}, {1009}},
+      {{40'000, 1, 300'007, 0, 13}, {13, 300'007, 0, 40'000, 1}},  // crosses the multi-round chunks
+      {std::vector<int64_t>(64, 4'999), {4'999 * 63, 4'999}},
+  };
+  for (auto t : {at::kFloat, at::kHalf, at::kBFloat16, at::kLong}) {
+    for (auto op : {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::MAX}) {
+      if (op == ReduceOp::AVG && !floating(t)) continue;
+      for (const auto& pair : layouts) {
+        const auto& cuts = pair[r % 2];
+        int64_t total = 0;
+        for (int64_t c : cuts) total += c;
+        const at::Tensor whole = input_for(r, n, total, t, op);
+        std::vector<at::Tensor> pieces;
+        int64_t at_ = 0;
+        for (int64_t c : cuts) {
+          pieces.push_back(whole.slice(0, at_, at_ + c).clone());
+          at_ += c;
+        }
+        pg.all_reduce_coalesced(pieces, {op})->wait();
+        EQUAL_OR_THROW(at::cat(pieces), expected_for(n, total, t, op),
+                       "all_reduce_coalesced " << name(t) << " " << op_name(op) << " x " << total << " in "
+                                               << cuts.size() << " pieces");
+      }
+    }
+  }
+  // Misuse is refused before anything is sent.
+  bool threw = false;
+  try {
+    pg.all_reduce_coalesced({at::zeros({3}), at::zeros({3}, at::kDouble)});
+  } catch (const tdist::UsageError& e) {
+    threw = std::string(e.what()).find("different dtypes") != std::string::npos;
+  }
+  WORLD_CHECK(threw, "all_reduce_coalesced accepted mixed dtypes");
+  threw = false;
+  try {
+    pg.all_reduce_coalesced({});
+  } catch (const tdist::UsageError&) {
+    threw = true;
+  }
+  WORLD_CHECK(threw, "all_reduce_coalesced accepted an empty list");
+  // The group is still in step afterwards.
+  at::Tensor one = at::ones({2});
+  pg.all_reduce(one)->wait();
+  EQUAL_OR_THROW(one, at::full({2}, static_cast<double>(n)), "all_reduce after refused calls");
+}
+
 inline const std::vector<std::pair<const char*, void (*)(ProcessGroup&)>>& all_cases() {
   static const std::vector<std::pair<const char*, void (*)(ProcessGroup&)>> cases = {
       {"AllReduceEveryDtypeOpAndSize", AllReduceEveryDtypeOpAndSize},
+      {"AllReduceCoalescedMatchesTheConcatenation", AllReduceCoalescedMatchesTheConcatenation},
       {"ReduceToEveryRoot", ReduceToEveryRoot},
       {"BroadcastFromEveryRoot", BroadcastFromEveryRoot},
       {"AllGatherBothForms", AllGatherBothForms},

@@ -142,26 +142,39 @@ class ShmBackend final : public Backend {
   // ---- collectives ------------------------------------------------------
 
   void all_reduce(void* buf, size_t count, DataType t, ReduceOp op, Deadline d) override {
+    all_reduce_coalesced({Piece{buf, count}}, t, op, d);
+  }
+
+  // Reads and writes the pieces in place: no packing.
+  void all_reduce_coalesced(const std::vector<Piece>& pieces, DataType t, ReduceOp op, Deadline d) override {
     check_reduction(t, op);
-    const OpDesc desc = make_desc(OpKind::kAllReduce, t, op, -1, count);
     const size_t es = dtype_size(t);
+    const PieceWalker walk(pieces, es);
+    const size_t count = walk.count();
+    const OpDesc desc = make_desc(OpKind::kAllReduce, t, op, -1, count);
     if (count * es <= std::min(opt_.small_bytes, opt_.round_bytes)) {
       // One round: everyone posts the whole input, everyone reduces all of it
       // in rank order (bit-identical results on every rank).
-      detail::copy_bytes(mine(), buf, count * es);
+      walk.for_each(0, count, [&](uint8_t* p, size_t off, size_t n) {
+        detail::copy_bytes(mine() + off * es, p, n * es);
+      });
       first_barrier(desc, d);
       std::vector<const void*> inputs(size());
-      for (int r = 0; r < size(); ++r) inputs[r] = r == rank() ? buf : theirs(r);
-      reduce_many(buf, inputs.data(), size(), count, t, op, size());
+      walk.for_each(0, count, [&](uint8_t* p, size_t off, size_t n) {
+        for (int r = 0; r < size(); ++r) inputs[r] = r == rank() ? p : theirs(r) + off * es;
+        reduce_many(p, inputs.data(), size(), n, t, op, size());
+      });
       return;
     }
-    reduce_scatter_gather(buf, count, t, op, desc, /*root=*/-1, d);
+    reduce_scatter_gather(walk, t, op, desc, /*root=*/-1, d);
   }
 
   void reduce(void* buf, size_t count, DataType t, ReduceOp op, int root, Deadline d) override {
     check_reduction(t, op);
     check_root(root);
-    reduce_scatter_gather(buf, count, t, op, make_desc(OpKind::kReduce, t, op, root, count), root, d);
+    const std::vector<Piece> pieces{Piece{buf, count}};
+    reduce_scatter_gather(PieceWalker(pieces, dtype_size(t)), t, op,
+                          make_desc(OpKind::kReduce, t, op, root, count), root, d);
   }
 
   void broadcast(void* buf, size_t bytes, int root, Deadline d) override {
@@ -627,16 +640,16 @@ class ShmBackend final : public Backend {
   // j-1; after the barrier it reduces its segment of chunk j (straight into
   // the next round's buffer) and copies the others' reduced segments of chunk
   // j-1 into its output. One barrier per chunk, plus one to drain.
-  void reduce_scatter_gather(void* buf, size_t count, DataType t, ReduceOp op, const OpDesc& desc, int root,
+  void reduce_scatter_gather(const PieceWalker& walk, DataType t, ReduceOp op, const OpDesc& desc, int root,
                              Deadline d) {
     const int n = size();
     const size_t es = dtype_size(t);
+    const size_t count = walk.count();
     // Buffer layout per round: [n segments of seg elements][reduced segment].
     const size_t seg = std::max<size_t>(1, opt_.round_bytes / (n + 1) / kAlign * kAlign / es);
     const size_t chunk = seg * n;
     const size_t chunks = std::max<size_t>(1, (count + chunk - 1) / chunk);
     const size_t red_off = seg * n * es;
-    auto* p = static_cast<uint8_t*>(buf);
     const bool want_output = root < 0 || root == rank();
     std::vector<const void*> inputs(n);
     // Chunk j's elements split evenly over the ranks (in whole cache lines),
@@ -656,7 +669,10 @@ class ShmBackend final : public Backend {
         for (int s = 0; s < n; ++s) {
           if (s == rank()) continue;
           auto [begin, len] = seg_range(j, s);
-          detail::copy_bytes(mine() + s * seg * es, p + begin * es, len * es);
+          uint8_t* to = mine() + s * seg * es;
+          walk.for_each(begin, len, [&](uint8_t* p, size_t off, size_t k) {
+            detail::copy_bytes(to + off * es, p, k * es);
+          });
         }
       }
       // (The reduced segment of chunk j-1 was written into this buffer at the
@@ -664,16 +680,21 @@ class ShmBackend final : public Backend {
       if (j == 0) first_barrier(desc, d); else barrier_round(desc, d);
       if (j < chunks) {
         auto [begin, len] = seg_range(j, rank());
-        for (int r = 0; r < n; ++r) inputs[r] = r == rank() ? p + begin * es : theirs(r) + rank() * seg * es;
         uint8_t* reduced = mine() + red_off;  // the next round's buffer
-        reduce_many(reduced, inputs.data(), n, len, t, op, n);
-        if (want_output) detail::copy_bytes(p + begin * es, reduced, len * es);
+        walk.for_each(begin, len, [&](uint8_t* p, size_t off, size_t k) {
+          for (int r = 0; r < n; ++r) inputs[r] = r == rank() ? p : theirs(r) + rank() * seg * es + off * es;
+          reduce_many(reduced + off * es, inputs.data(), n, k, t, op, n);
+          if (want_output) detail::copy_bytes(p, reduced + off * es, k * es);
+        });
       }
       if (j >= 1 && want_output) {
         for (int r = 0; r < n; ++r) {
           if (r == rank()) continue;
           auto [begin, len] = seg_range(j - 1, r);
-          detail::copy_bytes(p + begin * es, theirs(r) + red_off, len * es);
+          const uint8_t* from = theirs(r) + red_off;
+          walk.for_each(begin, len, [&](uint8_t* p, size_t off, size_t k) {
+            detail::copy_bytes(p, from + off * es, k * es);
+          });
         }
       }
     }

@@ -1,0 +1,45 @@
+// What every backend shares: the piece walker and the packing fallback of
+// all_reduce_coalesced.
+#include "comm/backend.h"
+
+#include <vector>
+
+#include "util/bytes.h"
+
+namespace tdist::comm {
+
+PieceWalker::PieceWalker(const std::vector<Piece>& pieces, size_t element_size)
+    : pieces_(pieces), es_(element_size) {
+  starts_.reserve(pieces.size() + 1);
+  size_t total = 0;
+  for (const Piece& p : pieces) {
+    starts_.push_back(total);
+    total += p.count;
+  }
+  starts_.push_back(total);
+}
+
+size_t PieceWalker::locate(size_t element) const {
+  // The last piece starting at or before element (skips empty pieces).
+  auto it = std::upper_bound(starts_.begin(), starts_.end() - 1, element);
+  return static_cast<size_t>(it - starts_.begin()) - 1;
+}
+
+void Backend::all_reduce_coalesced(const std::vector<Piece>& pieces, DataType t, ReduceOp op, Deadline d) {
+  if (pieces.size() == 1) {
+    all_reduce(pieces[0].data, pieces[0].count, t, op, d);
+    return;
+  }
+  const size_t es = dtype_size(t);
+  PieceWalker walk(pieces, es);
+  std::vector<uint8_t> flat(walk.count() * es);
+  walk.for_each(0, walk.count(), [&](uint8_t* p, size_t off, size_t n) {
+    detail::copy_bytes(flat.data() + off * es, p, n * es);
+  });
+  all_reduce(flat.data(), walk.count(), t, op, d);
+  walk.for_each(0, walk.count(), [&](uint8_t* p, size_t off, size_t n) {
+    detail::copy_bytes(p, flat.data() + off * es, n * es);
+  });
+}
+
+}  // namespace tdist::comm
