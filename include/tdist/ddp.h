@@ -50,6 +50,9 @@ struct DistributedDataParallelOptions {
 
 namespace detail {
 
+// The built-in hooks that the reducer runs itself; kNone: a user's hook.
+enum class Builtin { kNone, kAllreduce, kFp16, kBf16, kNoop };
+
 // The gradient reducer behind every DistributedDataParallel<M>; not a
 // template, so it is compiled once.
 class DataParallel {
@@ -72,6 +75,10 @@ class DataParallel {
   std::vector<std::vector<size_t>> bucket_indices() const;
   // Once per instance, before training; a second call raises UsageError.
   void register_comm_hook(CommHook hook);
+  // The (group, hook) form for plain functions. The built-in hooks are
+  // recognised and run by the reducer itself, on the gradients in place.
+  using BuiltinHookFn = std::shared_ptr<Work> (*)(const std::shared_ptr<ProcessGroup>&, GradBucket&);
+  void register_comm_hook(const std::shared_ptr<ProcessGroup>& group, BuiltinHookFn fn);
 
   struct State;  // private to src/ddp/data_parallel.cpp
 
@@ -134,7 +141,13 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   void register_comm_hook(CommHook hook) { core_.register_comm_hook(std::move(hook)); }
   template <typename State, typename Hook>
   void register_comm_hook(std::shared_ptr<State> state, Hook hook) {
-    core_.register_comm_hook([state = std::move(state), hook = std::move(hook)](GradBucket& b) { return hook(state, b); });
+    if constexpr (std::is_same_v<State, ProcessGroup> &&
+                  std::is_convertible_v<Hook, detail::DataParallel::BuiltinHookFn>) {
+      core_.register_comm_hook(state, static_cast<detail::DataParallel::BuiltinHookFn>(hook));
+    } else {
+      core_.register_comm_hook(
+          [state = std::move(state), hook = std::move(hook)](GradBucket& b) { return hook(state, b); });
+    }
   }
   const std::shared_ptr<ProcessGroup>& process_group() const { return core_.process_group(); }
   std::vector<std::vector<size_t>> bucket_indices() const { return core_.bucket_indices(); }

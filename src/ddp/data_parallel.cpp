@@ -74,12 +74,22 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
     std::vector<at::Tensor> views;  // per member, shaped like the parameter, aliasing flat
     size_t pending = 0;
     std::shared_ptr<Work> work;
+    // Built-in reductions without gradient_as_bucket_view work on the
+    // gradients where they are: per member, its .grad, or its view in flat
+    // when there is no usable .grad (none, or not contiguous).
+    bool direct = false;
+    std::vector<at::Tensor> pieces;
+    at::Tensor compressed;  // fp16/bf16 built-ins: the cast copy, kept between iterations
   };
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of, slot_in_bucket;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // hooks fire only while held
 
   CommHook hook;  // empty: all-reduce, averaged
+  // What the registered hook is, when it is one of the built-ins that the
+  // reducer runs itself (no copy of the gradients into the bucket and back).
+  Builtin builtin = Builtin::kAllreduce;
+  std::shared_ptr<ProcessGroup> builtin_group;  // its state: the group it reduces over
 
   std::mutex mu;
   bool require_sync = true;
@@ -106,6 +116,8 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
     for (auto& b : buckets) {
       b.pending = b.members.size();
       b.work.reset();
+      b.direct = false;
+      for (auto& piece : b.pieces) piece.reset();
     }
     std::fill(ready.begin(), ready.end(), false);
     std::fill(locally_used.begin(), locally_used.end(), 0);
@@ -137,6 +149,7 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
         bucket_of[members[k]] = fresh.size();
         slot_in_bucket[members[k]] = k;
       }
+      b.pieces.resize(members.size());
       fresh.push_back(std::move(b));
     }
     buckets = std::move(fresh);
@@ -187,34 +200,91 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
     if (assignment != current) build_buckets(assignment);
   }
 
+  // Whether the reducer runs the reduction itself on the gradients where
+  // they are. With gradient_as_bucket_view they already live in the bucket.
+  bool direct_mode() const { return builtin != Builtin::kNone && !options.gradient_as_bucket_view; }
+
   // Slot i of its bucket is final: copy the gradient in (zeros for a
   // parameter without one) and launch every bucket that is now complete,
   // in index order, so that every rank issues the same sequence.
   void make_ready(size_t i, bool has_grad) {
     ready[i] = true;
     Bucket& b = buckets[bucket_of[i]];
-    at::Tensor& view = b.views[slot_in_bucket[i]];
+    const size_t slot = slot_in_bucket[i];
+    at::Tensor& view = b.views[slot];
     at::Tensor& grad = params[i].mutable_grad();
-    if (!has_grad || !grad.defined()) {
+    if (direct_mode()) {
+      // Reduced in place when it can be; else through its slot in flat.
+      const bool usable = has_grad && grad.defined() && grad.layout() == at::kStrided && grad.is_contiguous() &&
+                          grad.scalar_type() == view.scalar_type() && grad.device() == view.device() &&
+                          grad.numel() == view.numel();
+      if (usable) {
+        b.pieces[slot] = grad;
+      } else {
+        if (has_grad && grad.defined()) view.copy_(grad); else view.zero_();
+        b.pieces[slot] = view;
+      }
+    } else if (!has_grad || !grad.defined()) {
       view.zero_();
     } else if (grad.data_ptr() != view.data_ptr()) {
       view.copy_(grad);
       if (options.gradient_as_bucket_view) grad = view;
     }
     if (--b.pending > 0) return;
-    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
-      const size_t index = next_launch++;
-      Bucket& next = buckets[index];
-      if (hook) {
-        std::vector<at::Tensor> members;
-        for (size_t m : next.members) members.push_back(params[m]);
-        GradBucket gb(index, index + 1 == buckets.size(), next.flat, next.views, std::move(members));
-        next.work = hook(gb);
-        if (!next.work) throw UsageError("DistributedDataParallel: the communication hook returned no Work");
-      } else {
-        next.work = pg->all_reduce(next.flat, {ReduceOp::AVG});
-      }
+    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) launch(next_launch++);
+  }
+
+  void launch(size_t index) {
+    Bucket& b = buckets[index];
+    if (direct_mode()) {
+      b.direct = true;
+      b.work = launch_direct(b);
+      return;
     }
+    if (hook) {
+      std::vector<at::Tensor> members;
+      for (size_t m : b.members) members.push_back(params[m]);
+      GradBucket gb(index, index + 1 == buckets.size(), b.flat, b.views, std::move(members));
+      b.work = hook(gb);
+      if (!b.work) throw UsageError("DistributedDataParallel: the communication hook returned no Work");
+    } else {
+      b.work = pg->all_reduce(b.flat, {ReduceOp::AVG});
+    }
+  }
+
+  // The built-in hooks on the bucket's pieces: the same arithmetic as the
+  // hooks on a flat buffer (so the same bits), without building it.
+  std::shared_ptr<Work> launch_direct(Bucket& b) {
+    const auto& group = builtin_group ? builtin_group : pg;
+    switch (builtin) {
+      case Builtin::kNoop:
+        return Work::completed({});
+      case Builtin::kAllreduce:
+        return group->all_reduce_coalesced(b.pieces, {ReduceOp::AVG});
+      case Builtin::kFp16:
+      case Builtin::kBf16: {
+        const auto dtype = builtin == Builtin::kFp16 ? at::kHalf : at::kBFloat16;
+        if (!b.compressed.defined()) b.compressed = at::empty({b.flat.numel()}, b.flat.options().dtype(dtype));
+        int64_t offset = 0;
+        std::vector<at::Tensor> parts;
+        for (const auto& piece : b.pieces) {
+          at::Tensor part = b.compressed.slice(0, offset, offset + piece.numel());
+          part.copy_(piece.view({-1}));
+          parts.push_back(part);
+          offset += piece.numel();
+        }
+        // The cast back runs on the group's worker thread, while backward
+        // goes on; these gradients are final, so nothing else writes them.
+        return group->all_reduce(b.compressed, {ReduceOp::AVG})
+            ->then([pieces = b.pieces, parts = std::move(parts)](Work&) {
+              for (size_t k = 0; k < pieces.size(); ++k) pieces[k].view({-1}).copy_(parts[k]);
+              return std::vector<at::Tensor>{};
+            });
+      }
+      case Builtin::kNone:
+        break;
+    }
+    throw Error("DistributedDataParallel: no built-in reduction to run");
   }
 
   // A parameter's gradient has been accumulated (autograd thread).
@@ -336,7 +406,7 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
     for (size_t k = 0; k < next_launch; ++k) {
       Bucket& b = buckets[k];
       // A hook may return its result in a tensor of its own.
-      const auto result = b.work ? b.work->result() : std::vector<at::Tensor>{};
+      const auto result = b.work && !b.direct ? b.work->result() : std::vector<at::Tensor>{};
       if (!result.empty() && result[0].defined() && result[0].data_ptr() != b.flat.data_ptr()) {
         if (result[0].numel() != b.flat.numel()) {
           pending_error = "DistributedDataParallel: the communication hook returned " +
@@ -349,6 +419,7 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
       for (size_t s = 0; s < b.members.size(); ++s) {
         const size_t m = b.members[s];
         if (!globally_used[m]) continue;
+        if (b.direct && !b.pieces[s].is_same(b.views[s])) continue;  // reduced in its .grad
         at::Tensor& grad = params[m].mutable_grad();
         if (!grad.defined()) {
           grad = options.gradient_as_bucket_view ? b.views[s] : b.views[s].clone();
@@ -495,6 +566,24 @@ void DataParallel::register_comm_hook(CommHook hook) {
     throw UsageError("DistributedDataParallel::register_comm_hook may be called only once per instance");
   }
   state_->hook = std::move(hook);
+  state_->builtin = Builtin::kNone;
+}
+
+void DataParallel::register_comm_hook(const std::shared_ptr<ProcessGroup>& group, BuiltinHookFn fn) {
+  if (!fn) throw UsageError("DistributedDataParallel::register_comm_hook: the hook is empty");
+  Builtin kind = Builtin::kNone;
+  if (fn == &allreduce_hook) kind = Builtin::kAllreduce;
+  if (fn == &fp16_compress_hook) kind = Builtin::kFp16;
+  if (fn == &bf16_compress_hook) kind = Builtin::kBf16;
+  if (fn == &noop_hook) kind = Builtin::kNoop;
+  auto resolved = group ? group : default_group();
+  if (kind != Builtin::kNone && !resolved) {
+    throw UsageError("communication hook: no process group given and no default group");
+  }
+  register_comm_hook([group, fn](GradBucket& b) { return fn(group, b); });
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->builtin = kind;
+  state_->builtin_group = std::move(resolved);
 }
 
 void DataParallel::set_require_sync(bool on) {

@@ -270,6 +270,77 @@ TEST_P(Ddp, BuiltInHooks) {
   }), "");
 }
 
+// Parameters after three SGD steps of DDP on this rank's shard, with the
+// hook `install` registers.
+std::vector<torch::Tensor> trained(int n, int r, const std::function<void(tdist::DistributedDataParallel<Net>&)>& install) {
+  torch::manual_seed(11);
+  Net net;
+  tdist::DistributedDataParallelOptions o;
+  o.bucket_cap_mb = 0.01;
+  tdist::DistributedDataParallel<Net> ddp(net, o);
+  install(ddp);
+  torch::optim::SGD opt(ddp->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  for (int step = 0; step < 3; ++step) {
+    auto [x, y] = batch(step, 8 * n);
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(ddp->forward(x.narrow(0, 8 * r, 8)), y.narrow(0, 8 * r, 8)).backward();
+    opt.step();
+  }
+  std::vector<torch::Tensor> out;
+  for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+// The reducer runs the built-in hooks itself, on the gradients in place; it
+// must give the very bits the hooks give on a flat bucket (a hook wrapped in
+// a lambda is opaque to it, so it takes the GradBucket path).
+TEST_P(Ddp, BuiltInHooksInPlaceGiveTheHooksBits) {
+  EXPECT_EQ(run_world(GetParam(), [](ProcessGroup& pg) {
+    auto world = tdist::default_group();
+    using Fn = std::shared_ptr<tdist::Work> (*)(const std::shared_ptr<ProcessGroup>&, tdist::GradBucket&);
+    const std::vector<std::pair<const char*, Fn>> hooks = {{"allreduce_hook", tdist::allreduce_hook},
+                                                           {"fp16_compress_hook", tdist::fp16_compress_hook},
+                                                           {"bf16_compress_hook", tdist::bf16_compress_hook}};
+    for (const auto& [name, fn] : hooks) {
+      auto direct = trained(pg.size(), pg.rank(), [&, fn = fn](auto& ddp) { ddp->register_comm_hook(world, fn); });
+      auto through_bucket = trained(pg.size(), pg.rank(), [&, fn = fn](auto& ddp) {
+        ddp->register_comm_hook([world, fn](tdist::GradBucket& b) { return fn(world, b); });
+      });
+      for (size_t i = 0; i < direct.size(); ++i) {
+        WORLD_CHECK(torch::equal(direct[i], through_bucket[i]), name << ": parameter " << i << " differs");
+      }
+    }
+    // No hook at all is allreduce_hook.
+    auto plain = trained(pg.size(), pg.rank(), [](auto&) {});
+    auto hooked = trained(pg.size(), pg.rank(), [&](auto& ddp) { ddp->register_comm_hook(world, tdist::allreduce_hook); });
+    for (size_t i = 0; i < plain.size(); ++i) WORLD_CHECK(torch::equal(plain[i], hooked[i]), "no hook: " << i);
+  }), "");
+}
+
+// A .grad that cannot be reduced in place (not contiguous) goes through its
+// bucket slot and still ends up averaged, in the same tensor.
+TEST_P(Ddp, NonContiguousGradientsAreAveragedToo) {
+  EXPECT_EQ(run_world(GetParam(), [](ProcessGroup& pg) {
+    const int n = pg.size(), r = pg.rank();
+    torch::manual_seed(13);
+    Net net;
+    tdist::DistributedDataParallel<Net> ddp(net);
+    torch::manual_seed(13);
+    Net reference;
+    at::Tensor& g = net->fc2->weight.mutable_grad();
+    g = torch::zeros({64, 64}).t();  // autograd accumulates into it in place
+    const at::Tensor before = g;
+    auto [x, y] = batch(4, 8 * n);
+    torch::nn::functional::cross_entropy(ddp->forward(x.narrow(0, 8 * r, 8)), y.narrow(0, 8 * r, 8)).backward();
+    torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
+    WORLD_CHECK(net->fc2->weight.grad().is_same(before) && !before.is_contiguous(), "the .grad tensor was replaced");
+    auto pa = net->parameters(), pb = reference->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      WORLD_CHECK(torch::allclose(pa[i].grad(), pb[i].grad(), 1e-5, 1e-6), "grad " << i);
+    }
+  }), "");
+}
+
 TEST_P(Ddp, NoopHookLeavesGradientsLocal) {
   EXPECT_EQ(run_world(GetParam(), [](ProcessGroup& pg) {
     torch::manual_seed(9);
