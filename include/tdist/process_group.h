@@ -70,6 +70,13 @@ class Work : public std::enable_shared_from_this<Work> {
   // collectives, but must not wait on work of the same group (it runs on
   // that group's worker thread).
   std::shared_ptr<Work> then(std::function<std::vector<at::Tensor>(Work&)> fn);
+  // As then(), for a step that is itself asynchronous: fn returns a Work
+  // (typically the next collective), and the returned Work completes with
+  // that Work's result or error. Collectives that fn queues on the group
+  // whose worker runs it go ahead of anything queued later by other
+  // threads, so a chain issues its collectives in the same order on every
+  // rank.
+  std::shared_ptr<Work> chain(std::function<std::shared_ptr<Work>(Work&)> fn);
 
   // For backends and hooks that complete work themselves.
   void mark_completed(std::vector<at::Tensor> result);

@@ -26,6 +26,9 @@ namespace {
 
 using Body = std::function<std::vector<at::Tensor>(comm::Deadline)>;
 
+// The group whose worker thread this is (null elsewhere).
+thread_local const void* current_worker = nullptr;
+
 struct Task {
   std::shared_ptr<Work> work;
   Milliseconds timeout;
@@ -76,6 +79,9 @@ struct ProcessGroup::Impl {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Task> queue;
+  // Tasks queued from a callback on this group's worker thread go ahead of
+  // everything else, in the order queued (see enqueue).
+  size_t continuations = 0;
   std::atomic<size_t> queued{0};
   bool stopping = false;
   std::thread worker;
@@ -139,7 +145,15 @@ struct ProcessGroup::Impl {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (stopping) throw UsageError(std::string(name) + ": the process group '" + group_name + "' is shut down");
-      queue.push_back(Task{work, to, std::move(body)});
+      // A continuation (queued by a callback that the worker runs as an op
+      // completes, e.g. the next step of a hook's chain) runs next, before
+      // anything other threads queued meanwhile: so chained collectives are
+      // issued in the same order on every rank, however threads interleave.
+      if (current_worker == this) {
+        queue.insert(queue.begin() + static_cast<std::ptrdiff_t>(continuations++), Task{work, to, std::move(body)});
+      } else {
+        queue.push_back(Task{work, to, std::move(body)});
+      }
       queued.fetch_add(1, std::memory_order_release);
     }
     cv.notify_one();
@@ -147,6 +161,7 @@ struct ProcessGroup::Impl {
   }
 
   void run() {
+    current_worker = this;
     for (;;) {
       Task task;
       {
@@ -160,6 +175,7 @@ struct ProcessGroup::Impl {
         if (queue.empty()) return;  // stopping, and everything queued has run
         task = std::move(queue.front());
         queue.pop_front();
+        continuations = 0;
         queued.fetch_sub(1, std::memory_order_relaxed);
       }
       try {

@@ -112,6 +112,47 @@ std::shared_ptr<Work> Work::completed(std::vector<at::Tensor> result) {
   return w;
 }
 
+std::shared_ptr<Work> Work::chain(std::function<std::shared_ptr<Work>(Work&)> fn) {
+  auto next = std::make_shared<Work>();
+  next->set_info(state_->seq, state_->op_name + ".chain");
+  auto self = shared_from_this();
+  auto run = [self, next, fn = std::move(fn)] {
+    if (auto err = self->exception()) {
+      next->mark_failed(err);
+      return;
+    }
+    std::shared_ptr<Work> inner;
+    try {
+      inner = fn(*self);
+      if (!inner) throw UsageError("Work::chain: the function returned no Work");
+    } catch (...) {
+      next->mark_failed(std::current_exception());
+      return;
+    }
+    // Forward the inner work's outcome, success or failure.
+    auto forward = [inner, next] {
+      if (auto err = inner->exception()) next->mark_failed(err); else next->mark_completed(inner->result());
+    };
+    {
+      std::lock_guard<std::mutex> lock(inner->state_->mu);
+      if (!inner->state_->done) {
+        inner->state_->callbacks.push_back(std::move(forward));
+        return;
+      }
+    }
+    forward();
+  };
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (!state_->done) {
+      state_->callbacks.push_back(std::move(run));
+      return next;
+    }
+  }
+  run();
+  return next;
+}
+
 std::shared_ptr<Work> Work::then(std::function<std::vector<at::Tensor>(Work&)> fn) {
   auto next = std::make_shared<Work>();
   next->set_info(state_->seq, state_->op_name + ".then");

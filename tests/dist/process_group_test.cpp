@@ -348,6 +348,59 @@ TEST(Work, ThenChainsAndPropagatesErrors) {
   tdist::destroy_process_group();
 }
 
+// Chains of collectives issued from callbacks keep the same order on every
+// rank, however the caller's thread and the worker interleave: rank 1 queues
+// its next op at varying delays, so the chain's second collective is queued
+// sometimes before, sometimes after it; shm would raise a mismatch.
+TEST(Work, ChainedCollectivesKeepOneOrderOnEveryRank) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup& pg) {
+    const int n = pg.size();
+    std::vector<std::shared_ptr<tdist::Work>> chains, plain;
+    std::vector<at::Tensor> firsts, seconds, thirds;
+    for (int k = 0; k < 40; ++k) {
+      firsts.push_back(at::full({5 + k}, 1.0f));
+      seconds.push_back(at::full({1000 + k}, 2.0f));
+      thirds.push_back(at::full({3}, static_cast<float>(k)));
+      at::Tensor second = seconds.back();
+      chains.push_back(pg.all_reduce(firsts.back())->chain([&pg, second](tdist::Work&) {
+        return pg.all_reduce(second)->chain([&pg, second](tdist::Work&) {
+          return pg.all_reduce(second, {ReduceOp::MAX});
+        });
+      }));
+      if (pg.rank() == 1) std::this_thread::sleep_for(std::chrono::microseconds((k * 37) % 300));
+      plain.push_back(pg.all_reduce(thirds.back()));
+    }
+    for (int k = 0; k < 40; ++k) {
+      chains[k]->wait();
+      plain[k]->wait();
+      WORLD_CHECK(firsts[k].eq(n).all().item<bool>(), "first op of chain " << k);
+      WORLD_CHECK(seconds[k].eq(2.0f * n).all().item<bool>(), "chained ops of chain " << k);
+      WORLD_CHECK(chains[k]->result()[0].is_same(seconds[k]), "chain " << k << " result");
+      WORLD_CHECK(thirds[k].eq(static_cast<float>(k * n)).all().item<bool>(), "op after chain " << k);
+    }
+  }), "");
+}
+
+TEST(Work, ChainPropagatesErrorsFromEitherStep) {
+  auto failed = std::make_shared<tdist::Work>();
+  failed->mark_failed(std::make_exception_ptr(std::runtime_error("first step broke")));
+  bool ran = false;
+  auto a = failed->chain([&](tdist::Work&) { ran = true; return tdist::Work::completed({}); });
+  EXPECT_THROW(a->wait(), std::runtime_error);
+  EXPECT_FALSE(ran);
+  auto b = tdist::Work::completed({})->chain([](tdist::Work&) -> std::shared_ptr<tdist::Work> {
+    throw std::runtime_error("fn broke");
+  });
+  EXPECT_THROW(b->wait(), std::runtime_error);
+  auto inner = std::make_shared<tdist::Work>();
+  auto c = tdist::Work::completed({})->chain([&](tdist::Work&) { return inner; });
+  EXPECT_FALSE(c->is_completed());
+  inner->mark_failed(std::make_exception_ptr(tdist::PeerFailureError("rank 3 died", 3)));
+  EXPECT_THROW(c->wait(), tdist::PeerFailureError);
+  auto d = tdist::Work::completed({})->chain([](tdist::Work&) { return std::shared_ptr<tdist::Work>(); });
+  EXPECT_THROW(d->wait(), tdist::UsageError);
+}
+
 TEST(Work, WaitWithATimeoutRaisesWhileTheOpRuns) {
   auto w = std::make_shared<tdist::Work>();
   w->set_info(7, "all_reduce");
