@@ -1,7 +1,8 @@
 // Fashion-MNIST with DistributedDataParallel: the main demo.
 //
 //   build/bin/tdist-run --nproc-per-node 2 build/bin/fashion_mnist [--model mlp|cnn] [--epochs 3]
-//       [--batch-size 64] [--lr 0.001] [--seed 0] [--hook allreduce|fp16|bf16|noop]
+//       [--batch-size 64] [--lr 0.001] [--seed 0]
+//       [--hook allreduce|fp16|bf16|noop|powersgd|batched_powersgd] [--powersgd-rank 1] [--powersgd-start-iter 10]
 //       [--backend auto] [--data-dir /usr/share/datasets/fashion-mnist] [--json FILE]
 //
 // Reads Debian's dataset-fashion-mnist (gzipped IDX files), shards the
@@ -32,12 +33,15 @@ struct Args {
   std::string backend = "auto";
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::string json;
+  int64_t powersgd_rank = 1;
+  int64_t powersgd_start_iter = 10;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "fashion_mnist: %s\nusage: fashion_mnist [--model mlp|cnn] [--epochs N] [--batch-size N] [--lr X] "
-               "[--seed N] [--hook allreduce|fp16|bf16|noop] [--backend NAME] [--data-dir DIR] [--json FILE]\n",
+               "[--seed N] [--hook allreduce|fp16|bf16|noop|powersgd|batched_powersgd] [--powersgd-rank R] "
+               "[--powersgd-start-iter K] [--backend NAME] [--data-dir DIR] [--json FILE]\n",
                why.c_str());
   std::exit(2);
 }
@@ -58,6 +62,8 @@ Args parse(int argc, char** argv) {
       else if (k == "--backend") a.backend = v;
       else if (k == "--data-dir") a.data_dir = v;
       else if (k == "--json") a.json = v;
+      else if (k == "--powersgd-rank") a.powersgd_rank = std::stoll(v);
+      else if (k == "--powersgd-start-iter") a.powersgd_start_iter = std::stoll(v);
       else usage("unknown option " + k);
     } catch (const std::logic_error&) {
       usage("bad value '" + v + "' for " + k);
@@ -152,13 +158,23 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
   if (a.hook == "fp16") ddp->register_comm_hook(group, tdist::fp16_compress_hook);
   else if (a.hook == "bf16") ddp->register_comm_hook(group, tdist::bf16_compress_hook);
   else if (a.hook == "noop") ddp->register_comm_hook(group, tdist::noop_hook);
-  else if (a.hook != "allreduce") usage("--hook must be allreduce, fp16, bf16 or noop");
+  std::shared_ptr<tdist::PowerSGDState> powersgd;
+  if (a.hook == "powersgd" || a.hook == "batched_powersgd") {
+    tdist::PowerSGDOptions o;
+    o.matrix_approximation_rank = a.powersgd_rank;
+    o.start_powerSGD_iter = a.powersgd_start_iter;
+    powersgd = std::make_shared<tdist::PowerSGDState>(group, o);
+    ddp->register_comm_hook(powersgd, a.hook == "powersgd" ? tdist::powerSGD_hook : tdist::batched_powerSGD_hook);
+  } else if (a.hook != "allreduce" && a.hook != "fp16" && a.hook != "bf16" && a.hook != "noop") {
+    usage("--hook must be allreduce, fp16, bf16, noop, powersgd or batched_powersgd");
+  }
   torch::optim::Adam opt(ddp->parameters(), torch::optim::AdamOptions(a.lr));
 
   const int64_t n = train_x.size(0);
   const int64_t per_rank = n / world;  // the sampler drops the remainder, as PyTorch's does with drop_last
   const int64_t steps_per_epoch = (per_rank + a.batch_size - 1) / a.batch_size;
   int64_t steps = 0;
+  double train_seconds = 0;
   for (int epoch = 0; epoch < a.epochs; ++epoch) {
     ddp->train();
     // Halve the learning rate after every epoch.
@@ -188,6 +204,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
       }
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    train_seconds += secs;
     if (rank == 0) {
       std::printf("%sepoch %d/%d: %lld steps, %.1f s, %.0f samples/s, mean loss %.4f\n", isatty(1) ? "\n" : "",
                   epoch + 1, a.epochs, static_cast<long long>(steps_per_epoch), secs,
@@ -209,10 +226,33 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
     std::printf("test accuracy %.2f%% after %d epochs (%lld steps per rank, %d ranks, hook %s, %s backend) in %.1f s\n",
                 100 * accuracy, a.epochs, static_cast<long long>(steps), world, a.hook.c_str(),
                 pg.backend_name().c_str(), seconds);
+    // What this rank handed to all-reduce for the gradients.
+    int64_t grad_bytes = 0;
+    for (const auto& p : net->parameters()) grad_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    int64_t bytes = grad_bytes * steps;
+    double rate = 1;
+    if (powersgd) {
+      const auto st = powersgd->compression_stats();
+      bytes = st.bytes_communicated;
+      rate = st.compression_rate;
+    } else if (a.hook == "fp16" || a.hook == "bf16") {
+      bytes /= 2;
+      rate = 2;
+    } else if (a.hook == "noop") {
+      bytes = 0;
+      rate = 0;
+    }
+    if (powersgd) {
+      std::printf("PowerSGD: compression rate %.1f, %.0f bytes per step (all-reduce: %lld)\n", rate,
+                  static_cast<double>(bytes) / std::max<int64_t>(1, steps), static_cast<long long>(grad_bytes));
+    }
     if (!a.json.empty()) {
       std::ofstream f(a.json);
       f << "{\"test_accuracy\": " << accuracy << ", \"epochs\": " << a.epochs << ", \"steps\": " << steps
-        << ", \"seconds\": " << seconds << ", \"world_size\": " << world << ", \"hook\": \"" << a.hook << "\"}\n";
+        << ", \"seconds\": " << seconds << ", \"ms_per_step\": " << 1000 * train_seconds / std::max<int64_t>(1, steps)
+        << ", \"world_size\": " << world << ", \"hook\": \"" << a.hook << "\", \"bytes_communicated\": " << bytes
+        << ", \"bytes_per_step\": " << static_cast<double>(bytes) / std::max<int64_t>(1, steps)
+        << ", \"compression_rate\": " << rate << "}\n";
       if (!f) {
         std::fprintf(stderr, "fashion_mnist: cannot write %s\n", a.json.c_str());
         return 1;
