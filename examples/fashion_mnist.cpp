@@ -35,13 +35,16 @@ struct Args {
   std::string json;
   int64_t powersgd_rank = 1;
   int64_t powersgd_start_iter = 10;
+  int64_t max_steps = 0;     // stop after this many steps (0: all epochs)
+  int64_t warmup_steps = 0;  // steps left out of ms_per_step
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "fashion_mnist: %s\nusage: fashion_mnist [--model mlp|cnn] [--epochs N] [--batch-size N] [--lr X] "
                "[--seed N] [--hook allreduce|fp16|bf16|noop|powersgd|batched_powersgd] [--powersgd-rank R] "
-               "[--powersgd-start-iter K] [--backend NAME] [--data-dir DIR] [--json FILE]\n",
+               "[--powersgd-start-iter K] [--max-steps N] [--warmup-steps N] [--backend NAME] [--data-dir DIR] "
+               "[--json FILE]\n",
                why.c_str());
   std::exit(2);
 }
@@ -64,6 +67,8 @@ Args parse(int argc, char** argv) {
       else if (k == "--json") a.json = v;
       else if (k == "--powersgd-rank") a.powersgd_rank = std::stoll(v);
       else if (k == "--powersgd-start-iter") a.powersgd_start_iter = std::stoll(v);
+      else if (k == "--max-steps") a.max_steps = std::stoll(v);
+      else if (k == "--warmup-steps") a.warmup_steps = std::stoll(v);
       else usage("unknown option " + k);
     } catch (const std::logic_error&) {
       usage("bad value '" + v + "' for " + k);
@@ -174,7 +179,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
   const int64_t per_rank = n / world;  // the sampler drops the remainder, as PyTorch's does with drop_last
   const int64_t steps_per_epoch = (per_rank + a.batch_size - 1) / a.batch_size;
   int64_t steps = 0;
-  double train_seconds = 0;
+  auto timed_from = std::chrono::steady_clock::now();
   for (int epoch = 0; epoch < a.epochs; ++epoch) {
     ddp->train();
     // Halve the learning rate after every epoch.
@@ -194,6 +199,8 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
       opt.step();
       loss_sum += loss.item<double>();
       ++steps;
+      if (steps == a.warmup_steps) timed_from = std::chrono::steady_clock::now();
+      if (a.max_steps > 0 && steps >= a.max_steps) break;
       if (rank == 0 && (s % 20 == 0 || s + 1 == steps_per_epoch) && isatty(1)) {
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const int filled = static_cast<int>(30 * (s + 1) / steps_per_epoch);
@@ -204,13 +211,18 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
       }
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    train_seconds += secs;
+    const int64_t done = a.max_steps > 0 ? std::min(steps_per_epoch, a.max_steps - epoch * steps_per_epoch)
+                                         : steps_per_epoch;
     if (rank == 0) {
       std::printf("%sepoch %d/%d: %lld steps, %.1f s, %.0f samples/s, mean loss %.4f\n", isatty(1) ? "\n" : "",
-                  epoch + 1, a.epochs, static_cast<long long>(steps_per_epoch), secs,
-                  steps_per_epoch * a.batch_size * world / secs, loss_sum / steps_per_epoch);
+                  epoch + 1, a.epochs, static_cast<long long>(done), secs, done * a.batch_size * world / secs,
+                  loss_sum / done);
     }
+    if (a.max_steps > 0 && steps >= a.max_steps) break;
   }
+  const double train_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - timed_from).count();
+  const int64_t timed_steps = steps - std::min(steps, a.warmup_steps);
 
   // Test accuracy over every rank's shard of the test set.
   ddp->eval();
@@ -230,28 +242,31 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
     int64_t grad_bytes = 0;
     for (const auto& p : net->parameters()) grad_bytes += p.numel() * static_cast<int64_t>(p.element_size());
     int64_t bytes = grad_bytes * steps;
-    double rate = 1;
+    double rate = 1, step_bytes = static_cast<double>(grad_bytes);  // per step once compression runs
     if (powersgd) {
       const auto st = powersgd->compression_stats();
       bytes = st.bytes_communicated;
       rate = st.compression_rate;
+      step_bytes = static_cast<double>(st.bytes_after) / std::max<int64_t>(1, steps - a.powersgd_start_iter);
     } else if (a.hook == "fp16" || a.hook == "bf16") {
       bytes /= 2;
+      step_bytes /= 2;
       rate = 2;
     } else if (a.hook == "noop") {
       bytes = 0;
+      step_bytes = 0;
       rate = 0;
     }
     if (powersgd) {
-      std::printf("PowerSGD: compression rate %.1f, %.0f bytes per step (all-reduce: %lld)\n", rate,
-                  static_cast<double>(bytes) / std::max<int64_t>(1, steps), static_cast<long long>(grad_bytes));
+      std::printf("PowerSGD: compression rate %.1f, %.0f bytes per step once compressing (all-reduce: %lld)\n", rate,
+                  step_bytes, static_cast<long long>(grad_bytes));
     }
     if (!a.json.empty()) {
       std::ofstream f(a.json);
       f << "{\"test_accuracy\": " << accuracy << ", \"epochs\": " << a.epochs << ", \"steps\": " << steps
-        << ", \"seconds\": " << seconds << ", \"ms_per_step\": " << 1000 * train_seconds / std::max<int64_t>(1, steps)
+        << ", \"seconds\": " << seconds << ", \"ms_per_step\": " << 1000 * train_seconds / std::max<int64_t>(1, timed_steps)
         << ", \"world_size\": " << world << ", \"hook\": \"" << a.hook << "\", \"bytes_communicated\": " << bytes
-        << ", \"bytes_per_step\": " << static_cast<double>(bytes) / std::max<int64_t>(1, steps)
+        << ", \"bytes_per_step\": " << step_bytes
         << ", \"compression_rate\": " << rate << "}\n";
       if (!f) {
         std::fprintf(stderr, "fashion_mnist: cannot write %s\n", a.json.c_str());
