@@ -8,7 +8,7 @@ JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
-.PHONY: all deps configure build test demo bench asan tsan fuzz clean
+.PHONY: all deps configure build test demo bench slow-link asan tsan fuzz clean
 
 all: build
 
@@ -36,6 +36,11 @@ bench: build
 	$(BUILD)/bin/tdist-bench store --json $(BUILD)/bench/store.json
 	bash bench/compare_collectives.sh $(BUILD) $(BUILD)/bench
 	bash bench/compare_ddp.sh $(BUILD) $(BUILD)/bench
+
+# Training across two network namespaces over a rate-limited link (root).
+slow-link: build
+	mkdir -p $(BUILD)/bench
+	bash bench/slow_link.sh $(BUILD)/bin $(BUILD)/bench
 
 # The suite under sanitizers, each in its own build tree.
 asan: deps

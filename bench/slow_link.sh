@@ -9,7 +9,7 @@
 # allreduce, fp16 and PowerSGD rank 1, 2, 4) it runs STEPS training steps
 # (default 40; the first WARMUP, default 5, are not timed; PowerSGD starts
 # compressing after 2) and reports ms per step and bytes sent per step. Then
-# it trains EPOCHS full epochs (default 1) with every hook over the first
+# it trains EPOCHS full epochs (default 4, as the demo) with every hook over the first
 # rate and reports test accuracy: the arithmetic does not depend on the link.
 # Prints a table and writes OUT_DIR/slow_link.json. Needs root; it creates
 # and removes only its own namespaces, veth pair and 198.18.0.0/24 addresses.
@@ -20,7 +20,7 @@ RATES=${RATES:-"1gbit 100mbit"}
 HOOKS=${HOOKS:-"allreduce fp16 powersgd:1 powersgd:2 powersgd:4"}
 STEPS=${STEPS:-40}
 WARMUP=${WARMUP:-5}
-EPOCHS=${EPOCHS:-1}
+EPOCHS=${EPOCHS:-4}
 ACCURACY=${ACCURACY:-1}  # 0: step times only
 if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
   echo "slow_link.sh: needs root, iproute2 and tc (network namespaces, rate limits)" >&2
