@@ -73,7 +73,7 @@ struct ProcessGroup::Impl {
   std::string group_name;
   Milliseconds timeout = kDefaultCollectiveTimeout;
   std::string master_addr;     // handed to network backends
-  uint64_t next_seq = 0;       // caller thread only
+  uint64_t next_seq = 0;       // worker thread only
   int next_subgroup = 0;       // caller thread only
 
   std::mutex mu;
@@ -132,14 +132,16 @@ struct ProcessGroup::Impl {
   std::shared_ptr<Work> enqueue(const char* name, const std::optional<Milliseconds>& t, Body body,
                                 std::string fingerprint = "") {
     auto work = std::make_shared<Work>();
-    const uint64_t seq = next_seq++;
-    work->set_info(seq, name);
-    if (debug_detail && !fingerprint.empty()) {
-      body = [this, seq, fp = std::move(fingerprint), inner = std::move(body)](comm::Deadline d) {
-        check_fingerprint(seq, fp, d);
-        return inner(d);
-      };
-    }
+    work->set_info(0, name);
+    // The sequence number is given when the op starts, on the worker: the
+    // run order is the same on every rank (chained ops included), the
+    // order of enqueue calls from several threads need not be.
+    body = [this, work, fp = std::move(fingerprint), inner = std::move(body)](comm::Deadline d) {
+      const uint64_t seq = next_seq++;
+      work->set_seq(seq);
+      if (debug_detail && !fp.empty()) check_fingerprint(seq, fp, d);
+      return inner(d);
+    };
     const Milliseconds to = t.value_or(timeout);
     if (to.count() <= 0) throw UsageError(std::string(name) + ": the timeout must be positive");
     {
