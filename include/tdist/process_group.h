@@ -89,6 +89,9 @@ class Work : public std::enable_shared_from_this<Work> {
   struct State;  // private to work.cpp
 
  private:
+  // Runs cb once this work is done: at once if it already is, else on the
+  // thread that completes it.
+  void when_done(std::function<void()> cb);
   std::unique_ptr<State> state_;
 };
 

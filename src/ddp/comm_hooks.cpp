@@ -6,15 +6,12 @@
 #include <mutex>
 #include <vector>
 
+#include "ddp/hook_group.h"
+
 namespace tdist {
 
 namespace {
 
-std::shared_ptr<ProcessGroup> group_or_default(const std::shared_ptr<ProcessGroup>& group) {
-  auto g = group ? group : default_group();
-  if (!g) throw UsageError("communication hook: no process group given and no default group");
-  return g;
-}
 
 // The compressed copy of a buffer, reused from one iteration to the next:
 // fresh memory for it every time costs more than the conversion itself
@@ -71,8 +68,18 @@ std::shared_ptr<Work> compressed(const std::shared_ptr<ProcessGroup>& group, Gra
 
 }  // namespace
 
+namespace detail {
+
+std::shared_ptr<ProcessGroup> hook_group(const std::shared_ptr<ProcessGroup>& group, const char* who) {
+  auto g = group ? group : default_group();
+  if (!g) throw UsageError(std::string(who) + ": no process group given and no default group");
+  return g;
+}
+
+}  // namespace detail
+
 std::shared_ptr<Work> allreduce_hook(const std::shared_ptr<ProcessGroup>& group, GradBucket& bucket) {
-  auto g = group_or_default(group);
+  auto g = detail::hook_group(group, "communication hook");
   at::Tensor t = bucket.buffer();
   // Divide first, as PyTorch's hook does, so that reduced-precision buffers
   // cannot overflow in the sum; AVG does that on floating buffers in one go.

@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "ddp/bucket_assignment.h"
+#include "ddp/hook_group.h"
 #include "util/bytes.h"
 #include "tdist/ddp.h"
 
@@ -74,10 +75,9 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
     std::vector<at::Tensor> views;  // per member, shaped like the parameter, aliasing flat
     size_t pending = 0;
     std::shared_ptr<Work> work;
-    // Built-in reductions without gradient_as_bucket_view work on the
-    // gradients where they are: per member, its .grad, or its view in flat
-    // when there is no usable .grad (none, or not contiguous).
-    bool direct = false;
+    // Built-in reductions without gradient_as_bucket_view (direct_mode())
+    // work on the gradients where they are: per member, its .grad, or its
+    // view in flat when there is no usable .grad (none, or not contiguous).
     std::vector<at::Tensor> pieces;
     at::Tensor compressed;  // fp16/bf16 built-ins: the cast copy, kept between iterations
   };
@@ -116,7 +116,6 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
     for (auto& b : buckets) {
       b.pending = b.members.size();
       b.work.reset();
-      b.direct = false;
       for (auto& piece : b.pieces) piece.reset();
     }
     std::fill(ready.begin(), ready.end(), false);
@@ -237,7 +236,6 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
   void launch(size_t index) {
     Bucket& b = buckets[index];
     if (direct_mode()) {
-      b.direct = true;
       b.work = launch_direct(b);
       return;
     }
@@ -403,10 +401,11 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
     } else if (options.static_graph) {
       for (size_t i = 0; i < params.size(); ++i) globally_used[i] = !static_unused[i];
     }
+    const bool direct = direct_mode();
     for (size_t k = 0; k < next_launch; ++k) {
       Bucket& b = buckets[k];
       // A hook may return its result in a tensor of its own.
-      const auto result = b.work && !b.direct ? b.work->result() : std::vector<at::Tensor>{};
+      const auto result = b.work && !direct ? b.work->result() : std::vector<at::Tensor>{};
       if (!result.empty() && result[0].defined() && result[0].data_ptr() != b.flat.data_ptr()) {
         if (result[0].numel() != b.flat.numel()) {
           pending_error = "DistributedDataParallel: the communication hook returned " +
@@ -419,7 +418,7 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
       for (size_t s = 0; s < b.members.size(); ++s) {
         const size_t m = b.members[s];
         if (!globally_used[m]) continue;
-        if (b.direct && !b.pieces[s].is_same(b.views[s])) continue;  // reduced in its .grad
+        if (direct && !b.pieces[s].is_same(b.views[s])) continue;  // reduced in its .grad
         at::Tensor& grad = params[m].mutable_grad();
         if (!grad.defined()) {
           grad = options.gradient_as_bucket_view ? b.views[s] : b.views[s].clone();
@@ -576,10 +575,7 @@ void DataParallel::register_comm_hook(const std::shared_ptr<ProcessGroup>& group
   if (fn == &fp16_compress_hook) kind = Builtin::kFp16;
   if (fn == &bf16_compress_hook) kind = Builtin::kBf16;
   if (fn == &noop_hook) kind = Builtin::kNoop;
-  auto resolved = group ? group : default_group();
-  if (kind != Builtin::kNone && !resolved) {
-    throw UsageError("communication hook: no process group given and no default group");
-  }
+  auto resolved = kind == Builtin::kNone ? group : hook_group(group, "communication hook");
   register_comm_hook([group, fn](GradBucket& b) { return fn(group, b); });
   std::lock_guard<std::mutex> lock(state_->mu);
   state_->builtin = kind;

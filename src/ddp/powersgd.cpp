@@ -11,6 +11,8 @@
 #include <iostream>
 #include <sstream>
 
+#include "ddp/hook_group.h"
+
 namespace tdist {
 
 struct PowerSGDState::Bucket {
@@ -51,10 +53,11 @@ void orthogonalize(const at::Tensor& m, double epsilon) {
   }
 }
 
-std::shared_ptr<ProcessGroup> resolve(const std::shared_ptr<ProcessGroup>& g) {
-  auto group = g ? g : default_group();
-  if (!group) throw UsageError("PowerSGD: no process group given and no default group");
-  return group;
+// The options a checkpoint must agree on, as saved.
+std::vector<double> saved_options(const PowerSGDOptions& o) {
+  return {static_cast<double>(o.matrix_approximation_rank), static_cast<double>(o.start_powerSGD_iter),
+          o.min_compression_rate, static_cast<double>(o.use_error_feedback), static_cast<double>(o.warm_start),
+          o.orthogonalization_epsilon, static_cast<double>(o.batch_tensors_with_same_shape)};
 }
 
 // Gradients in the bucket buffer: element offset, shape.
@@ -146,7 +149,7 @@ struct PowerSGDAccess {
   }
 
   static const PowerSGDOptions& options(const PowerSGDState& s) { return s.options_; }
-  static std::shared_ptr<ProcessGroup> group(const PowerSGDState& s) { return resolve(s.group_); }
+  static std::shared_ptr<ProcessGroup> group(const PowerSGDState& s) { return detail::hook_group(s.group_, "PowerSGD"); }
 };
 
 PowerSGDState::PowerSGDState(std::shared_ptr<ProcessGroup> group, PowerSGDOptions options)
@@ -457,12 +460,7 @@ void PowerSGDState::save(torch::serialize::OutputArchive& archive) const {
   archive.write("iter", c10::IValue(iter_));
   archive.write("rng", c10::IValue(rng.str()));
   archive.write("next_stats_report", c10::IValue(next_stats_report_));
-  archive.write("options", c10::IValue(std::vector<double>{
-                               static_cast<double>(options_.matrix_approximation_rank),
-                               static_cast<double>(options_.start_powerSGD_iter), options_.min_compression_rate,
-                               static_cast<double>(options_.use_error_feedback),
-                               static_cast<double>(options_.warm_start), options_.orthogonalization_epsilon,
-                               static_cast<double>(options_.batch_tensors_with_same_shape)}));
+  archive.write("options", c10::IValue(saved_options(options_)));
   archive.write("stats", c10::IValue(std::vector<int64_t>{stats_.numel_before, stats_.numel_after,
                                                           stats_.bytes_before, stats_.bytes_after,
                                                           stats_.bytes_communicated, stats_.nonfinite_fallbacks}));
@@ -488,12 +486,7 @@ void PowerSGDState::load(torch::serialize::InputArchive& archive) {
     return v;
   };
   const auto saved = read("options").toDoubleVector();
-  const std::vector<double> mine{static_cast<double>(options_.matrix_approximation_rank),
-                                 static_cast<double>(options_.start_powerSGD_iter), options_.min_compression_rate,
-                                 static_cast<double>(options_.use_error_feedback),
-                                 static_cast<double>(options_.warm_start), options_.orthogonalization_epsilon,
-                                 static_cast<double>(options_.batch_tensors_with_same_shape)};
-  if (saved != mine) {
+  if (saved != saved_options(options_)) {
     throw UsageError("PowerSGDState::load: the checkpoint was written with different options "
                      "(matrix_approximation_rank, start_powerSGD_iter, min_compression_rate, use_error_feedback, "
                      "warm_start, orthogonalization_epsilon or batch_tensors_with_same_shape)");

@@ -132,27 +132,23 @@ std::shared_ptr<Work> Work::chain(std::function<std::shared_ptr<Work>(Work&)> fn
       return;
     }
     // Forward the inner work's outcome, success or failure.
-    auto forward = [inner, next] {
+    inner->when_done([inner, next] {
       if (auto err = inner->exception()) next->mark_failed(err); else next->mark_completed(inner->result());
-    };
-    {
-      std::lock_guard<std::mutex> lock(inner->state_->mu);
-      if (!inner->state_->done) {
-        inner->state_->callbacks.push_back(std::move(forward));
-        return;
-      }
-    }
-    forward();
+    });
   };
+  when_done(std::move(run));
+  return next;
+}
+
+void Work::when_done(std::function<void()> cb) {
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     if (!state_->done) {
-      state_->callbacks.push_back(std::move(run));
-      return next;
+      state_->callbacks.push_back(std::move(cb));
+      return;
     }
   }
-  run();
-  return next;
+  cb();
 }
 
 std::shared_ptr<Work> Work::then(std::function<std::vector<at::Tensor>(Work&)> fn) {
@@ -170,14 +166,7 @@ std::shared_ptr<Work> Work::then(std::function<std::vector<at::Tensor>(Work&)> f
       next->mark_failed(std::current_exception());
     }
   };
-  {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    if (!state_->done) {
-      state_->callbacks.push_back(std::move(run));
-      return next;
-    }
-  }
-  run();
+  when_done(std::move(run));
   return next;
 }
 
