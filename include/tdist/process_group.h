@@ -84,7 +84,6 @@ class Work : public std::enable_shared_from_this<Work> {
   // A Work that is already complete, e.g. a hook's pass-through result.
   static std::shared_ptr<Work> completed(std::vector<at::Tensor> result);
   void set_info(uint64_t seq, std::string op_name);
-  void set_seq(uint64_t seq);
 
   struct State;  // private to work.cpp
 

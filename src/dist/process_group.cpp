@@ -73,7 +73,8 @@ struct ProcessGroup::Impl {
   std::string group_name;
   Milliseconds timeout = kDefaultCollectiveTimeout;
   std::string master_addr;     // handed to network backends
-  uint64_t next_seq = 0;       // worker thread only
+  uint64_t next_seq = 0;       // under mu
+  uint64_t run_seq = 0;        // worker thread only (TDIST_DEBUG=detail)
   int next_subgroup = 0;       // caller thread only
 
   std::mutex mu;
@@ -132,21 +133,20 @@ struct ProcessGroup::Impl {
   std::shared_ptr<Work> enqueue(const char* name, const std::optional<Milliseconds>& t, Body body,
                                 std::string fingerprint = "") {
     auto work = std::make_shared<Work>();
-    work->set_info(0, name);
-    // The sequence number is given when the op starts, on the worker: the
-    // run order is the same on every rank (chained ops included), the
-    // order of enqueue calls from several threads need not be.
-    body = [this, work, fp = std::move(fingerprint), inner = std::move(body)](comm::Deadline d) {
-      const uint64_t seq = next_seq++;
-      work->set_seq(seq);
-      if (debug_detail && !fp.empty()) check_fingerprint(seq, fp, d);
-      return inner(d);
-    };
+    if (debug_detail && !fingerprint.empty()) {
+      // Fingerprints are matched by the order ops run in, the same on every
+      // rank (chained ops included), not by enqueue order, which is not.
+      body = [this, fp = std::move(fingerprint), inner = std::move(body)](comm::Deadline d) {
+        check_fingerprint(run_seq++, fp, d);
+        return inner(d);
+      };
+    }
     const Milliseconds to = t.value_or(timeout);
     if (to.count() <= 0) throw UsageError(std::string(name) + ": the timeout must be positive");
     {
       std::lock_guard<std::mutex> lock(mu);
       if (stopping) throw UsageError(std::string(name) + ": the process group '" + group_name + "' is shut down");
+      work->set_info(next_seq++, name);  // under the lock: chains enqueue from the worker too
       // A continuation (queued by a callback that the worker runs as an op
       // completes, e.g. the next step of a hook's chain) runs next, before
       // anything other threads queued meanwhile: so chained collectives are

@@ -16,7 +16,7 @@ struct Work::State {
   std::exception_ptr error;
   std::vector<at::Tensor> result;
   std::vector<std::function<void()>> callbacks;  // run once, on completion
-  std::atomic<uint64_t> seq{0};
+  uint64_t seq = 0;
   std::string op_name = "work";
 };
 
@@ -28,8 +28,6 @@ void Work::set_info(uint64_t seq, std::string op_name) {
   state_->op_name = std::move(op_name);
 }
 uint64_t Work::seq() const { return state_->seq; }
-
-void Work::set_seq(uint64_t seq) { state_->seq = seq; }
 const std::string& Work::op_name() const { return state_->op_name; }
 
 bool Work::is_completed() const { return state_->done.load(std::memory_order_acquire); }
