@@ -57,7 +57,8 @@ struct Variant {
   std::function<void()> step;  // owns the model, optimizer and DDP it drives
 };
 
-Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Tensor& x, const torch::Tensor& y) {
+Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Tensor& x, const torch::Tensor& y,
+                     double bucket_cap_mb) {
   Variant v;
   v.name = name;
   const auto sgd = [](std::vector<torch::Tensor> ps) {
@@ -84,10 +85,23 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
       }
       opt->step();
     };
+  } else if (name == "after_coalesced") {
+    auto model = std::make_shared<Mlp>(make_model());
+    auto opt = sgd((*model)->parameters());
+    v.step = [model, opt, x, y, &pg] {
+      opt->zero_grad();
+      torch::nn::functional::cross_entropy((*model)(x), y).backward();
+      std::vector<at::Tensor> g;
+      for (auto& p : (*model)->parameters()) g.push_back(p.mutable_grad());
+      pg.all_reduce_coalesced(g, {ReduceOp::AVG})->wait();
+      opt->step();
+    };
   } else {
     // ddp_<hook>, or ddp_<hook>_view for gradient_as_bucket_view.
     std::string hook = name.substr(4);
     DistributedDataParallelOptions o;
+    o.bucket_cap_mb = bucket_cap_mb;
+    o.first_bucket_cap_mb = std::min(o.first_bucket_cap_mb, bucket_cap_mb);
     if (hook.size() > 5 && hook.compare(hook.size() - 5, 5, "_view") == 0) {
       o.gradient_as_bucket_view = true;
       hook.resize(hook.size() - 5);
@@ -146,6 +160,8 @@ int run_rank(const Args& args, int rank, int world) {
   const int steps = static_cast<int>(args.number("steps", 10));
   const int rounds = static_cast<int>(args.number("rounds", 10));
   if (steps < 1 || rounds < 1) throw UsageError("tdist-bench ddp: --steps and --rounds must be positive");
+  const double bucket_cap_mb = args.number("bucket-cap-mb", 25);
+  if (!(bucket_cap_mb > 0)) throw UsageError("tdist-bench ddp: --bucket-cap-mb must be positive");
   std::vector<std::string> variants = split_commas(args.get("variants", ""));
   if (variants.empty()) variants = kVariants;
 
@@ -154,7 +170,7 @@ int run_rank(const Args& args, int rank, int world) {
   const torch::Tensor y = torch::randint(0, 10, {64}, torch::kLong);
 
   std::vector<Variant> built;
-  for (const auto& v : variants) built.push_back(make_variant(*pg, v, x, y));
+  for (const auto& v : variants) built.push_back(make_variant(*pg, v, x, y, bucket_cap_mb));
   std::map<std::string, std::vector<double>> times;
   for (int r = 0; r < rounds; ++r) {
     for (auto& v : built) times[v.name].push_back(run_round(*pg, v, steps));
@@ -198,7 +214,7 @@ int run_rank(const Args& args, int rank, int world) {
 
 int ddp_bench(int argc, char** argv) {
   Args args(argc, argv);
-  args.reject_unknown({"backend", "world-size", "steps", "rounds", "variants", "json"});
+  args.reject_unknown({"backend", "world-size", "steps", "rounds", "variants", "bucket-cap-mb", "json"});
   if (std::getenv("RANK") && std::getenv("WORLD_SIZE") && std::getenv("MASTER_ADDR")) {
     return run_rank(args, std::atoi(std::getenv("RANK")), std::atoi(std::getenv("WORLD_SIZE")));
   }

@@ -99,6 +99,12 @@ class Work : public std::enable_shared_from_this<Work> {
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::SUM;
   std::optional<Milliseconds> timeout = std::nullopt;
+  // Carry float32 tensors as this narrower type (at::kHalf or
+  // at::kBFloat16): the result has the bits of casting to it, all-reducing
+  // in it and casting back, with half the bytes moved and no temporary
+  // tensors (shm narrows and widens inside its own passes). What
+  // fp16_compress_hook / bf16_compress_hook compute, as one collective.
+  std::optional<at::ScalarType> wire_dtype = std::nullopt;
 };
 struct BroadcastOptions {
   int root = 0;  // rank in the group

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "comm/reduce.h"
 #include "util/bytes.h"
 
 namespace tdist::comm {
@@ -39,6 +40,24 @@ void Backend::all_reduce_coalesced(const std::vector<Piece>& pieces, DataType t,
   all_reduce(flat.data(), walk.count(), t, op, d);
   walk.for_each(0, walk.count(), [&](uint8_t* p, size_t off, size_t n) {
     detail::copy_bytes(p, flat.data() + off * es, n * es);
+  });
+}
+
+void Backend::all_reduce_coalesced_as(const std::vector<Piece>& pieces, DataType t, DataType wire, ReduceOp op,
+                                      Deadline d) {
+  if (wire == t) {
+    all_reduce_coalesced(pieces, t, op, d);
+    return;
+  }
+  const size_t es = dtype_size(t), ws = dtype_size(wire);
+  PieceWalker walk(pieces, es);
+  std::vector<uint8_t> flat(walk.count() * ws);
+  walk.for_each(0, walk.count(), [&](uint8_t* p, size_t off, size_t n) {
+    convert(flat.data() + off * ws, wire, p, t, n);
+  });
+  all_reduce(flat.data(), walk.count(), wire, op, d);
+  walk.for_each(0, walk.count(), [&](uint8_t* p, size_t off, size_t n) {
+    convert(p, t, flat.data() + off * ws, wire, n);
   });
 }
 

@@ -129,6 +129,13 @@ class Backend {
   // the other ranks, who may pass it cut differently). This default packs
   // the pieces into one buffer and back; shm reads and writes them in place.
   virtual void all_reduce_coalesced(const std::vector<Piece>& pieces, DataType t, ReduceOp op, Deadline d);
+  // all_reduce_coalesced of float32 pieces carried as `wire` (float16 or
+  // bfloat16): the same bits as narrowing the pieces to wire, all-reducing
+  // that in wire, and widening the result back into the pieces. The default
+  // does exactly that through one packed wire buffer; shm narrows and
+  // widens inside its own copy and reduce passes.
+  virtual void all_reduce_coalesced_as(const std::vector<Piece>& pieces, DataType t, DataType wire, ReduceOp op,
+                                       Deadline d);
   virtual void broadcast(void* buf, size_t bytes, int root, Deadline d) = 0;
   // Only root's buf receives the result; the others' bufs are unchanged.
   virtual void reduce(void* buf, size_t count, DataType t, ReduceOp op, int root, Deadline d) = 0;

@@ -212,23 +212,27 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m256 load_bf16x8(con
   return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
 
+__attribute__((target("avx2,fma"), always_inline)) inline void store_bf16x8(uint16_t* p, __m256 v) {
+  const __m256i one = _mm256_set1_epi32(1), half_ulp = _mm256_set1_epi32(0x7fff), quiet = _mm256_set1_epi32(0x400000);
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, half_ulp));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  r = _mm256_blendv_epi8(r, _mm256_or_si256(u, quiet), nan);
+  const __m256i top = _mm256_srli_epi32(r, 16);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm_packus_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1)));
+}
+
 __attribute__((target("avx2,fma")))
 void sum_bf16_avx2(uint16_t* out, const uint16_t* const* inputs, int n, size_t count, float scale, bool do_scale) {
   const __m256 vscale = _mm256_set1_ps(scale);
-  const __m256i one = _mm256_set1_epi32(1), half_ulp = _mm256_set1_epi32(0x7fff), quiet = _mm256_set1_epi32(0x400000);
   size_t i = 0;
   for (; i + 8 <= count; i += 8) {
     __m256 acc = load_bf16x8(inputs[0] + i);
     for (int k = 1; k < n; ++k) acc = _mm256_add_ps(acc, load_bf16x8(inputs[k] + i));
     if (do_scale) acc = _mm256_mul_ps(acc, vscale);
-    const __m256i u = _mm256_castps_si256(acc);
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
-    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, half_ulp));
-    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(acc, acc, _CMP_UNORD_Q));
-    r = _mm256_blendv_epi8(r, _mm256_or_si256(u, quiet), nan);
-    const __m256i top = _mm256_srli_epi32(r, 16);
-    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), packed);
+    store_bf16x8(out + i, acc);
   }
   for (; i < count; ++i) {
     float acc = bfloat16_to_float(inputs[0][i]);
@@ -326,6 +330,85 @@ const T* const* as(const void* const* p) {
 }
 
 }  // namespace
+
+namespace {
+
+// ---- float32 <-> float16 / bfloat16 ------------------------------------------
+
+__attribute__((target("avx2,f16c,fma")))
+void narrow_half_f16c(uint16_t* out, const float* in, size_t count) {
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < count; ++i) out[i] = float_to_half(in[i]);
+}
+
+__attribute__((target("avx2,f16c,fma")))
+void widen_half_f16c(float* out, const uint16_t* in, size_t count) {
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+  }
+  for (; i < count; ++i) out[i] = half_to_float(in[i]);
+}
+
+__attribute__((target("avx2,fma")))
+void narrow_bf16_avx2(uint16_t* out, const float* in, size_t count) {
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) store_bf16x8(out + i, _mm256_loadu_ps(in + i));
+  for (; i < count; ++i) out[i] = float_to_bfloat16(in[i]);
+}
+
+__attribute__((target("avx2,fma")))
+void widen_bf16_avx2(float* out, const uint16_t* in, size_t count) {
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) _mm256_storeu_ps(out + i, load_bf16x8(in + i));
+  for (; i < count; ++i) out[i] = bfloat16_to_float(in[i]);
+}
+
+bool is_16bit_float(DataType t) { return t == DataType::kFloat16 || t == DataType::kBFloat16; }
+
+}  // namespace
+
+bool can_convert(DataType to, DataType from) {
+  return to == from || (from == DataType::kFloat32 && is_16bit_float(to)) ||
+         (to == DataType::kFloat32 && is_16bit_float(from));
+}
+
+void convert(void* dst, DataType to, const void* src, DataType from, size_t count) {
+  if (!can_convert(to, from)) {
+    throw UsageError(std::string("convert: no conversion from ") + dtype_name(from) + " to " + dtype_name(to));
+  }
+  if (count == 0) return;
+  if (to == from) {
+    if (dst != src) std::memcpy(dst, src, count * dtype_size(to));
+    return;
+  }
+  const bool simd = have_f16c();
+  if (from == DataType::kFloat32) {
+    auto* o = static_cast<uint16_t*>(dst);
+    const auto* in = static_cast<const float*>(src);
+    if (to == DataType::kFloat16) {
+      if (simd) return narrow_half_f16c(o, in, count);
+      for (size_t i = 0; i < count; ++i) o[i] = float_to_half(in[i]);
+    } else {
+      if (simd) return narrow_bf16_avx2(o, in, count);
+      for (size_t i = 0; i < count; ++i) o[i] = float_to_bfloat16(in[i]);
+    }
+    return;
+  }
+  auto* o = static_cast<float*>(dst);
+  const auto* in = static_cast<const uint16_t*>(src);
+  if (from == DataType::kFloat16) {
+    if (simd) return widen_half_f16c(o, in, count);
+    for (size_t i = 0; i < count; ++i) o[i] = half_to_float(in[i]);
+  } else {
+    if (simd) return widen_bf16_avx2(o, in, count);
+    for (size_t i = 0; i < count; ++i) o[i] = bfloat16_to_float(in[i]);
+  }
+}
 
 void reduce_many(void* out, const void* const* inputs, int n, size_t count, DataType t, ReduceOp op,
                  int avg_divisor) {

@@ -18,6 +18,14 @@ namespace tdist::comm {
 void reduce_many(void* out, const void* const* inputs, int n, size_t count, DataType t, ReduceOp op,
                  int avg_divisor);
 
+// Converts count elements from `from` to `to` (float32 <-> float16/bfloat16,
+// or a copy when they are the same type): the bits at::Tensor::to gives,
+// float32 narrowed with round to nearest even (NaN stays NaN). dst and src
+// must not overlap unless they are the same pointer and type.
+void convert(void* dst, DataType to, const void* src, DataType from, size_t count);
+// Whether convert() handles this pair.
+bool can_convert(DataType to, DataType from);
+
 // Scalar conversions, exposed for tests and for the compression hooks.
 float half_to_float(uint16_t h);
 uint16_t float_to_half(float f);     // round to nearest even

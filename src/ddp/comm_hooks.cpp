@@ -86,12 +86,30 @@ std::shared_ptr<Work> allreduce_hook(const std::shared_ptr<ProcessGroup>& group,
   return g->all_reduce(t, {ReduceOp::AVG});
 }
 
+namespace {
+
+// fp16/bf16_compress_hook: a float32 bucket goes as one all-reduce that
+// narrows and widens in place (AllreduceOptions::wire_dtype), the same bits
+// as casting, all-reducing the copy and casting back, which other buffers
+// still do.
+std::shared_ptr<Work> compress_hook(const std::shared_ptr<ProcessGroup>& group, GradBucket& bucket,
+                                    at::ScalarType dtype) {
+  at::Tensor t = bucket.buffer();
+  if (t.scalar_type() != at::kFloat || !t.is_contiguous()) return compressed(group, bucket, dtype, allreduce_hook);
+  AllreduceOptions o;
+  o.op = ReduceOp::AVG;
+  o.wire_dtype = dtype;
+  return detail::hook_group(group, "communication hook")->all_reduce(t, o);
+}
+
+}  // namespace
+
 std::shared_ptr<Work> fp16_compress_hook(const std::shared_ptr<ProcessGroup>& group, GradBucket& bucket) {
-  return compressed(group, bucket, at::kHalf, allreduce_hook);
+  return compress_hook(group, bucket, at::kHalf);
 }
 
 std::shared_ptr<Work> bf16_compress_hook(const std::shared_ptr<ProcessGroup>& group, GradBucket& bucket) {
-  return compressed(group, bucket, at::kBFloat16, allreduce_hook);
+  return compress_hook(group, bucket, at::kBFloat16);
 }
 
 std::shared_ptr<Work> noop_hook(const std::shared_ptr<ProcessGroup>&, GradBucket& bucket) {

@@ -79,7 +79,6 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
     // work on the gradients where they are: per member, its .grad, or its
     // view in flat when there is no usable .grad (none, or not contiguous).
     std::vector<at::Tensor> pieces;
-    at::Tensor compressed;  // fp16/bf16 built-ins: the cast copy, kept between iterations
   };
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of, slot_in_bucket;
@@ -261,23 +260,12 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
         return group->all_reduce_coalesced(b.pieces, {ReduceOp::AVG});
       case Builtin::kFp16:
       case Builtin::kBf16: {
-        const auto dtype = builtin == Builtin::kFp16 ? at::kHalf : at::kBFloat16;
-        if (!b.compressed.defined()) b.compressed = at::empty({b.flat.numel()}, b.flat.options().dtype(dtype));
-        int64_t offset = 0;
-        std::vector<at::Tensor> parts;
-        for (const auto& piece : b.pieces) {
-          at::Tensor part = b.compressed.slice(0, offset, offset + piece.numel());
-          part.copy_(piece.view({-1}));
-          parts.push_back(part);
-          offset += piece.numel();
-        }
-        // The cast back runs on the group's worker thread, while backward
-        // goes on; these gradients are final, so nothing else writes them.
-        return group->all_reduce(b.compressed, {ReduceOp::AVG})
-            ->then([pieces = b.pieces, parts = std::move(parts)](Work&) {
-              for (size_t k = 0; k < pieces.size(); ++k) pieces[k].view({-1}).copy_(parts[k]);
-              return std::vector<at::Tensor>{};
-            });
+        // One collective that narrows, reduces and widens in place: the
+        // bits of the hook's cast, all-reduce and cast back.
+        AllreduceOptions o;
+        o.op = ReduceOp::AVG;
+        o.wire_dtype = builtin == Builtin::kFp16 ? at::kHalf : at::kBFloat16;
+        return group->all_reduce_coalesced(b.pieces, o);
       }
       case Builtin::kNone:
         break;

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "comm/backend.h"
+#include "comm/reduce.h"
 #include "dist/tensor_util.h"
 #include "tdist/rendezvous.h"
 #include "util/bytes.h"
@@ -215,15 +216,43 @@ Milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
 
 // ---- collectives --------------------------------------------------------------
 
+namespace {
+
+// The wire type of an all-reduce: the tensors' own, or a narrower float
+// for float32 tensors (AllreduceOptions::wire_dtype).
+comm::DataType wire_type(const AllreduceOptions& o, comm::DataType dt, const char* op) {
+  if (!o.wire_dtype) return dt;
+  const auto wire = detail::to_comm_dtype(*o.wire_dtype, op, "wire_dtype");
+  if (wire == dt) return dt;
+  if (dt != comm::DataType::kFloat32 || !comm::can_convert(wire, dt)) {
+    throw UsageError(std::string(op) + ": wire_dtype " + c10::toString(*o.wire_dtype) +
+                     " needs float32 tensors and a float16 or bfloat16 wire type (tensors are " +
+                     comm::dtype_name(dt) + ")");
+  }
+  return wire;
+}
+
+std::string wire_note(comm::DataType dt, comm::DataType wire) {
+  return wire == dt ? "" : std::string(" as ") + comm::dtype_name(wire);
+}
+
+}  // namespace
+
 std::shared_ptr<Work> ProcessGroup::all_reduce(const at::Tensor& tensor, const AllreduceOptions& o) {
   const auto dt = impl_->check(tensor, "all_reduce");
   const auto op = to_comm(o.op);
-  comm::check_reduction(dt, op);
+  const auto wire = wire_type(o, dt, "all_reduce");
+  comm::check_reduction(wire, op);
   comm::Backend* b = impl_->backend.get();
   return impl_->enqueue("all_reduce", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
-    b->all_reduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), dt, op, d);
+    if (wire == dt) {
+      b->all_reduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), dt, op, d);
+    } else {
+      b->all_reduce_coalesced_as({comm::Piece{tensor.data_ptr(), static_cast<size_t>(tensor.numel())}}, dt, wire,
+                                 op, d);
+    }
     return {tensor};
-  }, "all_reduce " + shape_of(tensor) + " " + reduce_name(o.op));
+  }, "all_reduce " + shape_of(tensor) + wire_note(dt, wire) + " " + reduce_name(o.op));
 }
 
 std::shared_ptr<Work> ProcessGroup::all_reduce_coalesced(const std::vector<at::Tensor>& tensors,
@@ -238,16 +267,18 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_coalesced(const std::vector<at::T
     total += tensors[i].numel();
   }
   const auto op = to_comm(o.op);
-  comm::check_reduction(dt, op);
+  const auto wire = wire_type(o, dt, "all_reduce_coalesced");
+  comm::check_reduction(wire, op);
   comm::Backend* b = impl_->backend.get();
   return impl_->enqueue("all_reduce_coalesced", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     std::vector<comm::Piece> pieces;
     pieces.reserve(tensors.size());
     for (const auto& t : tensors) pieces.push_back({t.data_ptr(), static_cast<size_t>(t.numel())});
-    b->all_reduce_coalesced(pieces, dt, op, d);
+    if (wire == dt) b->all_reduce_coalesced(pieces, dt, op, d);
+    else b->all_reduce_coalesced_as(pieces, dt, wire, op, d);
     return tensors;
   }, "all_reduce_coalesced " + std::string(c10::toString(tensors[0].scalar_type())) + " x " +
-         std::to_string(total) + " " + reduce_name(o.op));
+         std::to_string(total) + wire_note(dt, wire) + " " + reduce_name(o.op));
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast(const at::Tensor& tensor, const BroadcastOptions& o) {

@@ -222,3 +222,51 @@ TEST(ReduceMany, RejectsMeaninglessCombinations) {
 }
 
 }  // namespace
+
+// convert() is what the shm backend narrows and widens with
+// (AllreduceOptions::wire_dtype): its vector paths give the scalar
+// conversions' bits, at every length (tails included).
+TEST(Convert, VectorPathsMatchTheScalarConversions) {
+  std::mt19937 rng(7);
+  std::vector<float> in;
+  for (int i = 0; i < 4099; ++i) {
+    uint32_t bits = rng();
+    float f;
+    std::memcpy(&f, &bits, 4);
+    in.push_back(i % 3 == 0 ? f : std::ldexp(static_cast<float>(rng() % 100000) / 100000.0f, int(rng() % 40) - 26));
+  }
+  for (float special : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 65520.0f, 1.0f + 1.0f / 2048, 1.0f + 1.0f / 256}) {
+    in.push_back(special);
+  }
+  for (size_t len : {size_t(0), size_t(1), size_t(7), size_t(8), size_t(9), in.size()}) {
+    std::vector<uint16_t> h(len), b(len);
+    convert(h.data(), DataType::kFloat16, in.data(), DataType::kFloat32, len);
+    convert(b.data(), DataType::kBFloat16, in.data(), DataType::kFloat32, len);
+    std::vector<float> hw(len), bw(len);
+    convert(hw.data(), DataType::kFloat32, h.data(), DataType::kFloat16, len);
+    convert(bw.data(), DataType::kFloat32, b.data(), DataType::kBFloat16, len);
+    for (size_t i = 0; i < len; ++i) {
+      if (std::isnan(in[i])) {
+        EXPECT_TRUE(std::isnan(half_to_float(h[i])) && std::isnan(bfloat16_to_float(b[i]))) << i;
+        EXPECT_TRUE(std::isnan(hw[i]) && std::isnan(bw[i])) << i;
+        continue;
+      }
+      ASSERT_EQ(h[i], float_to_half(in[i])) << "float16 of " << in[i] << " at " << i << " of " << len;
+      ASSERT_EQ(b[i], float_to_bfloat16(in[i])) << "bfloat16 of " << in[i] << " at " << i << " of " << len;
+      ASSERT_TRUE(same_float(hw[i], half_to_float(h[i]))) << i;
+      ASSERT_TRUE(same_float(bw[i], bfloat16_to_float(b[i]))) << i;
+    }
+  }
+}
+
+TEST(Convert, SameTypeCopiesAndOtherPairsAreRefused) {
+  const std::vector<int64_t> src = {1, -2, 3};
+  std::vector<int64_t> dst(3);
+  convert(dst.data(), DataType::kInt64, src.data(), DataType::kInt64, 3);
+  EXPECT_EQ(dst, src);
+  EXPECT_FALSE(can_convert(DataType::kFloat16, DataType::kFloat64));
+  EXPECT_FALSE(can_convert(DataType::kFloat16, DataType::kBFloat16));
+  float f = 1;
+  double d = 0;
+  EXPECT_THROW(convert(&d, DataType::kFloat64, &f, DataType::kFloat32, 1), tdist::UsageError);
+}

@@ -298,16 +298,24 @@ TEST_P(Ddp, BuiltInHooksInPlaceGiveTheHooksBits) {
   EXPECT_EQ(run_world(GetParam(), [](ProcessGroup& pg) {
     auto world = tdist::default_group();
     using Fn = std::shared_ptr<tdist::Work> (*)(const std::shared_ptr<ProcessGroup>&, tdist::GradBucket&);
-    const std::vector<std::pair<const char*, Fn>> hooks = {{"allreduce_hook", tdist::allreduce_hook},
-                                                           {"fp16_compress_hook", tdist::fp16_compress_hook},
-                                                           {"bf16_compress_hook", tdist::bf16_compress_hook}};
-    for (const auto& [name, fn] : hooks) {
+    // The third of each: what the hook means, spelled out (for the
+    // compression hooks: cast a copy, all-reduce it, cast back).
+    const std::vector<std::tuple<const char*, Fn, tdist::StatefulHook>> hooks = {
+        {"allreduce_hook", tdist::allreduce_hook, tdist::allreduce_hook},
+        {"fp16_compress_hook", tdist::fp16_compress_hook, tdist::fp16_compress_wrapper(tdist::allreduce_hook)},
+        {"bf16_compress_hook", tdist::bf16_compress_hook, tdist::bf16_compress_wrapper(tdist::allreduce_hook)}};
+    for (const auto& [name, fn, meaning] : hooks) {
       auto direct = trained(pg.size(), pg.rank(), [&, fn = fn](auto& ddp) { ddp->register_comm_hook(world, fn); });
       auto through_bucket = trained(pg.size(), pg.rank(), [&, fn = fn](auto& ddp) {
         ddp->register_comm_hook([world, fn](tdist::GradBucket& b) { return fn(world, b); });
       });
+      auto spelled_out = trained(pg.size(), pg.rank(), [&, meaning = meaning](auto& ddp) {
+        ddp->register_comm_hook([world, meaning](tdist::GradBucket& b) { return meaning(world, b); });
+      });
       for (size_t i = 0; i < direct.size(); ++i) {
         WORLD_CHECK(torch::equal(direct[i], through_bucket[i]), name << ": parameter " << i << " differs");
+        WORLD_CHECK(torch::equal(direct[i], spelled_out[i]),
+                    name << ": parameter " << i << " differs from the cast-reduce-cast result");
       }
     }
     // No hook at all is allreduce_hook.

@@ -283,6 +283,74 @@ inline void ManyQueuedOpsCompleteInOrder(ProcessGroup& pg) {
 
 // The pieces, cut differently on every rank (even and odd ranks swap two
 // layouts), come back equal to all_reduce of the whole.
+// AllreduceOptions::wire_dtype: float32 carried as float16/bfloat16 gives
+// exactly what casting a copy, all-reducing it and casting back gives, in
+// one piece or cut differently on each rank, on every path of a backend
+// (small, one round, many rounds). Values are chosen to round: ties, ones
+// that overflow float16 and ones below its subnormals.
+inline void AllReduceWireDtypeIsCastReduceCast(ProcessGroup& pg) {
+  const int n = pg.size(), r = pg.rank();
+  const std::vector<std::vector<std::vector<int64_t>>> layouts = {
+      {{7}, {3, 4}},
+      {{1, 0, 7, 1001}, {1009}},
+      {{40'000, 1, 300'007, 0, 13}, {13, 300'007, 0, 40'000, 1}},
+  };
+  for (auto wire : {at::kHalf, at::kBFloat16}) {
+    for (auto op : {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::MAX}) {
+      for (const auto& pair : layouts) {
+        const auto& cuts = pair[r % 2];
+        int64_t total = 0;
+        for (int64_t c : cuts) total += c;
+        at::Tensor whole = at::randn({total}, at::TensorOptions().dtype(at::kFloat)) * (r + 1);
+        if (total > 8) {
+          whole[0] = 1.0f + 1.0f / 2048;  // a tie in float16
+          whole[1] = 70000.0f * (r + 1);  // beyond float16
+          whole[2] = 1e-9f;               // below float16's subnormals
+          whole[3] = 1.0f + 1.0f / 256;   // a tie in bfloat16
+        }
+        at::Tensor want = whole.to(wire);
+        pg.all_reduce(want, {op})->wait();
+        want = want.to(at::kFloat);
+
+        std::vector<at::Tensor> pieces;
+        int64_t at_ = 0;
+        for (int64_t c : cuts) {
+          pieces.push_back(whole.slice(0, at_, at_ + c).clone());
+          at_ += c;
+        }
+        tdist::AllreduceOptions o;
+        o.op = op;
+        o.wire_dtype = wire;
+        pg.all_reduce_coalesced(pieces, o)->wait();
+        EQUAL_OR_THROW(at::cat(pieces), want,
+                       "all_reduce_coalesced as " << name(wire) << " " << op_name(op) << " x " << total << " in "
+                                                  << cuts.size() << " pieces");
+        at::Tensor one = whole.clone();
+        pg.all_reduce(one, o)->wait();
+        EQUAL_OR_THROW(one, want, "all_reduce as " << name(wire) << " " << op_name(op) << " x " << total);
+      }
+    }
+  }
+  // Only float32 can be carried narrower; refused before anything is sent.
+  for (auto [t, wire] : {std::pair{at::kDouble, at::kHalf}, std::pair{at::kFloat, at::kLong}}) {
+    bool threw = false;
+    try {
+      tdist::AllreduceOptions o;
+      o.wire_dtype = wire;
+      pg.all_reduce(at::zeros({3}, t), o);
+    } catch (const tdist::UsageError& e) {
+      threw = std::string(e.what()).find("wire_dtype") != std::string::npos;
+    }
+    WORLD_CHECK(threw, "all_reduce accepted " << name(t) << " as " << name(wire));
+  }
+  // A wire type equal to the tensors' own is a plain all-reduce.
+  at::Tensor h = at::ones({5}, at::kHalf);
+  tdist::AllreduceOptions same;
+  same.wire_dtype = at::kHalf;
+  pg.all_reduce(h, same)->wait();
+  EQUAL_OR_THROW(h, at::full({5}, n, at::kHalf), "half as half");
+}
+
 inline void AllReduceCoalescedMatchesTheConcatenation(ProcessGroup& pg) {
   const int n = pg.size(), r = pg.rank();
   const std::vector<std::vector<std::vector<int64_t>>> layouts = {
@@ -337,6 +405,7 @@ inline const std::vector<std::pair<const char*, void (*)(ProcessGroup&)>>& all_c
   static const std::vector<std::pair<const char*, void (*)(ProcessGroup&)>> cases = {
       {"AllReduceEveryDtypeOpAndSize", AllReduceEveryDtypeOpAndSize},
       {"AllReduceCoalescedMatchesTheConcatenation", AllReduceCoalescedMatchesTheConcatenation},
+      {"AllReduceWireDtypeIsCastReduceCast", AllReduceWireDtypeIsCastReduceCast},
       {"ReduceToEveryRoot", ReduceToEveryRoot},
       {"BroadcastFromEveryRoot", BroadcastFromEveryRoot},
       {"AllGatherBothForms", AllGatherBothForms},

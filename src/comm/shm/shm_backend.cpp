@@ -58,6 +58,9 @@ namespace {
 constexpr uint64_t kMagic = 0x316d737473696474ull;  // "tdistsm1"
 constexpr uint32_t kVersion = 1;
 constexpr size_t kAlign = 64;
+// Elements narrowed at a time into a stack buffer (reduce passes with a
+// narrower wire type, the small all-reduce path).
+constexpr size_t kScratchElems = 1024;
 constexpr const char* kSegmentPrefix = "tdist-shm-";
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
@@ -147,33 +150,23 @@ class ShmBackend final : public Backend {
 
   // Reads and writes the pieces in place: no packing.
   void all_reduce_coalesced(const std::vector<Piece>& pieces, DataType t, ReduceOp op, Deadline d) override {
-    check_reduction(t, op);
-    const size_t es = dtype_size(t);
-    const PieceWalker walk(pieces, es);
-    const size_t count = walk.count();
-    const OpDesc desc = make_desc(OpKind::kAllReduce, t, op, -1, count);
-    if (count * es <= std::min(opt_.small_bytes, opt_.round_bytes)) {
-      // One round: everyone posts the whole input, everyone reduces all of it
-      // in rank order (bit-identical results on every rank).
-      walk.for_each(0, count, [&](uint8_t* p, size_t off, size_t n) {
-        detail::copy_bytes(mine() + off * es, p, n * es);
-      });
-      first_barrier(desc, d);
-      std::vector<const void*> inputs(size());
-      walk.for_each(0, count, [&](uint8_t* p, size_t off, size_t n) {
-        for (int r = 0; r < size(); ++r) inputs[r] = r == rank() ? p : theirs(r) + off * es;
-        reduce_many(p, inputs.data(), size(), n, t, op, size());
-      });
-      return;
+    all_reduce_pieces(pieces, t, t, op, d);
+  }
+
+  // Narrows while it copies out and reduces, widens while it copies back.
+  void all_reduce_coalesced_as(const std::vector<Piece>& pieces, DataType t, DataType wire, ReduceOp op,
+                               Deadline d) override {
+    if (!can_convert(wire, t)) {
+      throw UsageError(std::string("shm backend: cannot carry ") + dtype_name(t) + " as " + dtype_name(wire));
     }
-    reduce_scatter_gather(walk, t, op, desc, /*root=*/-1, d);
+    all_reduce_pieces(pieces, t, wire, op, d);
   }
 
   void reduce(void* buf, size_t count, DataType t, ReduceOp op, int root, Deadline d) override {
     check_reduction(t, op);
     check_root(root);
     const std::vector<Piece> pieces{Piece{buf, count}};
-    reduce_scatter_gather(PieceWalker(pieces, dtype_size(t)), t, op,
+    reduce_scatter_gather(PieceWalker(pieces, dtype_size(t)), t, t, op,
                           make_desc(OpKind::kReduce, t, op, root, count), root, d);
   }
 
@@ -632,29 +625,67 @@ class ShmBackend final : public Backend {
     }
   }
 
-  // ---- all_reduce / reduce, large path ---------------------------------------
+  // ---- all_reduce / reduce -----------------------------------------------
   //
-  // Each round handles one chunk of count elements, split into size()
-  // segments; rank r reduces segment r. In round j every rank posts the
-  // segments of chunk j the others reduce, plus its reduced segment of chunk
-  // j-1; after the barrier it reduces its segment of chunk j (straight into
-  // the next round's buffer) and copies the others' reduced segments of chunk
-  // j-1 into its output. One barrier per chunk, plus one to drain.
-  void reduce_scatter_gather(const PieceWalker& walk, DataType t, ReduceOp op, const OpDesc& desc, int root,
-                             Deadline d) {
+  // The pieces hold elements of type t; the staging buffers hold them as
+  // wire (the same type, or float16/bfloat16 for float32 pieces). With a
+  // narrower wire every value is narrowed once (as this rank posts or
+  // reduces it), the reduction runs on wire values exactly as it would on a
+  // wire buffer, and the result is widened into the pieces.
+  void all_reduce_pieces(const std::vector<Piece>& pieces, DataType t, DataType wire, ReduceOp op, Deadline d) {
+    check_reduction(wire, op);
+    const size_t es = dtype_size(t), ws = dtype_size(wire);
+    const PieceWalker walk(pieces, es);
+    const size_t count = walk.count();
+    const OpDesc desc = make_desc(OpKind::kAllReduce, wire, op, -1, count);
+    if (count * ws <= std::min(opt_.small_bytes, opt_.round_bytes)) {
+      // One round: everyone posts the whole input, everyone reduces all of it
+      // in rank order (bit-identical results on every rank).
+      walk.for_each(0, count, [&](uint8_t* p, size_t off, size_t n) {
+        convert(mine() + off * ws, wire, p, t, n);
+      });
+      first_barrier(desc, d);
+      std::vector<const void*> inputs(size());
+      alignas(64) uint8_t scratch[kScratchElems * 8];
+      walk.for_each(0, count, [&](uint8_t* p, size_t off, size_t n) {
+        for (size_t b = 0; b < n; b += kScratchElems) {
+          const size_t m = std::min(kScratchElems, n - b);
+          for (int r = 0; r < size(); ++r) inputs[r] = theirs(r) + (off + b) * ws;
+          if (wire == t) {
+            reduce_many(p + b * es, inputs.data(), size(), m, t, op, size());
+          } else {
+            reduce_many(scratch, inputs.data(), size(), m, wire, op, size());
+            convert(p + b * es, t, scratch, wire, m);
+          }
+        }
+      });
+      return;
+    }
+    reduce_scatter_gather(walk, t, wire, op, desc, /*root=*/-1, d);
+  }
+
+  // Large path. Each round handles one chunk of count elements, split into
+  // size() segments; rank r reduces segment r. In round j every rank posts
+  // the segments of chunk j the others reduce, plus its reduced segment of
+  // chunk j-1; after the barrier it reduces its segment of chunk j (straight
+  // into the next round's buffer) and copies the others' reduced segments of
+  // chunk j-1 into its output. One barrier per chunk, plus one to drain.
+  void reduce_scatter_gather(const PieceWalker& walk, DataType t, DataType wire, ReduceOp op, const OpDesc& desc,
+                             int root, Deadline d) {
     const int n = size();
-    const size_t es = dtype_size(t);
+    const size_t es = dtype_size(t), ws = dtype_size(wire);
     const size_t count = walk.count();
     // Buffer layout per round: [n segments of seg elements][reduced segment].
-    const size_t seg = std::max<size_t>(1, opt_.round_bytes / (n + 1) / kAlign * kAlign / es);
+    const size_t seg = std::max<size_t>(1, opt_.round_bytes / (n + 1) / kAlign * kAlign / ws);
     const size_t chunk = seg * n;
     const size_t chunks = std::max<size_t>(1, (count + chunk - 1) / chunk);
-    const size_t red_off = seg * n * es;
+    const size_t red_off = seg * n * ws;
     const bool want_output = root < 0 || root == rank();
     std::vector<const void*> inputs(n);
+    alignas(64) uint8_t scratch[kScratchElems * 8];
     // Chunk j's elements split evenly over the ranks (in whole cache lines),
     // so a tensor smaller than a chunk still shares the work.
-    const size_t line = std::max<size_t>(1, kAlign / es);
+    const size_t line = std::max<size_t>(1, kAlign / ws);
     auto seg_range = [&](size_t j, int s) {
       const size_t chunk_begin = j * chunk;
       const size_t chunk_len = std::min(chunk, count - std::min(count, chunk_begin));
@@ -669,9 +700,9 @@ class ShmBackend final : public Backend {
         for (int s = 0; s < n; ++s) {
           if (s == rank()) continue;
           auto [begin, len] = seg_range(j, s);
-          uint8_t* to = mine() + s * seg * es;
+          uint8_t* to = mine() + s * seg * ws;
           walk.for_each(begin, len, [&](uint8_t* p, size_t off, size_t k) {
-            detail::copy_bytes(to + off * es, p, k * es);
+            convert(to + off * ws, wire, p, t, k);
           });
         }
       }
@@ -682,9 +713,23 @@ class ShmBackend final : public Backend {
         auto [begin, len] = seg_range(j, rank());
         uint8_t* reduced = mine() + red_off;  // the next round's buffer
         walk.for_each(begin, len, [&](uint8_t* p, size_t off, size_t k) {
-          for (int r = 0; r < n; ++r) inputs[r] = r == rank() ? p : theirs(r) + rank() * seg * es + off * es;
-          reduce_many(reduced + off * es, inputs.data(), n, k, t, op, n);
-          if (want_output) detail::copy_bytes(p, reduced + off * es, k * es);
+          if (wire == t) {
+            for (int r = 0; r < n; ++r) inputs[r] = r == rank() ? p : theirs(r) + rank() * seg * ws + off * ws;
+            reduce_many(reduced + off * ws, inputs.data(), n, k, t, op, n);
+            if (want_output) detail::copy_bytes(p, reduced + off * ws, k * es);
+            return;
+          }
+          // Narrow this rank's values a block at a time, reduce, widen back.
+          for (size_t b = 0; b < k; b += kScratchElems) {
+            const size_t m = std::min(kScratchElems, k - b);
+            convert(scratch, wire, p + b * es, t, m);
+            for (int r = 0; r < n; ++r) {
+              inputs[r] = r == rank() ? scratch : theirs(r) + rank() * seg * ws + (off + b) * ws;
+            }
+            uint8_t* out = reduced + (off + b) * ws;
+            reduce_many(out, inputs.data(), n, m, wire, op, n);
+            if (want_output) convert(p + b * es, t, out, wire, m);
+          }
         });
       }
       if (j >= 1 && want_output) {
@@ -693,7 +738,7 @@ class ShmBackend final : public Backend {
           auto [begin, len] = seg_range(j - 1, r);
           const uint8_t* from = theirs(r) + red_off;
           walk.for_each(begin, len, [&](uint8_t* p, size_t off, size_t k) {
-            detail::copy_bytes(p, from + off * es, k * es);
+            convert(p, t, from + off * ws, wire, k);
           });
         }
       }
