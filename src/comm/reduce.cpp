@@ -164,7 +164,7 @@ T combine(T a, T b, ReduceOp op) {
 
 template <typename T>
 TDIST_CLONES
-void sum_float(T* out, const T* const* inputs, int n, size_t count, T scale, bool do_scale) {
+void sum_float(T* out, T* also_out, const T* const* inputs, int n, size_t count, T scale, bool do_scale) {
   T acc[kBlock];
   for (size_t base = 0; base < count; base += kBlock) {
     const size_t m = std::min(kBlock, count - base);
@@ -174,11 +174,14 @@ void sum_float(T* out, const T* const* inputs, int n, size_t count, T scale, boo
       const T* in = inputs[k] + base;
       for (size_t j = 0; j < m; ++j) acc[j] += in[j];
     }
-    T* o = out + base;
     if (do_scale) {
-      for (size_t j = 0; j < m; ++j) o[j] = acc[j] * scale;
-    } else {
-      for (size_t j = 0; j < m; ++j) o[j] = acc[j];
+      for (size_t j = 0; j < m; ++j) acc[j] *= scale;
+    }
+    T* o = out + base;
+    for (size_t j = 0; j < m; ++j) o[j] = acc[j];
+    if (also_out) {
+      T* o2 = also_out + base;
+      for (size_t j = 0; j < m; ++j) o2[j] = acc[j];
     }
   }
 }
@@ -411,7 +414,27 @@ void convert(void* dst, DataType to, const void* src, DataType from, size_t coun
 }
 
 void reduce_many(void* out, const void* const* inputs, int n, size_t count, DataType t, ReduceOp op,
-                 int avg_divisor) {
+                 int avg_divisor, void* also_out) {
+  if (also_out && (t == DataType::kFloat32 || t == DataType::kFloat64) &&
+      (op == ReduceOp::kSum || op == ReduceOp::kAvg)) {
+    check_reduction(t, op);
+    if (n < 1) throw UsageError("reduce_many: needs at least one input");
+    if (count == 0) return;
+    const bool scale = op == ReduceOp::kAvg;
+    if (scale && avg_divisor < 1) throw UsageError("reduce_many: AVG needs a positive divisor");
+    const double inv = scale ? 1.0 / avg_divisor : 1.0;
+    if (t == DataType::kFloat32) {
+      return sum_float<float>(static_cast<float*>(out), static_cast<float*>(also_out), as<float>(inputs), n, count,
+                              float(inv), scale);
+    }
+    return sum_float<double>(static_cast<double*>(out), static_cast<double*>(also_out), as<double>(inputs), n, count,
+                             inv, scale);
+  }
+  if (also_out) {
+    reduce_many(out, inputs, n, count, t, op, avg_divisor);
+    if (count) std::memcpy(also_out, out, count * dtype_size(t));
+    return;
+  }
   check_reduction(t, op);
   if (n < 1) throw UsageError("reduce_many: needs at least one input");
   if (count == 0) return;
@@ -421,10 +444,10 @@ void reduce_many(void* out, const void* const* inputs, int n, size_t count, Data
   const bool plain_sum = op == ReduceOp::kSum || op == ReduceOp::kAvg;
   switch (t) {
     case DataType::kFloat32:
-      if (plain_sum) return sum_float<float>(static_cast<float*>(out), as<float>(inputs), n, count, float(inv), scale);
+      if (plain_sum) return sum_float<float>(static_cast<float*>(out), nullptr, as<float>(inputs), n, count, float(inv), scale);
       return reduce_generic<float>(static_cast<float*>(out), as<float>(inputs), n, count, op, inv, scale);
     case DataType::kFloat64:
-      if (plain_sum) return sum_float<double>(static_cast<double*>(out), as<double>(inputs), n, count, inv, scale);
+      if (plain_sum) return sum_float<double>(static_cast<double*>(out), nullptr, as<double>(inputs), n, count, inv, scale);
       return reduce_generic<double>(static_cast<double*>(out), as<double>(inputs), n, count, op, inv, scale);
     case DataType::kFloat16:
       return reduce_16bit<false>(static_cast<uint16_t*>(out), as<uint16_t>(inputs), n, count, op, float(inv), scale);

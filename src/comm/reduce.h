@@ -15,8 +15,10 @@
 
 namespace tdist::comm {
 
+// also_out, when given, receives the result too (in the same pass for
+// float sums), and must not overlap out.
 void reduce_many(void* out, const void* const* inputs, int n, size_t count, DataType t, ReduceOp op,
-                 int avg_divisor);
+                 int avg_divisor, void* also_out = nullptr);
 
 // Converts count elements from `from` to `to` (float32 <-> float16/bfloat16,
 // or a copy when they are the same type): the bits at::Tensor::to gives,

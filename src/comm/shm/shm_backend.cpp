@@ -20,9 +20,10 @@
 // every rank compares after the first barrier: ranks that called different
 // collectives, dtypes, sizes or roots all raise CollectiveMismatchError.
 //
-// Waiting spins briefly (ranks on their own cores answer within
-// microseconds), then sleeps on one futex word in the header that every
-// arrival bumps. A sleeping waiter wakes every 100 ms to check that the
+// Waiting polls with sched_yield() (ranks on their own cores answer within
+// microseconds; a rank that shares its core hands it over), optionally
+// after a pause loop (TDIST_SHM_SPIN_US), then sleeps on one futex word in
+// the header that every arrival bumps. A sleeping waiter wakes every 100 ms to check that the
 // ranks it waits for are alive (/proc/<pid>/stat, with the process start
 // time against pid reuse), and to honour its deadline.
 #include "comm/shm/shm_backend.h"
@@ -715,8 +716,7 @@ class ShmBackend final : public Backend {
         walk.for_each(begin, len, [&](uint8_t* p, size_t off, size_t k) {
           if (wire == t) {
             for (int r = 0; r < n; ++r) inputs[r] = r == rank() ? p : theirs(r) + rank() * seg * ws + off * ws;
-            reduce_many(reduced + off * ws, inputs.data(), n, k, t, op, n);
-            if (want_output) detail::copy_bytes(p, reduced + off * ws, k * es);
+            reduce_many(reduced + off * ws, inputs.data(), n, k, t, op, n, want_output ? p : nullptr);
             return;
           }
           // Narrow this rank's values a block at a time, reduce, widen back.

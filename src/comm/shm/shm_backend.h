@@ -17,7 +17,11 @@ struct ShmOptions {
   // Bytes of each ordered pair's send/recv ring.
   size_t ring_bytes = 256 * 1024;
   // How long a waiting rank spins (pause loop) before it starts yielding.
-  std::chrono::microseconds spin{50};
+  // None by default: sched_yield() returns at once when nothing else wants
+  // the core, so polling with it answers as fast, and when the core is
+  // shared (DDP's backward on the same rank, or ranks outnumbering cores)
+  // spinning only takes time from the thread the others wait for.
+  std::chrono::microseconds spin{0};
   // How long it then keeps polling with sched_yield() before it sleeps on
   // the futex. Yielding hands the core to any other runnable thread (ranks
   // may outnumber cores), and a rank that never sleeps needs no wake-up: on
