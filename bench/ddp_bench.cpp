@@ -1,7 +1,8 @@
 // tdist-bench ddp: what data-parallel training costs per step.
 //
-//   tdist-bench ddp [--backend shm] [--world-size 2] [--steps 40] [--rounds 3]
-//       [--variants local,ddp_allreduce,ddp_fp16,ddp_bf16,ddp_noop,status_quo] [--json FILE]
+//   tdist-bench ddp [--backend shm] [--world-size 2] [--steps 10] [--rounds 10]
+//       [--variants local,ddp_allreduce,ddp_fp16,ddp_bf16,ddp_noop,status_quo,...]
+//       [--bucket-cap-mb 25] [--json FILE]
 //
 // The model is the MLP 784-1024-1024-10 with batch 64 per rank, SGD with
 // momentum, one compute thread per rank; a step is zero_grad, forward,
@@ -10,6 +11,10 @@
 //   ddp_<hook>     DistributedDataParallel with the built-in hook <hook>
 //   status_quo     what C++ users write today (pytorch/examples cpp/distributed):
 //                  after backward, all-reduce each gradient in turn, then divide
+//   after_coalesced (only when asked for) after backward, one coalesced
+//                  all-reduce of every gradient: what overlapping with
+//                  backward buys over not overlapping at all
+//   <variant>_view  with gradient_as_bucket_view; local_all: every rank alone at once
 // Variants take turns, `rounds` times; each reports its best round's mean
 // step time (the slowest rank's), and its ratio to local.
 #include <torch/torch.h>

@@ -156,7 +156,8 @@ int main(int argc, char** argv) {
                  "  collectives [--backend shm] [--world-size 2] [--op all_reduce|broadcast|reduce|all_gather|\n"
                  "              reduce_scatter|all_to_all|all] [--min-bytes 4] [--max-bytes 256M] [--step-factor 4]\n"
                  "              [--dtype float32] [--seconds 0.25] [--json FILE]\n"
-                 "  ddp [--backend shm] [--world-size 2] [--steps 40] [--rounds 3] [--variants local,allreduce,...]\n"
+                 "  ddp [--backend shm] [--world-size 2] [--steps 10] [--rounds 10]\n"
+                 "      [--variants local,ddp_allreduce,ddp_fp16,...,status_quo,after_coalesced] [--bucket-cap-mb 25]\n"
                  "      [--json FILE]\n");
     return 2;
   }
