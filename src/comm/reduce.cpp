@@ -415,26 +415,6 @@ void convert(void* dst, DataType to, const void* src, DataType from, size_t coun
 
 void reduce_many(void* out, const void* const* inputs, int n, size_t count, DataType t, ReduceOp op,
                  int avg_divisor, void* also_out) {
-  if (also_out && (t == DataType::kFloat32 || t == DataType::kFloat64) &&
-      (op == ReduceOp::kSum || op == ReduceOp::kAvg)) {
-    check_reduction(t, op);
-    if (n < 1) throw UsageError("reduce_many: needs at least one input");
-    if (count == 0) return;
-    const bool scale = op == ReduceOp::kAvg;
-    if (scale && avg_divisor < 1) throw UsageError("reduce_many: AVG needs a positive divisor");
-    const double inv = scale ? 1.0 / avg_divisor : 1.0;
-    if (t == DataType::kFloat32) {
-      return sum_float<float>(static_cast<float*>(out), static_cast<float*>(also_out), as<float>(inputs), n, count,
-                              float(inv), scale);
-    }
-    return sum_float<double>(static_cast<double*>(out), static_cast<double*>(also_out), as<double>(inputs), n, count,
-                             inv, scale);
-  }
-  if (also_out) {
-    reduce_many(out, inputs, n, count, t, op, avg_divisor);
-    if (count) std::memcpy(also_out, out, count * dtype_size(t));
-    return;
-  }
   check_reduction(t, op);
   if (n < 1) throw UsageError("reduce_many: needs at least one input");
   if (count == 0) return;
@@ -442,28 +422,45 @@ void reduce_many(void* out, const void* const* inputs, int n, size_t count, Data
   if (scale && avg_divisor < 1) throw UsageError("reduce_many: AVG needs a positive divisor");
   const double inv = scale ? 1.0 / avg_divisor : 1.0;
   const bool plain_sum = op == ReduceOp::kSum || op == ReduceOp::kAvg;
+  // Float sums store also_out in the same pass; the rest copy it after.
+  if (plain_sum && t == DataType::kFloat32) {
+    return sum_float<float>(static_cast<float*>(out), static_cast<float*>(also_out), as<float>(inputs), n, count,
+                            float(inv), scale);
+  }
+  if (plain_sum && t == DataType::kFloat64) {
+    return sum_float<double>(static_cast<double*>(out), static_cast<double*>(also_out), as<double>(inputs), n,
+                             count, inv, scale);
+  }
   switch (t) {
     case DataType::kFloat32:
-      if (plain_sum) return sum_float<float>(static_cast<float*>(out), nullptr, as<float>(inputs), n, count, float(inv), scale);
-      return reduce_generic<float>(static_cast<float*>(out), as<float>(inputs), n, count, op, inv, scale);
+      reduce_generic<float>(static_cast<float*>(out), as<float>(inputs), n, count, op, inv, scale);
+      break;
     case DataType::kFloat64:
-      if (plain_sum) return sum_float<double>(static_cast<double*>(out), nullptr, as<double>(inputs), n, count, inv, scale);
-      return reduce_generic<double>(static_cast<double*>(out), as<double>(inputs), n, count, op, inv, scale);
+      reduce_generic<double>(static_cast<double*>(out), as<double>(inputs), n, count, op, inv, scale);
+      break;
     case DataType::kFloat16:
-      return reduce_16bit<false>(static_cast<uint16_t*>(out), as<uint16_t>(inputs), n, count, op, float(inv), scale);
+      reduce_16bit<false>(static_cast<uint16_t*>(out), as<uint16_t>(inputs), n, count, op, float(inv), scale);
+      break;
     case DataType::kBFloat16:
-      return reduce_16bit<true>(static_cast<uint16_t*>(out), as<uint16_t>(inputs), n, count, op, float(inv), scale);
+      reduce_16bit<true>(static_cast<uint16_t*>(out), as<uint16_t>(inputs), n, count, op, float(inv), scale);
+      break;
     case DataType::kInt8:
-      return reduce_generic<int8_t>(static_cast<int8_t*>(out), as<int8_t>(inputs), n, count, op, 1, false);
+      reduce_generic<int8_t>(static_cast<int8_t*>(out), as<int8_t>(inputs), n, count, op, 1, false);
+      break;
     case DataType::kUInt8:
-      return reduce_generic<uint8_t>(static_cast<uint8_t*>(out), as<uint8_t>(inputs), n, count, op, 1, false);
+      reduce_generic<uint8_t>(static_cast<uint8_t*>(out), as<uint8_t>(inputs), n, count, op, 1, false);
+      break;
     case DataType::kInt32:
-      return reduce_generic<int32_t>(static_cast<int32_t*>(out), as<int32_t>(inputs), n, count, op, 1, false);
+      reduce_generic<int32_t>(static_cast<int32_t*>(out), as<int32_t>(inputs), n, count, op, 1, false);
+      break;
     case DataType::kInt64:
-      return reduce_generic<int64_t>(static_cast<int64_t*>(out), as<int64_t>(inputs), n, count, op, 1, false);
+      reduce_generic<int64_t>(static_cast<int64_t*>(out), as<int64_t>(inputs), n, count, op, 1, false);
+      break;
     case DataType::kBool:
-      return reduce_bool(static_cast<uint8_t*>(out), as<uint8_t>(inputs), n, count, op);
+      reduce_bool(static_cast<uint8_t*>(out), as<uint8_t>(inputs), n, count, op);
+      break;
   }
+  if (also_out) std::memcpy(also_out, out, count * dtype_size(t));
 }
 
 }  // namespace tdist::comm

@@ -270,3 +270,23 @@ TEST(Convert, SameTypeCopiesAndOtherPairsAreRefused) {
   double d = 0;
   EXPECT_THROW(convert(&d, DataType::kFloat64, &f, DataType::kFloat32, 1), tdist::UsageError);
 }
+
+// also_out receives the same result as out: in the float sums' own pass,
+// by a copy for the rest.
+TEST(ReduceMany, AlsoOutGetsTheResultToo) {
+  const std::vector<float> a = {1.5f, -2.0f, 3.25f, 1e-3f, 7.0f}, b = {0.5f, 4.0f, -1.25f, 2e-3f, 9.0f};
+  const void* fin[] = {a.data(), b.data()};
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+    std::vector<float> out(a.size()), also(a.size(), -99.0f), plain(a.size());
+    reduce_many(out.data(), fin, 2, a.size(), DataType::kFloat32, op, 2, also.data());
+    reduce_many(plain.data(), fin, 2, a.size(), DataType::kFloat32, op, 2);
+    EXPECT_EQ(out, plain);
+    EXPECT_EQ(also, plain);
+  }
+  const std::vector<int64_t> x = {1, -5, 9}, y = {4, 2, -9};
+  const void* iin[] = {x.data(), y.data()};
+  std::vector<int64_t> out(3), also(3);
+  reduce_many(out.data(), iin, 2, 3, DataType::kInt64, ReduceOp::kSum, 1, also.data());
+  EXPECT_EQ(out, (std::vector<int64_t>{5, -3, 0}));
+  EXPECT_EQ(also, out);
+}
