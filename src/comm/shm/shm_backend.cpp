@@ -23,8 +23,8 @@
 // Waiting polls with sched_yield() (ranks on their own cores answer within
 // microseconds; a rank that shares its core hands it over), optionally
 // after a pause loop (TDIST_SHM_SPIN_US), then sleeps on one futex word in
-// the header that every arrival bumps. A sleeping waiter wakes every 100 ms to check that the
-// ranks it waits for are alive (/proc/<pid>/stat, with the process start
+// the header that every arrival bumps. A sleeping waiter wakes every 100 ms
+// to check that the ranks it waits for are alive (/proc/<pid>/stat, with the process start
 // time against pid reuse), and to honour its deadline.
 #include "comm/shm/shm_backend.h"
 
@@ -647,17 +647,18 @@ class ShmBackend final : public Backend {
       });
       first_barrier(desc, d);
       std::vector<const void*> inputs(size());
-      alignas(64) uint8_t scratch[kScratchElems * 8];
+      alignas(64) uint16_t scratch[kScratchElems];  // wire values (16-bit when narrower)
       walk.for_each(0, count, [&](uint8_t* p, size_t off, size_t n) {
+        if (wire == t) {
+          for (int r = 0; r < size(); ++r) inputs[r] = theirs(r) + off * ws;
+          reduce_many(p, inputs.data(), size(), n, t, op, size());
+          return;
+        }
         for (size_t b = 0; b < n; b += kScratchElems) {
           const size_t m = std::min(kScratchElems, n - b);
           for (int r = 0; r < size(); ++r) inputs[r] = theirs(r) + (off + b) * ws;
-          if (wire == t) {
-            reduce_many(p + b * es, inputs.data(), size(), m, t, op, size());
-          } else {
-            reduce_many(scratch, inputs.data(), size(), m, wire, op, size());
-            convert(p + b * es, t, scratch, wire, m);
-          }
+          reduce_many(scratch, inputs.data(), size(), m, wire, op, size());
+          convert(p + b * es, t, scratch, wire, m);
         }
       });
       return;
@@ -683,7 +684,7 @@ class ShmBackend final : public Backend {
     const size_t red_off = seg * n * ws;
     const bool want_output = root < 0 || root == rank();
     std::vector<const void*> inputs(n);
-    alignas(64) uint8_t scratch[kScratchElems * 8];
+    alignas(64) uint16_t scratch[kScratchElems];  // wire values (16-bit when narrower)
     // Chunk j's elements split evenly over the ranks (in whole cache lines),
     // so a tensor smaller than a chunk still shares the work.
     const size_t line = std::max<size_t>(1, kAlign / ws);
@@ -724,7 +725,7 @@ class ShmBackend final : public Backend {
             const size_t m = std::min(kScratchElems, k - b);
             convert(scratch, wire, p + b * es, t, m);
             for (int r = 0; r < n; ++r) {
-              inputs[r] = r == rank() ? scratch : theirs(r) + rank() * seg * ws + (off + b) * ws;
+              inputs[r] = r == rank() ? static_cast<const void*>(scratch) : theirs(r) + rank() * seg * ws + (off + b) * ws;
             }
             uint8_t* out = reduced + (off + b) * ws;
             reduce_many(out, inputs.data(), n, m, wire, op, n);
