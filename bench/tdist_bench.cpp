@@ -109,6 +109,8 @@ int spawn_ranks(const std::string& mode, int world, const std::vector<std::strin
     if (pid == 0) {
       setenv("RANK", std::to_string(r).c_str(), 1);
       setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);  // every rank on this host, as tdist-run
+      setenv("LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       if (!std::getenv("OMP_NUM_THREADS")) setenv("OMP_NUM_THREADS", "1", 1);

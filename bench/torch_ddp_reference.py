@@ -99,8 +99,15 @@ def rank_main(rank, world, port, args, out):
             unavailable[name] = str(e).splitlines()[0][:120]
         dist.barrier()
     times = {name: [] for name, _, _ in built}
-    for _ in range(args.rounds):
-        for name, everyone, step in built:
+    # As tdist-bench ddp: round r starts at variant r (mod their number), and
+    # two untimed steps precede the timed ones.
+    for r in range(args.rounds):
+        for k in range(len(built)):
+            name, everyone, step = built[(r + k) % len(built)]
+            dist.barrier()
+            if everyone or rank == 0:
+                for _ in range(2):
+                    step()
             dist.barrier()
             ms = 0.0
             if everyone or rank == 0:
