@@ -15,8 +15,9 @@
 //                  all-reduce of every gradient: what overlapping with
 //                  backward buys over not overlapping at all
 //   <variant>_view  with gradient_as_bucket_view; local_all: every rank alone at once
-// Variants take turns, `rounds` times; each reports its best round's mean
-// step time (the slowest rank's), and its ratio to local.
+// Variants take turns, `rounds` times (round r starting at variant r); each
+// reports its median round (a round: the slowest rank's mean step time) and
+// its ratio to local, the median over rounds of the ratio within one turn.
 #include <torch/torch.h>
 
 #include <chrono>
@@ -195,29 +196,44 @@ int run_rank(const Args& args, int rank, int world) {
   pg->barrier()->wait();
   if (rank != 0) return 0;
 
-  auto best = [&](const std::string& v) { return *std::min_element(times[v].begin(), times[v].end()); };
-  const double local = times.count("local") ? best("local") : 0;
+  // Each variant's median round, and its ratio to local as the median over
+  // rounds of (this round / local's round): rounds of one turn run within a
+  // second or two, so the pairing cancels this VM's slow and fast spells,
+  // which last seconds.
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n == 0 ? 0.0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  };
+  auto ratio = [&](const std::string& v) {
+    if (!times.count("local")) return 0.0;
+    std::vector<double> r;
+    for (size_t k = 0; k < times[v].size(); ++k) r.push_back(times[v][k] / times["local"][k]);
+    return median(r);
+  };
   std::printf("\n# DDP step time: MLP 784-1024-1024-10, batch 64 per rank, SGD, 1 thread per rank, backend %s, "
-              "world size %d\n# best of %d rounds of %d steps (each round: the slowest rank's mean)\n",
+              "world size %d\n# %d rounds of %d steps (each round: the slowest rank's mean); ms/step: the median "
+              "round;\n# x local: the median over rounds of the round's ratio to local's round in the same turn\n",
               pg->backend_name().c_str(), world, rounds, steps);
-  std::printf("%-20s %10s %9s   %s\n", "variant", "ms/step", "x local", "rounds (ms/step)");
+  std::printf("%-20s %10s %9s %9s   %s\n", "variant", "ms/step", "best", "x local", "rounds (ms/step)");
   JsonRows json;
   for (const auto& v : variants) {
-    const double ms = best(v);
+    const double ms = median(times[v]);
+    const double best = *std::min_element(times[v].begin(), times[v].end());
     std::string all;
     for (double t : times[v]) {
       char buf[32];
       std::snprintf(buf, sizeof buf, "%s%.2f", all.empty() ? "" : " ", t);
       all += buf;
     }
-    std::printf("%-20s %10.2f %9s   %s\n", v.c_str(), ms,
-                local > 0 ? (std::to_string(ms / local).substr(0, 4)).c_str() : "-", all.c_str());
+    std::printf("%-20s %10.2f %9.2f %9.2f   %s\n", v.c_str(), ms, best, ratio(v), all.c_str());
     json.begin_row();
     json.field("variant", v);
     json.field("world_size", world);
     json.field("backend", pg->backend_name());
     json.field("ms_per_step", ms);
-    json.field("ratio_vs_local", local > 0 ? ms / local : 0.0);
+    json.field("best_ms_per_step", best);
+    json.field("ratio_vs_local", ratio(v));
   }
   std::fflush(stdout);
   if (args.has("json") && !json.write(args.get("json", ""))) {
