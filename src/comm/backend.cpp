@@ -33,13 +33,13 @@ void Backend::all_reduce_coalesced(const std::vector<Piece>& pieces, DataType t,
   }
   const size_t es = dtype_size(t);
   PieceWalker walk(pieces, es);
-  std::vector<uint8_t> flat(walk.count() * es);
+  pack_.resize(walk.count() * es);
   walk.for_each(0, walk.count(), [&](uint8_t* p, size_t off, size_t n) {
-    detail::copy_bytes(flat.data() + off * es, p, n * es);
+    detail::copy_bytes(pack_.data() + off * es, p, n * es);
   });
-  all_reduce(flat.data(), walk.count(), t, op, d);
+  all_reduce(pack_.data(), walk.count(), t, op, d);
   walk.for_each(0, walk.count(), [&](uint8_t* p, size_t off, size_t n) {
-    detail::copy_bytes(p, flat.data() + off * es, n * es);
+    detail::copy_bytes(p, pack_.data() + off * es, n * es);
   });
 }
 
@@ -51,13 +51,13 @@ void Backend::all_reduce_coalesced_as(const std::vector<Piece>& pieces, DataType
   }
   const size_t es = dtype_size(t), ws = dtype_size(wire);
   PieceWalker walk(pieces, es);
-  std::vector<uint8_t> flat(walk.count() * ws);
+  pack_.resize(walk.count() * ws);
   walk.for_each(0, walk.count(), [&](uint8_t* p, size_t off, size_t n) {
-    convert(flat.data() + off * ws, wire, p, t, n);
+    convert(pack_.data() + off * ws, wire, p, t, n);
   });
-  all_reduce(flat.data(), walk.count(), wire, op, d);
+  all_reduce(pack_.data(), walk.count(), wire, op, d);
   walk.for_each(0, walk.count(), [&](uint8_t* p, size_t off, size_t n) {
-    convert(p, t, flat.data() + off * ws, wire, n);
+    convert(p, t, pack_.data() + off * ws, wire, n);
   });
 }
 

@@ -168,6 +168,10 @@ class Backend {
  private:
   int rank_;
   int size_;
+  // The packed buffer of the default coalesced all-reduces, kept between
+  // calls (fresh megabytes every step cost page faults). Collectives of one
+  // backend run on one thread at a time.
+  std::vector<uint8_t> pack_;
 };
 
 // ---- the registry -----------------------------------------------------------
