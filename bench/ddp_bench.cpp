@@ -2,7 +2,7 @@
 //
 //   tdist-bench ddp [--backend shm] [--world-size 2] [--steps 10] [--rounds 10]
 //       [--variants local,ddp_allreduce,ddp_fp16,ddp_bf16,ddp_noop,status_quo,...]
-//       [--bucket-cap-mb 25] [--json FILE]
+//       [--bucket-cap-mb 25] [--first-bucket-cap-mb 1] [--json FILE]
 //
 // The model is the MLP 784-1024-1024-10 with batch 64 per rank, SGD with
 // momentum, one compute thread per rank; a step is zero_grad, forward,
@@ -64,7 +64,7 @@ struct Variant {
 };
 
 Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Tensor& x, const torch::Tensor& y,
-                     double bucket_cap_mb) {
+                     double bucket_cap_mb, double first_bucket_cap_mb) {
   Variant v;
   v.name = name;
   const auto sgd = [](std::vector<torch::Tensor> ps) {
@@ -107,7 +107,7 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
     std::string hook = name.substr(4);
     DistributedDataParallelOptions o;
     o.bucket_cap_mb = bucket_cap_mb;
-    o.first_bucket_cap_mb = std::min(o.first_bucket_cap_mb, bucket_cap_mb);
+    o.first_bucket_cap_mb = first_bucket_cap_mb;
     if (hook.size() > 5 && hook.compare(hook.size() - 5, 5, "_view") == 0) {
       o.gradient_as_bucket_view = true;
       hook.resize(hook.size() - 5);
@@ -173,7 +173,10 @@ int run_rank(const Args& args, int rank, int world) {
   const int rounds = static_cast<int>(args.number("rounds", 10));
   if (steps < 1 || rounds < 1) throw UsageError("tdist-bench ddp: --steps and --rounds must be positive");
   const double bucket_cap_mb = args.number("bucket-cap-mb", 25);
-  if (!(bucket_cap_mb > 0)) throw UsageError("tdist-bench ddp: --bucket-cap-mb must be positive");
+  const double first_bucket_cap_mb = args.number("first-bucket-cap-mb", std::min(1.0, bucket_cap_mb));
+  if (!(bucket_cap_mb > 0) || !(first_bucket_cap_mb > 0)) {
+    throw UsageError("tdist-bench ddp: --bucket-cap-mb and --first-bucket-cap-mb must be positive");
+  }
   std::vector<std::string> variants = split_commas(args.get("variants", ""));
   if (variants.empty()) variants = kVariants;
 
@@ -182,7 +185,7 @@ int run_rank(const Args& args, int rank, int world) {
   const torch::Tensor y = torch::randint(0, 10, {64}, torch::kLong);
 
   std::vector<Variant> built;
-  for (const auto& v : variants) built.push_back(make_variant(*pg, v, x, y, bucket_cap_mb));
+  for (const auto& v : variants) built.push_back(make_variant(*pg, v, x, y, bucket_cap_mb, first_bucket_cap_mb));
   std::map<std::string, std::vector<double>> times;
   // Round r starts at variant r (mod their number), so that no variant
   // always follows the same one (after `local`, with the other ranks idle,
@@ -247,7 +250,7 @@ int run_rank(const Args& args, int rank, int world) {
 
 int ddp_bench(int argc, char** argv) {
   Args args(argc, argv);
-  args.reject_unknown({"backend", "world-size", "steps", "rounds", "variants", "bucket-cap-mb", "json"});
+  args.reject_unknown({"backend", "world-size", "steps", "rounds", "variants", "bucket-cap-mb", "first-bucket-cap-mb", "json"});
   if (std::getenv("RANK") && std::getenv("WORLD_SIZE") && std::getenv("MASTER_ADDR")) {
     return run_rank(args, std::atoi(std::getenv("RANK")), std::atoi(std::getenv("WORLD_SIZE")));
   }

@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
                  "              [--dtype float32] [--seconds 0.25] [--json FILE]\n"
                  "  ddp [--backend shm] [--world-size 2] [--steps 10] [--rounds 10]\n"
                  "      [--variants local,ddp_allreduce,ddp_fp16,...,status_quo,after_coalesced] [--bucket-cap-mb 25]\n"
-                 "      [--json FILE]\n");
+                 "      [--first-bucket-cap-mb 1] [--json FILE]\n");
     return 2;
   }
   try {
