@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "comm/reduce.h"
-#include "util/bytes.h"
 
 namespace tdist::comm {
 
@@ -31,16 +30,7 @@ void Backend::all_reduce_coalesced(const std::vector<Piece>& pieces, DataType t,
     all_reduce(pieces[0].data, pieces[0].count, t, op, d);
     return;
   }
-  const size_t es = dtype_size(t);
-  PieceWalker walk(pieces, es);
-  pack_.resize(walk.count() * es);
-  walk.for_each(0, walk.count(), [&](uint8_t* p, size_t off, size_t n) {
-    detail::copy_bytes(pack_.data() + off * es, p, n * es);
-  });
-  all_reduce(pack_.data(), walk.count(), t, op, d);
-  walk.for_each(0, walk.count(), [&](uint8_t* p, size_t off, size_t n) {
-    detail::copy_bytes(p, pack_.data() + off * es, n * es);
-  });
+  packed_all_reduce(pieces, t, t, op, d);
 }
 
 void Backend::all_reduce_coalesced_as(const std::vector<Piece>& pieces, DataType t, DataType wire, ReduceOp op,
@@ -49,6 +39,11 @@ void Backend::all_reduce_coalesced_as(const std::vector<Piece>& pieces, DataType
     all_reduce_coalesced(pieces, t, op, d);
     return;
   }
+  packed_all_reduce(pieces, t, wire, op, d);
+}
+
+void Backend::packed_all_reduce(const std::vector<Piece>& pieces, DataType t, DataType wire, ReduceOp op,
+                                Deadline d) {
   const size_t es = dtype_size(t), ws = dtype_size(wire);
   PieceWalker walk(pieces, es);
   pack_.resize(walk.count() * ws);

@@ -166,6 +166,10 @@ class Backend {
   Backend(int rank, int size) : rank_(rank), size_(size) {}
 
  private:
+  // The defaults above: pack the pieces (narrowed to wire) into pack_,
+  // all_reduce that, unpack (widened back).
+  void packed_all_reduce(const std::vector<Piece>& pieces, DataType t, DataType wire, ReduceOp op, Deadline d);
+
   int rank_;
   int size_;
   // The packed buffer of the default coalesced all-reduces, kept between

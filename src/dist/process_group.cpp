@@ -274,8 +274,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_coalesced(const std::vector<at::T
     std::vector<comm::Piece> pieces;
     pieces.reserve(tensors.size());
     for (const auto& t : tensors) pieces.push_back({t.data_ptr(), static_cast<size_t>(t.numel())});
-    if (wire == dt) b->all_reduce_coalesced(pieces, dt, op, d);
-    else b->all_reduce_coalesced_as(pieces, dt, wire, op, d);
+    b->all_reduce_coalesced_as(pieces, dt, wire, op, d);  // wire == dt: a plain all_reduce_coalesced
     return tensors;
   }, "all_reduce_coalesced " + std::string(c10::toString(tensors[0].scalar_type())) + " x " +
          std::to_string(total) + wire_note(dt, wire) + " " + reduce_name(o.op));

@@ -24,8 +24,8 @@
 // microseconds; a rank that shares its core hands it over), optionally
 // after a pause loop (TDIST_SHM_SPIN_US), then sleeps on one futex word in
 // the header that every arrival bumps. A sleeping waiter wakes every 100 ms
-// to check that the ranks it waits for are alive (/proc/<pid>/stat, with the process start
-// time against pid reuse), and to honour its deadline.
+// to check that the ranks it waits for are alive (/proc/<pid>/stat, with the
+// process start time against pid reuse), and to honour its deadline.
 #include "comm/shm/shm_backend.h"
 
 #include <dirent.h>
@@ -725,7 +725,8 @@ class ShmBackend final : public Backend {
             const size_t m = std::min(kScratchElems, k - b);
             convert(scratch, wire, p + b * es, t, m);
             for (int r = 0; r < n; ++r) {
-              inputs[r] = r == rank() ? static_cast<const void*>(scratch) : theirs(r) + rank() * seg * ws + (off + b) * ws;
+              inputs[r] = r == rank() ? static_cast<const void*>(scratch)
+                                      : theirs(r) + rank() * seg * ws + (off + b) * ws;
             }
             uint8_t* out = reduced + (off + b) * ws;
             reduce_many(out, inputs.data(), n, m, wire, op, n);
