@@ -195,6 +195,24 @@ class ProcessGroup {
   std::shared_ptr<Work> send(const at::Tensor& tensor, int dst, int tag = 0, const CollectiveOptions& options = {});
   std::shared_ptr<Work> recv(const at::Tensor& tensor, int src, int tag = 0, const CollectiveOptions& options = {});
 
+  // ---- symmetric memory --------------------------------------------------
+  // A zero-filled CPU tensor in symmetric memory: memory of this rank that
+  // the backend's collectives reach from every rank directly (shm maps each
+  // rank's block into every process of the group). all_reduce and
+  // all_reduce_coalesced of the same symmetric tensors on every rank (the
+  // same allocation, offsets and sizes) then run in place on the ranks'
+  // copies, with no staging copies. Collective: every rank calls it with
+  // the same sizes and dtype, in the same order as its other collectives.
+  // Where the backend has none (gloo, mpi), or some rank cannot get it
+  // (e.g. /dev/shm is full; one line on stderr says why), every rank gets
+  // an ordinary zero-filled tensor instead: is_symmetric() tells. Freed with
+  // its last reference, on any thread, also after the group is gone.
+  at::Tensor empty_symmetric(at::IntArrayRef sizes, at::ScalarType dtype = at::kFloat,
+                             const CollectiveOptions& options = {});
+  bool has_symmetric_memory() const;
+  // Whether t is contiguous and lies in one of this group's symmetric blocks.
+  bool is_symmetric(const at::Tensor& t) const;
+
   // Makes a subgroup of `ranks` (ranks of this group). Every member of this
   // group must call it, in the same order relative to other new_group
   // calls; members get the subgroup, the others nullptr.

@@ -42,6 +42,13 @@ void Backend::all_reduce_coalesced_as(const std::vector<Piece>& pieces, DataType
   packed_all_reduce(pieces, t, wire, op, d);
 }
 
+std::shared_ptr<void> Backend::allocate_symmetric(size_t, Deadline, std::string* why_not) {
+  if (why_not) *why_not = "the " + name() + " backend has no symmetric memory";
+  return nullptr;
+}
+
+bool Backend::is_symmetric(const void*, size_t) const { return false; }
+
 void Backend::packed_all_reduce(const std::vector<Piece>& pieces, DataType t, DataType wire, ReduceOp op,
                                 Deadline d) {
   const size_t es = dtype_size(t), ws = dtype_size(wire);

@@ -94,6 +94,7 @@ enum class OpKind : uint8_t {
   kBarrier,
   kSend,
   kRecv,
+  kSymmetricAlloc,  // allocate_symmetric
 };
 
 const char* op_kind_name(OpKind k);
@@ -161,6 +162,22 @@ class Backend {
   // Marks the backend failed with `reason` and wakes blocked calls on this
   // rank and, where the backend can, on the others.
   virtual void abort(const std::string& reason) = 0;
+
+  // ---- symmetric memory (optional) ------------------------------------------
+  // A block of `bytes` zero-filled bytes on every rank that this backend's
+  // collectives reach directly on every rank (shm: each rank's block is
+  // mapped into every process of the group). An all_reduce whose buffers
+  // are the same part of one block on every rank then reads and writes the
+  // ranks' copies in place, without staging. Collective: every rank calls
+  // it with the same bytes, in the same order as its other collectives.
+  // The block is released when the last copy of the pointer goes (on any
+  // thread; the backend may be gone by then). nullptr when the backend has
+  // none (the default, without communicating) or when some rank could not
+  // get it (every rank then gets nullptr; *why_not says what happened).
+  virtual std::shared_ptr<void> allocate_symmetric(size_t bytes, Deadline d, std::string* why_not = nullptr);
+  virtual bool has_symmetric_memory() const { return false; }
+  // Whether [p, p + bytes) lies inside one block from allocate_symmetric.
+  virtual bool is_symmetric(const void* p, size_t bytes) const;
 
  protected:
   Backend(int rank, int size) : rank_(rank), size_(size) {}

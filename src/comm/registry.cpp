@@ -75,6 +75,7 @@ const char* op_kind_name(OpKind k) {
     case OpKind::kBarrier: return "barrier";
     case OpKind::kSend: return "send";
     case OpKind::kRecv: return "recv";
+    case OpKind::kSymmetricAlloc: return "empty_symmetric";
   }
   return "unknown_op";
 }

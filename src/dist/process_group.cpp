@@ -280,6 +280,40 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_coalesced(const std::vector<at::T
          std::to_string(total) + wire_note(dt, wire) + " " + reduce_name(o.op));
 }
 
+// ---- symmetric memory ------------------------------------------------------------
+
+bool ProcessGroup::has_symmetric_memory() const { return impl_->backend->has_symmetric_memory(); }
+
+bool ProcessGroup::is_symmetric(const at::Tensor& t) const {
+  return t.defined() && t.device().is_cpu() && t.is_contiguous() && t.numel() > 0 &&
+         impl_->backend->is_symmetric(t.data_ptr(), t.nbytes());
+}
+
+at::Tensor ProcessGroup::empty_symmetric(at::IntArrayRef sizes, at::ScalarType dtype, const CollectiveOptions& o) {
+  for (int64_t s : sizes) {
+    if (s < 0) throw UsageError("empty_symmetric: negative size " + std::to_string(s));
+  }
+  const auto options = at::TensorOptions().dtype(dtype).device(at::kCPU);
+  if (!has_symmetric_memory()) return at::zeros(sizes, options);
+  const std::vector<int64_t> shape(sizes.begin(), sizes.end());
+  const size_t bytes = static_cast<size_t>(c10::multiply_integers(sizes)) * c10::elementSize(dtype);
+  comm::Backend* b = impl_->backend.get();
+  const std::string group = impl_->group_name;
+  auto work = impl_->enqueue("empty_symmetric", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+    std::string why_not;
+    std::shared_ptr<void> block = b->allocate_symmetric(bytes, d, &why_not);
+    if (!block) {
+      std::fprintf(stderr, "tdist: empty_symmetric in group '%s': no symmetric memory (%s); using ordinary memory\n",
+                   group.c_str(), why_not.c_str());
+      return {at::zeros(shape, options)};
+    }
+    void* data = block.get();
+    return {at::from_blob(data, shape, [block = std::move(block)](void*) mutable { block.reset(); }, options)};
+  }, "empty_symmetric " + std::to_string(bytes) + " bytes");
+  work->wait();
+  return work->result().at(0);
+}
+
 std::shared_ptr<Work> ProcessGroup::broadcast(const at::Tensor& tensor, const BroadcastOptions& o) {
   impl_->check(tensor, "broadcast");
   impl_->check_rank(o.root, "broadcast", "root");

@@ -26,6 +26,15 @@
 // the header that every arrival bumps. A sleeping waiter wakes every 100 ms
 // to check that the ranks it waits for are alive (/proc/<pid>/stat, with the
 // process start time against pid reuse), and to honour its deadline.
+//
+// Symmetric memory (allocate_symmetric): each rank makes a segment of its
+// own, the ranks swap names through an all_gather, map every rank's segment
+// and unlink their own once all have mapped it. An all_reduce of buffers
+// that lie at the same place of one such block on every rank (compared
+// through a key published with the op's descriptor) skips the staging
+// buffers: rank r reduces the r-th part straight from every rank's copy
+// and writes the result into all of them, then one closing barrier. Ranks
+// that disagree (one passes an ordinary tensor) all take the staging path.
 #include "comm/shm/shm_backend.h"
 
 #include <dirent.h>
@@ -44,6 +53,8 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -57,7 +68,7 @@ namespace tdist::comm::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x316d737473696474ull;  // "tdistsm1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr size_t kAlign = 64;
 // Elements narrowed at a time into a stack buffer (reduce passes with a
 // narrower wire type, the small all-reduce path).
@@ -89,6 +100,9 @@ struct alignas(kAlign) Slot {
   std::atomic<int32_t> pid;
   std::atomic<uint64_t> start_time;
   OpDesc desc[2];  // by round parity
+  // With desc: the key of the symmetric buffers an all_reduce was given
+  // (0: none), by round parity.
+  uint64_t sym_key[2][2];
 };
 
 struct alignas(kAlign) Ring {
@@ -127,6 +141,55 @@ uint64_t process_start_time(int pid) {
 }
 
 bool pid_alive(int pid) { return !(kill(pid, 0) != 0 && errno == ESRCH); }
+
+// ---- symmetric blocks ---------------------------------------------------------
+
+struct SymBlock {
+  uint64_t id = 0;      // the allocation's op number: the same block on every rank
+  size_t bytes = 0;     // as asked for
+  size_t mapped = 0;    // each mapping's length
+  std::vector<uint8_t*> copies;  // copies[r]: rank r's block, as mapped in this process
+};
+
+// This backend's blocks by their address here. Shared with the blocks'
+// deleters, which may run on any thread and after the backend is gone.
+struct SymRegistry {
+  mutable std::mutex mu;
+  std::map<uintptr_t, SymBlock> blocks;
+
+  // The block holding [p, p + bytes), or nullptr. Entries stay put while
+  // their block is alive, so the pointer outlives the lock.
+  const SymBlock* find(const void* p, size_t bytes) const {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = blocks.upper_bound(a);
+    if (it == blocks.begin()) return nullptr;
+    --it;
+    if (a + bytes > it->first + it->second.bytes) return nullptr;
+    return &it->second;
+  }
+};
+
+// One stretch of a symmetric all_reduce: count elements at `offset` bytes
+// into every rank's copy of block.
+struct SymPart {
+  const SymBlock* block;
+  size_t offset;
+  size_t count;
+};
+
+uint64_t mix64(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h ^= h >> 31;
+  h *= 0xbf58476d1ce4e5b9ull;
+  return h ^ (h >> 29);
+}
+
+void unmap_all(const std::vector<uint8_t*>& copies, size_t mapped) {
+  for (uint8_t* c : copies) {
+    if (c) munmap(c, mapped);
+  }
+}
 
 class ShmBackend final : public Backend {
  public:
@@ -327,6 +390,128 @@ class ShmBackend final : public Backend {
   }
 
   void abort(const std::string& reason) override { set_abort(AbortKind::kOther, -1, reason); }
+
+  // ---- symmetric memory --------------------------------------------------
+
+  bool has_symmetric_memory() const override { return true; }
+
+  bool is_symmetric(const void* p, size_t bytes) const override { return sym_->find(p, bytes) != nullptr; }
+
+  std::shared_ptr<void> allocate_symmetric(size_t bytes, Deadline d, std::string* why_not) override {
+    const int n = size();
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t mapped = align_up(std::max<size_t>(bytes, 1), page);
+    // Round 1 swaps segment names (or why there is none), round 2 reports
+    // whether every rank mapped every segment.
+    struct Record {
+      uint32_t ok;
+      char text[252];
+    };
+    static_assert(sizeof(Record) == 256, "records are exchanged as raw bytes");
+    auto put = [](Record& r, bool ok, const std::string& text) {
+      r.ok = ok ? 1 : 0;
+      std::snprintf(r.text, sizeof r.text, "%s", text.c_str());
+    };
+    std::vector<uint8_t*> copies(n, nullptr);
+    std::string name;
+    Record mine{};
+    {
+      std::random_device rd;
+      char suffix[40];
+      std::snprintf(suffix, sizeof suffix, "%08x%08x-b%llu", rd(), rd(), static_cast<unsigned long long>(seq_));
+      name = "/" + std::string(kSegmentPrefix) + std::to_string(getpid()) + "-" + suffix;
+      const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+      if (fd < 0) {
+        put(mine, false, "cannot create " + name + ": " + detail::errno_string(errno));
+      } else {
+        // fallocate, not ftruncate: a full /dev/shm fails here rather than
+        // with SIGBUS at the first touch.
+        const int err = posix_fallocate(fd, 0, static_cast<off_t>(mapped));
+        void* p = err == 0 ? mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0)
+                           : MAP_FAILED;
+        const int map_err = errno;
+        close(fd);
+        if (err != 0) {
+          put(mine, false, "cannot reserve " + std::to_string(mapped) + " bytes of /dev/shm: " +
+                               detail::errno_string(err));
+        } else if (p == MAP_FAILED) {
+          put(mine, false, "cannot map " + name + ": " + detail::errno_string(map_err));
+        } else {
+          copies[rank()] = static_cast<uint8_t*>(p);
+          put(mine, true, name);
+        }
+      }
+    }
+    const OpDesc first = make_desc(OpKind::kSymmetricAlloc, DataType::kUInt8, ReduceOp::kSum, -1, bytes);
+    std::vector<Record> all(n);
+    auto release = [&] {
+      unmap_all(copies, mapped);
+      if (mine.ok) shm_unlink(name.c_str());
+      mine.ok = 0;
+    };
+    // The first failure among the records, as "rank R: why".
+    auto first_failure = [&](const std::vector<Record>& recs) {
+      for (int r = 0; r < n; ++r) {
+        if (!recs[r].ok) return "rank " + std::to_string(global(r)) + ": " + std::string(recs[r].text);
+      }
+      return std::string();
+    };
+    try {
+      gather_impl(&mine, all.data(), sizeof(Record), -1, first, d);
+      std::string failed = first_failure(all);
+      Record mapped_all{};
+      if (failed.empty()) {
+        std::string err;
+        for (int r = 0; r < n && err.empty(); ++r) {
+          if (r == rank()) continue;
+          const std::string peer_name(all[r].text);
+          const int fd = shm_open(peer_name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+          void* p = fd < 0 ? MAP_FAILED
+                           : mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+          const int e = errno;
+          if (fd >= 0) close(fd);
+          if (p == MAP_FAILED) {
+            err = "cannot map rank " + std::to_string(global(r)) + "'s " + peer_name + ": " + detail::errno_string(e);
+          } else {
+            copies[r] = static_cast<uint8_t*>(p);
+          }
+        }
+        put(mapped_all, err.empty(), err);
+      } else {
+        put(mapped_all, false, "");
+      }
+      // Everyone has mapped every segment (or given up) after this round.
+      gather_impl(&mapped_all, all.data(), sizeof(Record), -1,
+                  make_desc(OpKind::kSymmetricAlloc, DataType::kUInt8, ReduceOp::kSum, -1, bytes), d);
+      if (mine.ok) shm_unlink(name.c_str());
+      if (failed.empty()) failed = first_failure(all);
+      if (!failed.empty()) {
+        unmap_all(copies, mapped);
+        if (why_not) *why_not = failed;
+        return nullptr;
+      }
+    } catch (...) {
+      release();
+      throw;
+    }
+    SymBlock block;
+    block.id = first.seq;
+    block.bytes = bytes;
+    block.mapped = mapped;
+    block.copies = copies;
+    uint8_t* own = copies[rank()];
+    {
+      std::lock_guard<std::mutex> lock(sym_->mu);
+      sym_->blocks[reinterpret_cast<uintptr_t>(own)] = std::move(block);
+    }
+    return std::shared_ptr<void>(own, [registry = sym_, copies, mapped](void* p) {
+      {
+        std::lock_guard<std::mutex> lock(registry->mu);
+        registry->blocks.erase(reinterpret_cast<uintptr_t>(p));
+      }
+      unmap_all(copies, mapped);
+    });
+  }
 
  private:
   struct Unexpected {
@@ -663,7 +848,93 @@ class ShmBackend final : public Backend {
       });
       return;
     }
-    reduce_scatter_gather(walk, t, wire, op, desc, /*root=*/-1, d);
+    uint64_t key[2] = {0, 0};
+    plan_symmetric(pieces, es, key);
+    reduce_scatter_gather(walk, t, wire, op, desc, /*root=*/-1, d, key);
+  }
+
+  // sym_parts_ and key for pieces that all lie in symmetric blocks, merged
+  // where they touch; key stays {0, 0} otherwise. Equal keys on every rank
+  // mean the same parts of the same blocks.
+  void plan_symmetric(const std::vector<Piece>& pieces, size_t es, uint64_t key[2]) {
+    sym_parts_.clear();
+    {
+      std::lock_guard<std::mutex> lock(sym_->mu);
+      if (sym_->blocks.empty()) return;
+    }
+    for (const Piece& p : pieces) {
+      if (p.count == 0) continue;
+      const SymBlock* b = sym_->find(p.data, p.count * es);
+      if (!b) {
+        sym_parts_.clear();
+        return;
+      }
+      const size_t offset = static_cast<size_t>(static_cast<uint8_t*>(p.data) - b->copies[rank()]);
+      if (!sym_parts_.empty() && sym_parts_.back().block == b &&
+          sym_parts_.back().offset + sym_parts_.back().count * es == offset) {
+        sym_parts_.back().count += p.count;
+      } else {
+        sym_parts_.push_back({b, offset, p.count});
+      }
+    }
+    if (sym_parts_.empty()) return;
+    uint64_t h0 = 0x243f6a8885a308d3ull, h1 = 0x13198a2e03707344ull;
+    for (const SymPart& part : sym_parts_) {
+      for (uint64_t v : {part.block->id, static_cast<uint64_t>(part.offset), static_cast<uint64_t>(part.count)}) {
+        h0 = mix64(h0, v);
+        h1 = mix64(h1, ~v);
+      }
+    }
+    key[0] = h0;
+    key[1] = h1 | 1;  // never {0, 0}
+  }
+
+  // The symmetric all_reduce of sym_parts_ (count elements in all): rank r
+  // reduces the r-th share straight from every rank's copy and writes the
+  // result into every copy; the closing barrier keeps everyone off the
+  // copies until all shares are done. Each element is reduced once, by one
+  // rank, with the inputs in rank order (the staging path's bits).
+  void symmetric_all_reduce(size_t count, DataType t, DataType wire, ReduceOp op, const OpDesc& desc, Deadline d) {
+    const int n = size(), me = rank();
+    const size_t es = dtype_size(t);
+    const size_t line = std::max<size_t>(1, kAlign / es);
+    const size_t per = ((count + n - 1) / n + line - 1) / line * line;
+    const size_t begin = std::min(count, me * per), end = std::min(count, begin + per);
+    std::vector<const void*> inputs(n);
+    if (wire != t) sym_scratch_.resize((size_t(n) + 1) * kScratchElems);
+    // The elements [begin, end) of the concatenation, part by part, in
+    // blocks small enough that the copies to the other ranks read from cache.
+    constexpr size_t kBlockBytes = 16 << 10;
+    const size_t block = wire == t ? kBlockBytes / es : kScratchElems;
+    size_t at = 0;  // first element of the current part
+    for (const SymPart& part : sym_parts_) {
+      const size_t lo = std::max(begin, at), hi = std::min(end, at + part.count);
+      for (size_t e = lo; e < hi; e += block) {
+        const size_t m = std::min(block, hi - e);
+        const size_t off = part.offset + (e - at) * es;
+        auto copy_of = [&](int q) { return part.block->copies[q] + off; };
+        uint8_t* own = copy_of(me);
+        uint8_t* next = n > 1 ? copy_of((me + 1) % n) : nullptr;
+        if (wire == t) {
+          for (int q = 0; q < n; ++q) inputs[q] = copy_of(q);
+          reduce_many(own, inputs.data(), n, m, t, op, n, next);
+        } else {
+          // Narrow every rank's values, reduce as wire, widen the result.
+          uint16_t* result = sym_scratch_.data() + size_t(n) * kScratchElems;
+          for (int q = 0; q < n; ++q) {
+            uint16_t* narrowed = sym_scratch_.data() + size_t(q) * kScratchElems;
+            convert(narrowed, wire, copy_of(q), t, m);
+            inputs[q] = narrowed;
+          }
+          reduce_many(result, inputs.data(), n, m, wire, op, n);
+          convert(own, t, result, wire, m);
+          if (next) detail::copy_bytes(next, own, m * es);
+        }
+        for (int k = 2; k < n; ++k) detail::copy_bytes(copy_of((me + k) % n), own, m * es);
+      }
+      at += part.count;
+    }
+    barrier_round(desc, d);
   }
 
   // Large path. Each round handles one chunk of count elements, split into
@@ -672,8 +943,14 @@ class ShmBackend final : public Backend {
   // chunk j-1; after the barrier it reduces its segment of chunk j (straight
   // into the next round's buffer) and copies the others' reduced segments of
   // chunk j-1 into its output. One barrier per chunk, plus one to drain.
+  //
+  // An all_reduce (root < 0) publishes sym_key with its descriptor: when
+  // every rank's key is the same non-zero one, the op continues as
+  // symmetric_all_reduce; when some rank has one and another not, everyone
+  // posts chunk 0 again (the ranks with a key skipped it) and passes one
+  // more barrier before the staging path.
   void reduce_scatter_gather(const PieceWalker& walk, DataType t, DataType wire, ReduceOp op, const OpDesc& desc,
-                             int root, Deadline d) {
+                             int root, Deadline d, const uint64_t* sym_key = nullptr) {
     const int n = size();
     const size_t es = dtype_size(t), ws = dtype_size(wire);
     const size_t count = walk.count();
@@ -697,20 +974,49 @@ class ShmBackend final : public Backend {
       const size_t end = std::min(chunk_len, begin + per_aligned);
       return std::make_pair(chunk_begin + begin, end - begin);
     };
-    for (size_t j = 0; j <= chunks; ++j) {
-      if (j < chunks) {
-        for (int s = 0; s < n; ++s) {
-          if (s == rank()) continue;
-          auto [begin, len] = seg_range(j, s);
-          uint8_t* to = mine() + s * seg * ws;
-          walk.for_each(begin, len, [&](uint8_t* p, size_t off, size_t k) {
-            convert(to + off * ws, wire, p, t, k);
-          });
-        }
+    // Posts the segments of chunk j that the other ranks reduce.
+    auto post = [&](size_t j) {
+      for (int s = 0; s < n; ++s) {
+        if (s == rank()) continue;
+        auto [begin, len] = seg_range(j, s);
+        uint8_t* to = mine() + s * seg * ws;
+        walk.for_each(begin, len, [&](uint8_t* p, size_t off, size_t k) {
+          convert(to + off * ws, wire, p, t, k);
+        });
       }
-      // (The reduced segment of chunk j-1 was written into this buffer at the
-      // end of the previous round.)
-      if (j == 0) first_barrier(desc, d); else barrier_round(desc, d);
+    };
+    const bool have_key = sym_key && (sym_key[0] | sym_key[1]) != 0;
+    {
+      uint64_t* published = slot(rank())->sym_key[g_ % 2];
+      published[0] = have_key ? sym_key[0] : 0;
+      published[1] = have_key ? sym_key[1] : 0;
+    }
+    if (!have_key) post(0);
+    first_barrier(desc, d);
+    {
+      const uint64_t parity = (g_ - 1) % 2;
+      bool all_same = true, any_key = false;
+      for (int r = 0; r < n; ++r) {
+        const uint64_t* k = slot(r)->sym_key[parity];
+        any_key = any_key || (k[0] | k[1]) != 0;
+        all_same = all_same && have_key && k[0] == sym_key[0] && k[1] == sym_key[1];
+      }
+      if (all_same) {
+        symmetric_all_reduce(count, t, wire, op, desc, d);
+        return;
+      }
+      if (any_key) {
+        post(0);
+        barrier_round(desc, d);
+      }
+    }
+    for (size_t j = 0; j <= chunks; ++j) {
+      if (j > 0) {
+        if (j < chunks) post(j);
+        // (The reduced segment of chunk j-1 was written into this buffer at
+        // the end of the previous round.)
+        barrier_round(desc, d);
+      }
       if (j < chunks) {
         auto [begin, len] = seg_range(j, rank());
         uint8_t* reduced = mine() + red_off;  // the next round's buffer
@@ -827,6 +1133,9 @@ class ShmBackend final : public Backend {
   uint64_t g_ = 0;    // barriers passed by this rank
   uint64_t seq_ = 0;  // collectives started by this rank
   std::deque<Unexpected> unexpected_;
+  std::shared_ptr<SymRegistry> sym_ = std::make_shared<SymRegistry>();
+  std::vector<SymPart> sym_parts_;      // the current all_reduce's, reused
+  std::vector<uint16_t> sym_scratch_;   // (size() + 1) * kScratchElems wire values
 };
 
 }  // namespace
