@@ -53,6 +53,14 @@ at::Tensor alias_of(const at::Tensor& flat, int64_t offset, at::IntArrayRef size
   return t;
 }
 
+// A tensor of its own (its own storage object, not a view) over flat's
+// memory at `offset` elements, keeping flat alive: a gradient that lives in
+// bucket memory without gradient_as_bucket_view.
+at::Tensor own_tensor_in(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
+  void* data = static_cast<uint8_t*>(flat.data_ptr()) + offset * flat.element_size();
+  return at::from_blob(data, sizes, [keep = flat](void*) mutable { keep.reset(); }, flat.options());
+}
+
 std::vector<std::string> split_lines(const std::string& s) {
   std::vector<std::string> out;
   std::istringstream is(s);
@@ -83,6 +91,13 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of, slot_in_bucket;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // hooks fire only while held
+
+  // Whether the gradients live in bucket memory: with
+  // gradient_as_bucket_view (as views), and on a group with symmetric
+  // memory (as tensors of their own), so that the shm backend reduces them
+  // where they are, straight between the ranks' copies.
+  bool grads_in_buckets = false;
+  bool symmetric_buckets = false;
 
   CommHook hook;  // empty: all-reduce, averaged
   // What the registered hook is, when it is one of the built-ins that the
@@ -138,11 +153,14 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
       b.pending = members.size();
       int64_t total = 0;
       for (size_t m : members) total += params[m].numel();
-      b.flat = at::zeros({total}, params[members[0]].options().requires_grad(false));
+      const at::Tensor& first = params[members[0]];
+      b.flat = symmetric_buckets ? pg->empty_symmetric({total}, first.scalar_type())
+                                 : at::zeros({total}, first.options().requires_grad(false));
       int64_t offset = 0;
       for (size_t k = 0; k < members.size(); ++k) {
         const at::Tensor& p = params[members[k]];
-        b.views.push_back(alias_of(b.flat, offset, p.sizes()));
+        b.views.push_back(options.gradient_as_bucket_view ? alias_of(b.flat, offset, p.sizes())
+                                                          : own_tensor_in(b.flat, offset, p.sizes()));
         offset += p.numel();
         bucket_of[members[k]] = fresh.size();
         slot_in_bucket[members[k]] = k;
@@ -151,7 +169,7 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
       fresh.push_back(std::move(b));
     }
     buckets = std::move(fresh);
-    if (options.gradient_as_bucket_view) {
+    if (grads_in_buckets) {
       for (size_t i = 0; i < params.size(); ++i) {
         const at::Tensor& view = buckets[bucket_of[i]].views[slot_in_bucket[i]];
         at::Tensor& grad = params[i].mutable_grad();
@@ -211,6 +229,23 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
     const size_t slot = slot_in_bucket[i];
     at::Tensor& view = b.views[slot];
     at::Tensor& grad = params[i].mutable_grad();
+    if (!has_grad && !options.gradient_as_bucket_view && grad.defined() && grad.data_ptr() == view.data_ptr()) {
+      // The slot takes part as zeros, but without gradient_as_bucket_view a
+      // .grad that got nothing keeps its values: move it out of the bucket.
+      grad = grad.clone();
+    }
+    if (has_grad && grads_in_buckets && grad.defined() && grad.data_ptr() != view.data_ptr() &&
+        grad.layout() == at::kStrided && grad.scalar_type() == view.scalar_type() &&
+        grad.device() == view.device() && grad.sizes() == view.sizes() &&
+        (options.gradient_as_bucket_view || grad.use_count() == 1)) {
+      // A .grad outside its slot moves in, to be reduced in place: with
+      // gradient_as_bucket_view always; otherwise when nothing else holds
+      // it (autograd's fresh one after zero_grad(set_to_none) or in the
+      // first backward), so that a tensor the user set as .grad keeps
+      // receiving the result.
+      view.copy_(grad);
+      grad = view;
+    }
     if (direct_mode()) {
       // Reduced in place when it can be; else through its slot in flat.
       const bool usable = has_grad && grad.defined() && grad.layout() == at::kStrided && grad.is_contiguous() &&
@@ -226,7 +261,6 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
       view.zero_();
     } else if (grad.data_ptr() != view.data_ptr()) {
       view.copy_(grad);
-      if (options.gradient_as_bucket_view) grad = view;
     }
     if (--b.pending > 0) return;
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) launch(next_launch++);
@@ -409,7 +443,7 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
         if (direct && !b.pieces[s].is_same(b.views[s])) continue;  // reduced in its .grad
         at::Tensor& grad = params[m].mutable_grad();
         if (!grad.defined()) {
-          grad = options.gradient_as_bucket_view ? b.views[s] : b.views[s].clone();
+          grad = grads_in_buckets ? b.views[s] : b.views[s].clone();
         } else if (grad.data_ptr() != b.views[s].data_ptr()) {
           grad.copy_(b.views[s]);
         }
@@ -504,6 +538,12 @@ DataParallel::DataParallel(torch::nn::Module& module, DistributedDataParallelOpt
     for (auto& w : works) w->wait();
   }
 
+  // Gradients in symmetric bucket memory where the group has it (shm) and
+  // every parameter is on the CPU.
+  bool all_cpu = true;
+  for (const auto& p : s.params) all_cpu = all_cpu && p.device().is_cpu();
+  s.symmetric_buckets = all_cpu && s.pg->has_symmetric_memory();
+  s.grads_in_buckets = s.options.gradient_as_bucket_view || s.symmetric_buckets;
   s.build_buckets(assign_buckets(s.param_infos(), State::mib(s.options.first_bucket_cap_mb),
                                  State::mib(s.options.bucket_cap_mb)));
   s.ready.assign(s.params.size(), false);

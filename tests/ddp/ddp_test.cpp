@@ -200,6 +200,46 @@ TEST_P(Ddp, GradientsAsBucketViews) {
   }), "");
 }
 
+// Without gradient_as_bucket_view, on a group with symmetric memory (shm),
+// the gradients live in the buckets' shared memory, each a tensor of its own
+// (no views, no shared storage), and stay there when zero_grad sets them to
+// undefined (LibTorch 2's default): the results match one process all along.
+TEST_P(Ddp, GradientsAreTensorsOfTheirOwnInSymmetricBucketMemory) {
+  EXPECT_EQ(run_world(GetParam(), [](ProcessGroup& pg) {
+    const int n = pg.size(), r = pg.rank();
+    torch::manual_seed(5);
+    Net net;
+    tdist::DistributedDataParallel<Net> ddp(net);
+    torch::manual_seed(5);
+    Net reference;
+    torch::optim::SGD opt(ddp->parameters(), 0.1), ref_opt(reference->parameters(), 0.1);
+    for (int step = 0; step < 4; ++step) {
+      auto [x, y] = batch(step, 8 * n);
+      for (auto& p : net->parameters()) {
+        if (step % 2) p.mutable_grad().reset();  // zero_grad(set_to_none)
+      }
+      if (step % 2 == 0) opt.zero_grad();
+      ref_opt.zero_grad();
+      torch::nn::functional::cross_entropy(ddp->forward(x.narrow(0, 8 * r, 8)), y.narrow(0, 8 * r, 8)).backward();
+      torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
+      auto pa = net->parameters(), pb = reference->parameters();
+      for (size_t i = 0; i < pa.size(); ++i) {
+        const at::Tensor& g = pa[i].grad();
+        WORLD_CHECK(torch::allclose(g, pb[i].grad(), 1e-5, 1e-6), "step " << step << " grad " << i);
+        WORLD_CHECK(pg.is_symmetric(g) == pg.has_symmetric_memory(), "step " << step << " grad " << i << " is "
+                                                                              << (pg.is_symmetric(g) ? "" : "not ")
+                                                                              << "in symmetric memory");
+        WORLD_CHECK(!g.is_view(), "grad " << i << " is a view");
+        for (size_t j = 0; j < i; ++j) {
+          WORLD_CHECK(!g.storage().is_alias_of(pa[j].grad().storage()), "grads " << j << " and " << i << " share storage");
+        }
+      }
+      opt.step();
+      ref_opt.step();
+    }
+  }), "");
+}
+
 TEST_P(Ddp, NoSyncAccumulatesLocally) {
   EXPECT_EQ(run_world(GetParam(), [](ProcessGroup& pg) {
     const int n = pg.size(), r = pg.rank();
@@ -485,6 +525,25 @@ TEST(DdpUnused, FindUnusedParametersReducesTheRestAndLeavesNeverUsedGradientsAlo
       WORLD_CHECK(net->used->weight.grad().eq(want).all().item<bool>(), "step " << step);
       WORLD_CHECK(!net->unused->weight.grad().defined() || net->unused->weight.grad().eq(0).all().item<bool>(),
                   "a parameter no rank used gets no gradient");
+    }
+  }), "");
+}
+
+// Without gradient_as_bucket_view a .grad that no rank's backward touched
+// keeps its values, although it lives in bucket memory, which takes part in
+// the reduction as zeros.
+TEST(DdpUnused, AGradientNoRankProducedKeepsItsValues) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup& pg) {
+    Spare net;
+    net->unused->weight.mutable_grad() = torch::full({2, 4}, 7.0f);
+    tdist::DistributedDataParallelOptions o;
+    o.find_unused_parameters = true;
+    tdist::DistributedDataParallel<Spare> ddp(net, o);
+    for (int step = 0; step < 2; ++step) {
+      ddp(torch::full({2, 4}, static_cast<float>(pg.rank() + 1))).sum().backward();
+      WORLD_CHECK(net->unused->weight.grad().eq(7.0f).all().item<bool>(),
+                  "step " << step << ": " << net->unused->weight.grad());
+      WORLD_CHECK(net->used->weight.grad().eq(3.0f * (step + 1)).all().item<bool>(), "step " << step);
     }
   }), "");
 }

@@ -23,6 +23,7 @@ TEST_P(Collectives, AllReduceCoalescedMatchesTheConcatenation) {
   run(conformance::AllReduceCoalescedMatchesTheConcatenation);
 }
 TEST_P(Collectives, AllReduceWireDtypeIsCastReduceCast) { run(conformance::AllReduceWireDtypeIsCastReduceCast); }
+TEST_P(Collectives, AllReduceOnSymmetricMemory) { run(conformance::AllReduceOnSymmetricMemory); }
 TEST_P(Collectives, ReduceToEveryRoot) { run(conformance::ReduceToEveryRoot); }
 TEST_P(Collectives, BroadcastFromEveryRoot) { run(conformance::BroadcastFromEveryRoot); }
 TEST_P(Collectives, AllGatherBothForms) { run(conformance::AllGatherBothForms); }

@@ -351,6 +351,100 @@ inline void AllReduceWireDtypeIsCastReduceCast(ProcessGroup& pg) {
   EQUAL_OR_THROW(h, at::full({5}, n, at::kHalf), "half as half");
 }
 
+// empty_symmetric: zero-filled, symmetric where the backend has symmetric
+// memory (shm), ordinary elsewhere; all_reduce on it gives what it gives on
+// ordinary tensors (the same bits), through every path: the same part of
+// one block on every rank (in place between the copies), cut differently
+// per rank, narrowed on the wire, and ranks that disagree (staging).
+inline void AllReduceOnSymmetricMemory(ProcessGroup& pg) {
+  const int n = pg.size(), r = pg.rank();
+  const int64_t cap = 300'011;
+  WORLD_CHECK(pg.has_symmetric_memory() == (pg.backend_name() == "shm"), "has_symmetric_memory on " << pg.backend_name());
+  for (auto t : {at::kFloat, at::kDouble, at::kHalf, at::kLong}) {
+    at::Tensor block = pg.empty_symmetric({cap}, t);
+    WORLD_CHECK(block.scalar_type() == t && block.numel() == cap && block.eq(0).all().item<bool>(),
+                "empty_symmetric " << name(t) << " is not zero-filled");
+    WORLD_CHECK(pg.is_symmetric(block) == pg.has_symmetric_memory(), "is_symmetric " << name(t));
+    for (auto op : {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::MAX}) {
+      if (op == ReduceOp::AVG && !floating(t)) continue;
+      for (int64_t size : {int64_t(0), int64_t(7), int64_t(40'000), int64_t(300'007)}) {
+        for (int64_t offset : {int64_t(0), int64_t(3)}) {  // 3: not on a cache line
+          at::Tensor x = block.slice(0, offset, offset + size);
+          x.copy_(input_for(r, n, size, t, op));
+          pg.all_reduce(x, {op})->wait();
+          EQUAL_OR_THROW(x, expected_for(n, size, t, op),
+                         "symmetric all_reduce " << name(t) << " " << op_name(op) << " x " << size << " at " << offset);
+        }
+      }
+    }
+  }
+  // The same bits as on ordinary memory, for inputs that round.
+  at::Tensor block = pg.empty_symmetric({cap});
+  at::manual_seed(77 + r);
+  const at::Tensor whole = at::randn({cap}) * (r + 1);
+  {
+    at::Tensor plain = whole.clone();
+    pg.all_reduce(plain, {ReduceOp::AVG})->wait();
+    block.copy_(whole);
+    pg.all_reduce(block, {ReduceOp::AVG})->wait();
+    EQUAL_OR_THROW(block, plain, "symmetric AVG of random floats");
+  }
+  // Pieces of the block, cut differently on even and odd ranks.
+  const std::vector<std::vector<int64_t>> cuts = {{100'000, 0, 200'011}, {1, 150'000, 150'010}};
+  {
+    at::Tensor plain = whole.clone();
+    pg.all_reduce(plain)->wait();
+    block.copy_(whole);
+    std::vector<at::Tensor> pieces;
+    int64_t at_ = 0;
+    for (int64_t c : cuts[r % 2]) {
+      pieces.push_back(block.slice(0, at_, at_ + c));
+      at_ += c;
+    }
+    pg.all_reduce_coalesced(pieces)->wait();
+    EQUAL_OR_THROW(block, plain, "symmetric all_reduce_coalesced");
+  }
+  // Narrowed on the wire: the bits of cast, all-reduce, cast back.
+  for (auto wire : {at::kHalf, at::kBFloat16}) {
+    at::Tensor want = whole.to(wire);
+    pg.all_reduce(want, {ReduceOp::AVG})->wait();
+    block.copy_(whole);
+    tdist::AllreduceOptions o;
+    o.op = ReduceOp::AVG;
+    o.wire_dtype = wire;
+    pg.all_reduce(block, o)->wait();
+    EQUAL_OR_THROW(block, want.to(at::kFloat), "symmetric all_reduce as " << name(wire));
+  }
+  // Ranks that disagree: rank 0 passes ordinary memory, or each rank a
+  // different part of the block.
+  const int64_t size = 200'000;
+  const at::Tensor mine = input_for(r, n, size, at::kFloat, ReduceOp::SUM);
+  const at::Tensor want = expected_for(n, size, at::kFloat, ReduceOp::SUM);
+  for (int variant = 0; variant < 2; ++variant) {
+    at::Tensor x = variant == 0 ? (r == 0 ? at::empty({size}) : block.slice(0, 0, size))
+                                : block.slice(0, r * 1000, r * 1000 + size);
+    x.copy_(mine);
+    pg.all_reduce(x)->wait();
+    EQUAL_OR_THROW(x, want, (variant == 0 ? "rank 0 without symmetric memory" : "different parts per rank"));
+    // ... and the next op is in step.
+    at::Tensor one = block.slice(0, 0, 1000).fill_(1);
+    pg.all_reduce(one)->wait();
+    EQUAL_OR_THROW(one, at::full({1000}, static_cast<float>(n)), "all_reduce after a disagreement");
+  }
+  // A block outlives its group, and is freed after it.
+  auto sub = pg.new_group([&] {
+    std::vector<int> all(n);
+    for (int k = 0; k < n; ++k) all[k] = k;
+    return all;
+  }());
+  at::Tensor kept = sub->empty_symmetric({1000}, at::kFloat);
+  kept.fill_(r);
+  sub->all_reduce(kept)->wait();
+  sub.reset();
+  EQUAL_OR_THROW(kept, at::full({1000}, n * (n - 1) / 2.0f), "symmetric tensor after its group is gone");
+  kept = at::Tensor();
+}
+
 inline void AllReduceCoalescedMatchesTheConcatenation(ProcessGroup& pg) {
   const int n = pg.size(), r = pg.rank();
   const std::vector<std::vector<std::vector<int64_t>>> layouts = {
@@ -406,6 +500,7 @@ inline const std::vector<std::pair<const char*, void (*)(ProcessGroup&)>>& all_c
       {"AllReduceEveryDtypeOpAndSize", AllReduceEveryDtypeOpAndSize},
       {"AllReduceCoalescedMatchesTheConcatenation", AllReduceCoalescedMatchesTheConcatenation},
       {"AllReduceWireDtypeIsCastReduceCast", AllReduceWireDtypeIsCastReduceCast},
+      {"AllReduceOnSymmetricMemory", AllReduceOnSymmetricMemory},
       {"ReduceToEveryRoot", ReduceToEveryRoot},
       {"BroadcastFromEveryRoot", BroadcastFromEveryRoot},
       {"AllGatherBothForms", AllGatherBothForms},

@@ -197,6 +197,17 @@ TEST(ShmFailures, AllToAllSizesThatDisagreeAreAMismatch) {
   EXPECT_EQ(failures, "");
 }
 
+TEST(ShmFailures, EmptySymmetricSizesThatDisagreeAreAMismatch) {
+  WorldOptions o;
+  o.final_barrier = false;
+  const std::string failures = run_world(2, [](ProcessGroup& pg) {
+    const std::string msg = expect_throw<tdist::CollectiveMismatchError>(
+        [&] { pg.empty_symmetric({1000 + pg.rank()}); }, "empty_symmetric");
+    WORLD_CHECK(contains(msg, "empty_symmetric(4000 bytes)") && contains(msg, "empty_symmetric(4004 bytes)"), msg);
+  }, o);
+  EXPECT_EQ(failures, "");
+}
+
 TEST(SharedMemory, NoSegmentIsLeftBehind) {
   // Segments are named after the rank that made them; look for ours only
   // (other tests may run at the same time).
@@ -208,6 +219,13 @@ TEST(SharedMemory, NoSegmentIsLeftBehind) {
     pg.all_reduce(t)->wait();
     auto sub = pg.new_group({1, 2});  // rank 1 makes this one
     if (sub) sub->all_reduce(t)->wait();
+    // Symmetric blocks: every rank's own segment, unlinked once all have
+    // mapped it.
+    at::Tensor block = pg.empty_symmetric({100'000});
+    WORLD_CHECK(pg.is_symmetric(block), "not symmetric");
+    for (const auto& name : our_segments()) {
+      WORLD_CHECK(name.rfind("tdist-shm-" + std::to_string(getpid()) + "-", 0) != 0, "not unlinked: " << name);
+    }
   }, o), "");
   ASSERT_EQ(pids.size(), 3u);
   for (const auto& name : our_segments()) {
