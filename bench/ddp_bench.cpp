@@ -15,6 +15,9 @@
 //                  all-reduce of every gradient: what overlapping with
 //                  backward buys over not overlapping at all
 //   <variant>_view  with gradient_as_bucket_view; local_all: every rank alone at once
+//   ddp_allreduce_staged  ddp_allreduce on a group without symmetric memory
+//                  (TDIST_SHM_SYMMETRIC=0): its buckets in ordinary memory,
+//                  reduced through shm's staging buffers
 // Variants take turns, `rounds` times (round r starting at variant r); each
 // reports its median round (a round: the slowest rank's mean step time) and
 // its ratio to local, the median over rounds of the ratio within one turn.
@@ -22,6 +25,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -49,7 +53,7 @@ TORCH_MODULE(Mlp);
 
 const std::vector<std::string> kVariants = {"local",         "ddp_allreduce", "ddp_fp16",      "ddp_bf16",
                                             "ddp_noop",      "status_quo",    "ddp_allreduce_view", "ddp_fp16_view",
-                                            "ddp_bf16_view", "local_all"};
+                                            "ddp_bf16_view", "local_all",     "ddp_allreduce_staged"};
 
 Mlp make_model() {
   torch::manual_seed(0);
@@ -103,9 +107,20 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
       opt->step();
     };
   } else {
-    // ddp_<hook>, or ddp_<hook>_view for gradient_as_bucket_view.
+    // ddp_<hook>, ddp_<hook>_view for gradient_as_bucket_view, or
+    // ddp_allreduce_staged.
     std::string hook = name.substr(4);
     DistributedDataParallelOptions o;
+    std::shared_ptr<ProcessGroup> group;  // empty: the default
+    if (hook == "allreduce_staged") {
+      hook = "allreduce";
+      ::setenv("TDIST_SHM_SYMMETRIC", "0", 1);  // read when the subgroup's backend starts
+      std::vector<int> everyone(pg.size());
+      for (int r = 0; r < pg.size(); ++r) everyone[r] = r;
+      group = pg.new_group(everyone);
+      ::unsetenv("TDIST_SHM_SYMMETRIC");
+      o.process_group = group;
+    }
     o.bucket_cap_mb = bucket_cap_mb;
     o.first_bucket_cap_mb = first_bucket_cap_mb;
     if (hook.size() > 5 && hook.compare(hook.size() - 5, 5, "_view") == 0) {
@@ -113,7 +128,6 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
       hook.resize(hook.size() - 5);
     }
     auto ddp = std::make_shared<DistributedDataParallel<Mlp>>(make_model(), o);
-    const std::shared_ptr<ProcessGroup> group;  // the default
     if (hook == "allreduce") (*ddp)->register_comm_hook(group, allreduce_hook);
     else if (hook == "fp16") (*ddp)->register_comm_hook(group, fp16_compress_hook);
     else if (hook == "bf16") (*ddp)->register_comm_hook(group, bf16_compress_hook);

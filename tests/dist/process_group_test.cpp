@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -233,6 +234,39 @@ TEST(SharedMemory, NoSegmentIsLeftBehind) {
       EXPECT_NE(name.rfind("tdist-shm-" + std::to_string(p) + "-", 0), 0u) << "left behind: " << name;
     }
   }
+}
+
+// A rank that cannot get symmetric memory (here a file size limit, which
+// tmpfs enforces as a full /dev/shm would) makes every rank fall back to
+// ordinary memory, and the group goes on.
+TEST(SharedMemory, WhenOneRankCannotGetSymmetricMemoryEveryRankFallsBack) {
+  EXPECT_EQ(run_world(3, [](ProcessGroup& pg) {
+    if (pg.rank() == 1) {
+      signal(SIGXFSZ, SIG_IGN);
+      rlimit limit{1 << 20, 1 << 20};
+      WORLD_CHECK(setrlimit(RLIMIT_FSIZE, &limit) == 0, "setrlimit");
+    }
+    at::Tensor big = pg.empty_symmetric({1 << 20});  // 4 MiB: over rank 1's limit
+    WORLD_CHECK(!pg.is_symmetric(big) && big.numel() == (1 << 20) && big.eq(0).all().item<bool>(),
+                "a block that rank 1 could not get");
+    big.fill_(pg.rank());
+    pg.all_reduce(big)->wait();
+    WORLD_CHECK(big.eq(3.0f).all().item<bool>(), "all_reduce on the fallback");
+    at::Tensor small = pg.empty_symmetric({1000});  // within it
+    WORLD_CHECK(pg.is_symmetric(small), "a block every rank could get");
+  }), "");
+}
+
+// TDIST_SHM_SYMMETRIC=0 turns symmetric memory off.
+TEST(SharedMemory, SymmetricMemoryCanBeTurnedOff) {
+  setenv("TDIST_SHM_SYMMETRIC", "0", 1);
+  const std::string failures = run_world(2, [](ProcessGroup& pg) {
+    WORLD_CHECK(!pg.has_symmetric_memory(), "has_symmetric_memory");
+    at::Tensor t = pg.empty_symmetric({1000});
+    WORLD_CHECK(!pg.is_symmetric(t) && t.eq(0).all().item<bool>(), "an ordinary zero-filled tensor");
+  });
+  unsetenv("TDIST_SHM_SYMMETRIC");
+  EXPECT_EQ(failures, "");
 }
 
 TEST(SharedMemory, StaleSegmentsOfDeadJobsAreSwept) {

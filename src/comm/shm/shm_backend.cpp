@@ -393,11 +393,15 @@ class ShmBackend final : public Backend {
 
   // ---- symmetric memory --------------------------------------------------
 
-  bool has_symmetric_memory() const override { return true; }
+  bool has_symmetric_memory() const override { return opt_.symmetric; }
 
   bool is_symmetric(const void* p, size_t bytes) const override { return sym_->find(p, bytes) != nullptr; }
 
   std::shared_ptr<void> allocate_symmetric(size_t bytes, Deadline d, std::string* why_not) override {
+    if (!opt_.symmetric) {
+      if (why_not) *why_not = "symmetric memory is off (TDIST_SHM_SYMMETRIC=0)";
+      return nullptr;
+    }
     const int n = size();
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     const size_t mapped = align_up(std::max<size_t>(bytes, 1), page);
@@ -1156,6 +1160,7 @@ ShmOptions ShmOptions::from_env() {
   o.small_bytes = static_cast<size_t>(read("TDIST_SHM_SMALL_BYTES", 0, int64_t(1) << 30, int64_t(o.small_bytes)));
   o.spin = std::chrono::microseconds(read("TDIST_SHM_SPIN_US", 0, 10'000'000, o.spin.count()));
   o.yield = std::chrono::microseconds(read("TDIST_SHM_YIELD_US", 0, 10'000'000, o.yield.count()));
+  o.symmetric = read("TDIST_SHM_SYMMETRIC", 0, 1, o.symmetric ? 1 : 0) != 0;
   return o;
 }
 

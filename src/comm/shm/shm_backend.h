@@ -27,8 +27,12 @@ struct ShmOptions {
   // may outnumber cores), and a rank that never sleeps needs no wake-up: on
   // a VM, waking a sleeping vCPU can cost hundreds of microseconds per round.
   std::chrono::microseconds yield{2000};
+  // Whether allocate_symmetric gives symmetric memory (else the group has
+  // none, and DDP keeps its buckets in ordinary memory). Every rank of a
+  // group must agree.
+  bool symmetric = true;
   // Read from TDIST_SHM_ROUND_BYTES, TDIST_SHM_SMALL_BYTES, TDIST_SHM_SPIN_US,
-  // TDIST_SHM_YIELD_US.
+  // TDIST_SHM_YIELD_US, TDIST_SHM_SYMMETRIC (0 or 1).
   static ShmOptions from_env();
 };
 
