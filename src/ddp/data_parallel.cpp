@@ -169,11 +169,26 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
       fresh.push_back(std::move(b));
     }
     buckets = std::move(fresh);
-    if (grads_in_buckets) {
+    if (options.gradient_as_bucket_view) {
       for (size_t i = 0; i < params.size(); ++i) {
         const at::Tensor& view = buckets[bucket_of[i]].views[slot_in_bucket[i]];
         at::Tensor& grad = params[i].mutable_grad();
         if (grad.defined()) view.copy_(grad);
+        grad = view;
+      }
+    } else if (grads_in_buckets) {
+      // Gradients that exist move into the new buckets when nothing else
+      // holds them (those in the old buckets do: those are gone by now);
+      // the others stay undefined until backward makes them.
+      for (size_t i = 0; i < params.size(); ++i) {
+        const at::Tensor& view = buckets[bucket_of[i]].views[slot_in_bucket[i]];
+        at::Tensor& grad = params[i].mutable_grad();
+        if (!grad.defined() || grad.use_count() != 1 || grad.layout() != at::kStrided ||
+            grad.scalar_type() != view.scalar_type() || grad.device() != view.device() ||
+            grad.sizes() != view.sizes()) {
+          continue;
+        }
+        view.copy_(grad);
         grad = view;
       }
     }

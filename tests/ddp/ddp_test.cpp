@@ -691,6 +691,11 @@ TEST(DdpBuckets, RebuiltInTheOrderGradientsArrived) {
       local_opt.zero_grad();
       local->forward(x).pow(2).mean().backward();
       local_opt.step();
+      // The gradients live in the buckets' symmetric memory on shm, also
+      // after the rebuild moved them.
+      for (const auto& p : net->parameters()) {
+        WORLD_CHECK(pg.is_symmetric(p.grad()) == pg.has_symmetric_memory(), "step " << step << ": a gradient outside its bucket");
+      }
       if (step == 0) continue;
       // From the second forward on, `outer` (whose gradients arrive first) leads.
       const auto after = ddp->bucket_indices();
