@@ -3,13 +3,13 @@
 # PyTorch's Python DDP on Gloo (python3-torch), same model, data, optimizer
 # and variants. Prints each tool's table, then one summary table; writes both
 # as JSON to OUT_DIR.
-#   [ROUNDS=20] bench/compare_ddp.sh [BUILD_DIR=build] [OUT_DIR=BUILD_DIR/bench]
+#   [ROUNDS=30] bench/compare_ddp.sh [BUILD_DIR=build] [OUT_DIR=BUILD_DIR/bench]
 set -euo pipefail
 build=${1:-build}
 out=${2:-$build/bench}
 mkdir -p "$out"
 world=2
-rounds=${ROUNDS:-20}
+rounds=${ROUNDS:-30}
 
 "$build/bin/tdist-bench" ddp --backend shm --world-size $world --rounds $rounds --json "$out/tdist-ddp.json"
 if /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
