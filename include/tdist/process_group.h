@@ -84,6 +84,9 @@ class Work : public std::enable_shared_from_this<Work> {
   // A Work that is already complete, e.g. a hook's pass-through result.
   static std::shared_ptr<Work> completed(std::vector<at::Tensor> result);
   void set_info(uint64_t seq, std::string op_name);
+  // For process groups: how wait() may run the op on the waiting thread
+  // (returns whether it did). Set before the work is handed out.
+  void set_runner(std::function<bool()> run_here);
 
   struct State;  // private to work.cpp
 

@@ -2,7 +2,8 @@
 //
 // Contract:
 // - One Backend serves one group. Its collectives are called from one thread
-//   at a time (the group's worker thread), in the same order on every rank.
+//   at a time (the group's worker thread, or a thread that runs an op
+//   inline while waiting for it), in the same order on every rank.
 // - Every call blocks until done or until `deadline`; past it, TimeoutError
 //   naming the op, its sequence number and the ranks that never arrived.
 //   A dead peer raises PeerFailureError naming it; ranks calling different

@@ -27,7 +27,8 @@ namespace {
 
 using Body = std::function<std::vector<at::Tensor>(comm::Deadline)>;
 
-// The group whose worker thread this is (null elsewhere).
+// The group whose tasks this thread runs right now: its worker thread, or a
+// thread that runs a task inline while waiting for it (null elsewhere).
 thread_local const void* current_worker = nullptr;
 
 struct Task {
@@ -81,6 +82,17 @@ struct ProcessGroup::Impl {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Task> queue;
+  // A task is running (on the worker, or inline on a thread waiting for
+  // it): tasks run one at a time, in queue order.
+  bool running = false;
+  // How Work::wait reaches the group: a thread that waits for the task at
+  // the front of an idle queue runs it itself, saving two thread hand-offs
+  // (waking the worker, and the worker waking it). stop() closes the gate.
+  struct Gate {
+    std::mutex mu;  // held while a task runs inline
+    Impl* impl = nullptr;
+  };
+  std::shared_ptr<Gate> gate = std::make_shared<Gate>();
   // Tasks queued from a callback on this group's worker thread go ahead of
   // everything else, in the order queued (see enqueue).
   size_t continuations = 0;
@@ -88,9 +100,16 @@ struct ProcessGroup::Impl {
   bool stopping = false;
   std::thread worker;
 
-  void start() { worker = std::thread([this] { run(); }); }
+  void start() {
+    gate->impl = this;
+    worker = std::thread([this] { run(); });
+  }
 
   void stop() {
+    {
+      std::lock_guard<std::mutex> g(gate->mu);  // waits for an inline task
+      gate->impl = nullptr;
+    }
     {
       std::lock_guard<std::mutex> lock(mu);
       stopping = true;
@@ -144,6 +163,7 @@ struct ProcessGroup::Impl {
     }
     const Milliseconds to = t.value_or(timeout);
     if (to.count() <= 0) throw UsageError(std::string(name) + ": the timeout must be positive");
+    work->set_runner([g = gate, w = work.get()] { return run_inline(g, w); });
     {
       std::lock_guard<std::mutex> lock(mu);
       if (stopping) throw UsageError(std::string(name) + ": the process group '" + group_name + "' is shut down");
@@ -163,6 +183,45 @@ struct ProcessGroup::Impl {
     return work;
   }
 
+  // Work::wait's way in: runs w's task on this thread if it is next, nothing
+  // runs, and no other thread is running one inline; false otherwise.
+  static bool run_inline(const std::shared_ptr<Gate>& gate, const Work* w) {
+    std::unique_lock<std::mutex> g(gate->mu, std::try_to_lock);
+    if (!g.owns_lock() || !gate->impl) return false;
+    Impl& self = *gate->impl;
+    Task task;
+    {
+      std::lock_guard<std::mutex> lock(self.mu);
+      if (self.running || self.queue.empty() || self.queue.front().work.get() != w) return false;
+      task = std::move(self.queue.front());
+      self.queue.pop_front();
+      self.continuations = 0;
+      self.queued.fetch_sub(1, std::memory_order_relaxed);
+      self.running = true;
+    }
+    // Callbacks of the task run here too: what they queue goes first, as on
+    // the worker.
+    const void* outer = current_worker;
+    current_worker = &self;
+    execute(task);
+    current_worker = outer;
+    {
+      std::lock_guard<std::mutex> lock(self.mu);
+      self.running = false;
+    }
+    self.cv.notify_all();
+    return true;
+  }
+
+  static void execute(Task& task) {
+    try {
+      auto result = task.body(comm::Clock::now() + task.timeout);
+      task.work->mark_completed(std::move(result));
+    } catch (...) {
+      task.work->mark_failed(std::current_exception());
+    }
+  }
+
   void run() {
     current_worker = this;
     for (;;) {
@@ -174,19 +233,17 @@ struct ProcessGroup::Impl {
           _mm_pause();
         }
         std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return !queue.empty() || stopping; });
+        cv.wait(lock, [&] { return !running && (!queue.empty() || stopping); });
         if (queue.empty()) return;  // stopping, and everything queued has run
         task = std::move(queue.front());
         queue.pop_front();
         continuations = 0;
         queued.fetch_sub(1, std::memory_order_relaxed);
+        running = true;
       }
-      try {
-        auto result = task.body(comm::Clock::now() + task.timeout);
-        task.work->mark_completed(std::move(result));
-      } catch (...) {
-        task.work->mark_failed(std::current_exception());
-      }
+      execute(task);
+      std::lock_guard<std::mutex> lock(mu);
+      running = false;
     }
   }
 

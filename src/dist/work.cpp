@@ -18,6 +18,7 @@ struct Work::State {
   std::vector<std::function<void()>> callbacks;  // run once, on completion
   uint64_t seq = 0;
   std::string op_name = "work";
+  std::function<bool()> run_here;  // set before the work is shared
 };
 
 Work::Work() : state_(std::make_unique<State>()) {}
@@ -27,6 +28,8 @@ void Work::set_info(uint64_t seq, std::string op_name) {
   state_->seq = seq;
   state_->op_name = std::move(op_name);
 }
+void Work::set_runner(std::function<bool()> run_here) { state_->run_here = std::move(run_here); }
+
 uint64_t Work::seq() const { return state_->seq; }
 const std::string& Work::op_name() const { return state_->op_name; }
 
@@ -57,6 +60,8 @@ constexpr auto kSpin = std::chrono::microseconds(30);
 }  // namespace
 
 void Work::wait() {
+  // The op may not have started: then this thread can run it itself.
+  if (!is_completed() && state_->run_here) state_->run_here();
   const auto spin_end = std::chrono::steady_clock::now() + kSpin;
   for (int i = 0; !is_completed(); ++i) {
     if ((i & 63) == 0 && std::chrono::steady_clock::now() >= spin_end) break;

@@ -32,6 +32,7 @@ TEST_P(Collectives, GatherAndScatterAtEveryRoot) { run(conformance::GatherAndSca
 TEST_P(Collectives, AllToAllEqualAndUnevenSplits) { run(conformance::AllToAllEqualAndUnevenSplits); }
 TEST_P(Collectives, SendRecvWithTagsAndBarrier) { run(conformance::SendRecvWithTagsAndBarrier); }
 TEST_P(Collectives, ManyQueuedOpsCompleteInOrder) { run(conformance::ManyQueuedOpsCompleteInOrder); }
+TEST_P(Collectives, WaitersOnSeveralThreadsKeepTheOrder) { run(conformance::WaitersOnSeveralThreadsKeepTheOrder); }
 
 std::string param_name(const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
   return std::get<0>(info.param) + "_world" + std::to_string(std::get<1>(info.param));

@@ -10,6 +10,8 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -495,6 +497,50 @@ inline void AllReduceCoalescedMatchesTheConcatenation(ProcessGroup& pg) {
   EQUAL_OR_THROW(one, at::full({2}, static_cast<double>(n)), "all_reduce after refused calls");
 }
 
+// Threads that wait run the op they wait for themselves when it is next
+// (Work::wait): with several waiting threads, the worker and chains that
+// queue more collectives from callbacks, ops still run once each, in queue
+// order, and every chained collective right after the op it follows.
+inline void WaitersOnSeveralThreadsKeepTheOrder(ProcessGroup& pg) {
+  const int n = pg.size(), r = pg.rank();
+  constexpr int kOps = 120;
+  std::vector<at::Tensor> ts, chained(kOps);
+  std::vector<std::shared_ptr<tdist::Work>> works, chains(kOps);
+  for (int i = 0; i < kOps; ++i) {
+    ts.push_back(at::full({i % 13 + 1}, static_cast<float>(r + i)));
+    works.push_back(pg.all_reduce(ts.back()));
+    if (i % 10 == 0) {
+      chained[i] = at::full({3}, static_cast<float>(r));
+      chains[i] = works.back()->chain([&pg, &chained, i](tdist::Work&) { return pg.all_reduce(chained[i]); });
+    }
+  }
+  std::vector<std::thread> waiters;
+  std::atomic<int> failures{0};
+  for (int k = 0; k < 4; ++k) {
+    waiters.emplace_back([&, k] {
+      try {
+        // Thread 0 waits front to back, the others back to front.
+        for (int j = 0; j < kOps; ++j) {
+          const int i = k == 0 ? j : kOps - 1 - j;
+          if (i % 4 == k || k == 0) works[i]->wait();
+        }
+      } catch (...) {
+        failures.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : waiters) t.join();
+  WORLD_CHECK(failures.load() == 0, "a wait threw");
+  for (int i = 0; i < kOps; ++i) {
+    const float want = static_cast<float>(n * (n - 1) / 2 + n * i);
+    WORLD_CHECK(ts[i].eq(want).all().item<bool>(), "all_reduce " << i);
+    if (chains[i]) {
+      chains[i]->wait();
+      WORLD_CHECK(chained[i].eq(static_cast<float>(n * (n - 1) / 2)).all().item<bool>(), "chained all_reduce " << i);
+    }
+  }
+}
+
 inline const std::vector<std::pair<const char*, void (*)(ProcessGroup&)>>& all_cases() {
   static const std::vector<std::pair<const char*, void (*)(ProcessGroup&)>> cases = {
       {"AllReduceEveryDtypeOpAndSize", AllReduceEveryDtypeOpAndSize},
@@ -509,6 +555,7 @@ inline const std::vector<std::pair<const char*, void (*)(ProcessGroup&)>>& all_c
       {"AllToAllEqualAndUnevenSplits", AllToAllEqualAndUnevenSplits},
       {"SendRecvWithTagsAndBarrier", SendRecvWithTagsAndBarrier},
       {"ManyQueuedOpsCompleteInOrder", ManyQueuedOpsCompleteInOrder},
+      {"WaitersOnSeveralThreadsKeepTheOrder", WaitersOnSeveralThreadsKeepTheOrder},
   };
   return cases;
 }
