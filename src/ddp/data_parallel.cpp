@@ -302,11 +302,18 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
   // hooks on a flat buffer (so the same bits), without building it.
   std::shared_ptr<Work> launch_direct(Bucket& b) {
     const auto& group = builtin_group ? builtin_group : pg;
+    // When every gradient is in its slot (bucket memory), the bucket is one
+    // flat tensor: reduce that.
+    bool in_slots = true;
+    for (size_t s = 0; s < b.pieces.size() && in_slots; ++s) in_slots = b.pieces[s].is_same(b.views[s]);
+    auto reduce = [&](const AllreduceOptions& o) {
+      return in_slots ? group->all_reduce(b.flat, o) : group->all_reduce_coalesced(b.pieces, o);
+    };
     switch (builtin) {
       case Builtin::kNoop:
         return Work::completed({});
       case Builtin::kAllreduce:
-        return group->all_reduce_coalesced(b.pieces, {ReduceOp::AVG});
+        return reduce({ReduceOp::AVG});
       case Builtin::kFp16:
       case Builtin::kBf16: {
         // One collective that narrows, reduces and widens in place: the
@@ -314,7 +321,7 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
         AllreduceOptions o;
         o.op = ReduceOp::AVG;
         o.wire_dtype = builtin == Builtin::kFp16 ? at::kHalf : at::kBFloat16;
-        return group->all_reduce_coalesced(b.pieces, o);
+        return reduce(o);
       }
       case Builtin::kNone:
         break;
