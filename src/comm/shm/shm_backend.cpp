@@ -185,6 +185,25 @@ uint64_t mix64(uint64_t h, uint64_t v) {
   return h ^ (h >> 29);
 }
 
+// A fresh segment name: the creator's pid (for sweep_stale_segments), a
+// random part, and `tag`.
+std::string new_segment_name(const std::string& tag = "") {
+  std::random_device rd;
+  char suffix[32];
+  std::snprintf(suffix, sizeof suffix, "%08x%08x", rd(), rd());
+  return "/" + std::string(kSegmentPrefix) + std::to_string(getpid()) + "-" + suffix + tag;
+}
+
+// Maps bytes of the segment open as fd (shared, pre-faulted) and closes fd.
+// MAP_FAILED on failure, with errno as mmap left it.
+void* map_and_close(int fd, size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  const int err = errno;
+  close(fd);
+  errno = err;
+  return p;
+}
+
 void unmap_all(const std::vector<uint8_t*>& copies, size_t mapped) {
   for (uint8_t* c : copies) {
     if (c) munmap(c, mapped);
@@ -420,10 +439,7 @@ class ShmBackend final : public Backend {
     std::string name;
     Record mine{};
     {
-      std::random_device rd;
-      char suffix[40];
-      std::snprintf(suffix, sizeof suffix, "%08x%08x-b%llu", rd(), rd(), static_cast<unsigned long long>(seq_));
-      name = "/" + std::string(kSegmentPrefix) + std::to_string(getpid()) + "-" + suffix;
+      name = new_segment_name("-b" + std::to_string(seq_));
       const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
       if (fd < 0) {
         put(mine, false, "cannot create " + name + ": " + detail::errno_string(errno));
@@ -431,15 +447,13 @@ class ShmBackend final : public Backend {
         // fallocate, not ftruncate: a full /dev/shm fails here rather than
         // with SIGBUS at the first touch.
         const int err = posix_fallocate(fd, 0, static_cast<off_t>(mapped));
-        void* p = err == 0 ? mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0)
-                           : MAP_FAILED;
-        const int map_err = errno;
-        close(fd);
+        if (err != 0) close(fd);
+        void* p = err == 0 ? map_and_close(fd, mapped) : MAP_FAILED;
         if (err != 0) {
           put(mine, false, "cannot reserve " + std::to_string(mapped) + " bytes of /dev/shm: " +
                                detail::errno_string(err));
         } else if (p == MAP_FAILED) {
-          put(mine, false, "cannot map " + name + ": " + detail::errno_string(map_err));
+          put(mine, false, "cannot map " + name + ": " + detail::errno_string(errno));
         } else {
           copies[rank()] = static_cast<uint8_t*>(p);
           put(mine, true, name);
@@ -470,12 +484,10 @@ class ShmBackend final : public Backend {
           if (r == rank()) continue;
           const std::string peer_name(all[r].text);
           const int fd = shm_open(peer_name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-          void* p = fd < 0 ? MAP_FAILED
-                           : mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-          const int e = errno;
-          if (fd >= 0) close(fd);
+          void* p = fd < 0 ? MAP_FAILED : map_and_close(fd, mapped);
           if (p == MAP_FAILED) {
-            err = "cannot map rank " + std::to_string(global(r)) + "'s " + peer_name + ": " + detail::errno_string(e);
+            err = "cannot map rank " + std::to_string(global(r)) + "'s " + peer_name + ": " +
+                  detail::errno_string(errno);
           } else {
             copies[r] = static_cast<uint8_t*>(p);
           }
@@ -542,10 +554,7 @@ class ShmBackend final : public Backend {
     int fd = -1;
     if (rank() == 0) {
       sweep_stale_segments();
-      std::random_device rd;
-      char suffix[32];
-      std::snprintf(suffix, sizeof suffix, "%08x%08x", rd(), rd());
-      name = "/" + std::string(kSegmentPrefix) + std::to_string(getpid()) + "-" + suffix;
+      name = new_segment_name();
       fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
       if (fd < 0) throw Error("shm backend: cannot create shared memory " + name + ": " + detail::errno_string(errno));
       if (ftruncate(fd, static_cast<off_t>(total_)) != 0) {
@@ -601,10 +610,8 @@ class ShmBackend final : public Backend {
   }
 
   void map(int fd, const std::string& name) {
-    void* p = mmap(nullptr, total_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    const int err = errno;
-    close(fd);
-    if (p == MAP_FAILED) throw Error("shm backend: cannot map " + name + ": " + detail::errno_string(err));
+    void* p = map_and_close(fd, total_);
+    if (p == MAP_FAILED) throw Error("shm backend: cannot map " + name + ": " + detail::errno_string(errno));
     base_ = static_cast<uint8_t*>(p);
   }
 
