@@ -1,19 +1,28 @@
 # tdist: two commands do all the set-up on a fresh Debian 12 machine.
 #   make demo   install what is missing, build, run the main job
-#   make test   install what is missing, build, run the whole test suite
-# Also: make build | make bench | make asan | make tsan | make fuzz | make clean
+#   make test   install what is missing, build and run the whole test suite
+#               twice: against LibTorch 1.13 (Debian, C++17) and against
+#               LibTorch 2.x (the torch wheel from PyPI, C++20)
+# Also: make build | build-2 | test-1.13 | test-2 | bench | asan | tsan | fuzz | clean
 
+# LibTorch 1.13 from Debian's libtorch-dev, C++17 (also what make demo uses)
 BUILD      ?= build
+# LibTorch 2.x from the torch wheel in .venv, C++20
+BUILD2     ?= build-torch2
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
+CTEST      := ctest -j $(JOBS) --output-on-failure --timeout 300
 
-.PHONY: all deps configure build test demo bench slow-link asan tsan fuzz clean
+.PHONY: all deps deps-torch2 configure build build-2 test test-1.13 test-2 demo bench slow-link asan tsan fuzz clean
 
 all: build
 
 deps:
 	@bash scripts/install-deps.sh
+
+deps-torch2: deps
+	@bash scripts/torch2.sh install
 
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS)
@@ -23,15 +32,31 @@ configure: deps $(BUILD)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-test: build
-	cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 300
+# LibTorch 2.x: the pinned torch wheel (scripts/torch2.sh) in .venv.
+build-2: deps-torch2
+	@test -f $(BUILD2)/CMakeCache.txt || \
+	  cmake -S . -B $(BUILD2) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	        -DCMAKE_PREFIX_PATH="$$(bash scripts/torch2.sh prefix)" $(CMAKE_ARGS)
+	cmake --build $(BUILD2) -j $(JOBS)
+
+test: test-1.13 test-2
+
+test-1.13: build
+	cd $(BUILD) && $(CTEST)
+
+test-2: build-2
+	cd $(BUILD2) && $(CTEST)
 
 # Fashion-MNIST on 2 ranks with DistributedDataParallel (about a minute here).
 demo: build
 	$(BUILD)/bin/tdist-run --nproc-per-node 2 $(BUILD)/bin/fashion_mnist --epochs 4 --json $(BUILD)/demo.json
 
+# The references the benchmarks compare with: PyTorch 1.13 (Debian's
+# python3-torch) and PyTorch 2.x (the wheel in .venv, with its CUDA
+# libraries, which `import torch` needs), OpenMPI.
 bench: build
 	@bash scripts/install-deps.sh --bench
+	@bash scripts/torch2.sh python
 	mkdir -p $(BUILD)/bench
 	$(BUILD)/bin/tdist-bench store --json $(BUILD)/bench/store.json
 	bash bench/compare_collectives.sh $(BUILD) $(BUILD)/bench
@@ -42,15 +67,15 @@ slow-link: build
 	mkdir -p $(BUILD)/bench
 	bash bench/slow_link.sh $(BUILD)/bin $(BUILD)/bench
 
-# The suite under sanitizers, each in its own build tree.
+# The suite under sanitizers (against LibTorch 1.13), each in its own tree.
 asan: deps
-	$(MAKE) test BUILD=build-asan CMAKE_ARGS="-DTDIST_SANITIZE=address,undefined"
+	$(MAKE) test-1.13 BUILD=build-asan CMAKE_ARGS="-DTDIST_SANITIZE=address,undefined"
 tsan: deps
 	TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp second_deadlock_stack=1" \
-	  $(MAKE) test BUILD=build-tsan CMAKE_ARGS="-DTDIST_SANITIZE=thread"
+	  $(MAKE) test-1.13 BUILD=build-tsan CMAKE_ARGS="-DTDIST_SANITIZE=thread"
 
 fuzz: deps
 	scripts/fuzz.sh 300 $(BUILD)/fuzz
 
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-torch2 build-asan build-tsan

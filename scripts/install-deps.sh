@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages tdist needs to build, test and run its demo.
+# (LibTorch 2.x comes from PyPI into .venv: scripts/torch2.sh.)
 # Idempotent: checks what is installed first and does nothing when all is there.
 # As root it runs apt-get; otherwise it prints the exact command to run.
 #   scripts/install-deps.sh          what building, testing and the demo need
@@ -17,6 +18,7 @@ PACKAGES=(
   dataset-fashion-mnist          # the demo's data set
   iproute2                       # network namespaces in multi-host tests
   openmpi-bin libopenmpi-dev     # the mpi backend, and its tests under mpirun
+  python3-venv                   # .venv for LibTorch 2.x from PyPI (scripts/torch2.sh)
 )
 
 if [ "${1:-}" = "--bench" ]; then

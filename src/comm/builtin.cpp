@@ -3,12 +3,10 @@
 #include <map>
 
 #include "comm/backend.h"
+#include "comm/plugin.h"
 #include "comm/shm/shm_backend.h"
 #include "tdist/config.h"
 
-#if TDIST_WITH_GLOO
-#include "comm/gloo/gloo_backend.h"
-#endif
 #if TDIST_WITH_MPI
 #include "comm/mpi/mpi_backend.h"
 #endif
@@ -20,9 +18,10 @@ void add_builtin_backends(std::map<std::string, BackendFactory>& factories) {
     return shm::make_shm_backend(ctx, shm::ShmOptions::from_env());
   };
 #if TDIST_WITH_GLOO
-  factories["gloo"] = [](const BackendContext& ctx) {
-    return gloo_backend::make_gloo_backend(ctx, gloo_backend::GlooOptions::from_env());
-  };
+  // A plugin: Debian's libgloo must not meet the Gloo inside LibTorch 2.x.
+  // The probe is gloo::allgatherv(gloo::AllgathervOptions&).
+  factories["gloo"] = plugin_backend_factory(
+      {"gloo", "libtdist_gloo.so", "_ZN4gloo10allgathervERNS_17AllgathervOptionsE", "libgloo"});
 #endif
 #if TDIST_WITH_MPI
   factories["mpi"] = [](const BackendContext& ctx) { return mpi_backend::make_mpi_backend(ctx); };

@@ -14,6 +14,7 @@
 #include "ddp/bucket_assignment.h"
 #include "ddp/hook_group.h"
 #include "util/bytes.h"
+#include "util/torch_compat.h"
 #include "tdist/ddp.h"
 
 namespace tdist::detail {
@@ -90,7 +91,7 @@ struct DataParallel::State : std::enable_shared_from_this<DataParallel::State> {
   };
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of, slot_in_bucket;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // hooks fire only while held
+  std::vector<compat::GradAccumulatorPtr> accumulators;  // hooks fire only while held
 
   // Whether the gradients live in bucket memory: with
   // gradient_as_bucket_view (as views), and on a group with symmetric

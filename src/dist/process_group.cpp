@@ -459,8 +459,9 @@ std::shared_ptr<Work> ProcessGroup::gather(const std::vector<at::Tensor>& output
     throw UsageError("gather: outputs must be empty on non-root rank " + std::to_string(rank()));
   }
   comm::Backend* b = impl_->backend.get();
+  const int world = size();
   return impl_->enqueue("gather", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
-    at::Tensor flat = is_root ? at::empty({input.numel() * size()}, input.options()) : at::Tensor();
+    at::Tensor flat = is_root ? at::empty({input.numel() * world}, input.options()) : at::Tensor();
     b->gather(input.data_ptr(), is_root ? flat.data_ptr() : nullptr, input.nbytes(), o.root, d);
     if (is_root) detail::unflatten_into(flat, outputs);
     return outputs;

@@ -12,3 +12,19 @@
 #if !TDIST_TORCH_VERSION_AT_LEAST(1, 13)
 #error "tdist needs LibTorch 1.13 or newer"
 #endif
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <type_traits>
+#include <utility>
+
+namespace tdist::compat {
+
+// The handle on a leaf's gradient accumulator: std::shared_ptr<Node> in
+// 1.13, c10::intrusive_ptr<Node> in 2.x. Either way autograd holds the
+// accumulator weakly, so its post hooks fire only while one is kept.
+using GradAccumulatorPtr =
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+
+}  // namespace tdist::compat

@@ -1,5 +1,12 @@
-# Installs the build in BUILD_DIR into a scratch prefix, then configures,
-# builds and runs the consumer project against it with find_package(tdist).
+# Installs the build in BUILD_DIR into a scratch prefix, then builds the
+# consumer project against it with find_package(tdist) as a user would, and
+# runs it on 2 ranks with the installed tdist-run, with no LD_LIBRARY_PATH
+# (everything is found through RPATHs), on shm and (WITH_GLOO) on the gloo
+# plugin. With OTHER_TORCH_DIR (a TorchConfig.cmake directory of another
+# LibTorch version), also checks that a consumer using that LibTorch is
+# refused by find_package(tdist) with both versions named.
+#   -DBUILD_DIR= -DSOURCE_DIR= -DTORCH_VERSION= [-DSANITIZE=] [-DWITH_GLOO=ON]
+#   [-DOTHER_TORCH_DIR= -DOTHER_TORCH_VERSION=]
 set(prefix ${BUILD_DIR}/install-test/prefix)
 set(consumer_build ${BUILD_DIR}/install-test/consumer)
 file(REMOVE_RECURSE ${BUILD_DIR}/install-test)
@@ -14,19 +21,55 @@ set(flags "")
 if(SANITIZE)
   set(flags "-fsanitize=${SANITIZE}")
 endif()
+set(configure_args -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release
+                   "-DCMAKE_CXX_FLAGS=${flags}" "-DCMAKE_EXE_LINKER_FLAGS=${flags}")
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/install/consumer -B ${consumer_build}
-                        -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release
-                        "-DCMAKE_CXX_FLAGS=${flags}" "-DCMAKE_EXE_LINKER_FLAGS=${flags}"
-                RESULT_VARIABLE rc)
+                        ${configure_args}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "configuring the consumer against the installed tdist failed: ${rc}")
+  message(FATAL_ERROR "configuring the consumer against the installed tdist failed: ${rc}\n${out}\n${err}")
 endif()
 execute_process(COMMAND ${CMAKE_COMMAND} --build ${consumer_build} RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "building the consumer failed: ${rc}")
 endif()
-execute_process(COMMAND ${consumer_build}/consumer RESULT_VARIABLE rc OUTPUT_VARIABLE out)
-message(STATUS "consumer printed: ${out}")
-if(NOT rc EQUAL 0 OR NOT out MATCHES "consumer ok: tdist [0-9]+\\.[0-9]+\\.[0-9]+ value=42")
-  message(FATAL_ERROR "the consumer did not run as expected (rc ${rc})")
+
+# LibTorch's patch level is not always in its CMake version (Debian's
+# 1.13.1 says 1.13.0): compare major.minor.
+string(REGEX MATCH "^[0-9]+\\.[0-9]+" torch_minor "${TORCH_VERSION}")
+string(REPLACE "." "\\." torch_minor_re "${torch_minor}")
+set(backends shm)
+if(WITH_GLOO)
+  list(APPEND backends gloo)
+endif()
+foreach(backend IN LISTS backends)
+  execute_process(COMMAND env -u LD_LIBRARY_PATH ${prefix}/bin/tdist-run --nproc-per-node 2
+                          ${consumer_build}/consumer ${backend}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+  message(STATUS "consumer on ${backend} printed:\n${out}${err}")
+  foreach(rank 0 1)
+    set(want "consumer ok: rank ${rank} of 2, backend ${backend}, tdist [0-9.]+, LibTorch ${torch_minor_re}\\.[0-9]+ \\(headers ${torch_minor_re}")
+    if(NOT out MATCHES "${want}")
+      message(FATAL_ERROR "the consumer on ${backend} did not run as expected (rc ${rc}): no line for rank ${rank}")
+    endif()
+  endforeach()
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "the consumer on ${backend} exited with ${rc}")
+  endif()
+endforeach()
+
+# A consumer on another LibTorch: find_package(tdist) must refuse it, naming both.
+if(OTHER_TORCH_DIR)
+  execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/install/consumer -B ${consumer_build}-other
+                          ${configure_args} -DTorch_DIR=${OTHER_TORCH_DIR}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  string(REGEX REPLACE "[ \n]+" " " said "${out} ${err}")
+  message(STATUS "configuring against LibTorch ${OTHER_TORCH_VERSION} said: ${said}")
+  string(REPLACE "." "\\." other_re "${OTHER_TORCH_VERSION}")
+  if(rc EQUAL 0)
+    message(FATAL_ERROR "a consumer using LibTorch ${OTHER_TORCH_VERSION} was accepted by tdist built on ${TORCH_VERSION}")
+  endif()
+  if(NOT said MATCHES "built against LibTorch ${torch_minor_re}[0-9.]* .*uses LibTorch ${other_re}")
+    message(FATAL_ERROR "the refusal does not name both LibTorch versions")
+  endif()
 endif()

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# LibTorch 2.x for tdist, from the `torch` wheel on PyPI, in a project-local
+# virtual environment (.venv). The one place the version is pinned.
+#
+#   scripts/torch2.sh install   LibTorch for C++: the wheel without its Python
+#                               dependencies, plus the two CUDA runtime
+#                               libraries libtorch_cpu.so needs to load
+#                               (libcudart, libcupti: ~14 MB)
+#   scripts/torch2.sh python    also what `import torch` needs (the CUDA
+#                               libraries libtorch_cuda.so links: ~2 GB)
+#   scripts/torch2.sh prefix    prints the LibTorch prefix (for
+#                               CMAKE_PREFIX_PATH), installing first if needed
+#   scripts/torch2.sh version   prints the pinned version
+#
+# Idempotent: a venv that already holds the pinned version is left alone.
+# Nothing is downloaded except by pip from PyPI. VENV overrides the location.
+set -euo pipefail
+
+TORCH2_VERSION=2.15.0
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=${VENV:-$root/.venv}
+py=$venv/bin/python
+
+log() { echo "tdist: $*" >&2; }
+
+# Debian's python3 (3.11) with python3-venv: the wheel needs Python >= 3.11.
+make_venv() {
+  [ -x "$py" ] && return 0
+  local base=/usr/bin/python3
+  [ -x "$base" ] || base=$(command -v python3)
+  log "creating $venv"
+  "$base" -m venv "$venv"
+  "$py" -m pip install -q --disable-pip-version-check --upgrade pip >&2
+}
+
+installed_version() {
+  "$py" - <<'EOF' 2>/dev/null || true
+import importlib.metadata as m
+print(m.version("torch").split("+")[0])
+EOF
+}
+
+# The wheel's own pin of NVIDIA's cuda-toolkit meta-package (torch's
+# Requires-Dist), so that the CUDA runtime matches the wheel exactly.
+cuda_toolkit_pin() {
+  "$py" - <<'EOF'
+import importlib.metadata as m, re
+for r in m.requires("torch") or []:
+    g = re.match(r"cuda-toolkit\[[^\]]*\]\s*(==\s*[0-9.]+)", r)
+    if g:
+        print(g.group(1).replace(" ", ""))
+        break
+EOF
+}
+
+site_torch() {
+  "$py" - <<'EOF'
+import importlib.util, os
+spec = importlib.util.find_spec("torch")
+print(os.path.dirname(spec.origin))
+EOF
+}
+
+# torch is installed without its Python dependencies on purpose, so pip's
+# report of them as missing is noise here; everything else pip says stays.
+pip_install() {
+  "$py" -m pip install -q --disable-pip-version-check "$@" 2>&1 >&2 |
+    grep -v -e "^ERROR: pip's dependency resolver" -e "^torch [0-9.+a-z]* requires " >&2 || true
+  return "${PIPESTATUS[0]}"
+}
+
+install_cpp() {
+  make_venv
+  if [ "$(installed_version)" != "$TORCH2_VERSION" ]; then
+    log "installing torch==$TORCH2_VERSION (LibTorch $TORCH2_VERSION for C++) into $venv"
+    pip_install --no-deps "torch==$TORCH2_VERSION"
+  fi
+  local prefix pin
+  prefix=$(site_torch)
+  # libtorch_cpu.so NEEDs libcudart.so.13 and libcupti.so.13 and finds them
+  # through its RUNPATH in site-packages/nvidia/cu*/lib.
+  if ! ls "$prefix"/../nvidia/cu*/lib/libcudart.so.* >/dev/null 2>&1 ||
+     ! ls "$prefix"/../nvidia/cu*/lib/libcupti.so.* >/dev/null 2>&1; then
+    pin=$(cuda_toolkit_pin)
+    if [ -n "$pin" ]; then
+      log "installing the CUDA runtime libtorch_cpu.so loads: cuda-toolkit[cudart,cupti]$pin"
+      pip_install "cuda-toolkit[cudart,cupti]$pin"
+    fi
+  fi
+}
+
+install_python() {
+  install_cpp
+  if ! "$py" -c 'import torch, torch.distributed' >/dev/null 2>&1; then
+    log "installing torch==$TORCH2_VERSION's Python dependencies (the CUDA libraries, ~2 GB) into $venv"
+    pip_install "torch==$TORCH2_VERSION" numpy
+  fi
+}
+
+case "${1:-}" in
+  install) install_cpp ;;
+  python) install_python ;;
+  prefix) install_cpp; site_torch ;;
+  version) echo "$TORCH2_VERSION" ;;
+  *) echo "usage: $0 install|python|prefix|version" >&2; exit 2 ;;
+esac
