@@ -1,30 +1,73 @@
 #!/usr/bin/env bash
 # All-reduce side by side, in one session: tdist's shm backend, tdist's gloo
-# backend, PyTorch's Gloo (python3-torch) and OpenMPI (when installed), float32
-# SUM at world size 2 over the same sizes. Prints each tool's table, then one
-# summary table; writes everything as JSON to OUT_DIR.
-#   bench/compare_collectives.sh [BUILD_DIR=build] [OUT_DIR=BUILD_DIR/bench]
+# backend, PyTorch's Gloo under both PyTorch versions (1.13: Debian's
+# python3-torch; 2.x: the venv of scripts/torch2.sh) and OpenMPI (when
+# installed), float32 SUM at world size 2 over the same sizes. Prints each
+# tool's table, then one summary table; writes everything as JSON to OUT_DIR
+# (tdist-shm.json, tdist-gloo.json, torch-gloo.json, torch2-gloo.json,
+# openmpi.json).
+#   [MAX_BYTES=64M] [TORCH1_PYTHON=/usr/bin/python3] [TORCH2_PYTHON=<repo>/.venv/bin/python]
+#     bench/compare_collectives.sh [BUILD_DIR=build] [OUT_DIR=BUILD_DIR/bench]
+# A PyTorch whose interpreter cannot import torch.distributed with Gloo is
+# left out, with one line saying why; one whose run fails is left out of the
+# table too, and the script then exits non-zero after printing it.
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
 build=${1:-build}
 out=${2:-$build/bench}
 mkdir -p "$out"
-sizes=(--min-bytes 4 --max-bytes 64M --step-factor 4)
+max_bytes=${MAX_BYTES:-64M}
+sizes=(--min-bytes 4 --max-bytes "$max_bytes" --step-factor 4)
 world=2
+torch1_python=${TORCH1_PYTHON:-/usr/bin/python3}
+torch2_python=${TORCH2_PYTHON:-$root/.venv/bin/python}
+failed=0
+
+bytes() {  # 64M -> 67108864 (K, M, G: powers of 1024, as tdist-bench reads them)
+  case $1 in
+    *[kK]) echo $(( ${1%?} << 10 )) ;;
+    *[mM]) echo $(( ${1%?} << 20 )) ;;
+    *[gG]) echo $(( ${1%?} << 30 )) ;;
+    *) echo $(( $1 )) ;;
+  esac
+}
+
+# run_reference NAME PYTHON HINT JSON SCRIPT ARGS...: runs SCRIPT with PYTHON
+# when that can import torch.distributed with Gloo, else says why not. Lines
+# with "warn" on its stderr are dropped; everything else stays visible.
+run_reference() {
+  local name=$1 py=$2 hint=$3 json=$4 err rc=0
+  shift 4
+  rm -f "$json"
+  if [ ! -x "$py" ]; then
+    echo "# (no $py: no $name reference; $hint)"
+    return 0
+  fi
+  if ! err=$("$py" -c 'import torch.distributed as d
+assert d.is_available() and d.is_gloo_available(), "torch.distributed without Gloo"' 2>&1); then
+    echo "# ($py cannot import torch.distributed ($(printf '%s\n' "$err" | tail -n 1)): no $name reference; $hint)"
+    return 0
+  fi
+  "$py" "$@" --json "$json" 2> >(grep -v -i warn >&2) || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "# ($name reference failed with exit status $rc, see its errors above: left out)"
+    rm -f "$json"
+    failed=1
+  fi
+}
 
 "$build/bin/tdist-bench" collectives --backend shm --world-size $world "${sizes[@]}" --json "$out/tdist-shm.json"
 "$build/bin/tdist-bench" collectives --backend gloo --world-size $world "${sizes[@]}" --json "$out/tdist-gloo.json"
 
-if /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
-  /usr/bin/python3 "$(dirname "$0")/torch_collectives_reference.py" --world-size $world "${sizes[@]}" \
-    --json "$out/torch-gloo.json" 2> >(grep -v -i warn >&2)
-else
-  echo "# (python3-torch not installed: no PyTorch Gloo reference)"
-  rm -f "$out/torch-gloo.json"
-fi
+run_reference "PyTorch 1.13 Gloo" "$torch1_python" "apt-get install python3-torch" "$out/torch-gloo.json" \
+  "$here/torch_collectives_reference.py" --world-size $world "${sizes[@]}"
+run_reference "PyTorch 2.x Gloo" "$torch2_python" "bash scripts/torch2.sh python installs it" "$out/torch2-gloo.json" \
+  "$here/torch_collectives_reference.py" --world-size $world "${sizes[@]}"
 
 if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
-  mpicc -O2 -o "$out/mpi_allreduce_reference" "$(dirname "$0")/mpi_allreduce_reference.c"
-  mpirun --allow-run-as-root --oversubscribe -np $world "$out/mpi_allreduce_reference" 4 $((64 << 20)) 4 0.25 \
+  mpicc -O2 -o "$out/mpi_allreduce_reference" "$here/mpi_allreduce_reference.c"
+  mpirun --allow-run-as-root --oversubscribe -np $world "$out/mpi_allreduce_reference" 4 "$(bytes "$max_bytes")" 4 0.25 \
     "$out/openmpi.json"
 else
   echo "# (OpenMPI not installed: no MPI reference; apt-get install openmpi-bin libopenmpi-dev)"
@@ -38,20 +81,40 @@ extract() {  # file -> "bytes time busbw" lines
   grep -o '"bytes": [0-9.e+]*\|"time_us": [0-9.e+-]*\|"busbw_GBps": [0-9.e+-]*' "$1" |
     awk -F': ' '{v[NR%3]=$2} NR%3==0 {printf "%d %s %s\n", v[1], v[2], v[0]}'
 }
-for f in tdist-shm tdist-gloo torch-gloo openmpi; do extract "$out/$f.json" > "$out/$f.tsv"; done
+torch_version() {  # file default -> major.minor of the torch_version its rows record
+  local v=""
+  [ -f "$1" ] && v=$(grep -o '"torch_version": "[^"]*"' "$1" | head -n 1 | sed 's/.*: "\([0-9]*\.[0-9]*\).*/\1/')
+  echo "${v:-$2}"
+}
+tsvs=()
+for f in tdist-shm tdist-gloo torch-gloo torch2-gloo openmpi; do
+  extract "$out/$f.json" > "$out/$f.tsv"
+  tsvs+=("$out/$f.tsv")
+done
 echo
 echo "# all_reduce float32, world size $world: time (us) / busbw (GB/s); last columns: tdist shm busbw as a multiple"
-awk '
-  FNR == 1 { file++ }
-  { t[file, $1] = $2; b[file, $1] = $3; if (file == 1) order[++n] = $1 }
-  END {
-    printf "%12s %20s %20s %20s %20s %9s %9s\n", "size(B)", "tdist shm", "tdist gloo", "torch gloo", "openmpi", "x torch", "x mpi"
+echo "# (x torch: of PyTorch $(torch_version "$out/torch-gloo.json" 1.13)'s Gloo, x torch2: of PyTorch $(torch_version "$out/torch2-gloo.json" 2.x)'s)"
+# Files are read in BEGIN with getline, so that an empty one (a reference
+# left out) keeps its column.
+awk -v h3="torch $(torch_version "$out/torch-gloo.json" 1.13) gloo" \
+    -v h4="torch $(torch_version "$out/torch2-gloo.json" 2.x) gloo" '
+  function ratio(f, s) {  # tdist shm busbw / file f busbw at size s
+    return sprintf(((f, s) in b && b[f, s] > 0) ? " %9.1f" : " %9s", ((f, s) in b && b[f, s] > 0) ? b[1, s] / b[f, s] : "-")
+  }
+  BEGIN {
+    for (f = 1; f < ARGC; f++)
+      while ((getline line < ARGV[f]) > 0) {
+        split(line, a, " ")
+        t[f, a[1]] = a[2]; b[f, a[1]] = a[3]
+        if (f == 1) order[++n] = a[1]
+      }
+    printf "%12s %20s %20s %20s %20s %20s %9s %9s %9s\n", "size(B)", "tdist shm", "tdist gloo", h3, h4, "openmpi",
+           "x torch", "x torch2", "x mpi"
     for (i = 1; i <= n; i++) {
       s = order[i]
       line = sprintf("%12d", s)
-      for (f = 1; f <= 4; f++) line = line sprintf(((f, s) in t) ? "  %9.1f / %7.2f" : "  %9s / %7s", ((f, s) in t) ? t[f, s] : "-", ((f, s) in t) ? b[f, s] : "-")
-      line = line sprintf(((3, s) in b && b[3, s] > 0) ? " %9.1f" : " %9s", ((3, s) in b && b[3, s] > 0) ? b[1, s] / b[3, s] : "-")
-      line = line sprintf(((4, s) in b && b[4, s] > 0) ? " %9.1f" : " %9s", ((4, s) in b && b[4, s] > 0) ? b[1, s] / b[4, s] : "-")
-      print line
+      for (f = 1; f <= 5; f++) line = line sprintf(((f, s) in t) ? "  %9.1f / %7.2f" : "  %9s / %7s", ((f, s) in t) ? t[f, s] : "-", ((f, s) in t) ? b[f, s] : "-")
+      print line ratio(3, s) ratio(4, s) ratio(5, s)
     }
-  }' "$out/tdist-shm.tsv" "$out/tdist-gloo.tsv" "$out/torch-gloo.tsv" "$out/openmpi.tsv"
+  }' "${tsvs[@]}"
+exit $failed

@@ -1,15 +1,19 @@
 #!/usr/bin/python3
-"""Reference numbers: PyTorch's Gloo all_reduce (torch.distributed, Debian's
-python3-torch 1.13), float32 SUM, same sizes and columns as
-`tdist-bench collectives`. For comparison only; tdist does not use Python.
+"""Reference numbers: PyTorch's Gloo all_reduce (torch.distributed), float32
+SUM, same sizes and columns as `tdist-bench collectives`. For comparison only;
+tdist does not use Python. Runs under PyTorch 1.13 (Debian's python3-torch,
+/usr/bin/python3) and 2.x (the venv of scripts/torch2.sh, .venv/bin/python)
+alike, and records torch.__version__ in every JSON row.
 
-    /usr/bin/python3 bench/torch_collectives_reference.py [--world-size 2]
+    PYTHON bench/torch_collectives_reference.py [--world-size 2]
         [--min-bytes 4] [--max-bytes 64M] [--step-factor 4] [--seconds 0.25] [--json FILE]
 """
 import argparse
 import json
 import os
+import queue
 import socket
+import sys
 import time
 
 import torch
@@ -46,11 +50,29 @@ def rank_main(rank, world, port, args, out):
         us = took.item() * 1e6
         algbw = size / (us * 1e-6) / 1e9
         rows.append(dict(op="all_reduce", backend="torch-gloo", world_size=world, dtype="float32", bytes=size,
-                         time_us=us, algbw_GBps=algbw, busbw_GBps=algbw * 2 * (world - 1) / world, wrong=0))
+                         time_us=us, algbw_GBps=algbw, busbw_GBps=algbw * 2 * (world - 1) / world, wrong=0,
+                         torch_version=torch.__version__))
         size = int(size * args.step_factor)
     if rank == 0:
         out.put(rows)
     dist.destroy_process_group()
+
+
+def collect(procs, out, timeout=1800):
+    """Rank 0's result; if a rank dies first (its traceback is on stderr),
+    stops the others and exits non-zero rather than waiting out the timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return out.get(timeout=1)
+        except queue.Empty:
+            dead = [f"rank {r} exited with status {p.exitcode}" for r, p in enumerate(procs)
+                    if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    if p.is_alive():
+                        p.terminate()
+                sys.exit(f"{sys.argv[0]}: " + (", ".join(dead) if dead else f"no result in {timeout} s"))
 
 
 def main():
@@ -65,12 +87,14 @@ def main():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # fork, explicitly: the default start method differs between Python
+    # versions, and the ranks need nothing from the parent but `args`.
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     procs = [ctx.Process(target=rank_main, args=(r, args.world_size, port, args, out)) for r in range(args.world_size)]
     for p in procs:
         p.start()
-    rows = out.get(timeout=1800)
+    rows = collect(procs, out)
     for p in procs:
         p.join()
     print(f"\n# all_reduce, torch {torch.__version__} gloo, world size {args.world_size}, float32")

@@ -1,18 +1,31 @@
 #!/usr/bin/python3
-"""Reference numbers: PyTorch's DistributedDataParallel on Gloo (Debian's
-python3-torch 1.13), with the model, data, optimizer, variants and columns of
-`tdist-bench ddp`. For comparison only; tdist does not use Python.
+"""Reference numbers: PyTorch's DistributedDataParallel on Gloo, with the
+model, data, optimizer, variants and columns of `tdist-bench ddp`. For
+comparison only; tdist does not use Python. Runs under PyTorch 1.13 (Debian's
+python3-torch, /usr/bin/python3) and 2.x (the venv of scripts/torch2.sh,
+.venv/bin/python) alike, and records torch.__version__ in every JSON row.
 
-    /usr/bin/python3 bench/torch_ddp_reference.py [--world-size 2] [--steps 10] [--rounds 10]
-        [--variants local,ddp_allreduce,...] [--json FILE]
+    PYTHON bench/torch_ddp_reference.py [--world-size 2] [--steps 10] [--rounds 10]
+        [--variants local,ddp_allreduce,...] [--zero-grad zero|none] [--json FILE]
 
-A variant that this PyTorch cannot run (e.g. bf16 on Gloo) is reported as
-unavailable, with the reason.
+A variant that this PyTorch cannot run (e.g. bf16 on Gloo in 1.13) is
+reported as unavailable, with the reason.
+
+zero_grad: `--zero-grad zero` (the default) zeroes the gradients in place,
+optimizer.zero_grad(set_to_none=False), on every PyTorch version. That is what
+`tdist-bench ddp` does when built against LibTorch 1.13 (bench/ddp_bench.cpp
+calls Optimizer::zero_grad(), which in 1.13 takes no argument and zeroes), and
+1.13's Python default. PyTorch 2.x's Python default (and LibTorch 2.x's C++
+default) is set_to_none=True, so the argument is always passed explicitly:
+both Python versions do the same thing. `--zero-grad none` drops the
+gradients instead (set_to_none=True), on both versions.
 """
 import argparse
 import json
 import os
+import queue
 import socket
+import sys
 import time
 
 import torch
@@ -38,17 +51,20 @@ def noop_hook(_, bucket):
     return fut
 
 
-def make_variant(name, x, y, world):
+def make_variant(name, x, y, world, set_to_none):
     """Returns (runs_on_every_rank, step function)."""
     def sgd(params):
         return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+
+    def zero_grad(opt):  # never the version's default: 1.13 zeroes, 2.x drops (see the top)
+        opt.zero_grad(set_to_none=set_to_none)
 
     if name in ("local", "local_all"):
         model = make_model()
         opt = sgd(model.parameters())
 
         def step():
-            opt.zero_grad()
+            zero_grad(opt)
             F.cross_entropy(model(x), y).backward()
             opt.step()
         return name == "local_all", step
@@ -57,7 +73,7 @@ def make_variant(name, x, y, world):
         opt = sgd(model.parameters())
 
         def step():
-            opt.zero_grad()
+            zero_grad(opt)
             F.cross_entropy(model(x), y).backward()
             for p in model.parameters():
                 dist.all_reduce(p.grad)
@@ -74,7 +90,7 @@ def make_variant(name, x, y, world):
     opt = sgd(ddp.parameters())
 
     def step():
-        opt.zero_grad()
+        zero_grad(opt)
         F.cross_entropy(ddp(x), y).backward()
         opt.step()
     return True, step
@@ -90,7 +106,7 @@ def rank_main(rank, world, port, args, out):
     built, unavailable = [], {}
     for name in args.variants:
         try:
-            everyone, step = make_variant(name, x, y, world)
+            everyone, step = make_variant(name, x, y, world, args.zero_grad == "none")
             if everyone or rank == 0:
                 for _ in range(3):
                     step()
@@ -123,12 +139,32 @@ def rank_main(rank, world, port, args, out):
     dist.destroy_process_group()
 
 
+def collect(procs, out, timeout=1800):
+    """Rank 0's result; if a rank dies first (its traceback is on stderr),
+    stops the others and exits non-zero rather than waiting out the timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return out.get(timeout=1)
+        except queue.Empty:
+            dead = [f"rank {r} exited with status {p.exitcode}" for r, p in enumerate(procs)
+                    if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    if p.is_alive():
+                        p.terminate()
+                sys.exit(f"{sys.argv[0]}: " + (", ".join(dead) if dead else f"no result in {timeout} s"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--zero-grad", choices=["zero", "none"], default="zero",
+                    help="zero: optimizer.zero_grad(set_to_none=False), as tdist-bench ddp on LibTorch 1.13; "
+                         "none: set_to_none=True")
     ap.add_argument("--json")
     args = ap.parse_args()
     args.variants = [v for v in args.variants.split(",") if v]
@@ -138,12 +174,14 @@ def main():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # fork, explicitly: the default start method differs between Python
+    # versions, and the ranks need nothing from the parent but `args`.
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     procs = [ctx.Process(target=rank_main, args=(r, args.world_size, port, args, out)) for r in range(args.world_size)]
     for p in procs:
         p.start()
-    times, unavailable = out.get(timeout=1800)
+    times, unavailable = collect(procs, out)
     for p in procs:
         p.join()
     def median(v):
@@ -157,7 +195,7 @@ def main():
         return median([a / b for a, b in zip(times[v], times["local"])])
 
     print(f"\n# PyTorch {torch.__version__} DDP step time (Gloo): MLP 784-1024-1024-10, batch 64 per rank, SGD, "
-          f"1 thread per rank, world size {args.world_size}\n"
+          f"1 thread per rank, world size {args.world_size}, zero_grad(set_to_none={args.zero_grad == 'none'})\n"
           f"# {args.rounds} rounds of {args.steps} steps (each round: the slowest rank's mean); ms/step: the median "
           f"round; x local: the median of per-turn ratios")
     print(f"{'variant':<20} {'ms/step':>10} {'best':>9} {'x local':>9}")
@@ -169,7 +207,8 @@ def main():
         ms = median(times[v])
         print(f"{v:<20} {ms:>10.2f} {min(times[v]):>9.2f} {ratio(v):>9.2f}")
         rows.append(dict(variant=v, world_size=args.world_size, backend="torch-gloo", ms_per_step=ms,
-                         best_ms_per_step=min(times[v]), ratio_vs_local=ratio(v)))
+                         best_ms_per_step=min(times[v]), ratio_vs_local=ratio(v), torch_version=torch.__version__,
+                         zero_grad_set_to_none=args.zero_grad == "none"))
     if args.json:
         with open(args.json, "w") as f:
             f.write("[\n" + ",\n".join("  " + json.dumps(r) for r in rows) + "\n]\n")

@@ -15,6 +15,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/optim/optimizer.h>
 
 #include <type_traits>
 #include <utility>
@@ -26,5 +27,25 @@ namespace tdist::compat {
 // accumulator weakly, so its post hooks fire only while one is kept.
 using GradAccumulatorPtr =
     decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+
+// Whether Optimizer::zero_grad() and Module::zero_grad() with no argument
+// set gradients to undefined (2.x) rather than to zero (1.13).
+inline constexpr bool kZeroGradSetsToNone = TDIST_TORCH_VERSION_AT_LEAST(2, 0);
+
+// Optimizer::zero_grad(set_to_none) on every version: 1.13's takes no
+// argument and zeroes.
+inline void zero_grad(torch::optim::Optimizer& opt, bool set_to_none) {
+#if TDIST_TORCH_VERSION_AT_LEAST(2, 0)
+  opt.zero_grad(set_to_none);
+#else
+  if (!set_to_none) {
+    opt.zero_grad();
+    return;
+  }
+  for (auto& group : opt.param_groups()) {
+    for (auto& p : group.params()) p.mutable_grad().reset();
+  }
+#endif
+}
 
 }  // namespace tdist::compat
