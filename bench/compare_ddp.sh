@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# DDP step time side by side, in one session: tdist-bench ddp (shm) and
-# PyTorch's Python DDP on Gloo under both PyTorch versions (1.13: Debian's
-# python3-torch; 2.x: the venv of scripts/torch2.sh), same model, data,
-# optimizer, variants and arguments. Prints each tool's table, then one
-# summary table; writes each as JSON to OUT_DIR (tdist-ddp.json,
-# torch-ddp.json, torch2-ddp.json).
+# DDP step time side by side, in one session: tdist-bench ddp (shm) built
+# against each LibTorch (1.13: BUILD_DIR; 2.x: BUILD2_DIR when it has
+# tdist-bench) and PyTorch's Python DDP on Gloo under both PyTorch versions
+# (1.13: Debian's python3-torch; 2.x: the venv of scripts/torch2.sh), same
+# model, data, optimizer, variants and arguments. Prints each tool's table,
+# then one summary table, tdist against PyTorch of the same version; writes
+# each as JSON to OUT_DIR (tdist-ddp.json, tdist2-ddp.json, torch-ddp.json,
+# torch2-ddp.json).
 #   [ROUNDS=30] [TORCH1_PYTHON=/usr/bin/python3] [TORCH2_PYTHON=<repo>/.venv/bin/python]
-#     bench/compare_ddp.sh [BUILD_DIR=build] [OUT_DIR=BUILD_DIR/bench]
+#     bench/compare_ddp.sh [BUILD_DIR=build] [OUT_DIR=BUILD_DIR/bench] [BUILD2_DIR=build-torch2]
 # A PyTorch whose interpreter cannot import torch.distributed with Gloo is
 # left out, with one line saying why; one whose run fails is left out of the
 # table too, and the script then exits non-zero after printing it.
@@ -15,6 +17,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 build=${1:-build}
 out=${2:-$build/bench}
+build2=${3:-build-torch2}
 mkdir -p "$out"
 world=2
 rounds=${ROUNDS:-30}
@@ -46,13 +49,19 @@ assert d.is_available() and d.is_gloo_available(), "torch.distributed without Gl
   fi
 }
 
-"$build/bin/tdist-bench" ddp --backend shm --world-size $world --rounds $rounds --json "$out/tdist-ddp.json"
+"$build/bin/tdist-bench" ddp --backend shm --world-size $world --rounds "$rounds" --json "$out/tdist-ddp.json"
+rm -f "$out/tdist2-ddp.json"
+if [ -x "$build2/bin/tdist-bench" ]; then
+  "$build2/bin/tdist-bench" ddp --backend shm --world-size $world --rounds "$rounds" --json "$out/tdist2-ddp.json"
+else
+  echo "# (no $build2/bin/tdist-bench: no tdist on LibTorch 2.x; make build-2 builds it)"
+fi
 # Both PyTorch runs get the same arguments. --zero-grad zero: every step
 # zeroes the gradients in place (optimizer.zero_grad(set_to_none=False)) on
 # both versions, as tdist-bench ddp built against LibTorch 1.13 does
 # (Optimizer::zero_grad() zeroes there) and as PyTorch 1.13's Python default;
 # PyTorch 2.x's default would drop them (set_to_none=True).
-ref_args=(--world-size $world --rounds $rounds --zero-grad zero)
+ref_args=(--world-size "$world" --rounds "$rounds" --zero-grad zero)
 run_reference "PyTorch 1.13 DDP" "$torch1_python" "apt-get install python3-torch" "$out/torch-ddp.json" \
   "$here/torch_ddp_reference.py" "${ref_args[@]}"
 run_reference "PyTorch 2.x DDP" "$torch2_python" "bash scripts/torch2.sh python installs it" "$out/torch2-ddp.json" \
@@ -68,33 +77,32 @@ torch_version() {  # file default -> major.minor of the torch_version its rows r
   [ -f "$1" ] && v=$(grep -o '"torch_version": "[^"]*"' "$1" | head -n 1 | sed 's/.*: "\([0-9]*\.[0-9]*\).*/\1/')
   echo "${v:-$2}"
 }
-extract "$out/tdist-ddp.json" > "$out/tdist-ddp.tsv"
-extract "$out/torch-ddp.json" > "$out/torch-ddp.tsv"
-extract "$out/torch2-ddp.json" > "$out/torch2-ddp.tsv"
+for f in tdist-ddp torch-ddp tdist2-ddp torch2-ddp; do extract "$out/$f.json" > "$out/$f.tsv"; done
 echo
-echo "# DDP, MLP 784-1024-1024-10, batch 64/rank, world size $world: ms/step (x local alone); speed-up: tdist against each"
-# Files are read in BEGIN with getline, so that an empty one (a reference
-# left out) keeps its column.
-awk -v h1="PyTorch $(torch_version "$out/torch-ddp.json" 1.13) DDP (gloo)" \
-    -v h2="PyTorch $(torch_version "$out/torch2-ddp.json" 2.x) DDP (gloo)" '
+echo "# DDP, MLP 784-1024-1024-10, batch 64/rank, world size $world: ms/step (x local alone);"
+echo "# speed-up: PyTorch's ms/step over tdist's, each tdist against PyTorch of its own LibTorch version"
+# Files are read in BEGIN with getline, so that an empty one (a run left
+# out) keeps its column.
+awk -v v1="$(torch_version "$out/torch-ddp.json" 1.13)" -v v2="$(torch_version "$out/torch2-ddp.json" 2.x)" '
   BEGIN {
     for (f = 1; f < ARGC; f++)
       while ((getline line < ARGV[f]) > 0) {
         split(line, a, " ")
         ms[f, a[1]] = a[2]; r[f, a[1]] = a[3]
-        if (f == 1) order[++n] = a[1]
+        if (!(a[1] in seen)) { seen[a[1]] = 1; order[++n] = a[1] }
       }
-    s1 = "speed-up " substr(h1, 9, index(substr(h1, 9), " ") - 1)
-    s2 = "speed-up " substr(h2, 9, index(substr(h2, 9), " ") - 1)
-    printf "%-20s %17s %24s %24s %14s %14s\n", "variant", "tdist (shm)", h1, h2, s1, s2
+    printf "%-20s %17s %17s %9s %17s %17s %9s\n", "variant", "tdist/" v1 " (shm)", "PyTorch " v1, "speed-up",
+           "tdist/" v2 " (shm)", "PyTorch " v2, "speed-up"
     for (i = 1; i <= n; i++) {
       v = order[i]
-      line = sprintf("%-20s %17s", v, sprintf("%8.2f (%5.2fx)", ms[1, v], r[1, v]))
-      for (f = 2; f <= 3; f++)
-        line = line sprintf(" %24s", ((f, v) in ms) ? sprintf("%8.2f (%5.2fx)", ms[f, v], r[f, v]) : "-")
-      for (f = 2; f <= 3; f++)
-        line = line sprintf(" %14s", ((f, v) in ms && ms[1, v] > 0) ? sprintf("%.2fx", ms[f, v] / ms[1, v]) : "-")
+      line = sprintf("%-20s", v)
+      for (pair = 0; pair < 2; pair++) {
+        t = 1 + 2 * pair; p = t + 1
+        for (f = t; f <= p; f++)
+          line = line sprintf(" %17s", ((f, v) in ms) ? sprintf("%7.2f (%5.2fx)", ms[f, v], r[f, v]) : "-")
+        line = line sprintf(" %9s", ((t, v) in ms && (p, v) in ms && ms[t, v] > 0) ? sprintf("%.2fx", ms[p, v] / ms[t, v]) : "-")
+      }
       print line
     }
-  }' "$out/tdist-ddp.tsv" "$out/torch-ddp.tsv" "$out/torch2-ddp.tsv"
+  }' "$out/tdist-ddp.tsv" "$out/torch-ddp.tsv" "$out/tdist2-ddp.tsv" "$out/torch2-ddp.tsv"
 exit $failed

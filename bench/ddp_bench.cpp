@@ -5,7 +5,8 @@
 //       [--bucket-cap-mb 25] [--first-bucket-cap-mb 1] [--json FILE]
 //
 // The model is the MLP 784-1024-1024-10 with batch 64 per rank, SGD with
-// momentum, one compute thread per rank; a step is zero_grad, forward,
+// momentum, one compute thread per rank; a step is zero_grad (zeroing, as
+// LibTorch 1.13 and the Python references do; 2.x would drop), forward,
 // cross-entropy, backward and the optimizer step. Variants:
 //   local          one process alone (rank 0, while the other ranks wait)
 //   ddp_<hook>     DistributedDataParallel with the built-in hook <hook>
@@ -32,6 +33,7 @@
 
 #include "bench/bench_common.h"
 #include "tdist/tdist.h"
+#include "util/torch_compat.h"
 
 namespace tdist::bench {
 
@@ -79,7 +81,7 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
     auto model = std::make_shared<Mlp>(make_model());
     auto opt = sgd((*model)->parameters());
     v.step = [model, opt, x, y] {
-      opt->zero_grad();
+      tdist::compat::zero_grad(*opt, /*set_to_none=*/false);
       torch::nn::functional::cross_entropy((*model)(x), y).backward();
       opt->step();
     };
@@ -87,7 +89,7 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
     auto model = std::make_shared<Mlp>(make_model());
     auto opt = sgd((*model)->parameters());
     v.step = [model, opt, x, y, &pg] {
-      opt->zero_grad();
+      tdist::compat::zero_grad(*opt, /*set_to_none=*/false);
       torch::nn::functional::cross_entropy((*model)(x), y).backward();
       for (auto& p : (*model)->parameters()) {
         pg.all_reduce(p.mutable_grad())->wait();
@@ -99,7 +101,7 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
     auto model = std::make_shared<Mlp>(make_model());
     auto opt = sgd((*model)->parameters());
     v.step = [model, opt, x, y, &pg] {
-      opt->zero_grad();
+      tdist::compat::zero_grad(*opt, /*set_to_none=*/false);
       torch::nn::functional::cross_entropy((*model)(x), y).backward();
       std::vector<at::Tensor> g;
       for (auto& p : (*model)->parameters()) g.push_back(p.mutable_grad());
@@ -135,7 +137,7 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
     else throw UsageError("tdist-bench ddp: unknown variant '" + name + "'");
     auto opt = sgd((*ddp)->parameters());
     v.step = [ddp, opt, x, y] {
-      opt->zero_grad();
+      tdist::compat::zero_grad(*opt, /*set_to_none=*/false);
       torch::nn::functional::cross_entropy((*ddp)(x), y).backward();
       opt->step();
     };
