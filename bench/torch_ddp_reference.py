@@ -23,9 +23,7 @@ gradients instead (set_to_none=True), on both versions.
 import argparse
 import json
 import os
-import queue
 import socket
-import sys
 import time
 
 import torch
@@ -35,6 +33,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from reference_common import collect
 
 VARIANTS = ["local", "ddp_allreduce", "ddp_fp16", "ddp_bf16", "ddp_noop", "status_quo",
             "ddp_allreduce_view", "ddp_fp16_view", "ddp_bf16_view", "local_all"]
@@ -137,23 +137,6 @@ def rank_main(rank, world, port, args, out):
     if rank == 0:
         out.put((times, unavailable))
     dist.destroy_process_group()
-
-
-def collect(procs, out, timeout=1800):
-    """Rank 0's result; if a rank dies first (its traceback is on stderr),
-    stops the others and exits non-zero rather than waiting out the timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return out.get(timeout=1)
-        except queue.Empty:
-            dead = [f"rank {r} exited with status {p.exitcode}" for r, p in enumerate(procs)
-                    if p.exitcode not in (None, 0)]
-            if dead or time.monotonic() > deadline:
-                for p in procs:
-                    if p.is_alive():
-                        p.terminate()
-                sys.exit(f"{sys.argv[0]}: " + (", ".join(dead) if dead else f"no result in {timeout} s"))
 
 
 def main():

@@ -31,7 +31,6 @@ make_venv() {
   [ -x "$base" ] || base=$(command -v python3)
   log "creating $venv"
   "$base" -m venv "$venv"
-  "$py" -m pip install -q --disable-pip-version-check --upgrade pip >&2
 }
 
 installed_version() {
