@@ -21,7 +21,8 @@ void add_builtin_backends(std::map<std::string, BackendFactory>& factories) {
   // A plugin: Debian's libgloo must not meet the Gloo inside LibTorch 2.x.
   // The probe is gloo::allgatherv(gloo::AllgathervOptions&).
   factories["gloo"] = plugin_backend_factory(
-      {"gloo", "libtdist_gloo.so", "_ZN4gloo10allgathervERNS_17AllgathervOptionsE", "libgloo"});
+      {"gloo", "libtdist_gloo.so", "_ZN4gloo10allgathervERNS_17AllgathervOptionsE", "libgloo",
+       "LibTorch 2.x's libtorch_cpu carries its own Gloo"});
 #endif
 #if TDIST_WITH_MPI
   factories["mpi"] = [](const BackendContext& ctx) { return mpi_backend::make_mpi_backend(ctx); };

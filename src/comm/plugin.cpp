@@ -102,8 +102,8 @@ class PluginLoader {
     if (!own) {
       dlclose(handle);
       throw Error(what + " cannot run in this process: its library's functions resolve to " + bound +
-                  ", another copy of it (LibTorch 2.x's libtorch_cpu carries its own Gloo), not to " +
-                  spec_.library_prefix + ".so" +
+                  ", another copy of it" + (spec_.foreign_hint.empty() ? "" : " (" + spec_.foreign_hint + ")") +
+                  ", not to " + spec_.library_prefix + ".so" +
                   (kSanitized ? "; sanitizer builds cannot load the plugin with a scope of its own (RTLD_DEEPBIND)"
                               : "") +
                   ". Use the shm or mpi backend here.");

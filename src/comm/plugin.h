@@ -46,6 +46,8 @@ struct PluginSpec {
   // bound_library() that is neither such a file nor the plugin itself
   // means a foreign copy won.
   std::string library_prefix;
+  // Who else may carry the library, for the error when a copy wins.
+  std::string foreign_hint;
 };
 
 // A factory that loads the plugin on first use (once per process, thread

@@ -1,10 +1,11 @@
 // A backend plugin for plugin_test: its "backend library" is the C library
-// (bound_library() names the file strlen resolves to), and create() raises
+// (bound_library() names the file that defines gnu_get_libc_version, which
+// no sanitizer intercepts), and create() raises
 // a UsageError naming the rank it was given. Built twice: with this ABI
 // (libtdist_fake_plugin.so) and with an old one (FAKE_PLUGIN_ABI=0).
 #include <dlfcn.h>
 
-#include <cstring>
+#include <gnu/libc-version.h>
 
 #include "comm/plugin.h"
 #include "tdist/errors.h"
@@ -21,7 +22,7 @@ std::unique_ptr<tdist::comm::Backend> create(const tdist::comm::BackendContext& 
 
 const char* bound_library() {
   Dl_info info{};
-  size_t (*fn)(const char*) = &std::strlen;
+  const char* (*fn)() = &gnu_get_libc_version;
   return dladdr(reinterpret_cast<void*>(fn), &info) && info.dli_fname ? info.dli_fname : "";
 }
 

@@ -2,10 +2,13 @@
 // refused, and that the gloo plugin's calls land in its own Gloo in this
 // build, whichever other Gloo the process holds.
 #include <dlfcn.h>
+#include <gnu/libc-version.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "comm/plugin.h"
 #include "tdist/errors.h"
@@ -43,38 +46,52 @@ std::string global_definer(const char* symbol) {
 
 std::string libc_file() {
   Dl_info info{};
-  size_t (*fn)(const char*) = &strlen;
+  const char* (*fn)() = &gnu_get_libc_version;
   return dladdr(reinterpret_cast<void*>(fn), &info) ? info.dli_fname : "";
 }
 
+// A spec whose library is libc (gnu_get_libc_version) unless prefix says otherwise.
+tdist::comm::PluginSpec fake_spec(std::string backend, std::string file, std::string prefix) {
+  return {std::move(backend), std::move(file), "gnu_get_libc_version", std::move(prefix), "the test says so"};
+}
+
 TEST(BackendPlugins, AMissingPluginSaysWhereItWasLookedFor) {
-  const std::string what = error_of(plugin_backend_factory({"fake", "libtdist_no_such_plugin.so", "strlen", "libc"}));
+  const std::string what = error_of(plugin_backend_factory(fake_spec("fake", "libtdist_no_such_plugin.so", "libc")));
   EXPECT_TRUE(contains(what, "the fake backend is built as the plugin libtdist_no_such_plugin.so")) << what;
   EXPECT_TRUE(contains(what, "/libtdist_no_such_plugin.so: ")) << what;  // next to libtdist
   EXPECT_TRUE(contains(what, "use another backend")) << what;
 }
 
 TEST(BackendPlugins, APluginOfAnotherVersionIsRefused) {
-  const std::string what = error_of(plugin_backend_factory({"fake", "libtdist_fake_plugin_old.so", "strlen", "libc"}));
+  const std::string what = error_of(plugin_backend_factory(fake_spec("fake", "libtdist_fake_plugin_old.so", "libc")));
   EXPECT_TRUE(contains(what, "is not a tdist fake plugin of this version")) << what;
 }
 
 TEST(BackendPlugins, APluginForAnotherBackendIsRefused) {
-  const std::string what = error_of(plugin_backend_factory({"other", "libtdist_fake_plugin.so", "strlen", "libc"}));
+  const std::string what = error_of(plugin_backend_factory(fake_spec("other", "libtdist_fake_plugin.so", "libc")));
   EXPECT_TRUE(contains(what, "is not a tdist other plugin")) << what;
 }
 
 TEST(BackendPlugins, APluginWhoseLibraryResolvesToAnotherCopyIsRefused) {
   // The fake's library is libc; expecting "libfake" makes libc the foreign copy.
-  const std::string what = error_of(plugin_backend_factory({"fake", "libtdist_fake_plugin.so", "strlen", "libfake"}));
+  const std::string what = error_of(plugin_backend_factory(fake_spec("fake", "libtdist_fake_plugin.so", "libfake")));
   EXPECT_TRUE(contains(what, "the fake backend cannot run in this process")) << what;
-  EXPECT_TRUE(contains(what, "resolve to " + libc_file())) << what;
+  EXPECT_TRUE(contains(what, "resolve to " + libc_file() + ", another copy of it (the test says so)")) << what;
 }
 
 TEST(BackendPlugins, AGoodPluginIsLoadedOnceAndCreatesItsBackend) {
-  auto factory = plugin_backend_factory({"fake", "libtdist_fake_plugin.so", "strlen", "libc"});
+  auto factory = plugin_backend_factory(fake_spec("fake", "libtdist_fake_plugin.so", "libc"));
   EXPECT_EQ(error_of(factory, 3), "fake backend created for rank 3");
   EXPECT_EQ(error_of(factory, 5), "fake backend created for rank 5");
+}
+
+TEST(BackendPlugins, ThreadsAskingAtOnceAllGetTheOnePlugin) {
+  auto factory = plugin_backend_factory(fake_spec("fake", "libtdist_fake_plugin.so", "libc"));
+  std::vector<std::string> said(8);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) threads.emplace_back([&, t] { said[t] = error_of(factory, t); });
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 8; ++t) EXPECT_EQ(said[t], "fake backend created for rank " + std::to_string(t));
 }
 
 #if TDIST_WITH_GLOO
