@@ -51,16 +51,16 @@ test-2: build-2
 demo: build
 	$(BUILD)/bin/tdist-run --nproc-per-node 2 $(BUILD)/bin/fashion_mnist --epochs 4 --json $(BUILD)/demo.json
 
-# The references the benchmarks compare with: PyTorch 1.13 (Debian's
-# python3-torch) and PyTorch 2.x (the wheel in .venv, with its CUDA
-# libraries, which `import torch` needs), OpenMPI.
-bench: build
+# tdist on both LibTorch versions against the references: PyTorch 1.13
+# (Debian's python3-torch) and PyTorch 2.x (the wheel in .venv, with the
+# CUDA libraries `import torch` needs), OpenMPI.
+bench: build build-2
 	@bash scripts/install-deps.sh --bench
 	@bash scripts/torch2.sh python
 	mkdir -p $(BUILD)/bench
 	$(BUILD)/bin/tdist-bench store --json $(BUILD)/bench/store.json
 	bash bench/compare_collectives.sh $(BUILD) $(BUILD)/bench
-	bash bench/compare_ddp.sh $(BUILD) $(BUILD)/bench
+	bash bench/compare_ddp.sh $(BUILD) $(BUILD)/bench $(BUILD2)
 
 # Training across two network namespaces over a rate-limited link (root).
 slow-link: build
