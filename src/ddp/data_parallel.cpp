@@ -12,7 +12,7 @@
 #include <unordered_set>
 
 #include "ddp/bucket_assignment.h"
-#include "ddp/hook_group.h"
+#include "process_group/group_or_default.h"
 #include "util/bytes.h"
 #include "util/torch_compat.h"
 #include "tdist/ddp.h"
@@ -626,7 +626,7 @@ void DataParallel::register_comm_hook(const std::shared_ptr<ProcessGroup>& group
   if (fn == &fp16_compress_hook) kind = Builtin::kFp16;
   if (fn == &bf16_compress_hook) kind = Builtin::kBf16;
   if (fn == &noop_hook) kind = Builtin::kNoop;
-  auto resolved = kind == Builtin::kNone ? group : hook_group(group, "communication hook");
+  auto resolved = kind == Builtin::kNone ? group : group_or_default(group, "communication hook");
   register_comm_hook([group, fn](GradBucket& b) { return fn(group, b); });
   std::lock_guard<std::mutex> lock(state_->mu);
   state_->builtin = kind;

@@ -7,7 +7,7 @@
 
 #include "ddp/bucket_assignment.h"
 #include "tdist/ddp.h"
-#include "tests/dist/world.h"
+#include "tests/util/world.h"
 
 using tdist::ProcessGroup;
 using tdist::test::run_world;

@@ -22,7 +22,7 @@
 
 #include "tdist/ddp.h"
 #include "tdist/powersgd.h"
-#include "tests/dist/world.h"
+#include "tests/util/world.h"
 #include "util/torch_compat.h"
 
 using tdist::ProcessGroup;

@@ -6,7 +6,7 @@
 #include <mutex>
 #include <vector>
 
-#include "ddp/hook_group.h"
+#include "process_group/group_or_default.h"
 
 namespace tdist {
 
@@ -68,18 +68,9 @@ std::shared_ptr<Work> compressed(const std::shared_ptr<ProcessGroup>& group, Gra
 
 }  // namespace
 
-namespace detail {
-
-std::shared_ptr<ProcessGroup> hook_group(const std::shared_ptr<ProcessGroup>& group, const char* who) {
-  auto g = group ? group : default_group();
-  if (!g) throw UsageError(std::string(who) + ": no process group given and no default group");
-  return g;
-}
-
-}  // namespace detail
 
 std::shared_ptr<Work> allreduce_hook(const std::shared_ptr<ProcessGroup>& group, GradBucket& bucket) {
-  auto g = detail::hook_group(group, "communication hook");
+  auto g = detail::group_or_default(group, "communication hook");
   at::Tensor t = bucket.buffer();
   // Divide first, as PyTorch's hook does, so that reduced-precision buffers
   // cannot overflow in the sum; AVG does that on floating buffers in one go.
@@ -99,7 +90,7 @@ std::shared_ptr<Work> compress_hook(const std::shared_ptr<ProcessGroup>& group, 
   AllreduceOptions o;
   o.op = ReduceOp::AVG;
   o.wire_dtype = dtype;
-  return detail::hook_group(group, "communication hook")->all_reduce(t, o);
+  return detail::group_or_default(group, "communication hook")->all_reduce(t, o);
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 # Gloo across two network namespaces joined by a veth pair: two "hosts" that
 # share nothing but that link. Makes and removes everything itself; needs
 # root (exits 77, which ctest reports as skipped, otherwise).
-#   tests/dist/gloo_netns_test.sh BIN_DIR
+#   tests/process_group/gloo_netns_test.sh BIN_DIR
 set -euo pipefail
 bin=${1:?usage: gloo_netns_test.sh BIN_DIR}
 if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null; then

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "tests/dist/world.h"
+#include "tests/util/world.h"
 
 namespace tdist::test::conformance {
 

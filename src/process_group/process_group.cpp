@@ -16,7 +16,7 @@
 
 #include "comm/backend.h"
 #include "comm/reduce.h"
-#include "dist/tensor_util.h"
+#include "process_group/tensor_util.h"
 #include "tdist/rendezvous.h"
 #include "util/bytes.h"
 #include "util/env.h"

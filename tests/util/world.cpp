@@ -1,4 +1,4 @@
-#include "tests/dist/world.h"
+#include "tests/util/world.h"
 
 #include <unistd.h>
 

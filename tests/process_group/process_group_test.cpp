@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "tdist/tdist.h"
-#include "tests/dist/world.h"
+#include "tests/util/world.h"
 #include "tests/util/process.h"
 
 using namespace std::chrono_literals;

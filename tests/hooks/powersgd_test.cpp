@@ -8,7 +8,7 @@
 #include <cstdio>
 
 #include "tdist/tdist.h"
-#include "tests/dist/world.h"
+#include "tests/util/world.h"
 
 using tdist::ProcessGroup;
 using tdist::test::run_world;

@@ -11,7 +11,7 @@
 #include <iostream>
 #include <sstream>
 
-#include "ddp/hook_group.h"
+#include "process_group/group_or_default.h"
 
 namespace tdist {
 
@@ -149,7 +149,7 @@ struct PowerSGDAccess {
   }
 
   static const PowerSGDOptions& options(const PowerSGDState& s) { return s.options_; }
-  static std::shared_ptr<ProcessGroup> group(const PowerSGDState& s) { return detail::hook_group(s.group_, "PowerSGD"); }
+  static std::shared_ptr<ProcessGroup> group(const PowerSGDState& s) { return detail::group_or_default(s.group_, "PowerSGD"); }
 };
 
 PowerSGDState::PowerSGDState(std::shared_ptr<ProcessGroup> group, PowerSGDOptions options)

@@ -3,7 +3,7 @@
 // conformance.h; mpi_collectives_test.cpp runs them under mpirun.
 #include <gtest/gtest.h>
 
-#include "tests/dist/conformance.h"
+#include "tests/process_group/conformance.h"
 
 namespace {
 

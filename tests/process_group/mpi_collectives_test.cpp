@@ -10,7 +10,7 @@
 #include <cstring>
 #include <thread>
 
-#include "tests/dist/conformance.h"
+#include "tests/process_group/conformance.h"
 
 // Rank 0 gives up on an all_reduce that rank 1 joins only 1.5 s later; the
 // TimeoutError must name the op, its sequence number and rank 1.

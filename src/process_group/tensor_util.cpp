@@ -1,4 +1,4 @@
-#include "dist/tensor_util.h"
+#include "process_group/tensor_util.h"
 
 #include <ATen/ATen.h>
 
