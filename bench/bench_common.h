@@ -1,49 +1,79 @@
-// Shared pieces of tdist-bench: options, percentiles and JSON rows.
+// Shared pieces of tdist-bench: each mode's options (registered on a CLI11
+// subcommand), percentiles, JSON rows, and spawning the ranks of a job.
 #pragma once
 
-#include <cstdio>
-#include <map>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace tdist::bench {
 
-// Parsed "--name value" / "--name=value" arguments after the mode.
-class Args {
- public:
-  Args(int argc, char** argv);
-  std::string get(const std::string& name, const std::string& fallback) const;
-  double number(const std::string& name, double fallback) const;
-  bool has(const std::string& name) const { return values_.count(name) > 0; }
-  // Names given but never read: typos should not pass silently.
-  void reject_unknown(const std::vector<std::string>& known) const;
+struct StoreBenchOptions {
+  std::string store = "tcp";
+  std::string clients = "1,4,16";
+  double seconds = 1.0;
+  size_t value_bytes = 64;
+  std::string json;
+  void add_to(CLI::App& mode);
+};
 
- private:
-  std::map<std::string, std::string> values_;
+struct CollectivesBenchOptions {
+  std::string backend = "shm";
+  int world_size = 2;
+  std::string op = "all_reduce";
+  std::string min_bytes = "4";
+  std::string max_bytes = "256M";
+  double step_factor = 4;
+  std::string dtype = "float32";
+  double seconds = 0.25;
+  std::string json;
+  // Set by the parent for its ranks: the machine's memcpy bandwidth.
+  double memcpy_one = 0, memcpy_all = 0;
+  void add_to(CLI::App& mode);
+};
+
+struct DdpBenchOptions {
+  std::string backend = "shm";
+  int world_size = 2;
+  int steps = 10;
+  int rounds = 10;
+  std::string variants;  // empty: all
+  double bucket_cap_mb = 25;
+  std::optional<double> first_bucket_cap_mb;  // default: min(1, bucket_cap_mb)
+  std::string json;
+  void add_to(CLI::App& mode);
 };
 
 double percentile(std::vector<double> v, double p);
 
-// Rows of a JSON array, each a flat object of numbers and strings.
+// Rows of a JSON array, each a flat object of numbers and strings in the
+// order given. Whole numbers are written exactly, measurements to 6
+// significant digits.
 class JsonRows {
  public:
-  void begin_row() { rows_.emplace_back(); }
-  void field(const std::string& k, const std::string& v);
+  void begin_row() { rows_.push_back(nlohmann::ordered_json::object()); }
+  void field(const std::string& k, const std::string& v) { rows_.back()[k] = v; }
+  void field(const std::string& k, const char* v) { rows_.back()[k] = v; }
   void field(const std::string& k, double v);
   bool write(const std::string& path) const;
 
  private:
-  std::vector<std::vector<std::pair<std::string, std::string>>> rows_;
+  nlohmann::ordered_json rows_ = nlohmann::ordered_json::array();
 };
 
-int store_bench(const Args& args);
-int collectives_bench(int argc, char** argv);
-int ddp_bench(int argc, char** argv);
+// `args` are the mode's own arguments, which the ranks it spawns get again.
+int store_bench(const StoreBenchOptions& o);
+int collectives_bench(const CollectivesBenchOptions& o, const std::vector<std::string>& args);
+int ddp_bench(const DdpBenchOptions& o, const std::vector<std::string>& args);
 
 // Forks `world` copies of this program as ranks of a local job (RANK,
 // WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; OMP_NUM_THREADS=1 unless set),
-// each running `tdist-bench MODE EXTRA... ARGV...`; waits for all of them.
+// each running `tdist-bench MODE ARGS... EXTRA...`; waits for all of them.
 // Returns 0 when every rank exits 0.
-int spawn_ranks(const std::string& mode, int world, const std::vector<std::string>& extra, int argc, char** argv);
+int spawn_ranks(const std::string& mode, int world, const std::vector<std::string>& args,
+                const std::vector<std::string>& extra);
 
 }  // namespace tdist::bench

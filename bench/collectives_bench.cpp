@@ -21,6 +21,7 @@
 
 #include "bench/bench_common.h"
 #include "tdist/tdist.h"
+#include "util/cli.h"
 #include "util/env.h"
 
 namespace tdist::bench {
@@ -161,28 +162,28 @@ int64_t check(ProcessGroup& pg, const std::string& op, Buffers& b) {
   return got.ne(want).sum().item<int64_t>();
 }
 
-int run_rank(const Args& args, int rank, int world) {
+int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
   InitOptions io;
-  io.backend = args.get("backend", "shm");
+  io.backend = o.backend;
   io.rank = rank;
   io.world_size = world;
   io.timeout = std::chrono::seconds(120);
   auto pg = init_process_group(io);
-  const at::ScalarType dtype = parse_dtype(args.get("dtype", "float32"));
+  const at::ScalarType dtype = parse_dtype(o.dtype);
   const size_t es = at::elementSize(dtype);
-  const size_t min_bytes = std::max(parse_bytes(args.get("min-bytes", "4")), es);
-  const size_t max_bytes = parse_bytes(args.get("max-bytes", "256M"));
-  const double step = args.number("step-factor", 4);
-  const double seconds = args.number("seconds", 0.25);
+  const size_t min_bytes = std::max(parse_bytes(o.min_bytes), es);
+  const size_t max_bytes = parse_bytes(o.max_bytes);
+  const double step = o.step_factor;
+  const double seconds = o.seconds;
   if (step < 2) throw UsageError("tdist-bench: --step-factor must be at least 2");
   std::vector<std::string> ops;
-  const std::string op_arg = args.get("op", "all_reduce");
+  const std::string& op_arg = o.op;
   if (op_arg == "all") ops = kOps;
   else ops = {op_arg};
   for (const auto& op : ops) {
     if (std::find(kOps.begin(), kOps.end(), op) == kOps.end()) throw UsageError("tdist-bench: unknown --op " + op);
   }
-  double mem_one = args.number("memcpy-one", 0), mem_all = args.number("memcpy-all", 0);
+  double mem_one = o.memcpy_one, mem_all = o.memcpy_all;
   if (rank == 0 && mem_all == 0) {  // run by an outside launcher: measure here
     mem_one = memcpy_gbps_one();
     mem_all = memcpy_gbps_all(static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
@@ -249,8 +250,8 @@ int run_rank(const Args& args, int rank, int world) {
     }
   }
   pg->barrier()->wait();
-  if (rank == 0 && args.has("json") && !json.write(args.get("json", ""))) {
-    std::fprintf(stderr, "tdist-bench: cannot write %s\n", args.get("json", "").c_str());
+  if (rank == 0 && !o.json.empty() && !json.write(o.json)) {
+    std::fprintf(stderr, "tdist-bench: cannot write %s\n", o.json.c_str());
     return 1;
   }
   return 0;
@@ -258,23 +259,37 @@ int run_rank(const Args& args, int rank, int world) {
 
 }  // namespace
 
-int collectives_bench(int argc, char** argv) {
-  Args args(argc, argv);
-  args.reject_unknown({"backend", "world-size", "op", "min-bytes", "max-bytes", "step-factor", "dtype", "seconds",
-                       "json", "memcpy-one", "memcpy-all"});
+void CollectivesBenchOptions::add_to(CLI::App& mode) {
+  using cli::both_spellings;
+  mode.add_option("--backend", backend, "shm, gloo, mpi or another registered one")->capture_default_str();
+  mode.add_option(both_spellings("world-size"), world_size, "ranks, started here")->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  mode.add_option("--op", op, "all_reduce, broadcast, reduce, all_gather, reduce_scatter, all_to_all, or all")
+      ->capture_default_str();
+  mode.add_option(both_spellings("min-bytes"), min_bytes, "smallest size (K, M, G: powers of 1024)")
+      ->capture_default_str();
+  mode.add_option(both_spellings("max-bytes"), max_bytes, "largest size")->capture_default_str();
+  mode.add_option(both_spellings("step-factor"), step_factor, "size ratio between rows")->capture_default_str();
+  mode.add_option("--dtype", dtype, "element type")->capture_default_str();
+  mode.add_option("--seconds", seconds, "timed per row")->capture_default_str();
+  mode.add_option("--json", json, "also write the rows here")->type_name("FILE");
+  // Passed to the ranks by the parent, which measures them once.
+  mode.add_option(both_spellings("memcpy-one"), memcpy_one)->group("");
+  mode.add_option(both_spellings("memcpy-all"), memcpy_all)->group("");
+}
+
+int collectives_bench(const CollectivesBenchOptions& o, const std::vector<std::string>& args) {
   // Under a launcher: be one rank.
   if (std::getenv("RANK") && std::getenv("WORLD_SIZE") && std::getenv("MASTER_ADDR")) {
-    return run_rank(args, std::atoi(std::getenv("RANK")), std::atoi(std::getenv("WORLD_SIZE")));
+    return run_rank(o, std::atoi(std::getenv("RANK")), std::atoi(std::getenv("WORLD_SIZE")));
   }
-  const int world = static_cast<int>(args.number("world-size", 2));
-  if (world < 1 || world > 256) throw UsageError("tdist-bench: --world-size must be in [1, 256]");
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
   const double one = memcpy_gbps_one();
   const double all = memcpy_gbps_all(static_cast<int>(cores));
   std::printf("# memcpy bandwidth: %.2f GB/s on one core, %.2f GB/s on all %ld cores at once\n", one, all, cores);
   std::fflush(stdout);
-  return spawn_ranks("collectives", world, {"--memcpy-one", std::to_string(one), "--memcpy-all", std::to_string(all)},
-                     argc, argv);
+  return spawn_ranks("collectives", o.world_size, args,
+                     {"--memcpy-one", std::to_string(one), "--memcpy-all", std::to_string(all)});
 }
 
 }  // namespace tdist::bench

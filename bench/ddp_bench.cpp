@@ -33,6 +33,7 @@
 
 #include "bench/bench_common.h"
 #include "tdist/tdist.h"
+#include "util/cli.h"
 #include "util/torch_compat.h"
 
 namespace tdist::bench {
@@ -177,23 +178,23 @@ std::vector<std::string> split_commas(const std::string& s) {
   return out;
 }
 
-int run_rank(const Args& args, int rank, int world) {
+int run_rank(const DdpBenchOptions& o, int rank, int world) {
   at::set_num_threads(1);
   InitOptions io;
-  io.backend = args.get("backend", "shm");
+  io.backend = o.backend;
   io.rank = rank;
   io.world_size = world;
   io.timeout = std::chrono::seconds(300);
   auto pg = init_process_group(io);
-  const int steps = static_cast<int>(args.number("steps", 10));
-  const int rounds = static_cast<int>(args.number("rounds", 10));
+  const int steps = o.steps;
+  const int rounds = o.rounds;
   if (steps < 1 || rounds < 1) throw UsageError("tdist-bench ddp: --steps and --rounds must be positive");
-  const double bucket_cap_mb = args.number("bucket-cap-mb", 25);
-  const double first_bucket_cap_mb = args.number("first-bucket-cap-mb", std::min(1.0, bucket_cap_mb));
+  const double bucket_cap_mb = o.bucket_cap_mb;
+  const double first_bucket_cap_mb = o.first_bucket_cap_mb.value_or(std::min(1.0, bucket_cap_mb));
   if (!(bucket_cap_mb > 0) || !(first_bucket_cap_mb > 0)) {
     throw UsageError("tdist-bench ddp: --bucket-cap-mb and --first-bucket-cap-mb must be positive");
   }
-  std::vector<std::string> variants = split_commas(args.get("variants", ""));
+  std::vector<std::string> variants = split_commas(o.variants);
   if (variants.empty()) variants = kVariants;
 
   torch::manual_seed(1000 + rank);
@@ -255,8 +256,8 @@ int run_rank(const Args& args, int rank, int world) {
     json.field("ratio_vs_local", ratio(v));
   }
   std::fflush(stdout);
-  if (args.has("json") && !json.write(args.get("json", ""))) {
-    std::fprintf(stderr, "tdist-bench: cannot write %s\n", args.get("json", "").c_str());
+  if (!o.json.empty() && !json.write(o.json)) {
+    std::fprintf(stderr, "tdist-bench: cannot write %s\n", o.json.c_str());
     return 1;
   }
   return 0;
@@ -264,15 +265,27 @@ int run_rank(const Args& args, int rank, int world) {
 
 }  // namespace
 
-int ddp_bench(int argc, char** argv) {
-  Args args(argc, argv);
-  args.reject_unknown({"backend", "world-size", "steps", "rounds", "variants", "bucket-cap-mb", "first-bucket-cap-mb", "json"});
+void DdpBenchOptions::add_to(CLI::App& mode) {
+  using cli::both_spellings;
+  mode.add_option("--backend", backend, "shm, gloo, mpi or another registered one")->capture_default_str();
+  mode.add_option(both_spellings("world-size"), world_size, "ranks, started here")->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  mode.add_option("--steps", steps, "timed steps per round")->check(CLI::PositiveNumber)->capture_default_str();
+  mode.add_option("--rounds", rounds, "rounds per variant, the variants taking turns")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  mode.add_option("--variants", variants, "comma-separated (default: all but after_coalesced)")
+      ->type_name("V,V,...");
+  mode.add_option(both_spellings("bucket-cap-mb"), bucket_cap_mb, "DDP's bucket_cap_mb")->capture_default_str();
+  mode.add_option(both_spellings("first-bucket-cap-mb"), first_bucket_cap_mb,
+                  "the first bucket's cap (default: min(1, bucket cap))");
+  mode.add_option("--json", json, "also write the rows here")->type_name("FILE");
+}
+
+int ddp_bench(const DdpBenchOptions& o, const std::vector<std::string>& args) {
   if (std::getenv("RANK") && std::getenv("WORLD_SIZE") && std::getenv("MASTER_ADDR")) {
-    return run_rank(args, std::atoi(std::getenv("RANK")), std::atoi(std::getenv("WORLD_SIZE")));
+    return run_rank(o, std::atoi(std::getenv("RANK")), std::atoi(std::getenv("WORLD_SIZE")));
   }
-  const int world = static_cast<int>(args.number("world-size", 2));
-  if (world < 1 || world > 256) throw UsageError("tdist-bench: --world-size must be in [1, 256]");
-  return spawn_ranks("ddp", world, {}, argc, argv);
+  return spawn_ranks("ddp", o.world_size, args, {});
 }
 
 }  // namespace tdist::bench

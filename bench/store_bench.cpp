@@ -12,6 +12,7 @@
 
 #include "bench/bench_common.h"
 #include "tdist/store.h"
+#include "util/cli.h"
 #include "util/env.h"
 
 namespace tdist::bench {
@@ -41,12 +42,21 @@ struct Result {
 
 }  // namespace
 
-int store_bench(const Args& args) {
-  args.reject_unknown({"store", "clients", "seconds", "value-bytes", "json"});
-  const std::string kind = args.get("store", "tcp");
-  const std::vector<int> client_counts = parse_list(args.get("clients", "1,4,16"));
-  const double seconds = args.number("seconds", 1.0);
-  const size_t value_bytes = static_cast<size_t>(args.number("value-bytes", 64));
+void StoreBenchOptions::add_to(CLI::App& mode) {
+  using cli::both_spellings;
+  mode.add_option("--store", store, "which store")->check(CLI::IsMember({"tcp", "file", "hash"}))->capture_default_str();
+  mode.add_option("--clients", clients, "concurrent clients, one run per entry")->type_name("N,N,...")
+      ->capture_default_str();
+  mode.add_option("--seconds", seconds, "per op and client count")->capture_default_str();
+  mode.add_option(both_spellings("value-bytes"), value_bytes, "size of each value")->capture_default_str();
+  mode.add_option("--json", json, "also write the rows here")->type_name("FILE");
+}
+
+int store_bench(const StoreBenchOptions& o) {
+  const std::string& kind = o.store;
+  const std::vector<int> client_counts = parse_list(o.clients);
+  const double seconds = o.seconds;
+  const size_t value_bytes = o.value_bytes;
   if (kind != "tcp" && kind != "file" && kind != "hash") {
     throw UsageError("tdist-bench store: --store must be tcp, file or hash");
   }
@@ -123,9 +133,9 @@ int store_bench(const Args& args) {
       json.field("p99_us", r.p99_us);
     }
   }
-  if (args.has("json")) {
-    if (!json.write(args.get("json", ""))) {
-      std::fprintf(stderr, "tdist-bench: cannot write %s\n", args.get("json", "").c_str());
+  if (!o.json.empty()) {
+    if (!json.write(o.json)) {
+      std::fprintf(stderr, "tdist-bench: cannot write %s\n", o.json.c_str());
       return 1;
     }
   }

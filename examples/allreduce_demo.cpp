@@ -12,6 +12,7 @@
 #include <string>
 
 #include <ATen/ATen.h>
+#include <CLI/CLI.hpp>
 
 #include "tdist/tdist.h"
 
@@ -19,18 +20,13 @@ int main(int argc, char** argv) {
   int iters = 100, die_rank = -1, die_at = -1;
   int64_t numel = 1 << 20;
   std::string backend = "auto";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--iters") iters = std::atoi(argv[i + 1]);
-    else if (a == "--numel") numel = std::atoll(argv[i + 1]);
-    else if (a == "--backend") backend = argv[i + 1];
-    else if (a == "--die-rank") die_rank = std::atoi(argv[i + 1]);
-    else if (a == "--die-at") die_at = std::atoi(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "allreduce_demo: unknown option %s\n", a.c_str());
-      return 2;
-    }
-  }
+  CLI::App app{"All-reduce in a loop on every rank of a tdist-run job, checking each result.", "allreduce_demo"};
+  app.add_option("--iters", iters, "all-reduces")->capture_default_str();
+  app.add_option("--numel", numel, "float32 elements each")->capture_default_str();
+  app.add_option("--backend", backend, "auto, shm, gloo, mpi")->capture_default_str();
+  app.add_option("--die-rank", die_rank, "for testing: this rank kills itself ...");
+  app.add_option("--die-at", die_at, "... at this iteration");
+  CLI11_PARSE(app, argc, argv);
   int rank = -1;
   try {
     tdist::InitOptions o;

@@ -11,6 +11,8 @@
 // the test accuracy measured on all ranks' shards of the test set. Adam, with
 // the learning rate halved after every epoch.
 #include <torch/torch.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -40,42 +42,42 @@ struct Args {
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "fashion_mnist: %s\nusage: fashion_mnist [--model mlp|cnn] [--epochs N] [--batch-size N] [--lr X] "
-               "[--seed N] [--hook allreduce|fp16|bf16|noop|powersgd|batched_powersgd] [--powersgd-rank R] "
-               "[--powersgd-start-iter K] [--max-steps N] [--warmup-steps N] [--backend NAME] [--data-dir DIR] "
-               "[--json FILE]\n",
-               why.c_str());
+  std::fprintf(stderr, "fashion_mnist: %s\nRun with --help for the options.\n", why.c_str());
   std::exit(2);
 }
 
+// The command line (CLI11): the same options on every rank.
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (i + 1 >= argc) usage("missing value for " + k);
-    const std::string v = argv[++i];
-    try {
-      if (k == "--model") a.model = v;
-      else if (k == "--epochs") a.epochs = std::stoi(v);
-      else if (k == "--batch-size") a.batch_size = std::stoll(v);
-      else if (k == "--lr") a.lr = std::stod(v);
-      else if (k == "--seed") a.seed = std::stoull(v);
-      else if (k == "--hook") a.hook = v;
-      else if (k == "--backend") a.backend = v;
-      else if (k == "--data-dir") a.data_dir = v;
-      else if (k == "--json") a.json = v;
-      else if (k == "--powersgd-rank") a.powersgd_rank = std::stoll(v);
-      else if (k == "--powersgd-start-iter") a.powersgd_start_iter = std::stoll(v);
-      else if (k == "--max-steps") a.max_steps = std::stoll(v);
-      else if (k == "--warmup-steps") a.warmup_steps = std::stoll(v);
-      else usage("unknown option " + k);
-    } catch (const std::logic_error&) {
-      usage("bad value '" + v + "' for " + k);
-    }
+  CLI::App app{"Fashion-MNIST with DistributedDataParallel, on every rank of a tdist-run job (alone: a world of one).",
+               "fashion_mnist"};
+  app.add_option("--model", a.model, "the network")->check(CLI::IsMember({"mlp", "cnn"}))->capture_default_str();
+  app.add_option("--epochs", a.epochs, "passes over the training set")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--batch-size", a.batch_size, "samples per rank per step")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--lr", a.lr, "Adam's learning rate (halved after every epoch)")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--seed", a.seed, "initial weights and shuffles")->capture_default_str();
+  app.add_option("--hook", a.hook, "DDP communication hook")
+      ->check(CLI::IsMember({"allreduce", "fp16", "bf16", "noop", "powersgd", "batched_powersgd"}))
+      ->capture_default_str();
+  app.add_option("--powersgd-rank", a.powersgd_rank, "PowerSGD's matrix_approximation_rank")->capture_default_str();
+  app.add_option("--powersgd-start-iter", a.powersgd_start_iter, "PowerSGD's start_powerSGD_iter")
+      ->capture_default_str();
+  app.add_option("--max-steps", a.max_steps, "stop after this many steps (0: all epochs)")->capture_default_str();
+  app.add_option("--warmup-steps", a.warmup_steps, "steps left out of ms_per_step")->capture_default_str();
+  app.add_option("--backend", a.backend, "auto, shm, gloo, mpi")->capture_default_str();
+  app.add_option("--data-dir", a.data_dir, "the gzipped IDX files (Debian's dataset-fashion-mnist)")
+      ->capture_default_str();
+  app.add_option("--json", a.json, "rank 0 writes the results here")->type_name("FILE");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    std::exit(app.exit(e));
+  } catch (const CLI::ParseError& e) {
+    usage(e.what());
   }
-  if (a.model != "mlp" && a.model != "cnn") usage("--model must be mlp or cnn");
-  if (a.epochs < 1 || a.batch_size < 1 || !(a.lr > 0)) usage("--epochs, --batch-size and --lr must be positive");
   return a;
 }
 
@@ -262,12 +264,19 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
                   step_bytes, static_cast<long long>(grad_bytes));
     }
     if (!a.json.empty()) {
+      nlohmann::ordered_json j;
+      j["test_accuracy"] = accuracy;
+      j["epochs"] = a.epochs;
+      j["steps"] = steps;
+      j["seconds"] = seconds;
+      j["ms_per_step"] = 1000 * train_seconds / std::max<int64_t>(1, timed_steps);
+      j["world_size"] = world;
+      j["hook"] = a.hook;
+      j["bytes_communicated"] = bytes;
+      j["bytes_per_step"] = step_bytes;
+      j["compression_rate"] = rate;
       std::ofstream f(a.json);
-      f << "{\"test_accuracy\": " << accuracy << ", \"epochs\": " << a.epochs << ", \"steps\": " << steps
-        << ", \"seconds\": " << seconds << ", \"ms_per_step\": " << 1000 * train_seconds / std::max<int64_t>(1, timed_steps)
-        << ", \"world_size\": " << world << ", \"hook\": \"" << a.hook << "\", \"bytes_communicated\": " << bytes
-        << ", \"bytes_per_step\": " << step_bytes
-        << ", \"compression_rate\": " << rate << "}\n";
+      f << j.dump(2) << "\n";
       if (!f) {
         std::fprintf(stderr, "fashion_mnist: cannot write %s\n", a.json.c_str());
         return 1;

@@ -19,6 +19,7 @@ PACKAGES=(
   iproute2                       # network namespaces in multi-host tests
   openmpi-bin libopenmpi-dev     # the mpi backend, and its tests under mpirun
   python3-venv                   # .venv for LibTorch 2.x from PyPI (scripts/torch2.sh)
+  libcli11-dev nlohmann-json3-dev  # command lines and JSON of the tools, benchmarks, examples
 )
 
 if [ "${1:-}" = "--bench" ]; then

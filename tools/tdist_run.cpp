@@ -18,11 +18,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "store/socket.h"
+#include "util/cli.h"
 #include "util/env.h"
 
 namespace {
@@ -54,60 +56,62 @@ struct Child {
   int status = 0;
 };
 
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "tdist-run: %s\n"
-               "usage: tdist-run --nproc-per-node N [--nnodes M] [--node-rank R] [--master-addr HOST]\n"
-               "                 [--master-port PORT] [--max-restarts K] [--grace-seconds S]\n"
-               "                 [--peer-wait-seconds S] [--] program [args...]\n",
-               why.c_str());
-  std::exit(2);
-}
+[[noreturn]] void usage(const std::string& why) { tdist::cli::usage_error("tdist-run", why); }
 
-int int_arg(const std::string& name, const char* value, int lo, int hi) {
-  auto v = tdist::detail::parse_int(value ? value : "");
+int int_arg(const std::string& name, const std::string& value, int lo, int hi) {
+  auto v = tdist::detail::parse_int(value);
   if (!v || *v < lo || *v > hi) {
-    usage(name + " needs an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" +
-          (value ? value : "") + "'");
+    usage(name + " needs an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + value +
+          "'");
   }
   return static_cast<int>(*v);
 }
 
 Options parse(int argc, char** argv) {
+  CLI::App app{"Starts one process per local rank, torchrun-style: sets RANK, LOCAL_RANK, WORLD_SIZE,\n"
+               "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and (unless set) OMP_NUM_THREADS,\n"
+               "prefixes each output line with \"[rank N]: \", and when a rank fails stops the others and\n"
+               "names it.",
+               "tdist-run"};
+  app.prefix_command();  // everything from the program on is the program's
+  app.footer("Then: [--] program [args...], the command every rank runs.");
+  // Integers are read as text and checked here, so that a bad value names
+  // its option and the allowed range.
+  std::map<std::string, std::string> v = {{"nproc-per-node", "1"}, {"nnodes", "1"}, {"node-rank", "0"},
+                                          {"master-port", "0"}, {"max-restarts", "0"}, {"grace-seconds", "5"},
+                                          {"peer-wait-seconds", "3"}};
   Options o;
-  int i = 1;
-  for (; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    if (a.rfind("--", 0) != 0) break;
-    std::string name = a, value;
-    bool has_value = false;
-    if (size_t eq = a.find('='); eq != std::string::npos) {
-      name = a.substr(0, eq);
-      value = a.substr(eq + 1);
-      has_value = true;
-    }
-    for (auto& ch : name) if (ch == '_') ch = '-';
-    auto next = [&]() -> const char* {
-      if (has_value) return value.c_str();
-      if (i + 1 >= argc) usage(name + " needs a value");
-      return argv[++i];
-    };
-    if (name == "--nproc-per-node") o.nproc = int_arg(name, next(), 1, 4096);
-    else if (name == "--nnodes") o.nnodes = int_arg(name, next(), 1, 1 << 20);
-    else if (name == "--node-rank") o.node_rank = int_arg(name, next(), 0, 1 << 20);
-    else if (name == "--master-addr") o.master_addr = next();
-    else if (name == "--master-port") o.master_port = int_arg(name, next(), 1, 65535);
-    else if (name == "--max-restarts") o.max_restarts = int_arg(name, next(), 0, 1000);
-    else if (name == "--grace-seconds") o.grace_s = int_arg(name, next(), 0, 3600);
-    else if (name == "--peer-wait-seconds") o.peer_wait_s = int_arg(name, next(), 0, 3600);
-    else if (name == "--help" || name == "-h") usage("help");
-    else usage("unknown option " + a);
+  app.add_option(tdist::cli::both_spellings("nproc-per-node"), v["nproc-per-node"], "ranks to start on this node")
+      ->type_name("N")->default_str("1");
+  app.add_option(tdist::cli::both_spellings("nnodes"), v["nnodes"], "nodes in the job")->type_name("M")->default_str("1");
+  app.add_option(tdist::cli::both_spellings("node-rank"), v["node-rank"], "this node's index, below --nnodes")
+      ->type_name("R")->default_str("0");
+  app.add_option(tdist::cli::both_spellings("master-addr"), o.master_addr, "address of the node that hosts the store")
+      ->type_name("HOST")->default_str(o.master_addr);
+  app.add_option(tdist::cli::both_spellings("master-port"), v["master-port"],
+                 "the store's port (default: a free one; required with --nnodes > 1)")->type_name("PORT");
+  app.add_option(tdist::cli::both_spellings("max-restarts"), v["max-restarts"], "restart every rank up to K times after a failure")
+      ->type_name("K")->default_str("0");
+  app.add_option(tdist::cli::both_spellings("grace-seconds"), v["grace-seconds"],
+                 "between SIGTERM and SIGKILL for the ranks left after a failure")->type_name("S")->default_str("5");
+  app.add_option(tdist::cli::both_spellings("peer-wait-seconds"), v["peer-wait-seconds"],
+                 "after a failure, how long the other ranks get to exit on their own")->type_name("S")->default_str("3");
+  tdist::cli::parse_or_exit(app, argc, argv);
+  o.nproc = int_arg("--nproc-per-node", v["nproc-per-node"], 1, 4096);
+  o.nnodes = int_arg("--nnodes", v["nnodes"], 1, 1 << 20);
+  o.node_rank = int_arg("--node-rank", v["node-rank"], 0, 1 << 20);
+  auto* port = app.get_option("--master-port");
+  o.master_port = port->count() == 0 ? 0 : int_arg("--master-port", v["master-port"], 1, 65535);
+  o.max_restarts = int_arg("--max-restarts", v["max-restarts"], 0, 1000);
+  o.grace_s = int_arg("--grace-seconds", v["grace-seconds"], 0, 3600);
+  o.peer_wait_s = int_arg("--peer-wait-seconds", v["peer-wait-seconds"], 0, 3600);
+  std::vector<std::string> rest = app.remaining();
+  if (!rest.empty() && rest[0] == "--") {
+    rest.erase(rest.begin());
+  } else if (!rest.empty() && rest[0].rfind("-", 0) == 0) {
+    usage("unknown option " + rest[0]);
   }
-  for (; i < argc; ++i) o.argv.push_back(argv[i]);
+  o.argv = std::move(rest);
   if (o.argv.empty()) usage("no program given");
   if (o.node_rank >= o.nnodes) usage("--node-rank must be below --nnodes");
   if (o.nnodes > 1 && o.master_port == 0) usage("--master-port is required with --nnodes > 1");

@@ -11,19 +11,16 @@
 #include <string>
 
 #include "tdist/store.h"
+#include "util/cli.h"
 
 int main(int argc, char** argv) {
   tdist::TCPStoreServerOptions options;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if ((a == "--host" || a == "--port") && i + 1 < argc) {
-      if (a == "--host") options.host = argv[++i];
-      else options.port = static_cast<uint16_t>(std::atoi(argv[++i]));
-    } else {
-      std::fprintf(stderr, "usage: tdist-store-server [--host ADDR] [--port PORT]\n");
-      return 2;
-    }
-  }
+  CLI::App app{"A standalone TCPStore server; serves until SIGINT/SIGTERM. The token comes from TDIST_STORE_TOKEN.",
+               "tdist-store-server"};
+  app.add_option("--host", options.host, "address to listen on")->type_name("ADDR")->capture_default_str();
+  app.add_option("--port", options.port, "port to listen on (0: any free one)")->type_name("PORT")
+      ->capture_default_str();
+  tdist::cli::parse_or_exit(app, argc, argv);
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);

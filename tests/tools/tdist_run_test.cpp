@@ -1,6 +1,7 @@
 // tdist-run: environment of each rank, output prefixes, failure summaries,
 // and the 4-rank rendezvous demo end to end.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -132,17 +133,14 @@ TEST(FashionMnist, OneEpochOnTwoRanksWithTheFp16Hook) {
                              300s);
   ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
   std::ifstream f(json);
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const auto field = [&](const std::string& key) {
-    const size_t at = text.find("\"" + key + "\": ");
-    return at == std::string::npos ? std::string() : text.substr(at + key.size() + 4);
-  };
-  ASSERT_FALSE(field("test_accuracy").empty()) << text;
-  const double accuracy = std::stod(field("test_accuracy"));
-  EXPECT_GE(accuracy, 0.84) << text;  // one epoch; make demo trains four and reaches 88 %
-  EXPECT_EQ(std::stoi(field("world_size")), 2) << text;
-  EXPECT_EQ(std::stoi(field("steps")), 469) << text;  // 60000 / 2 ranks / 64 per batch
-  EXPECT_EQ(field("hook").substr(0, 6), "\"fp16\"") << text;
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const auto result = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(result.is_object()) << text;
+  ASSERT_TRUE(result.contains("test_accuracy")) << text;
+  EXPECT_GE(result["test_accuracy"].get<double>(), 0.84) << text;  // one epoch; make demo trains four and reaches 88 %
+  EXPECT_EQ(result["world_size"].get<int>(), 2) << text;
+  EXPECT_EQ(result["steps"].get<int>(), 469) << text;  // 60000 / 2 ranks / 64 per batch
+  EXPECT_EQ(result["hook"].get<std::string>(), "fp16") << text;
   EXPECT_NE(r.output.find("[rank 0]: test accuracy"), std::string::npos) << r.output;
 }
 
