@@ -1,5 +1,6 @@
 // The shm backend: collectives between processes on one host through POSIX
-// shared memory. See shm_backend.cpp for the algorithms.
+// shared memory. shm_backend.cpp lists the pieces it is built from (the
+// segment, the round protocol, the algorithms, symmetric memory, rings).
 #pragma once
 
 #include <memory>

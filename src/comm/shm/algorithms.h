@@ -1,0 +1,78 @@
+// The shm collectives, one function per algorithm (as Gloo has one class
+// per algorithm), each a sequence of rounds over the staging buffers
+// (rounds.h).
+//
+// Contract, for every function here:
+// - Every rank of the group calls it in the same order, with a descriptor
+//   from Rounds::make_desc that matches the other ranks' (the first round
+//   compares them: CollectiveMismatchError otherwise). The caller makes the
+//   descriptor after its argument checks, so an op refused with UsageError
+//   takes no sequence number.
+// - Called by the backend's collective thread only; not thread-safe.
+// - Blocks until done. Errors as the rounds raise them (timeout, dead peer,
+//   mismatch, the group's abort), after which the group is aborted.
+// - Buffers as Backend (backend.h) describes them; no state is kept between
+//   calls, except that the rounds go on counting.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "comm/backend.h"
+#include "comm/shm/rounds.h"
+
+namespace tdist::comm::shm {
+
+class SymmetricAllReduce;
+
+// Elements narrowed at a time into a stack buffer (reduce passes with a
+// narrower wire type, the small all-reduce path).
+constexpr size_t kScratchElems = 1024;
+
+namespace algo {
+
+// The pieces hold elements of type t; the staging buffers hold them as
+// wire (the same type, or float16/bfloat16 for float32 pieces). With a
+// narrower wire every value is narrowed once (as this rank posts or
+// reduces it), the reduction runs on wire values exactly as it would on a
+// wire buffer, and the result is widened into the pieces.
+
+// all_reduce in one round (the whole input must fit one staging buffer, as
+// wire): everyone posts the whole input, everyone reduces all of it in rank
+// order (bit-identical results on every rank). allreduce_small.cpp.
+void all_reduce_small(Rounds& rounds, const PieceWalker& walk, DataType t, DataType wire, ReduceOp op,
+                      const OpDesc& desc, Deadline d);
+
+// all_reduce (root < 0) or reduce to root, in chunks: rank r reduces the
+// r-th segment of every chunk, one barrier per chunk plus one to drain.
+// With sym (all_reduce only, planned for these pieces) the op may continue
+// in place as sym->run() when every rank has the same key.
+// reduce_scatter_gather.cpp.
+void reduce_scatter_gather(Rounds& rounds, const PieceWalker& walk, DataType t, DataType wire, ReduceOp op,
+                           const OpDesc& desc, int root, Deadline d, SymmetricAllReduce* sym = nullptr);
+
+// root's bytes into every rank's buf, a round per round_bytes. broadcast.cpp.
+void broadcast(Rounds& rounds, void* buf, size_t bytes, int root, const OpDesc& desc, Deadline d);
+
+// Every rank's bytes into out (size() * bytes, rank r's at r * bytes) on
+// root, or on every rank when root < 0 (all_gather). in may alias
+// out + rank() * bytes. gather.cpp.
+void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, const OpDesc& desc, Deadline d);
+
+// root's in (size() * bytes) dealt out, bytes to each rank's out.
+// scatter.cpp.
+void scatter(Rounds& rounds, const void* in, void* out, size_t bytes, int root, const OpDesc& desc, Deadline d);
+
+// in holds size() * count elements; out receives this rank's count, reduced.
+// reduce_scatter.cpp.
+void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, DataType t, ReduceOp op,
+                    const OpDesc& desc, Deadline d);
+
+// Backend::all_to_all; a first round swaps the sizes, and senders and
+// receivers that disagree raise CollectiveMismatchError. all_to_all.cpp.
+void all_to_all(Rounds& rounds, const void* in, const std::vector<size_t>& send_bytes,
+                const std::vector<size_t>& send_offsets, void* out, const std::vector<size_t>& recv_bytes,
+                const std::vector<size_t>& recv_offsets, const OpDesc& desc, Deadline d);
+
+}  // namespace algo
+}  // namespace tdist::comm::shm

@@ -1,0 +1,35 @@
+// reduce_scatter: per round every rank posts, for each other rank, the
+// next piece of that rank's share; after the barrier each reduces its own
+// share from every rank's piece (its own straight from its input).
+#include <algorithm>
+#include <vector>
+
+#include "comm/reduce.h"
+#include "comm/shm/algorithms.h"
+#include "util/bytes.h"
+
+namespace tdist::comm::shm::algo {
+
+void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, DataType t, ReduceOp op,
+                    const OpDesc& desc, Deadline d) {
+  const int n = rounds.size(), me = rounds.rank();
+  const size_t es = dtype_size(t);
+  const size_t piece = std::max<size_t>(1, rounds.round_bytes() / n / kAlign * kAlign / es);  // elements
+  const size_t n_rounds = std::max<size_t>(1, (count + piece - 1) / piece);
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* dst = static_cast<uint8_t*>(out);
+  std::vector<const void*> inputs(n);
+  for (size_t j = 0; j < n_rounds; ++j) {
+    const size_t off = j * piece, len = std::min(piece, count - std::min(count, off));
+    for (int r = 0; r < n; ++r) {
+      if (r != me) detail::copy_bytes(rounds.mine() + r * piece * es, src + (r * count + off) * es, len * es);
+    }
+    if (j == 0) rounds.first_barrier(desc, d); else rounds.barrier_round(desc, d);
+    for (int r = 0; r < n; ++r) {
+      inputs[r] = r == me ? src + (me * count + off) * es : rounds.theirs(r) + me * piece * es;
+    }
+    reduce_many(dst + off * es, inputs.data(), n, len, t, op, n);
+  }
+}
+
+}  // namespace tdist::comm::shm::algo

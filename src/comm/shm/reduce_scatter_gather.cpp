@@ -1,0 +1,129 @@
+// The large (staged) path of all_reduce and reduce.
+//
+// Each round handles one chunk of count elements, split into size()
+// segments; rank r reduces segment r. In round j every rank posts the
+// segments of chunk j the others reduce, plus its reduced segment of chunk
+// j-1; after the barrier it reduces its segment of chunk j (straight into
+// the next round's buffer) and copies the others' reduced segments of chunk
+// j-1 into its output. One barrier per chunk, plus one to drain.
+//
+// An all_reduce (root < 0) publishes its symmetric key with its descriptor:
+// when every rank's key is the same non-zero one, the op continues as
+// SymmetricAllReduce::run (in place, symmetric_allreduce.h); when some rank
+// has one and another not, everyone posts chunk 0 again (the ranks with a
+// key skipped it) and passes one more barrier before the staging path.
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "comm/reduce.h"
+#include "comm/shm/algorithms.h"
+#include "comm/shm/symmetric_allreduce.h"
+
+namespace tdist::comm::shm::algo {
+
+void reduce_scatter_gather(Rounds& rounds, const PieceWalker& walk, DataType t, DataType wire, ReduceOp op,
+                           const OpDesc& desc, int root, Deadline d, SymmetricAllReduce* sym) {
+  const int n = rounds.size(), me = rounds.rank();
+  const size_t es = dtype_size(t), ws = dtype_size(wire);
+  const size_t count = walk.count();
+  // Buffer layout per round: [n segments of seg elements][reduced segment].
+  const size_t seg = std::max<size_t>(1, rounds.round_bytes() / (n + 1) / kAlign * kAlign / ws);
+  const size_t chunk = seg * n;
+  const size_t chunks = std::max<size_t>(1, (count + chunk - 1) / chunk);
+  const size_t red_off = seg * n * ws;
+  const bool want_output = root < 0 || root == me;
+  std::vector<const void*> inputs(n);
+  alignas(64) uint16_t scratch[kScratchElems];  // wire values (16-bit when narrower)
+  // Chunk j's elements split evenly over the ranks (in whole cache lines),
+  // so a tensor smaller than a chunk still shares the work.
+  const size_t line = std::max<size_t>(1, kAlign / ws);
+  auto seg_range = [&](size_t j, int s) {
+    const size_t chunk_begin = j * chunk;
+    const size_t chunk_len = std::min(chunk, count - std::min(count, chunk_begin));
+    const size_t per = (chunk_len + n - 1) / n;
+    const size_t per_aligned = std::min(seg, (per + line - 1) / line * line);
+    const size_t begin = std::min(chunk_len, s * per_aligned);
+    const size_t end = std::min(chunk_len, begin + per_aligned);
+    return std::make_pair(chunk_begin + begin, end - begin);
+  };
+  // Posts the segments of chunk j that the other ranks reduce.
+  auto post = [&](size_t j) {
+    for (int s = 0; s < n; ++s) {
+      if (s == me) continue;
+      auto [begin, len] = seg_range(j, s);
+      uint8_t* to = rounds.mine() + s * seg * ws;
+      walk.for_each(begin, len, [&](uint8_t* p, size_t off, size_t k) {
+        convert(to + off * ws, wire, p, t, k);
+      });
+    }
+  };
+  const uint64_t* sym_key = sym ? sym->key() : nullptr;
+  const bool have_key = sym_key && (sym_key[0] | sym_key[1]) != 0;
+  {
+    uint64_t* published = rounds.sym_key_slot();
+    published[0] = have_key ? sym_key[0] : 0;
+    published[1] = have_key ? sym_key[1] : 0;
+  }
+  if (!have_key) post(0);
+  rounds.first_barrier(desc, d);
+  {
+    bool all_same = true, any_key = false;
+    for (int r = 0; r < n; ++r) {
+      const uint64_t* k = rounds.sym_key_of(r);
+      any_key = any_key || (k[0] | k[1]) != 0;
+      all_same = all_same && have_key && k[0] == sym_key[0] && k[1] == sym_key[1];
+    }
+    if (all_same) {
+      sym->run(rounds, count, t, wire, op, desc, d);
+      return;
+    }
+    if (any_key) {
+      post(0);
+      rounds.barrier_round(desc, d);
+    }
+  }
+  for (size_t j = 0; j <= chunks; ++j) {
+    if (j > 0) {
+      if (j < chunks) post(j);
+      // (The reduced segment of chunk j-1 was written into this buffer at
+      // the end of the previous round.)
+      rounds.barrier_round(desc, d);
+    }
+    if (j < chunks) {
+      auto [begin, len] = seg_range(j, me);
+      uint8_t* reduced = rounds.mine() + red_off;  // the next round's buffer
+      walk.for_each(begin, len, [&](uint8_t* p, size_t off, size_t k) {
+        if (wire == t) {
+          for (int r = 0; r < n; ++r) inputs[r] = r == me ? p : rounds.theirs(r) + me * seg * ws + off * ws;
+          reduce_many(reduced + off * ws, inputs.data(), n, k, t, op, n, want_output ? p : nullptr);
+          return;
+        }
+        // Narrow this rank's values a block at a time, reduce, widen back.
+        for (size_t b = 0; b < k; b += kScratchElems) {
+          const size_t m = std::min(kScratchElems, k - b);
+          convert(scratch, wire, p + b * es, t, m);
+          for (int r = 0; r < n; ++r) {
+            inputs[r] = r == me ? static_cast<const void*>(scratch)
+                                : rounds.theirs(r) + me * seg * ws + (off + b) * ws;
+          }
+          uint8_t* out = reduced + (off + b) * ws;
+          reduce_many(out, inputs.data(), n, m, wire, op, n);
+          if (want_output) convert(p + b * es, t, out, wire, m);
+        }
+      });
+    }
+    if (j >= 1 && want_output) {
+      for (int r = 0; r < n; ++r) {
+        if (r == me) continue;
+        auto [begin, len] = seg_range(j - 1, r);
+        const uint8_t* from = rounds.theirs(r) + red_off;
+        walk.for_each(begin, len, [&](uint8_t* p, size_t off, size_t k) {
+          convert(p, t, from + off * ws, wire, k);
+        });
+      }
+    }
+  }
+}
+
+}  // namespace tdist::comm::shm::algo

@@ -1,0 +1,74 @@
+// The round protocol: how the ranks take turns with the staging buffers of
+// the group segment. Every shm collective is a sequence of rounds.
+//
+// In a round each rank writes its own staging buffer of parity (g % 2),
+// where g counts the barriers it has passed, then arrives at barrier g+1;
+// after the barrier it may read every rank's buffer of that parity until it
+// arrives at barrier g+2. A rank only rewrites a buffer after barrier g+2,
+// by which time everyone has finished reading it. This rule holds across op
+// boundaries, so ops need no closing barrier. The first round of every op
+// carries the op's descriptor (and, for all_reduce, the key of its
+// symmetric buffers), which every rank compares after the first barrier:
+// ranks that called different collectives, dtypes, sizes or roots all raise
+// CollectiveMismatchError.
+//
+// Contract:
+// - One Rounds per rank and segment, used by one thread at a time (the
+//   backend's collective thread); it is not thread-safe.
+// - barrier_round and first_barrier block through the Waiter (waiter.h):
+//   they return when every rank has arrived, or abort the group and raise
+//   (TimeoutError past the deadline, PeerFailureError, the first abort's
+//   error; first_barrier also CollectiveMismatchError).
+// - mine() is the buffer this rank fills in the current round; right after
+//   a barrier that is already the next round's buffer, free to write.
+//   theirs(r) is rank r's buffer from the round that just completed.
+#pragma once
+
+#include <cstdint>
+
+#include "comm/backend.h"
+#include "comm/shm/segment.h"
+#include "comm/shm/waiter.h"
+
+namespace tdist::comm::shm {
+
+class Rounds {
+ public:
+  Rounds(const GroupSegment& segment, Waiter& waiter);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  size_t round_bytes() const { return seg_.round_bytes(); }
+  Waiter& waiter() const { return waiter_; }
+
+  // The descriptor of the next op, which takes the next sequence number.
+  OpDesc make_desc(OpKind k, DataType t, ReduceOp op, int root, size_t count);
+  // The sequence number make_desc gives next.
+  uint64_t next_seq() const { return seq_; }
+
+  uint8_t* mine() const { return seg_.staging(rank_, g_ % 2); }
+  const uint8_t* theirs(int r) const { return seg_.staging(r, (g_ - 1) % 2); }
+
+  // Arrives at barrier g+1 and waits for everyone; afterwards theirs(r)
+  // reads the buffers of the round just finished.
+  void barrier_round(const OpDesc& desc, Deadline deadline);
+  // The first barrier of an op: publishes desc with the round's data and
+  // checks every rank's desc against ours afterwards.
+  void first_barrier(const OpDesc& desc, Deadline deadline);
+
+  // Where this rank publishes the symmetric key that goes with the
+  // descriptor of the op's first round (written before first_barrier), and
+  // rank r's key as published for the round that just completed.
+  uint64_t* sym_key_slot() const { return seg_.slot(rank_)->sym_key[g_ % 2]; }
+  const uint64_t* sym_key_of(int r) const { return seg_.slot(r)->sym_key[(g_ - 1) % 2]; }
+
+ private:
+  const GroupSegment& seg_;
+  Waiter& waiter_;
+  int rank_;
+  int size_;
+  uint64_t g_ = 0;    // barriers passed by this rank
+  uint64_t seq_ = 0;  // collectives started by this rank
+};
+
+}  // namespace tdist::comm::shm

@@ -1,0 +1,127 @@
+// The group segment, and the naming, mapping and sweeping of tdist's
+// segments in /dev/shm.
+//
+// Contract:
+// - GroupSegment's constructor is collective over the group's store: rank 0
+//   sweeps stale segments and creates a fresh one, every rank maps it and
+//   records its pid and start time in its slot, and rank 0 unlinks the name
+//   as soon as every rank has attached. The segment then lives exactly as
+//   long as the processes that map it, so nothing stays in /dev/shm, even
+//   after a crash. (A rank 0 that dies between create and unlink leaves a
+//   file named after its pid; the next job's rank 0 sweeps such files.)
+//   It blocks on the store for up to ctx.timeout, and throws Error (or the
+//   store's error) when the segment cannot be made, opened or mapped, or was
+//   made for another group size, version or buffer settings.
+// - Afterwards the layout is fixed: the accessors are const, never block and
+//   may be called from any thread. Who may touch what inside the segment is
+//   the business of its users: the header's wake and abort words and the
+//   slots (waiter.h, rounds.h), the staging buffers (rounds.h), the rings
+//   (rings.h).
+// - The destructor unmaps the segment; it owns nothing else.
+//
+// Layout:
+//   Header | Slot[size] | per-rank staging buffers [size][2][round_bytes]
+//          | send/recv rings [size][size][ring_bytes]
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "comm/backend.h"
+
+namespace tdist::comm::shm {
+
+constexpr size_t kAlign = 64;
+constexpr const char* kSegmentPrefix = "tdist-shm-";
+
+inline size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+enum class AbortKind : uint32_t { kNone = 0, kTimeout = 1, kPeerFailure = 2, kMismatch = 3, kOther = 4 };
+
+struct Header {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t size;
+  uint64_t round_bytes;
+  uint64_t ring_bytes;
+  uint64_t total_bytes;
+  alignas(kAlign) std::atomic<uint32_t> wake;      // futex word: bumped by every arrival
+  std::atomic<uint32_t> sleepers;                  // waiters inside futex_wait
+  alignas(kAlign) std::atomic<uint32_t> abort_claimed;  // the first aborter wins
+  std::atomic<uint32_t> aborted;   // AbortKind, stored last: reason/from/peer are valid once set
+  std::atomic<int32_t> abort_from;                 // rank that aborted
+  std::atomic<int32_t> abort_peer;                 // for kPeerFailure: the dead rank
+  char abort_reason[1024];
+};
+
+struct alignas(kAlign) Slot {
+  std::atomic<uint64_t> round;  // barriers passed
+  std::atomic<int32_t> pid;
+  std::atomic<uint64_t> start_time;
+  OpDesc desc[2];  // by round parity
+  // With desc: the key of the symmetric buffers an all_reduce was given
+  // (0: none), by round parity.
+  uint64_t sym_key[2][2];
+};
+
+struct alignas(kAlign) Ring {
+  std::atomic<uint64_t> head;  // bytes written by the sender
+  alignas(kAlign) std::atomic<uint64_t> tail;  // bytes consumed by the receiver
+};
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+              "shared-memory atomics must be lock-free");
+
+// A fresh segment name: the creator's pid (for sweep_stale_segments), a
+// random part, and `tag`.
+std::string new_segment_name(const std::string& tag = "");
+
+// Maps bytes of the segment open as fd (shared, pre-faulted) and closes fd.
+// MAP_FAILED on failure, with errno as mmap left it.
+void* map_and_close(int fd, size_t bytes);
+
+// (sweep_stale_segments, which removes the segments of processes that no
+// longer exist, is declared in shm_backend.h.)
+
+class GroupSegment {
+ public:
+  // round_bytes and ring_bytes as the backend settled them (multiples of
+  // kAlign); every rank must pass the same.
+  GroupSegment(const BackendContext& ctx, size_t round_bytes, size_t ring_bytes);
+  ~GroupSegment();
+  GroupSegment(const GroupSegment&) = delete;
+  GroupSegment& operator=(const GroupSegment&) = delete;
+
+  int size() const { return size_; }
+  size_t round_bytes() const { return round_bytes_; }
+  size_t ring_bytes() const { return ring_bytes_; }
+
+  Header* header() const { return reinterpret_cast<Header*>(base_); }
+  Slot* slot(int r) const { return reinterpret_cast<Slot*>(base_ + slots_off_) + r; }
+  uint8_t* staging(int r, uint64_t parity) const {
+    return base_ + staging_off_ + (size_t(r) * 2 + parity) * round_bytes_;
+  }
+  Ring* ring_of(int src, int dst) const {
+    return reinterpret_cast<Ring*>(base_ + rings_off_ + (size_t(src) * size_ + dst) * ring_stride());
+  }
+  uint8_t* ring_data(int src, int dst) const {
+    return reinterpret_cast<uint8_t*>(ring_of(src, dst)) + align_up(sizeof(Ring), kAlign);
+  }
+
+ private:
+  void attach(const BackendContext& ctx);
+  void map(int fd, const std::string& name);
+  size_t ring_stride() const { return align_up(sizeof(Ring), kAlign) + ring_bytes_; }
+
+  int rank_;
+  int size_;
+  size_t round_bytes_;
+  size_t ring_bytes_;
+  uint8_t* base_ = nullptr;
+  size_t total_ = 0;
+  size_t slots_off_ = 0, staging_off_ = 0, rings_off_ = 0;
+};
+
+}  // namespace tdist::comm::shm

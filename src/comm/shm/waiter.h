@@ -1,0 +1,137 @@
+// Waiting for the other ranks of a group segment, and failing together.
+//
+// Contract:
+// - One Waiter per rank and segment. wait_until, check_alive_state and fail
+//   are called by one thread at a time (the backend's collective thread);
+//   set_abort may be called from any thread, and notify from the thread
+//   that just published something.
+// - wait_until(ready, waiting_for, what, deadline) returns once ready()
+//   holds. It polls: a pause loop for `spin` (at least 64 pauses), then
+//   sched_yield() for `yield` (never past the deadline): ranks on their own
+//   cores answer within microseconds, and a rank that shares its core hands
+//   it over. Then it sleeps on the header's futex word, which every
+//   notify() (any rank's) bumps. A sleeper wakes at least every 100 ms to
+//   check that the ranks waiting_for() names are alive (/proc/<pid>/stat,
+//   with the process start time against pid reuse) and to honour its
+//   deadline.
+// - ready() runs between polls and must read what others publish with
+//   acquire loads; publishers store with release, then call notify().
+// - Failures abort the whole group through the header's abort record, then
+//   raise on this rank: TimeoutError past the deadline (naming the ranks
+//   that never arrived), PeerFailureError for a dead peer, or the error of
+//   whoever aborted first (check_alive_state: every rank raises the first
+//   abort's kind and reason). The first set_abort wins the record; later
+//   ones only wake the sleepers.
+#pragma once
+
+#include <immintrin.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <string>
+#include <vector>
+
+#include "comm/shm/segment.h"
+
+namespace tdist::comm::shm {
+
+long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts);
+
+class Waiter {
+ public:
+  Waiter(const GroupSegment& segment, int rank, std::vector<int> global_ranks, std::chrono::microseconds spin,
+         std::chrono::microseconds yield);
+
+  int rank() const { return rank_; }
+  int size() const { return seg_.size(); }
+  // Rank r of the group as a world rank, for messages.
+  int global(int r) const {
+    return r >= 0 && r < static_cast<int>(global_ranks_.size()) ? global_ranks_[r] : r;
+  }
+
+  // Blocks until ready() or deadline. ready() is re-evaluated after every
+  // wake-up; waiting_for() names the ranks that hold us up (for liveness
+  // checks and the timeout message).
+  template <typename Ready, typename Missing>
+  void wait_until(Ready&& ready, Missing&& waiting_for, const std::string& what, Deadline deadline) {
+    Header* h = seg_.header();
+    const auto start = Clock::now();
+    const auto spin_end = start + spin_;
+    const auto yield_end = std::min<Clock::time_point>(spin_end + yield_, deadline);
+    int polls = 0;
+    while (true) {
+      if (ready()) return;
+      check_alive_state();
+      if ((++polls & 63) == 0 && Clock::now() >= spin_end) break;
+      _mm_pause();
+    }
+    while (Clock::now() < yield_end) {
+      if (ready()) return;
+      check_alive_state();
+      sched_yield();
+    }
+    auto next_liveness = Clock::now();
+    for (;;) {
+      const uint32_t w = h->wake.load();
+      if (ready()) return;
+      check_alive_state();
+      const auto now = Clock::now();
+      if (now >= next_liveness) {
+        check_liveness(waiting_for(), what);
+        next_liveness = now + std::chrono::milliseconds(100);
+      }
+      if (now >= deadline) {
+        std::string ranks;
+        for (int r : waiting_for()) ranks += (ranks.empty() ? "" : ", ") + std::to_string(global(r));
+        fail(AbortKind::kTimeout, -1,
+             what + " timed out; rank(s) " + (ranks.empty() ? "?" : ranks) + " never arrived");
+      }
+      const auto slice = std::min<Clock::duration>(std::min(deadline, next_liveness) - now, std::chrono::milliseconds(100));
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
+      timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(std::max<int64_t>(ns % 1'000'000'000, 1000))};
+      h->sleepers.fetch_add(1);
+      futex(&h->wake, FUTEX_WAIT, w, &ts);
+      h->sleepers.fetch_sub(1);
+    }
+  }
+
+  // Wakes every rank sleeping in wait_until (after a release store).
+  void notify() {
+    Header* h = seg_.header();
+    h->wake.fetch_add(1);
+    if (h->sleepers.load() > 0) futex(&h->wake, FUTEX_WAKE, INT32_MAX, nullptr);
+  }
+
+  // Raises if the group was aborted, by this rank or another.
+  void check_alive_state() const {
+    const auto kind = static_cast<AbortKind>(seg_.header()->aborted.load(std::memory_order_acquire));
+    if (kind == AbortKind::kNone) return;
+    raise_aborted(kind);
+  }
+
+  // Records the group's abort (if nobody did first) and wakes everyone.
+  void set_abort(AbortKind kind, int peer, const std::string& reason);
+
+  // Aborts the group for everyone, then raises on this rank.
+  [[noreturn]] void fail(AbortKind kind, int peer, const std::string& msg);
+
+ private:
+  [[noreturn]] void raise(AbortKind kind, int peer, const std::string& msg) const;
+  // check_alive_state's raise, once the group is known aborted.
+  [[noreturn]] void raise_aborted(AbortKind kind) const;
+  // Checks that the ranks in `waiting_for` are alive; aborts if one is not.
+  void check_liveness(const std::vector<int>& waiting_for, const std::string& what);
+
+  const GroupSegment& seg_;
+  int rank_;
+  std::vector<int> global_ranks_;
+  std::chrono::microseconds spin_;
+  std::chrono::microseconds yield_;
+};
+
+}  // namespace tdist::comm::shm
