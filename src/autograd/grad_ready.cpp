@@ -1,3 +1,5 @@
+// GradReadyTracker: the accumulator post hook, the end-of-backward callback
+// and the graph walk. The contract is in grad_ready.h.
 #include "autograd/grad_ready.h"
 
 #include <torch/csrc/autograd/engine.h>

@@ -1,3 +1,5 @@
+// BucketRebuild: the arrival order and rank 0's broadcast of it. The
+// contract is in bucket_rebuild.h.
 #include "ddp/bucket_rebuild.h"
 
 #include <ATen/ATen.h>

@@ -1,3 +1,5 @@
+// BucketReducer: bucket memory and .grad placement, launches, write-back.
+// The contract (ownership, threading, lifetime) is in bucket_reducer.h.
 #include "ddp/bucket_reducer.h"
 
 #include <ATen/ATen.h>

@@ -1,3 +1,5 @@
+// check_same_model: describe, all_gather, compare. The contract is in
+// model_check.h.
 #include "ddp/model_check.h"
 
 #include <ATen/ATen.h>

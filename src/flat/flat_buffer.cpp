@@ -1,3 +1,5 @@
+// FlatBuffer: layout arithmetic, allocation and the entry tensors. The
+// contract (ownership, threading, lifetime) is in flat_buffer.h.
 #include "flat/flat_buffer.h"
 
 #include <ATen/ATen.h>
