@@ -1,0 +1,65 @@
+// check_same_model: describe, all_gather, compare. The contract is in
+// model_check.h.
+#include "ddp/model_check.h"
+
+#include <ATen/ATen.h>
+
+#include <sstream>
+
+#include "util/bytes.h"
+
+namespace tdist::detail {
+
+namespace {
+
+std::string describe_param(const std::string& name, const at::Tensor& p) {
+  std::ostringstream os;
+  os << name << " " << p.sizes() << " " << c10::toString(p.scalar_type());
+  return os.str();
+}
+
+// Every rank's string, through two all_gathers (lengths, then padded bytes).
+std::vector<std::string> all_gather_strings(ProcessGroup& pg, const std::string& mine) {
+  at::Tensor len = at::tensor({static_cast<int64_t>(mine.size())}, at::kLong);
+  at::Tensor lens = at::empty({pg.size()}, at::kLong);
+  pg.all_gather_into_tensor(lens, len)->wait();
+  const int64_t longest = lens.max().item<int64_t>();
+  at::Tensor bytes = at::zeros({longest}, at::kByte);
+  copy_bytes(bytes.data_ptr(), mine.data(), mine.size());
+  at::Tensor all = at::empty({longest * pg.size()}, at::kByte);
+  pg.all_gather_into_tensor(all, bytes)->wait();
+  std::vector<std::string> out;
+  const auto* p = static_cast<const char*>(all.data_ptr());
+  for (int r = 0; r < pg.size(); ++r) out.emplace_back(p + r * longest, static_cast<size_t>(lens[r].item<int64_t>()));
+  return out;
+}
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream is(s);
+  for (std::string line; std::getline(is, line);) out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+void check_same_model(ProcessGroup& pg, const std::vector<std::string>& names, const std::vector<at::Tensor>& params) {
+  std::string mine;
+  for (size_t i = 0; i < params.size(); ++i) mine += describe_param(names[i], params[i]) + "\n";
+  const auto all = all_gather_strings(pg, mine);
+  const auto ref = split_lines(all[0]);
+  for (int r = 1; r < pg.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    const auto theirs = split_lines(all[r]);
+    size_t k = 0;
+    while (k < ref.size() && k < theirs.size() && ref[k] == theirs[k]) ++k;
+    const std::string a = k < ref.size() ? "'" + ref[k] + "'" : "nothing";
+    const std::string b = k < theirs.size() ? "'" + theirs[k] + "'" : "nothing";
+    throw UsageError("DistributedDataParallel: rank " + std::to_string(pg.ranks()[r]) +
+                     "'s model differs from rank " + std::to_string(pg.ranks()[0]) + "'s at parameter #" +
+                     std::to_string(k) + ": rank " + std::to_string(pg.ranks()[0]) + " has " + a + ", rank " +
+                     std::to_string(pg.ranks()[r]) + " has " + b + ". Build the same model on every rank");
+  }
+}
+
+}  // namespace tdist::detail
