@@ -61,6 +61,10 @@ class GradReadyTracker {
     arrived_[index] = 1;
     return true;
   }
+  // Whether arm_end_of_backward() ran since the last reset(). Still true
+  // when the next forward starts means that backward failed before its end
+  // (the engine drops the queued callback when the graph task fails).
+  bool armed() const { return armed_; }
   // Per parameter, 1 if its gradient arrived in this backward.
   const std::vector<char>& arrived() const { return arrived_; }
   // Forgets the arrivals and the armed callback: the next backward starts.

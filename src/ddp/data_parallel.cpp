@@ -81,6 +81,24 @@ struct DataParallel::State : GradReadyListener {
     if (assignment && *assignment != reducer->assignment()) reducer->build(*assignment);
   }
 
+  // The last synchronised backward failed part-way (a hook or the model's
+  // own backward threw), so its end never ran and the user already has its
+  // exception: let the buckets it launched finish (they write into bucket
+  // memory, and every rank launched the same ones), then start clean. Their
+  // errors are that backward's and are not raised again.
+  void drop_failed_backward(std::unique_lock<std::mutex>& lock) {
+    std::vector<std::shared_ptr<Work>> works = reducer->launched_work();
+    lock.unlock();
+    for (auto& w : works) {
+      try {
+        w->wait();
+      } catch (...) {
+      }
+    }
+    lock.lock();
+    reset_iteration();
+  }
+
   // A parameter's gradient has been accumulated (autograd thread).
   void on_grad_ready(size_t i) override {
     std::lock_guard<std::mutex> lock(mu);
@@ -242,7 +260,8 @@ DataParallel::~DataParallel() = default;
 void DataParallel::before_forward() {
   State& s = *state_;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    std::unique_lock<std::mutex> lock(s.mu);
+    if (s.tracker->armed()) s.drop_failed_backward(lock);
     if (!s.pending_error.empty()) {
       std::string e = std::move(s.pending_error);
       s.pending_error.clear();

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,25 @@ TEST(GradReady, ArmingTwiceInOneBackwardQueuesOneCallback) {
   // The callback reset the tracker: the next backward arms again.
   f.forward().sum().backward();
   EXPECT_EQ(count(f.recorder->events, "end"), 2u);
+}
+
+// What DDP's recovery from a failed backward rests on: when the backward
+// throws after a hook armed the end-of-backward callback, the engine drops
+// the callback, so the tracker stays armed until someone resets it.
+TEST(GradReady, ABackwardThatThrowsLeavesTheTrackerArmedWithoutAnEnd) {
+  Fixture f;
+  // The hook on w2's gradient runs after w2's accumulator (w2 is nearer the
+  // loss) and throws before w1's gradient is computed.
+  auto h = at::matmul(at::ones({2, 4}), f.params[0]).tanh();
+  h.register_hook([](const at::Tensor&) -> at::Tensor { throw std::runtime_error("boom"); });
+  EXPECT_THROW(h.matmul(f.params[1]).sum().backward(), std::exception);
+  EXPECT_EQ(f.recorder->events, (std::vector<std::string>{"g1"}));
+  EXPECT_TRUE(f.tracker.armed());
+  f.tracker.reset();
+  EXPECT_FALSE(f.tracker.armed());
+  f.forward().sum().backward();  // the next backward arms and ends as usual
+  EXPECT_EQ(count(f.recorder->events, "end"), 1u);
+  EXPECT_FALSE(f.tracker.armed());
 }
 
 TEST(GradReady, UnreachableParametersAreFoundFromTheOutputs) {
