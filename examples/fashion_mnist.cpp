@@ -75,6 +75,8 @@ Args parse(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     std::exit(app.exit(e));
+  } catch (const CLI::CallForAllHelp& e) {
+    std::exit(app.exit(e));
   } catch (const CLI::ParseError& e) {
     usage(e.what());
   }
@@ -172,9 +174,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
     o.start_powerSGD_iter = a.powersgd_start_iter;
     powersgd = std::make_shared<tdist::PowerSGDState>(group, o);
     ddp->register_comm_hook(powersgd, a.hook == "powersgd" ? tdist::powerSGD_hook : tdist::batched_powerSGD_hook);
-  } else if (a.hook != "allreduce" && a.hook != "fp16" && a.hook != "bf16" && a.hook != "noop") {
-    usage("--hook must be allreduce, fp16, bf16, noop, powersgd or batched_powersgd");
-  }
+  }  // --hook is one of the names checked in parse()
   torch::optim::Adam opt(ddp->parameters(), torch::optim::AdamOptions(a.lr));
 
   const int64_t n = train_x.size(0);

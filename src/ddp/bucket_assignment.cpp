@@ -1,3 +1,5 @@
+// assign_buckets: greedy packing under the size caps, in reverse
+// registration order or a given order. The contract is in bucket_assignment.h.
 #include "ddp/bucket_assignment.h"
 
 #include <algorithm>

@@ -1,4 +1,5 @@
-// Bucket assignment: which parameters share a gradient bucket.
+// Bucket assignment: which parameters share a gradient bucket. Pure
+// functions of the sizes and caps (no state, thread-safe).
 #pragma once
 
 #include <cstddef>

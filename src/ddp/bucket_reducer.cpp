@@ -8,6 +8,21 @@
 
 namespace tdist::detail {
 
+namespace {
+
+// Whether a .grad can stand in for its bucket slot's tensor: a dense
+// tensor of the slot's dtype, on its device.
+bool same_kind(const at::Tensor& grad, const at::Tensor& slot) {
+  return grad.layout() == at::kStrided && grad.scalar_type() == slot.scalar_type() && grad.device() == slot.device();
+}
+
+// ... and of its shape, so that it can move into the slot.
+bool fits_slot(const at::Tensor& grad, const at::Tensor& slot) {
+  return same_kind(grad, slot) && grad.sizes() == slot.sizes();
+}
+
+}  // namespace
+
 BucketReducer::BucketReducer(std::shared_ptr<ProcessGroup> pg, std::vector<at::Tensor> params,
                              bool gradient_as_bucket_view, bool symmetric_buckets)
     : pg_(std::move(pg)),
@@ -53,11 +68,7 @@ void BucketReducer::build(const std::vector<std::vector<size_t>>& assignment) {
     for (size_t i = 0; i < params_.size(); ++i) {
       const at::Tensor& view = buckets_[bucket_of_[i]].buffer.view(slot_in_bucket_[i]);
       at::Tensor& grad = params_[i].mutable_grad();
-      if (!grad.defined() || grad.use_count() != 1 || grad.layout() != at::kStrided ||
-          grad.scalar_type() != view.scalar_type() || grad.device() != view.device() ||
-          grad.sizes() != view.sizes()) {
-        continue;
-      }
+      if (!grad.defined() || grad.use_count() != 1 || !fits_slot(grad, view)) continue;
       view.copy_(grad);
       grad = view;
     }
@@ -92,9 +103,7 @@ void BucketReducer::mark_ready(size_t i, bool has_grad) {
     grad = grad.clone();
   }
   if (has_grad && grads_in_buckets_ && grad.defined() && grad.data_ptr() != view.data_ptr() &&
-      grad.layout() == at::kStrided && grad.scalar_type() == view.scalar_type() &&
-      grad.device() == view.device() && grad.sizes() == view.sizes() &&
-      (gradient_as_bucket_view_ || grad.use_count() == 1)) {
+      fits_slot(grad, view) && (gradient_as_bucket_view_ || grad.use_count() == 1)) {
     // A .grad outside its slot moves in, to be reduced in place: with
     // gradient_as_bucket_view always; otherwise when nothing else holds
     // it (autograd's fresh one after zero_grad(set_to_none) or in the
@@ -105,8 +114,7 @@ void BucketReducer::mark_ready(size_t i, bool has_grad) {
   }
   if (direct_mode()) {
     // Reduced in place when it can be; else through its slot in flat.
-    const bool usable = has_grad && grad.defined() && grad.layout() == at::kStrided && grad.is_contiguous() &&
-                        grad.scalar_type() == view.scalar_type() && grad.device() == view.device() &&
+    const bool usable = has_grad && grad.defined() && grad.is_contiguous() && same_kind(grad, view) &&
                         grad.numel() == view.numel();
     if (usable) {
       b.pieces[slot] = grad;

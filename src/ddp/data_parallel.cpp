@@ -12,8 +12,10 @@
 // unused parameters and errors.
 // Threading: one mutex (State::mu) guards all of it and the parts above;
 // gradient hooks and the end-of-backward callback run on the backward
-// thread, the rest on the training thread. Collectives are waited on with
-// the mutex released.
+// thread, the rest on the training thread. The end of backward waits for
+// the buckets with the mutex released; before_forward's rebuild waits for
+// its broadcast (and the new buckets' symmetric memory) holding it, which
+// is safe because no backward of this model runs then.
 // Lifetime: State is shared; the hooks and the queued callback hold it
 // weakly, so a DataParallel may die with hooks still on the accumulators.
 #include <ATen/ATen.h>
@@ -34,6 +36,14 @@ namespace tdist::detail {
 namespace {
 
 size_t mib(double mb) { return static_cast<size_t>(mb * 1024 * 1024); }
+
+// Overwrites every tensor with rank 0's values.
+void broadcast_from_rank0(ProcessGroup& pg, const std::vector<at::Tensor>& tensors) {
+  at::NoGradGuard no_grad;
+  std::vector<std::shared_ptr<Work>> works;
+  for (const auto& t : tensors) works.push_back(pg.broadcast(t.detach(), {0}));
+  for (auto& w : works) w->wait();
+}
 
 }  // namespace
 
@@ -72,6 +82,14 @@ struct DataParallel::State : GradReadyListener {
     rebuild.forget_arrivals();
     unused_now.clear();
     unused_marked = false;
+  }
+
+  // REQUIRES mu.
+  void set_hook(CommHook hook) {
+    if (reducer->has_hook()) {
+      throw UsageError("DistributedDataParallel::register_comm_hook may be called only once per instance");
+    }
+    reducer->set_hook(std::move(hook));
   }
 
   // Before a forward, on every rank alike: adopt rank 0's gradient arrival
@@ -152,7 +170,7 @@ struct DataParallel::State : GradReadyListener {
     std::unique_lock<std::mutex> lock(mu);
     const bool first_static = recording_static();
     const bool tolerate_unused = options.find_unused_parameters || options.static_graph;
-    const std::vector<char>& locally_used = tracker->arrived();  // its gradient arrived in this backward
+    const std::vector<char> locally_used = tracker->arrived();  // its gradient arrived in this backward
     std::vector<std::string> missing, changed;
     for (size_t i = 0; i < params.size(); ++i) {
       if (reducer->ready(i)) continue;
@@ -236,13 +254,8 @@ DataParallel::DataParallel(torch::nn::Module& module, DistributedDataParallelOpt
   check_same_model(*s.pg, s.names, s.params);
 
   // Start from rank 0's parameters and buffers.
-  {
-    at::NoGradGuard no_grad;
-    std::vector<std::shared_ptr<Work>> works;
-    for (auto& p : s.params) works.push_back(s.pg->broadcast(p.detach(), {0}));
-    for (auto& b : s.buffers) works.push_back(s.pg->broadcast(b.detach(), {0}));
-    for (auto& w : works) w->wait();
-  }
+  broadcast_from_rank0(*s.pg, s.params);
+  broadcast_from_rank0(*s.pg, s.buffers);
 
   // Gradients in symmetric bucket memory where the group has it (shm) and
   // every parameter is on the CPU.
@@ -269,12 +282,7 @@ void DataParallel::before_forward() {
     }
     s.maybe_rebuild();
   }
-  if (s.options.broadcast_buffers && !s.buffers.empty()) {
-    at::NoGradGuard no_grad;
-    std::vector<std::shared_ptr<Work>> works;
-    for (auto& b : s.buffers) works.push_back(s.pg->broadcast(b.detach(), {0}));
-    for (auto& w : works) w->wait();
-  }
+  if (s.options.broadcast_buffers) broadcast_from_rank0(*s.pg, s.buffers);
 }
 
 bool DataParallel::wants_outputs() const {
@@ -284,12 +292,9 @@ bool DataParallel::wants_outputs() const {
 void DataParallel::after_forward(const std::vector<at::Tensor>& outputs) { state_->after_forward(outputs); }
 
 void DataParallel::register_comm_hook(CommHook hook) {
-  std::lock_guard<std::mutex> lock(state_->mu);
   if (!hook) throw UsageError("DistributedDataParallel::register_comm_hook: the hook is empty");
-  if (state_->reducer->has_hook()) {
-    throw UsageError("DistributedDataParallel::register_comm_hook may be called only once per instance");
-  }
-  state_->reducer->set_hook(std::move(hook));
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->set_hook(std::move(hook));
 }
 
 void DataParallel::register_comm_hook(const std::shared_ptr<ProcessGroup>& group, BuiltinHookFn fn) {
@@ -300,8 +305,8 @@ void DataParallel::register_comm_hook(const std::shared_ptr<ProcessGroup>& group
   if (fn == &bf16_compress_hook) kind = Builtin::kBf16;
   if (fn == &noop_hook) kind = Builtin::kNoop;
   auto resolved = kind == Builtin::kNone ? group : group_or_default(group, "communication hook");
-  register_comm_hook([group, fn](GradBucket& b) { return fn(group, b); });
   std::lock_guard<std::mutex> lock(state_->mu);
+  state_->set_hook([group, fn](GradBucket& b) { return fn(group, b); });
   state_->reducer->set_builtin(kind, std::move(resolved));
 }
 
@@ -317,6 +322,9 @@ bool DataParallel::require_sync() const {
 
 const std::shared_ptr<ProcessGroup>& DataParallel::process_group() const { return state_->pg; }
 
-std::vector<std::vector<size_t>> DataParallel::bucket_indices() const { return state_->reducer->assignment(); }
+std::vector<std::vector<size_t>> DataParallel::bucket_indices() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->reducer->assignment();
+}
 
 }  // namespace tdist::detail

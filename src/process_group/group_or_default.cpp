@@ -1,3 +1,5 @@
+// group_or_default: the group a hook or DDP part was given, else the
+// default one. The contract is in group_or_default.h.
 #include "process_group/group_or_default.h"
 
 #include "tdist/errors.h"

@@ -1,3 +1,5 @@
+// Tensor checks and dtype mapping for ProcessGroup's ops. The contract
+// is in tensor_util.h.
 #include "process_group/tensor_util.h"
 
 #include <ATen/ATen.h>

@@ -1,3 +1,5 @@
+// Work: completion, waiting (inline run, timeouts), then() and chain().
+// The contract is in include/tdist/process_group.h.
 #include <immintrin.h>
 
 #include <atomic>

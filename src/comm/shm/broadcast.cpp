@@ -9,12 +9,12 @@ namespace tdist::comm::shm::algo {
 
 void broadcast(Rounds& rounds, void* buf, size_t bytes, int root, const OpDesc& desc, Deadline d) {
   const size_t chunk = rounds.round_bytes();
-  const size_t n_rounds = std::max<size_t>(1, (bytes + chunk - 1) / chunk);
+  const size_t n_rounds = Rounds::count_for(bytes, chunk);
   auto* p = static_cast<uint8_t*>(buf);
   for (size_t j = 0; j < n_rounds; ++j) {
     const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
     if (rounds.rank() == root) detail::copy_bytes(rounds.mine(), p + off, len);
-    if (j == 0) rounds.first_barrier(desc, d); else rounds.barrier_round(desc, d);
+    rounds.barrier(j, desc, d);
     if (rounds.rank() != root) detail::copy_bytes(p + off, rounds.theirs(root), len);
   }
 }

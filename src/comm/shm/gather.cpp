@@ -9,14 +9,14 @@ namespace tdist::comm::shm::algo {
 
 void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, const OpDesc& desc, Deadline d) {
   const size_t chunk = rounds.round_bytes();
-  const size_t n_rounds = std::max<size_t>(1, (bytes + chunk - 1) / chunk);
+  const size_t n_rounds = Rounds::count_for(bytes, chunk);
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
   const bool want = root < 0 || root == rounds.rank();
   for (size_t j = 0; j < n_rounds; ++j) {
     const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
     detail::copy_bytes(rounds.mine(), src + off, len);
-    if (j == 0) rounds.first_barrier(desc, d); else rounds.barrier_round(desc, d);
+    rounds.barrier(j, desc, d);
     if (!want) continue;
     for (int r = 0; r < rounds.size(); ++r) {
       uint8_t* to = dst + r * bytes + off;

@@ -1,3 +1,5 @@
+// Process identity from /proc: start times that tell a live peer from a
+// dead one whose pid was reused. The contract is in process_info.h.
 #include "comm/shm/process_info.h"
 
 #include <signal.h>

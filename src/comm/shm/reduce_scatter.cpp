@@ -15,7 +15,7 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
   const int n = rounds.size(), me = rounds.rank();
   const size_t es = dtype_size(t);
   const size_t piece = std::max<size_t>(1, rounds.round_bytes() / n / kAlign * kAlign / es);  // elements
-  const size_t n_rounds = std::max<size_t>(1, (count + piece - 1) / piece);
+  const size_t n_rounds = Rounds::count_for(count, piece);
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
   std::vector<const void*> inputs(n);
@@ -24,7 +24,7 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
     for (int r = 0; r < n; ++r) {
       if (r != me) detail::copy_bytes(rounds.mine() + r * piece * es, src + (r * count + off) * es, len * es);
     }
-    if (j == 0) rounds.first_barrier(desc, d); else rounds.barrier_round(desc, d);
+    rounds.barrier(j, desc, d);
     for (int r = 0; r < n; ++r) {
       inputs[r] = r == me ? src + (me * count + off) * es : rounds.theirs(r) + me * piece * es;
     }

@@ -1,3 +1,5 @@
+// PointToPoint: framing, tag matching and flow control over the per-pair
+// rings. The contract is in rings.h.
 #include "comm/shm/rings.h"
 
 #include <algorithm>

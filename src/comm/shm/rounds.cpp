@@ -1,3 +1,5 @@
+// Rounds: the barrier arithmetic and the descriptor check of an op's
+// first round. The contract is in rounds.h.
 #include "comm/shm/rounds.h"
 
 #include <string>

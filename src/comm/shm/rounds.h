@@ -55,6 +55,15 @@ class Rounds {
   // The first barrier of an op: publishes desc with the round's data and
   // checks every rank's desc against ours afterwards.
   void first_barrier(const OpDesc& desc, Deadline deadline);
+  // Round j's barrier of an op: first_barrier for j == 0, else barrier_round.
+  void barrier(size_t j, const OpDesc& desc, Deadline deadline) {
+    if (j == 0) first_barrier(desc, deadline); else barrier_round(desc, deadline);
+  }
+  // How many rounds carry `total` units at `per_round` a round: at least
+  // one, so that even an empty op meets the others and checks its desc.
+  static size_t count_for(size_t total, size_t per_round) {
+    return total == 0 ? 1 : (total + per_round - 1) / per_round;
+  }
 
   // Where this rank publishes the symmetric key that goes with the
   // descriptor of the op's first round (written before first_barrier), and

@@ -1,3 +1,6 @@
+// GroupSegment: creating, sizing, mapping and unlinking the group's
+// segment, its names, and the sweep of dead processes' segments. The
+// contract is in segment.h.
 #include "comm/shm/segment.h"
 
 #include <dirent.h>
@@ -134,6 +137,10 @@ void GroupSegment::attach(const BackendContext& ctx) {
     if (rank_ == 0) shm_unlink(name.c_str());
   } catch (...) {
     if (rank_ == 0) shm_unlink(name.c_str());
+    if (base_) {  // the destructor does not run for a constructor that throws
+      munmap(base_, total_);
+      base_ = nullptr;
+    }
     throw;
   }
 }

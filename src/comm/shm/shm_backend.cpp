@@ -2,6 +2,7 @@
 //
 //   segment.h              the group segment (made by rank 0, mapped by
 //                          all, unlinked at once), naming, stale sweep
+//   process_info.h         whether a pid is alive, and since when
 //   waiter.h               waiting (pause, sched_yield, futex), liveness,
 //                          the group's abort record
 //   rounds.h               the round/barrier protocol over staging buffers

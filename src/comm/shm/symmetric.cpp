@@ -1,3 +1,5 @@
+// Symmetric blocks: allocation as a collective, mapping every rank's copy,
+// the registry of live blocks. The contract is in symmetric.h.
 #include "comm/shm/symmetric.h"
 
 #include <fcntl.h>
@@ -56,11 +58,13 @@ std::shared_ptr<void> allocate_symmetric_block(Rounds& rounds, const std::shared
       const int err = posix_fallocate(fd, 0, static_cast<off_t>(mapped));
       if (err != 0) close(fd);
       void* p = err == 0 ? map_and_close(fd, mapped) : MAP_FAILED;
+      const int map_errno = errno;
+      if (err != 0 || p == MAP_FAILED) shm_unlink(name.c_str());  // created, not kept: leave nothing in /dev/shm
       if (err != 0) {
         put(mine, false, "cannot reserve " + std::to_string(mapped) + " bytes of /dev/shm: " +
                              detail::errno_string(err));
       } else if (p == MAP_FAILED) {
-        put(mine, false, "cannot map " + name + ": " + detail::errno_string(errno));
+        put(mine, false, "cannot map " + name + ": " + detail::errno_string(map_errno));
       } else {
         copies[me] = static_cast<uint8_t*>(p);
         put(mine, true, name);

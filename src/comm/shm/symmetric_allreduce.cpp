@@ -1,3 +1,6 @@
+// SymmetricAllReduce: which pieces are symmetric on every rank (the key
+// check) and the in-place reduction over them. The contract is in
+// symmetric_allreduce.h.
 #include "comm/shm/symmetric_allreduce.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// Waiter: spin, yield, then futex; liveness checks between naps; the
+// group's abort record. The contract is in waiter.h.
 #include "comm/shm/waiter.h"
 
 #include <sys/syscall.h>

@@ -8,7 +8,7 @@
 
 #include "comm/shm/process_info.h"
 #include "tdist/errors.h"
-#include "tests/comm/shm_threads.h"
+#include "tests/comm/shm/threads.h"
 #include "tests/util/process.h"
 
 using namespace tdist::comm;

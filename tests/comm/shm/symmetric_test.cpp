@@ -11,7 +11,7 @@
 #include "comm/shm/symmetric.h"
 #include "comm/shm/symmetric_allreduce.h"
 #include "tdist/errors.h"
-#include "tests/comm/shm_threads.h"
+#include "tests/comm/shm/threads.h"
 
 using namespace tdist::comm;
 using namespace tdist::comm::shm;

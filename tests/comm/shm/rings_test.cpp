@@ -6,7 +6,7 @@
 
 #include "comm/shm/rings.h"
 #include "tdist/errors.h"
-#include "tests/comm/shm_threads.h"
+#include "tests/comm/shm/threads.h"
 
 using namespace tdist::comm;
 using namespace tdist::comm::shm;

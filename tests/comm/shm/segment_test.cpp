@@ -13,7 +13,7 @@
 #include "comm/shm/segment.h"
 #include "comm/shm/shm_backend.h"
 #include "tdist/errors.h"
-#include "tests/comm/shm_threads.h"
+#include "tests/comm/shm/threads.h"
 #include "tests/util/process.h"
 
 using namespace tdist::comm::shm;
