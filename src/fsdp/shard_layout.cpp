@@ -1,0 +1,42 @@
+// ShardLayout: the dim-0 split and the chunk offsets. The contract is in
+// shard_layout.h.
+#include "fsdp/shard_layout.h"
+
+#include <algorithm>
+#include <string>
+
+#include "tdist/errors.h"
+
+namespace tdist::detail {
+
+int64_t ParamShardLayout::rows_on(int rank) const {
+  return std::clamp<int64_t>(rows - first_row_on(rank), 0, rows_per_rank);
+}
+
+ShardLayout::ShardLayout(const std::vector<std::vector<int64_t>>& shapes, int world_size, int64_t align)
+    : world_size_(world_size) {
+  if (world_size < 1) throw UsageError("FSDP shard layout: the world size must be at least 1");
+  if (align < 1) throw UsageError("FSDP shard layout: the alignment must be at least 1 element");
+  params_.reserve(shapes.size());
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    ParamShardLayout p;
+    p.shape = shapes[k];
+    for (int64_t d : p.shape) {
+      if (d < 0) throw UsageError("FSDP shard layout: parameter " + std::to_string(k) + " has a negative dimension");
+    }
+    p.rows = p.shape.empty() ? 1 : p.shape[0];
+    for (size_t i = 1; i < p.shape.size(); ++i) p.row_numel *= p.shape[i];
+    p.rows_per_rank = (p.rows + world_size - 1) / world_size;
+    p.offset_in_chunk = (chunk_numel_ + align - 1) / align * align;
+    chunk_numel_ = p.offset_in_chunk + p.shard_numel();
+    params_.push_back(std::move(p));
+  }
+}
+
+int64_t ShardLayout::unpadded_numel() const {
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.numel();
+  return n;
+}
+
+}  // namespace tdist::detail
