@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <string>
 
+#include "flat/flat_buffer.h"
 #include "tdist/errors.h"
 
 namespace tdist::detail {
@@ -27,10 +28,14 @@ ShardLayout::ShardLayout(const std::vector<std::vector<int64_t>>& shapes, int wo
     p.rows = p.shape.empty() ? 1 : p.shape[0];
     for (size_t i = 1; i < p.shape.size(); ++i) p.row_numel *= p.shape[i];
     p.rows_per_rank = (p.rows + world_size - 1) / world_size;
-    p.offset_in_chunk = (chunk_numel_ + align - 1) / align * align;
-    chunk_numel_ = p.offset_in_chunk + p.shard_numel();
     params_.push_back(std::move(p));
   }
+  // A chunk is the shards back to back: a flat layout of their sizes.
+  std::vector<int64_t> shard_numels;
+  for (const auto& p : params_) shard_numels.push_back(p.shard_numel());
+  const FlatLayout chunk = flat_layout(shard_numels, align);
+  for (size_t k = 0; k < params_.size(); ++k) params_[k].offset_in_chunk = chunk.offsets[k];
+  chunk_numel_ = chunk.total;
 }
 
 int64_t ShardLayout::unpadded_numel() const {
