@@ -4,6 +4,7 @@
 #include "tdist/config.h"
 #include "tdist/ddp.h"
 #include "tdist/errors.h"
+#include "tdist/fsdp.h"
 #include "tdist/powersgd.h"
 #include "tdist/process_group.h"
 #include "tdist/rendezvous.h"

@@ -43,7 +43,8 @@ std::vector<std::string> split_lines(const std::string& s) {
 
 }  // namespace
 
-void check_same_model(ProcessGroup& pg, const std::vector<std::string>& names, const std::vector<at::Tensor>& params) {
+void check_same_model(ProcessGroup& pg, const std::vector<std::string>& names, const std::vector<at::Tensor>& params,
+                      const std::string& who) {
   std::string mine;
   for (size_t i = 0; i < params.size(); ++i) mine += describe_param(names[i], params[i]) + "\n";
   const auto all = all_gather_strings(pg, mine);
@@ -55,7 +56,7 @@ void check_same_model(ProcessGroup& pg, const std::vector<std::string>& names, c
     while (k < ref.size() && k < theirs.size() && ref[k] == theirs[k]) ++k;
     const std::string a = k < ref.size() ? "'" + ref[k] + "'" : "nothing";
     const std::string b = k < theirs.size() ? "'" + theirs[k] + "'" : "nothing";
-    throw UsageError("DistributedDataParallel: rank " + std::to_string(pg.ranks()[r]) +
+    throw UsageError(who + ": rank " + std::to_string(pg.ranks()[r]) +
                      "'s model differs from rank " + std::to_string(pg.ranks()[0]) + "'s at parameter #" +
                      std::to_string(k) + ": rank " + std::to_string(pg.ranks()[0]) + " has " + a + ", rank " +
                      std::to_string(pg.ranks()[r]) + " has " + b + ". Build the same model on every rank");

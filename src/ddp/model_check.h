@@ -15,7 +15,8 @@
 namespace tdist::detail {
 
 // Throws UsageError naming the first parameter where a rank's model differs
-// from the group's first rank's.
-void check_same_model(ProcessGroup& pg, const std::vector<std::string>& names, const std::vector<at::Tensor>& params);
+// from the group's first rank's; `who` starts the message.
+void check_same_model(ProcessGroup& pg, const std::vector<std::string>& names, const std::vector<at::Tensor>& params,
+                      const std::string& who = "DistributedDataParallel");
 
 }  // namespace tdist::detail

@@ -14,6 +14,13 @@ int64_t ParamShardLayout::rows_on(int rank) const {
   return std::clamp<int64_t>(rows - first_row_on(rank), 0, rows_per_rank);
 }
 
+std::vector<int64_t> ParamShardLayout::shard_shape(int rank) const {
+  if (shape.empty()) return rows_on(rank) ? std::vector<int64_t>{} : std::vector<int64_t>{0};
+  std::vector<int64_t> s = shape;
+  s[0] = rows_on(rank);
+  return s;
+}
+
 ShardLayout::ShardLayout(const std::vector<std::vector<int64_t>>& shapes, int world_size, int64_t align)
     : world_size_(world_size) {
   if (world_size < 1) throw UsageError("FSDP shard layout: the world size must be at least 1");
@@ -36,6 +43,11 @@ ShardLayout::ShardLayout(const std::vector<std::vector<int64_t>>& shapes, int wo
   const FlatLayout chunk = flat_layout(shard_numels, align);
   for (size_t k = 0; k < params_.size(); ++k) params_[k].offset_in_chunk = chunk.offsets[k];
   chunk_numel_ = chunk.total;
+  std::vector<int64_t> padded_numels;
+  for (const auto& p : params_) padded_numels.push_back(p.shard_numel() * world_size);
+  const FlatLayout full = flat_layout(padded_numels, align);
+  for (size_t k = 0; k < params_.size(); ++k) params_[k].offset_in_full = full.offsets[k];
+  full_numel_ = full.total;
 }
 
 int64_t ShardLayout::unpadded_numel() const {

@@ -23,6 +23,7 @@ struct ParamShardLayout {
   int64_t row_numel = 1;         // elements per row: the product of the other dims
   int64_t rows_per_rank = 0;     // ceil(rows / world size)
   int64_t offset_in_chunk = 0;   // elements: where this parameter's shard starts in a chunk
+  int64_t offset_in_full = 0;    // elements: where the padded full parameter starts in the full layout
 
   int64_t numel() const { return rows * row_numel; }
   // Elements of every rank's shard, padding included.
@@ -32,6 +33,10 @@ struct ParamShardLayout {
   int64_t rows_on(int rank) const;
   // The first of those rows in the full parameter.
   int64_t first_row_on(int rank) const { return rank * rows_per_rank; }
+  // The shape of rank r's shard without padding: the full shape with
+  // rows_on(r) rows (a 0-d parameter: [] on the rank holding it, [0] on
+  // the others).
+  std::vector<int64_t> shard_shape(int rank) const;
 };
 
 class ShardLayout {
@@ -51,6 +56,9 @@ class ShardLayout {
   int64_t gathered_numel() const { return chunk_numel_ * world_size_; }
   // Where rank r's shard of parameter k starts in the gathered buffer.
   int64_t gathered_offset(size_t k, int rank) const { return rank * chunk_numel_ + params_[k].offset_in_chunk; }
+  // Elements of the full layout: every parameter padded to world_size
+  // shards.
+  int64_t full_numel() const { return full_numel_; }
   // Elements of the unit's parameters without padding.
   int64_t unpadded_numel() const;
 
@@ -58,6 +66,7 @@ class ShardLayout {
   int world_size_;
   std::vector<ParamShardLayout> params_;
   int64_t chunk_numel_ = 0;
+  int64_t full_numel_ = 0;
 };
 
 }  // namespace tdist::detail

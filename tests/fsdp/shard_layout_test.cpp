@@ -91,4 +91,27 @@ TEST(ShardLayout, AnEmptyUnitAndBadArguments) {
   EXPECT_THROW(ShardLayout({{2, -1}}, 2), tdist::UsageError);
 }
 
+
+// The full layout: parameter k's padded rows are the all-gather of every
+// rank's shard of k, so rank r's rows sit at offset_in_full + r * shard.
+TEST(ShardLayout, TheFullLayoutHoldsEachParameterPaddedToWholeShards) {
+  for (int world = 1; world <= 5; ++world) {
+    ShardLayout l({{7, 3}, {}, {2}, {0, 4}, {10}}, world, 4);
+    int64_t end = 0;
+    for (size_t k = 0; k < l.size(); ++k) {
+      const auto& p = l.param(k);
+      EXPECT_EQ(p.offset_in_full % 4, 0) << "world " << world << " param " << k;
+      EXPECT_GE(p.offset_in_full, end) << "overlaps the previous parameter";
+      end = p.offset_in_full + p.shard_numel() * world;
+      EXPECT_GE(p.shard_numel() * world, p.numel());
+    }
+    EXPECT_GE(l.full_numel(), end);
+    EXPECT_LT(l.full_numel(), end + 4);
+  }
+  ShardLayout l({{7, 3}, {5}}, 2);
+  EXPECT_EQ(l.param(0).offset_in_full, 0);
+  EXPECT_EQ(l.param(1).offset_in_full, 8 * 3);  // 7 rows padded to 8
+  EXPECT_EQ(l.full_numel(), 24 + 6);
+}
+
 }  // namespace

@@ -1,0 +1,133 @@
+// Coordinator: the forward order, the backward of the units, the end of
+// backward. The contract is in coordinator.h.
+#include "fsdp/coordinator.h"
+
+#include <torch/csrc/autograd/engine.h>
+
+#include "fsdp/fsdp_state.h"
+
+namespace tdist::detail {
+
+namespace {
+thread_local Coordinator* t_active = nullptr;
+}  // namespace
+
+Coordinator* active_coordinator() { return t_active; }
+void set_active_coordinator(Coordinator* c) { t_active = c; }
+
+void FsdpState::on_grad_ready(size_t index) {
+  if (!tracker->mark_arrived(index)) return;
+  if (++arrived < tracker->size()) return;
+  if (auto c = current.lock()) c->unit_ready(*this);
+}
+
+void Coordinator::reset_flags() {
+  for (auto& s : order_) {
+    s->recorded = false;
+    s->prepared = false;
+    s->ready = false;
+    s->arrived = 0;
+    if (s->tracker) s->tracker->reset();
+  }
+}
+
+void Coordinator::settle() {
+  const bool dirty = backward_started_;
+  for (auto& s : order_) {
+    if (dirty || s->unit->reducing() || s->unit->gathering()) {
+      s->unit->drop_in_flight();
+    } else {
+      s->unit->reshard();
+    }
+  }
+  in_flight_ = nullptr;
+  backward_started_ = false;
+}
+
+void Coordinator::begin_iteration() {
+  settle();
+  reset_flags();
+  if (!order_.empty()) last_order_ = std::move(order_);
+  order_.clear();
+  launched_ = 0;
+}
+
+void Coordinator::record_forward(FsdpState& s) {
+  if (s.recorded) return;
+  s.recorded = true;
+  s.order_index = order_.size();
+  order_.push_back(s.shared_from_this());
+}
+
+FsdpState* Coordinator::next_in_last_forward(const FsdpState& s) const {
+  for (size_t i = 0; i + 1 < last_order_.size(); ++i) {
+    if (last_order_[i].get() == &s) return last_order_[i + 1].get();
+  }
+  return nullptr;
+}
+
+void Coordinator::pre_backward(FsdpState& s) {
+  if (!s.recorded) return;  // a second backward through this iteration's graph
+  if (!backward_started_) {
+    backward_started_ = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([weak = weak_from_this()] {
+      if (auto c = weak.lock()) c->end_of_backward();
+    });
+  }
+  if (s.prepared) return;
+  s.prepared = true;
+  s.unit->finish_unshard();
+  s.unit->set_aside_shard_grads();
+  if (s.options.backward_prefetch == BackwardPrefetch::BACKWARD_PRE && s.order_index > 0) {
+    FsdpState& next = *order_[s.order_index - 1];
+    if (!next.prepared) next.unit->start_unshard();
+  }
+}
+
+void Coordinator::unit_ready(FsdpState& s) {
+  if (!s.recorded || s.ready) return;
+  s.ready = true;
+  // Its backward is over: the full parameters can go, unless a frozen
+  // parameter's backward (which reads them but reports nothing) may still
+  // be to come, or this is the outermost unit (ended with the backward).
+  if (s.reshard_after_forward && !s.is_root && !s.unit->has_frozen()) s.unit->reshard();
+  if (require_sync) launch_ready_in_order();
+}
+
+void Coordinator::launch(FsdpState& s) {
+  if (in_flight_ && in_flight_ != &s) in_flight_->unit->finish_reduce();
+  s.unit->start_reduce();
+  in_flight_ = &s;
+}
+
+void Coordinator::launch_ready_in_order() {
+  while (launched_ < order_.size()) {
+    FsdpState& s = *order_[order_.size() - 1 - launched_];
+    if (!s.ready) return;
+    launch(s);
+    ++launched_;
+  }
+}
+
+void Coordinator::end_of_backward() {
+  if (require_sync) {
+    while (launched_ < order_.size()) {
+      launch(*order_[order_.size() - 1 - launched_]);
+      ++launched_;
+    }
+    for (auto& s : order_) s->unit->finish_reduce();
+  } else {
+    for (auto& s : order_) {
+      s->unit->set_aside_shard_grads();
+      s->unit->keep_full_grads();
+    }
+  }
+  in_flight_ = nullptr;
+  for (auto& s : order_) s->unit->reshard();
+  backward_started_ = false;
+  reset_flags();
+  // The order stays for the next iteration's forward prefetch and cleanup.
+  launched_ = order_.size();
+}
+
+}  // namespace tdist::detail

@@ -1,0 +1,66 @@
+// Coordinator: one iteration of a model with FSDP units, as the outermost
+// wrapper sees it: the forward order of its units, their backward
+// (gather before it, prefetch the next, reduce in a fixed order, free),
+// and the end of backward.
+//
+// Order: every rank issues its collectives in the same order, because the
+// gathers follow the autograd graph and the reductions are launched in
+// reverse forward order only (a unit ready early waits for the ones before
+// it); units still unreduced when backward ends are reduced then, in the
+// same order, with zeros for gradients they never got. At most one unit's
+// reduction is in flight while another is launched.
+//
+// Owns: the forward order (shared references to the units' states).
+// Threading: the training thread, as FsdpState.
+// Lifetime: owned by the outermost wrapper's state; the queued end-of-
+// backward callback holds it weakly.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+namespace tdist::detail {
+
+struct FsdpState;
+
+class Coordinator : public std::enable_shared_from_this<Coordinator> {
+ public:
+  // The outermost wrapper's forward starts: whatever the last iteration
+  // left (a forward without backward, a backward that failed part-way) is
+  // waited out, its set-aside gradients put back, and every unit resharded.
+  void begin_iteration();
+  // A unit's forward with gradients on starts (once per unit per iteration).
+  void record_forward(FsdpState& s);
+  // Forward prefetch: the unit that followed s in the last iteration.
+  FsdpState* next_in_last_forward(const FsdpState& s) const;
+  // Backward reached one of s's outputs.
+  void pre_backward(FsdpState& s);
+  // s's tracked gradients have all arrived.
+  void unit_ready(FsdpState& s);
+  // The queued callback at the end of backward.
+  void end_of_backward();
+  // Whether a backward has started and not ended.
+  bool in_backward() const { return backward_started_; }
+  // Every unit of this iteration: waited out and resharded (summon, and
+  // begin_iteration).
+  void settle();
+
+  bool require_sync = true;
+
+ private:
+  void launch_ready_in_order();
+  void launch(FsdpState& s);
+  void reset_flags();
+
+  std::vector<std::shared_ptr<FsdpState>> order_;       // this iteration's forward order
+  std::vector<std::shared_ptr<FsdpState>> last_order_;  // the last iteration's
+  size_t launched_ = 0;                                 // units reduced, counted from the end of order_
+  FsdpState* in_flight_ = nullptr;                      // the unit whose reduction may still run
+  bool backward_started_ = false;
+};
+
+// The Coordinator of the forward running on this thread (null outside one).
+Coordinator* active_coordinator();
+void set_active_coordinator(Coordinator* c);
+
+}  // namespace tdist::detail

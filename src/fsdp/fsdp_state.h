@@ -1,0 +1,48 @@
+// FsdpState: what one FullyShardedDataParallel wrapper holds: its options,
+// its unit, the gradient-ready tracker over the unit's trainable
+// parameters, and the per-iteration flags the Coordinator of the
+// outermost wrapper drives.
+//
+// Owns: the unit, the tracker, and the Coordinator it uses when it is the
+// outermost wrapper of a forward.
+// Threading: the training thread (forward, and backward hooks and
+// callbacks, which the CPU autograd engine runs on the thread that called
+// backward). Not synchronised.
+// Lifetime: shared; the backward hooks hold it weakly.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "autograd/grad_ready.h"
+#include "fsdp/unit.h"
+#include "tdist/fsdp.h"
+
+namespace tdist::detail {
+
+class Coordinator;
+
+struct FsdpState : GradReadyListener, std::enable_shared_from_this<FsdpState> {
+  FullyShardedDataParallelOptions options;
+  std::shared_ptr<ProcessGroup> pg;
+  bool reshard_after_forward = true;
+  std::unique_ptr<ShardedUnit> unit;
+  std::optional<GradReadyTracker> tracker;  // over the unit's trainable parameters, in unit order
+  std::shared_ptr<Coordinator> own;         // when this wrapper is the outermost of a forward
+  std::weak_ptr<Coordinator> current;       // the outermost wrapper's, for this iteration
+  bool summoned = false;                    // inside summon_full_params
+
+  // Per iteration (the Coordinator resets them).
+  bool is_root = false;   // outermost wrapper of this iteration's forward
+  bool recorded = false;  // in the forward order (ran forward with gradients on)
+  size_t order_index = 0;
+  bool prepared = false;  // its backward has started: gathered, shard .grad set aside
+  bool ready = false;     // every tracked gradient arrived
+  size_t arrived = 0;
+
+  void on_grad_ready(size_t index) override;
+  void on_backward_end() override {}
+};
+
+}  // namespace tdist::detail

@@ -1,0 +1,46 @@
+// FullStorage: allocate and release in place. The contract is in
+// full_storage.h.
+#include "fsdp/full_storage.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+
+#include "util/check.h"
+
+namespace tdist::detail {
+
+at::Tensor tensor_on(const c10::Storage& storage, at::ScalarType dtype, int64_t offset, at::IntArrayRef sizes) {
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (size_t i = sizes.size(); i-- > 1;) strides[i - 1] = strides[i] * std::max<int64_t>(sizes[i], 1);
+  at::NoGradGuard no_grad;
+  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype));
+  t.set_(storage, offset, sizes, strides);
+  return t;
+}
+
+FullStorage::FullStorage(at::ScalarType dtype, int64_t numel)
+    : dtype_(dtype),
+      numel_(numel),
+      storage_(c10::Storage::use_byte_size_t(), 0, c10::GetCPUAllocator(), /*resizable=*/true) {}
+
+void FullStorage::allocate() {
+  TDIST_CHECK(!allocated_);
+  const size_t nbytes = static_cast<size_t>(numel_) * c10::elementSize(dtype_);
+  auto* impl = storage_.unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(c10::GetCPUAllocator()->allocate(nbytes));
+  impl->set_nbytes(nbytes);
+  allocated_ = true;
+}
+
+void FullStorage::release() {
+  auto* impl = storage_.unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
+  impl->set_nbytes(static_cast<size_t>(0));
+  allocated_ = false;
+}
+
+at::Tensor FullStorage::tensor_at(int64_t offset, at::IntArrayRef sizes) const {
+  return tensor_on(storage_, dtype_, offset, sizes);
+}
+
+}  // namespace tdist::detail

@@ -1,0 +1,178 @@
+// FullyShardedCore: a wrapper's construction (which parameters its unit
+// owns, the checks across ranks, the broadcast, the sharding) and its
+// forward (gather, hooks for backward, free). The contract is in
+// include/tdist/fsdp.h; the iteration is the Coordinator's
+// (src/fsdp/coordinator.h).
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <mutex>
+#include <unordered_set>
+
+#include "ddp/model_check.h"
+#include "fsdp/coordinator.h"
+#include "fsdp/fsdp_state.h"
+#include "tdist/errors.h"
+#include "tdist/fsdp.h"
+
+namespace tdist::detail {
+
+namespace {
+
+// Which parameters some wrapper shards: a module wrapped twice is refused.
+struct Claims {
+  std::mutex mu;
+  std::unordered_set<const c10::TensorImpl*> impls;
+};
+Claims& claims() {
+  static Claims* c = new Claims;  // outlives static destruction
+  return *c;
+}
+
+void claim(const std::string& label, const std::vector<std::string>& names, const std::vector<at::Tensor>& params) {
+  std::lock_guard<std::mutex> lock(claims().mu);
+  for (size_t k = 0; k < params.size(); ++k) {
+    if (claims().impls.count(params[k].unsafeGetTensorImpl())) {
+      for (size_t j = 0; j < k; ++j) claims().impls.erase(params[j].unsafeGetTensorImpl());
+      throw UsageError(label + ": parameter '" + names[k] +
+                       "' is already sharded by another FSDP wrapper: a module can be wrapped only once");
+    }
+    claims().impls.insert(params[k].unsafeGetTensorImpl());
+  }
+}
+
+void unclaim(const std::vector<at::Tensor>& params) {
+  std::lock_guard<std::mutex> lock(claims().mu);
+  for (const auto& p : params) claims().impls.erase(p.unsafeGetTensorImpl());
+}
+
+std::string join(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
+
+// The parameters and buffers of `m` and its children, stopping at inner
+// wrappers (they own theirs).
+void collect(torch::nn::Module& m, const std::string& prefix, std::vector<std::string>& names,
+             std::vector<at::Tensor>& params, std::vector<at::Tensor>& buffers) {
+  for (const auto& p : m.named_parameters(/*recurse=*/false)) {
+    names.push_back(join(prefix, p.key()));
+    params.push_back(p.value());
+  }
+  for (const auto& b : m.named_buffers(/*recurse=*/false)) buffers.push_back(b.value());
+  for (const auto& c : m.named_children()) {
+    if (dynamic_cast<FullyShardedModule*>(c.value().get())) continue;
+    collect(*c.value(), join(prefix, c.key()), names, params, buffers);
+  }
+}
+
+void broadcast_from_rank0(ProcessGroup& pg, const std::vector<at::Tensor>& tensors) {
+  at::NoGradGuard no_grad;
+  std::vector<std::shared_ptr<Work>> works;
+  for (const auto& t : tensors) {
+    if (t.numel() > 0) works.push_back(pg.broadcast(t.detach(), {0}));
+  }
+  for (auto& w : works) w->wait();
+}
+
+}  // namespace
+
+FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataParallelOptions options) {
+  if (dynamic_cast<FullyShardedModule*>(&module)) {
+    throw UsageError("FullyShardedDataParallel: the module is already an FSDP wrapper; wrap the inner module once");
+  }
+  auto pg = options.process_group ? options.process_group : default_group();
+  if (!pg) throw UsageError("FullyShardedDataParallel: call init_process_group first, or pass a process_group");
+  state_ = std::make_shared<FsdpState>();
+  FsdpState& s = *state_;
+  s.pg = pg;
+  s.options = std::move(options);
+  s.reshard_after_forward = s.options.sharding_strategy != ShardingStrategy::NO_SHARD &&
+                            s.options.reshard_after_forward.value_or(s.options.sharding_strategy ==
+                                                                     ShardingStrategy::FULL_SHARD);
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;
+  std::vector<at::Tensor> buffers;
+  collect(module, "", names, params, buffers);
+  const std::string label = "FullyShardedDataParallel over " + module.name() + " (rank " +
+                            std::to_string(pg->rank()) + ")";
+  claim(label, names, params);
+  try {
+    check_same_model(*pg, names, params, "FullyShardedDataParallel over " + module.name());
+    if (s.options.sync_module_states) {
+      broadcast_from_rank0(*pg, params);
+      broadcast_from_rank0(*pg, buffers);
+    }
+    // The accumulators are made while the parameters are whole: autograd
+    // checks every gradient against the shape it recorded then.
+    std::vector<at::Tensor> trainable;
+    for (const auto& p : params) {
+      if (p.requires_grad()) trainable.push_back(p);
+    }
+    if (!trainable.empty()) s.tracker.emplace(trainable, state_);
+    s.unit = std::make_unique<ShardedUnit>(pg, label, names, params,
+                                           s.options.sharding_strategy != ShardingStrategy::NO_SHARD);
+  } catch (...) {
+    unclaim(params);
+    throw;
+  }
+  s.own = std::make_shared<Coordinator>();
+}
+
+FullyShardedCore::~FullyShardedCore() {
+  if (state_ && state_->unit) unclaim(state_->unit->params());
+}
+
+const std::shared_ptr<ProcessGroup>& FullyShardedCore::process_group() const { return state_->pg; }
+const FullyShardedDataParallelOptions& FullyShardedCore::options() const { return state_->options; }
+
+void FullyShardedCore::begin_forward() {
+  FsdpState& s = *state_;
+  if (s.summoned) throw UsageError(s.unit->label() + ": forward inside summon_full_params");
+  s.unit->check_params_in_place();
+  Coordinator* active = active_coordinator();
+  s.is_root = active == nullptr;
+  if (s.is_root) {
+    active = s.own.get();
+    active->begin_iteration();
+    set_active_coordinator(active);
+  }
+  try {
+    s.current = active->weak_from_this();
+    if (at::GradMode::is_enabled()) active->record_forward(s);
+    s.unit->finish_unshard();
+    if (s.options.forward_prefetch) {
+      if (FsdpState* next = active->next_in_last_forward(s)) next->unit->start_unshard();
+    }
+  } catch (...) {
+    abort_forward();
+    throw;
+  }
+}
+
+void FullyShardedCore::end_forward(const std::vector<at::Tensor>& outputs) {
+  FsdpState& s = *state_;
+  const bool grad = at::GradMode::is_enabled();
+  if (grad) {
+    std::weak_ptr<FsdpState> ws = state_;
+    std::weak_ptr<Coordinator> wc = s.current;
+    for (const auto& t : outputs) {
+      if (!t.defined() || !t.requires_grad()) continue;
+      t.register_hook([ws, wc](const at::Tensor&) {
+        auto st = ws.lock();
+        auto c = wc.lock();
+        if (st && c) c->pre_backward(*st);
+      });
+    }
+  }
+  if (!grad || (s.reshard_after_forward && !s.is_root)) s.unit->reshard();
+  if (s.is_root) set_active_coordinator(nullptr);
+}
+
+void FullyShardedCore::abort_forward() noexcept {
+  FsdpState& s = *state_;
+  if (s.is_root) set_active_coordinator(nullptr);
+  try {
+    s.unit->reshard();
+  } catch (...) {
+  }
+}
+
+}  // namespace tdist::detail

@@ -1,0 +1,153 @@
+// The operations over every wrapper of a model: clip_grad_norm_, no_sync,
+// get_shard_metadata, summon_full_params. Declared in include/tdist/fsdp.h.
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+
+#include "fsdp/coordinator.h"
+#include "fsdp/fsdp_state.h"
+#include "tdist/errors.h"
+#include "tdist/fsdp.h"
+
+namespace tdist::detail {
+
+namespace {
+
+std::string join(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
+
+struct Visit {
+  FsdpState& state;
+  std::string path;           // the wrapper in the wrapped model
+  std::string original_path;  // the same without the wrappers' "module" steps
+};
+
+void walk(torch::nn::Module& m, const std::string& path, const std::string& original, std::vector<Visit>& out) {
+  auto* w = dynamic_cast<FullyShardedModule*>(&m);
+  if (w) out.push_back({*w->fsdp_core().state(), path, original});
+  for (const auto& c : m.named_children()) {
+    const bool wrapped = w && c.key() == "module";
+    walk(*c.value(), join(path, c.key()), wrapped ? original : join(original, c.key()), out);
+  }
+}
+
+std::vector<Visit> wrappers(torch::nn::Module& root) {
+  std::vector<Visit> out;
+  walk(root, "", "", out);
+  if (out.empty()) throw UsageError("FullyShardedDataParallel: the module holds no FSDP wrapper");
+  return out;
+}
+
+}  // namespace
+
+double clip_grad_norm(torch::nn::Module& root, double max_norm, double norm_type) {
+  if (!(max_norm >= 0)) throw UsageError("clip_grad_norm_: max_norm must be >= 0");
+  const bool inf = std::isinf(norm_type);
+  if (!inf && !(norm_type > 0)) throw UsageError("clip_grad_norm_: norm_type must be positive or infinity");
+  const auto all = wrappers(root);
+  auto pg = all[0].state.pg;
+  // Sharded units: every rank adds its shards. Units every rank holds whole
+  // (NO_SHARD, or a world of one): rank 0 adds them, once.
+  double local = 0;
+  std::vector<at::Tensor> grads;
+  for (const auto& v : all) {
+    if (v.state.pg.get() != pg.get()) {
+      throw UsageError("clip_grad_norm_: the wrappers of one model must share one process group");
+    }
+    const ShardedUnit& u = *v.state.unit;
+    const bool counts = u.sharded() || pg->rank() == 0;
+    for (size_t k = 0; k < u.params().size(); ++k) {
+      const at::Tensor& g = u.params()[k].grad();
+      if (!u.trainable(k) || !g.defined()) continue;
+      grads.push_back(g);
+      if (!counts || g.numel() == 0) continue;
+      const at::Tensor gd = g.to(at::kDouble);
+      if (inf) {
+        local = std::max(local, gd.abs().max().item<double>());
+      } else {
+        local += gd.abs().pow(norm_type).sum().item<double>();
+      }
+    }
+  }
+  at::Tensor total = at::tensor({local}, at::kDouble);
+  pg->all_reduce(total, {inf ? ReduceOp::MAX : ReduceOp::SUM})->wait();
+  const double norm = inf ? total.item<double>() : std::pow(total.item<double>(), 1.0 / norm_type);
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1) {
+    at::NoGradGuard no_grad;
+    for (auto& g : grads) g.mul_(coef);
+  }
+  return norm;
+}
+
+void set_require_sync(torch::nn::Module& root, bool on) { wrappers(root)[0].state.own->require_sync = on; }
+bool require_sync(torch::nn::Module& root) { return wrappers(root)[0].state.own->require_sync; }
+
+ShardMetadata shard_metadata(torch::nn::Module& root) {
+  const auto all = wrappers(root);
+  ShardMetadata md;
+  md.world_size = all[0].state.pg->size();
+  md.rank = all[0].state.pg->rank();
+  for (const auto& v : all) {
+    const ShardedUnit& u = *v.state.unit;
+    ShardedUnitInfo info;
+    info.prefix = v.path;
+    info.sharded = u.sharded();
+    const int world = u.layout().world_size();
+    for (size_t k = 0; k < u.params().size(); ++k) {
+      const auto& pl = u.layout().param(k);
+      ShardedParamInfo p;
+      p.name = join(join(v.path, "module"), u.names()[k]);
+      p.original_name = join(v.original_path, u.names()[k]);
+      p.shape = pl.shape;
+      p.shard_shape = pl.shard_shape(u.shard_rank());
+      p.numel = pl.numel();
+      p.first_row = pl.first_row_on(u.shard_rank());
+      p.rows_per_rank = pl.rows_per_rank;
+      p.padding_rows = pl.rows_per_rank * world - pl.rows;
+      p.requires_grad = u.trainable(k);
+      info.params.push_back(std::move(p));
+    }
+    md.units.push_back(std::move(info));
+  }
+  return md;
+}
+
+void begin_summon(torch::nn::Module& root) {
+  if (active_coordinator()) throw UsageError("summon_full_params inside a forward");
+  const auto all = wrappers(root);
+  Coordinator& c = *all[0].state.own;
+  if (c.in_backward()) throw UsageError("summon_full_params during a backward");
+  for (const auto& v : all) {
+    if (v.state.summoned) throw UsageError("summon_full_params: already summoned (the guards do not nest)");
+  }
+  c.settle();
+  size_t done = 0;
+  try {
+    for (; done < all.size(); ++done) {
+      all[done].state.unit->unshard();
+      all[done].state.summoned = true;
+    }
+  } catch (...) {
+    for (size_t i = 0; i < done; ++i) {
+      all[i].state.summoned = false;
+      all[i].state.unit->drop_in_flight();
+    }
+    throw;
+  }
+}
+
+void end_summon(torch::nn::Module& root, bool writeback) noexcept {
+  try {
+    for (const auto& v : wrappers(root)) {
+      if (!v.state.summoned) continue;
+      v.state.summoned = false;
+      if (writeback && v.state.unit->unsharded()) v.state.unit->write_back();
+      v.state.unit->reshard();
+    }
+  } catch (...) {
+  }
+}
+
+}  // namespace tdist::detail

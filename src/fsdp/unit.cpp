@@ -1,0 +1,261 @@
+// ShardedUnit: sharding at construction, the gathers, the reductions. The
+// contract is in unit.h.
+#include "fsdp/unit.h"
+
+#include <ATen/ATen.h>
+
+#include "tdist/errors.h"
+#include "util/check.h"
+
+namespace tdist::detail {
+
+namespace {
+
+constexpr int64_t kAlign = 16;  // elements: every shard and full parameter starts 64-byte aligned (fp32)
+
+std::vector<std::vector<int64_t>> shapes_of(const std::vector<at::Tensor>& params) {
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& p : params) out.emplace_back(p.sizes().begin(), p.sizes().end());
+  return out;
+}
+
+// Rows [first, first + n) of a full parameter (the whole of a 0-d one).
+at::Tensor rows_of(const at::Tensor& full, const ParamShardLayout& p, int rank) {
+  if (p.shape.empty()) return full;
+  return full.narrow(0, p.first_row_on(rank), p.rows_on(rank));
+}
+
+at::ScalarType check_params(const std::string& label, const std::vector<std::string>& names,
+                            const std::vector<at::Tensor>& params) {
+  at::ScalarType dtype = params.empty() ? at::kFloat : params[0].scalar_type();
+  for (size_t k = 0; k < params.size(); ++k) {
+    const at::Tensor& p = params[k];
+    if (!p.device().is_cpu() || p.layout() != at::kStrided) {
+      throw UsageError(label + ": parameter '" + names[k] + "' is not a dense CPU tensor; FSDP shards dense CPU parameters");
+    }
+    if (p.scalar_type() != dtype) {
+      throw UsageError(label + ": parameter '" + names[k] + "' is " + std::string(c10::toString(p.scalar_type())) +
+                       " but '" + names[0] + "' is " + c10::toString(dtype) +
+                       "; a unit holds one dtype: wrap the modules of each dtype in units of their own");
+    }
+  }
+  return dtype;
+}
+
+}  // namespace
+
+ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, std::vector<std::string> names,
+                         std::vector<at::Tensor> params, bool shard)
+    : pg_(std::move(pg)),
+      label_(std::move(label)),
+      names_(std::move(names)),
+      params_(std::move(params)),
+      sharded_(shard && pg_->size() > 1),
+      shard_rank_(sharded_ ? pg_->rank() : 0),
+      layout_(shapes_of(params_), sharded_ ? pg_->size() : 1, kAlign),
+      dtype_(check_params(label_, names_, params_)),
+      full_(dtype_, sharded_ ? layout_.full_numel() : 0) {
+  at::NoGradGuard no_grad;
+  for (const auto& p : params_) {
+    trainable_.push_back(p.requires_grad());
+    has_frozen_ = has_frozen_ || !p.requires_grad();
+    has_trainable_ = has_trainable_ || p.requires_grad();
+  }
+  chunk_ = at::zeros({layout_.chunk_numel()}, at::TensorOptions().dtype(dtype_));
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const auto& pl = layout_.param(k);
+    at::Tensor view = tensor_on(chunk_.storage(), dtype_, pl.offset_in_chunk, pl.shard_shape(shard_rank_));
+    if (view.numel() > 0) view.copy_(rows_of(params_[k], pl, shard_rank_));
+    shard_views_.push_back(std::move(view));
+  }
+  set_aside_.resize(params_.size());
+  point_at_shards();  // the full tensors the module built are freed here
+  state_ = sharded_ ? State::kSharded : State::kFull;
+}
+
+ShardedUnit::~ShardedUnit() { drop_in_flight(); }
+
+void ShardedUnit::point_at_shards() {
+  for (size_t k = 0; k < params_.size(); ++k) params_[k].set_data(shard_views_[k]);
+}
+
+void ShardedUnit::start_unshard() {
+  if (state_ != State::kSharded) return;
+  full_.allocate();
+  state_ = State::kGathering;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const auto& pl = layout_.param(k);
+    if (pl.shard_numel() == 0) continue;  // every rank skips it: an empty parameter
+    at::Tensor out = full_.tensor_at(pl.offset_in_full, {pl.shard_numel() * layout_.world_size()});
+    gathers_.push_back(pg_->all_gather_into_tensor(out, chunk_.narrow(0, pl.offset_in_chunk, pl.shard_numel())));
+  }
+}
+
+void ShardedUnit::finish_unshard() {
+  if (state_ == State::kFull) return;
+  start_unshard();
+  try {
+    for (auto& w : gathers_) w->wait();
+  } catch (...) {
+    gathers_.clear();
+    full_.release();
+    state_ = State::kSharded;
+    throw;
+  }
+  gathers_.clear();
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const auto& pl = layout_.param(k);
+    params_[k].set_data(full_.tensor_at(pl.offset_in_full, pl.shape));
+  }
+  state_ = State::kFull;
+}
+
+void ShardedUnit::reshard() {
+  if (!sharded_ || state_ == State::kSharded) return;
+  if (state_ == State::kGathering) {
+    std::vector<std::shared_ptr<Work>> gathers = std::move(gathers_);
+    gathers_.clear();
+    state_ = State::kSharded;
+    full_.release();
+    for (auto& w : gathers) w->wait();  // a prefetch nobody used: wait it out (it reads the chunk)
+    return;
+  }
+  point_at_shards();
+  full_.release();
+  state_ = State::kSharded;
+}
+
+void ShardedUnit::write_back() {
+  TDIST_CHECK(state_ == State::kFull);
+  if (!sharded_) return;  // the parameters are the shards
+  at::NoGradGuard no_grad;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (shard_views_[k].numel() > 0) shard_views_[k].copy_(rows_of(params_[k], layout_.param(k), shard_rank_));
+  }
+}
+
+void ShardedUnit::check_params_in_place() const {
+  const c10::StorageImpl* expected =
+      state_ == State::kFull && sharded_ ? full_.storage_impl() : chunk_.storage().unsafeGetStorageImpl();
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (params_[k].storage().unsafeGetStorageImpl() != expected) {
+      throw UsageError(label_ + ": parameter '" + names_[k] +
+                       "' was replaced after wrapping (module.to(), set_data or loading into the module): FSDP "
+                       "shards the parameters it was given, so convert, move and load before wrapping");
+    }
+  }
+}
+
+void ShardedUnit::set_aside_shard_grads() {
+  if (!sharded_ || grads_set_aside_ || grads_full_) return;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (!trainable_[k]) continue;
+    set_aside_[k] = params_[k].grad();
+    params_[k].mutable_grad().reset();
+  }
+  grads_set_aside_ = true;
+}
+
+at::Tensor ShardedUnit::full_grad_or_zeros(size_t k) {
+  const auto& pl = layout_.param(k);
+  const int64_t padded = pl.shard_numel() * layout_.world_size();
+  const at::Tensor g = params_[k].grad();
+  at::Tensor flat = at::zeros({padded}, at::TensorOptions().dtype(dtype_));
+  if (!g.defined()) return flat;
+  if (g.numel() != pl.numel()) {
+    throw UsageError(label_ + ": the gradient of '" + names_[k] + "' has " + std::to_string(g.numel()) +
+                     " elements where the full parameter has " + std::to_string(pl.numel()) +
+                     " (was .grad set by hand, or an optimizer stepped during no_sync?)");
+  }
+  if (padded == pl.numel() && g.is_contiguous()) return g.view({-1});
+  flat.narrow(0, 0, pl.numel()).copy_(g.reshape({-1}));
+  return flat;
+}
+
+void ShardedUnit::start_reduce() {
+  TDIST_CHECK(!reduce_.has_value());
+  if (!has_trainable_) return;
+  at::NoGradGuard no_grad;
+  set_aside_shard_grads();  // a unit whose backward never ran still takes part
+  Reduce r;
+  if (!sharded_) {
+    for (size_t k = 0; k < params_.size(); ++k) {
+      if (!trainable_[k] || params_[k].numel() == 0) continue;
+      at::Tensor& g = params_[k].mutable_grad();
+      if (!g.defined()) g = at::zeros_like(params_[k]);
+      if (!g.is_contiguous()) g = g.contiguous();
+      r.inputs.push_back(g);
+    }
+    if (!r.inputs.empty()) r.works.push_back(pg_->all_reduce_coalesced(r.inputs, {ReduceOp::AVG}));
+    reduce_ = std::move(r);
+    return;
+  }
+  r.out = at::empty({layout_.chunk_numel()}, at::TensorOptions().dtype(dtype_));
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const auto& pl = layout_.param(k);
+    if (!trainable_[k] || pl.shard_numel() == 0) continue;
+    at::Tensor in = full_grad_or_zeros(k);
+    params_[k].mutable_grad().reset();
+    r.works.push_back(pg_->reduce_scatter_tensor(r.out.narrow(0, pl.offset_in_chunk, pl.shard_numel()), in,
+                                                 {ReduceOp::AVG}));
+    r.inputs.push_back(std::move(in));
+  }
+  reduce_ = std::move(r);
+}
+
+void ShardedUnit::finish_reduce() {
+  if (!reduce_) return;
+  Reduce r = std::move(*reduce_);
+  reduce_.reset();
+  for (auto& w : r.works) w->wait();
+  r.inputs.clear();
+  grads_full_ = false;
+  if (!sharded_) return;  // reduced in place
+  at::NoGradGuard no_grad;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (!trainable_[k]) continue;
+    const auto& pl = layout_.param(k);
+    at::Tensor g = tensor_on(r.out.storage(), dtype_, pl.offset_in_chunk, shard_views_[k].sizes());
+    if (set_aside_[k].defined()) {
+      set_aside_[k].add_(g);
+      params_[k].mutable_grad() = std::move(set_aside_[k]);
+    } else {
+      params_[k].mutable_grad() = std::move(g);
+    }
+    set_aside_[k] = at::Tensor();
+  }
+  grads_set_aside_ = false;
+}
+
+void ShardedUnit::drop_in_flight() noexcept {
+  for (auto& w : gathers_) {
+    try {
+      w->wait();
+    } catch (...) {
+    }
+  }
+  gathers_.clear();
+  if (reduce_) {
+    for (auto& w : reduce_->works) {
+      try {
+        w->wait();
+      } catch (...) {
+      }
+    }
+    reduce_.reset();
+  }
+  if (grads_set_aside_ && !grads_full_) {
+    for (size_t k = 0; k < params_.size(); ++k) {
+      if (trainable_[k]) params_[k].mutable_grad() = std::move(set_aside_[k]);
+      set_aside_[k] = at::Tensor();
+    }
+    grads_set_aside_ = false;
+  }
+  if (sharded_ && state_ != State::kSharded) {
+    if (state_ == State::kFull) point_at_shards();
+    full_.release();
+    state_ = State::kSharded;
+  }
+}
+
+}  // namespace tdist::detail

@@ -1,0 +1,139 @@
+// ShardedUnit: one FSDP unit's parameters, in their two forms, and the
+// collectives that move between them (docs/fsdp.md).
+//
+// The unit owns a set of the module's parameters (the tensors registered in
+// the module: the unit never replaces them, it re-points them with
+// set_data). Between iterations each parameter is this rank's shard of it
+// (its rows by ShardLayout, padding not included): what the optimizer
+// steps. unshard() all-gathers every parameter straight into its place in
+// the unit's FullStorage and points the parameters at the full tensors;
+// reshard() points them back at the shards and releases the full memory.
+// Gradients: autograd accumulates full gradients into the full parameters;
+// reduce() reduce-scatters them (AVG) into shard-shaped .grad (adding what
+// .grad held before this backward), or, without sharding (NO_SHARD), all-
+// reduces them in place.
+//
+// Owns: the chunk (this rank's shards back to back, padding zero: the
+// all-gather input), the full storage, the shard gradients set aside during
+// a backward, and the collectives in flight.
+// Threading: not synchronised: the training thread (forward, backward hooks
+// and callbacks on the CPU autograd engine's caller thread) uses it.
+// Lifetime: the parameters stay the module's; the unit must outlive any
+// collective it launched (drop_in_flight() waits them out).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp/full_storage.h"
+#include "fsdp/shard_layout.h"
+#include "tdist/process_group.h"
+
+namespace tdist::detail {
+
+class ShardedUnit {
+ public:
+  // params: CPU, dense, one dtype, full as the module built them (already
+  // equal on every rank). shard: false for NO_SHARD (every rank keeps
+  // every parameter whole). label: how messages name the unit.
+  ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, std::vector<std::string> names,
+              std::vector<at::Tensor> params, bool shard);
+  ShardedUnit(const ShardedUnit&) = delete;
+  ShardedUnit& operator=(const ShardedUnit&) = delete;
+  ~ShardedUnit();
+
+  const std::string& label() const { return label_; }
+  const std::vector<std::string>& names() const { return names_; }
+  const std::vector<at::Tensor>& params() const { return params_; }
+  bool trainable(size_t k) const { return trainable_[k]; }
+  bool has_frozen() const { return has_frozen_; }
+  bool has_trainable() const { return has_trainable_; }
+  bool sharded() const { return sharded_; }
+  // The layout (world 1 without sharding) and this rank's place in it.
+  const ShardLayout& layout() const { return layout_; }
+  int shard_rank() const { return shard_rank_; }
+  const std::shared_ptr<ProcessGroup>& process_group() const { return pg_; }
+
+  // ---- parameters ----
+  // Whether the parameters hold their full values (always, without sharding).
+  bool unsharded() const { return state_ == State::kFull; }
+  bool gathering() const { return state_ == State::kGathering; }
+  // Launches the all-gathers (nothing when unsharded or already gathering).
+  void start_unshard();
+  // Waits for them and points the parameters at the full tensors. A failed
+  // gather raises (PeerFailureError, TimeoutError...) and leaves the unit
+  // sharded.
+  void finish_unshard();
+  void unshard() {
+    start_unshard();
+    finish_unshard();
+  }
+  // Points the parameters at their shards and releases the full memory.
+  void reshard();
+  // Copies this rank's rows of the full parameters into the shards (after
+  // the user edited full parameters). REQUIRES: unsharded().
+  void write_back();
+  // UsageError naming the parameter if one no longer lies where the unit
+  // put it (e.g. module.to() or set_data after wrapping).
+  void check_params_in_place() const;
+
+  // ---- gradients ----
+  // Before this unit's gradients accumulate in a backward: moves
+  // shard-shaped .grad aside (autograd accumulates full gradients into
+  // .grad). Once per backward; nothing while full gradients are kept from a
+  // no_sync backward.
+  void set_aside_shard_grads();
+  // Launches the reduction of the full gradients (zeros for a parameter
+  // that got none, so every rank takes part).
+  void start_reduce();
+  // Waits for it; .grad = the shard gradient plus what was set aside.
+  void finish_reduce();
+  bool reducing() const { return reduce_.has_value(); }
+  // no_sync: the full gradients stay in .grad; the next synchronised
+  // backward accumulates into them and reduces them.
+  void keep_full_grads() { grads_full_ = true; }
+  // After a failed backward: waits out the collectives in flight (their
+  // errors are dropped: the failure was reported where it happened), puts
+  // back what was set aside and reshards.
+  void drop_in_flight() noexcept;
+
+ private:
+  enum class State { kSharded, kGathering, kFull };
+  struct Reduce {
+    std::vector<std::shared_ptr<Work>> works;
+    at::Tensor out;                  // sharded: the reduce-scatter output, a chunk
+    std::vector<at::Tensor> inputs;  // kept alive until the works are done
+  };
+
+  at::Tensor full_grad_or_zeros(size_t k);
+  void point_at_shards();
+
+  std::shared_ptr<ProcessGroup> pg_;
+  std::string label_;
+  std::vector<std::string> names_;
+  std::vector<at::Tensor> params_;
+  std::vector<char> trainable_;
+  bool has_frozen_ = false;
+  bool has_trainable_ = false;
+  bool sharded_;
+  int shard_rank_;
+  ShardLayout layout_;
+  at::ScalarType dtype_;
+
+  at::Tensor chunk_;                      // this rank's shards, padding zero
+  std::vector<at::Tensor> shard_views_;   // per parameter: its real rows in chunk_
+  FullStorage full_;
+  State state_ = State::kSharded;
+  std::vector<std::shared_ptr<Work>> gathers_;
+
+  std::vector<at::Tensor> set_aside_;     // per parameter: .grad before this backward
+  bool grads_set_aside_ = false;
+  bool grads_full_ = false;
+  std::optional<Reduce> reduce_;
+};
+
+}  // namespace tdist::detail
