@@ -65,8 +65,8 @@ struct FullyShardedDataParallelOptions {
   // Free the full parameters after the unit's forward (and gather them again
   // for its backward). Unset: true for FULL_SHARD, false otherwise. The
   // outermost wrapper keeps its own until the end of backward either way
-  // (its backward comes first), and forwards without gradient (eval,
-  // NoGradGuard) always free them.
+  // (its backward comes first), and forwards without gradient
+  // (NoGradGuard) or in eval mode always free them.
   std::optional<bool> reshard_after_forward;
   // Broadcast rank 0's parameters and buffers at construction. Off: every
   // rank must have built the same values itself (same seed).
@@ -119,7 +119,7 @@ class FullyShardedCore {
   // frees it (as the strategy says) and hooks its backward; abort() when
   // the forward threw.
   void begin_forward();
-  void end_forward(const std::vector<at::Tensor>& outputs);
+  void end_forward(const std::vector<at::Tensor>& outputs, bool training);
   void abort_forward() noexcept;
 
   const std::shared_ptr<ProcessGroup>& process_group() const;
@@ -164,7 +164,7 @@ class FullyShardedDataParallelImpl : public torch::nn::Module, public detail::Fu
       auto out = module_->forward(std::forward<Args>(args)...);
       std::vector<at::Tensor> tensors;
       detail::collect_tensors(out, tensors);
-      core_.end_forward(tensors);
+      core_.end_forward(tensors, this->is_training());
       return out;
     } catch (...) {
       core_.abort_forward();

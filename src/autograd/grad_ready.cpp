@@ -25,15 +25,27 @@ struct ReadyHook : torch::autograd::FunctionPostHook {
   size_t index;
 };
 
+struct BeforeHook : torch::autograd::FunctionPreHook {
+  BeforeHook(std::weak_ptr<GradReadyListener> l, size_t i) : listener(std::move(l)), index(i) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    if (auto l = listener.lock()) l->before_grad_accumulates(index);
+    return grads;
+  }
+  std::weak_ptr<GradReadyListener> listener;
+  size_t index;
+};
+
 }  // namespace
 
-GradReadyTracker::GradReadyTracker(const std::vector<at::Tensor>& params, std::weak_ptr<GradReadyListener> listener)
+GradReadyTracker::GradReadyTracker(const std::vector<at::Tensor>& params, std::weak_ptr<GradReadyListener> listener,
+                                   bool with_pre_hooks)
     : listener_(std::move(listener)), arrived_(params.size(), 0) {
   // Hooks after each parameter's gradient accumulation. Autograd holds its
   // accumulators weakly: keep them, or the hooks never fire.
   for (size_t i = 0; i < params.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params[i]);
     acc->add_post_hook(std::make_unique<ReadyHook>(listener_, i));
+    if (with_pre_hooks) acc->add_pre_hook(std::make_unique<BeforeHook>(listener_, i));
     accumulators_.push_back(std::move(acc));
   }
 }

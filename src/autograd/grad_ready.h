@@ -1,7 +1,8 @@
 // Gradient-ready tracking: tells a listener when each parameter's gradient
 // has been accumulated during backward, and when the backward has ended.
 //
-// Owns: one post hook on each parameter's gradient accumulator, and the
+// Owns: one post hook (and optionally a pre hook) on each parameter's
+// gradient accumulator, and the
 // accumulators themselves (autograd holds them weakly: without our hold
 // the hooks would silently never fire), the per-backward arrival flags,
 // and whether the end-of-backward callback is queued.
@@ -34,6 +35,9 @@ class GradReadyListener {
   // backward's contribution. Once per accumulator run (a reentrant
   // backward runs it more than once).
   virtual void on_grad_ready(size_t index) = 0;
+  // Parameter `index`'s accumulator is about to run (only for a tracker
+  // made with_pre_hooks): .grad does not hold this backward's part yet.
+  virtual void before_grad_accumulates(size_t /*index*/) {}
   // The backward in which arm_end_of_backward() was called has finished
   // its graph; runs before backward() returns.
   virtual void on_backward_end() = 0;
@@ -42,8 +46,10 @@ class GradReadyListener {
 class GradReadyTracker {
  public:
   // Hooks the accumulators of `params` (leaves that require grad); indices
-  // are positions in `params`.
-  GradReadyTracker(const std::vector<at::Tensor>& params, std::weak_ptr<GradReadyListener> listener);
+  // are positions in `params`. with_pre_hooks: also a hook before each
+  // accumulation (listener->before_grad_accumulates).
+  GradReadyTracker(const std::vector<at::Tensor>& params, std::weak_ptr<GradReadyListener> listener,
+                   bool with_pre_hooks = false);
   GradReadyTracker(const GradReadyTracker&) = delete;
   GradReadyTracker& operator=(const GradReadyTracker&) = delete;
 

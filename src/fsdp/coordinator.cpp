@@ -15,6 +15,8 @@ thread_local Coordinator* t_active = nullptr;
 Coordinator* active_coordinator() { return t_active; }
 void set_active_coordinator(Coordinator* c) { t_active = c; }
 
+void FsdpState::before_grad_accumulates(size_t index) { unit->set_aside_grad(tracked[index]); }
+
 void FsdpState::on_grad_ready(size_t index) {
   if (!tracker->mark_arrived(index)) return;
   if (++arrived < tracker->size()) return;
@@ -77,7 +79,6 @@ void Coordinator::pre_backward(FsdpState& s) {
   if (s.prepared) return;
   s.prepared = true;
   s.unit->finish_unshard();
-  s.unit->set_aside_shard_grads();
   if (s.options.backward_prefetch == BackwardPrefetch::BACKWARD_PRE && s.order_index > 0) {
     FsdpState& next = *order_[s.order_index - 1];
     if (!next.prepared) next.unit->start_unshard();

@@ -37,10 +37,13 @@ struct FsdpState : GradReadyListener, std::enable_shared_from_this<FsdpState> {
   bool is_root = false;   // outermost wrapper of this iteration's forward
   bool recorded = false;  // in the forward order (ran forward with gradients on)
   size_t order_index = 0;
-  bool prepared = false;  // its backward has started: gathered, shard .grad set aside
+  bool prepared = false;  // its backward has started: gathered
   bool ready = false;     // every tracked gradient arrived
   size_t arrived = 0;
 
+  std::vector<size_t> tracked;  // tracker index -> unit parameter index
+
+  void before_grad_accumulates(size_t index) override;
   void on_grad_ready(size_t index) override;
   void on_backward_end() override {}
 };

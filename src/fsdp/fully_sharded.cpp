@@ -103,10 +103,12 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
     // The accumulators are made while the parameters are whole: autograd
     // checks every gradient against the shape it recorded then.
     std::vector<at::Tensor> trainable;
-    for (const auto& p : params) {
-      if (p.requires_grad()) trainable.push_back(p);
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (!params[k].requires_grad()) continue;
+      trainable.push_back(params[k]);
+      s.tracked.push_back(k);
     }
-    if (!trainable.empty()) s.tracker.emplace(trainable, state_);
+    if (!trainable.empty()) s.tracker.emplace(trainable, state_, /*with_pre_hooks=*/true);
     s.unit = std::make_unique<ShardedUnit>(pg, label, names, params,
                                            s.options.sharding_strategy != ShardingStrategy::NO_SHARD);
   } catch (...) {
@@ -147,7 +149,7 @@ void FullyShardedCore::begin_forward() {
   }
 }
 
-void FullyShardedCore::end_forward(const std::vector<at::Tensor>& outputs) {
+void FullyShardedCore::end_forward(const std::vector<at::Tensor>& outputs, bool training) {
   FsdpState& s = *state_;
   const bool grad = at::GradMode::is_enabled();
   if (grad) {
@@ -162,7 +164,9 @@ void FullyShardedCore::end_forward(const std::vector<at::Tensor>& outputs) {
       });
     }
   }
-  if (!grad || (s.reshard_after_forward && !s.is_root)) s.unit->reshard();
+  // Eval forwards free everything too: a backward after one (rare) gathers
+  // again through the hooks above.
+  if (!grad || !training || (s.reshard_after_forward && !s.is_root)) s.unit->reshard();
   if (s.is_root) set_active_coordinator(nullptr);
 }
 

@@ -69,6 +69,7 @@ ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, st
     shard_views_.push_back(std::move(view));
   }
   set_aside_.resize(params_.size());
+  aside_.assign(params_.size(), 0);
   point_at_shards();  // the full tensors the module built are freed here
   state_ = sharded_ ? State::kSharded : State::kFull;
 }
@@ -146,14 +147,15 @@ void ShardedUnit::check_params_in_place() const {
   }
 }
 
+void ShardedUnit::set_aside_grad(size_t k) {
+  if (!sharded_ || grads_full_ || !trainable_[k] || aside_[k]) return;
+  set_aside_[k] = params_[k].grad();
+  params_[k].mutable_grad().reset();
+  aside_[k] = 1;
+}
+
 void ShardedUnit::set_aside_shard_grads() {
-  if (!sharded_ || grads_set_aside_ || grads_full_) return;
-  for (size_t k = 0; k < params_.size(); ++k) {
-    if (!trainable_[k]) continue;
-    set_aside_[k] = params_[k].grad();
-    params_[k].mutable_grad().reset();
-  }
-  grads_set_aside_ = true;
+  for (size_t k = 0; k < params_.size(); ++k) set_aside_grad(k);
 }
 
 at::Tensor ShardedUnit::full_grad_or_zeros(size_t k) {
@@ -223,8 +225,8 @@ void ShardedUnit::finish_reduce() {
       params_[k].mutable_grad() = std::move(g);
     }
     set_aside_[k] = at::Tensor();
+    aside_[k] = 0;
   }
-  grads_set_aside_ = false;
 }
 
 void ShardedUnit::drop_in_flight() noexcept {
@@ -244,12 +246,12 @@ void ShardedUnit::drop_in_flight() noexcept {
     }
     reduce_.reset();
   }
-  if (grads_set_aside_ && !grads_full_) {
+  if (!grads_full_) {
     for (size_t k = 0; k < params_.size(); ++k) {
-      if (trainable_[k]) params_[k].mutable_grad() = std::move(set_aside_[k]);
+      if (aside_[k]) params_[k].mutable_grad() = std::move(set_aside_[k]);
       set_aside_[k] = at::Tensor();
+      aside_[k] = 0;
     }
-    grads_set_aside_ = false;
   }
   if (sharded_ && state_ != State::kSharded) {
     if (state_ == State::kFull) point_at_shards();

@@ -82,10 +82,12 @@ class ShardedUnit {
   void check_params_in_place() const;
 
   // ---- gradients ----
-  // Before this unit's gradients accumulate in a backward: moves
-  // shard-shaped .grad aside (autograd accumulates full gradients into
-  // .grad). Once per backward; nothing while full gradients are kept from a
-  // no_sync backward.
+  // Before parameter k's gradient accumulates in a backward: moves its
+  // shard-shaped .grad aside (autograd accumulates the full gradient into
+  // .grad). Once per backward; nothing while full gradients are kept from
+  // a no_sync backward, or without sharding.
+  void set_aside_grad(size_t k);
+  // The same for every parameter not yet set aside.
   void set_aside_shard_grads();
   // Launches the reduction of the full gradients (zeros for a parameter
   // that got none, so every rank takes part).
@@ -97,8 +99,9 @@ class ShardedUnit {
   // backward accumulates into them and reduces them.
   void keep_full_grads() { grads_full_ = true; }
   // After a failed backward: waits out the collectives in flight (their
-  // errors are dropped: the failure was reported where it happened), puts
-  // back what was set aside and reshards.
+  // errors are dropped: the failure was reported where it happened), drops
+  // the partial full gradients of the parameters whose accumulation ran and
+  // puts back the .grad they had before it, and reshards.
   void drop_in_flight() noexcept;
 
  private:
@@ -131,7 +134,7 @@ class ShardedUnit {
   std::vector<std::shared_ptr<Work>> gathers_;
 
   std::vector<at::Tensor> set_aside_;     // per parameter: .grad before this backward
-  bool grads_set_aside_ = false;
+  std::vector<char> aside_;               // per parameter: set_aside_[k] holds it
   bool grads_full_ = false;
   std::optional<Reduce> reduce_;
 };
