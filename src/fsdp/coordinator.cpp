@@ -15,7 +15,10 @@ thread_local Coordinator* t_active = nullptr;
 Coordinator* active_coordinator() { return t_active; }
 void set_active_coordinator(Coordinator* c) { t_active = c; }
 
-void FsdpState::before_grad_accumulates(size_t index) { unit->set_aside_grad(tracked[index]); }
+void FsdpState::before_grad_accumulates(size_t index) {
+  unit->set_aside_grad(tracked[index]);
+  if (auto c = current.lock()) c->poll_in_flight();
+}
 
 void FsdpState::on_grad_ready(size_t index) {
   if (!tracker->mark_arrived(index)) return;
@@ -93,6 +96,13 @@ void Coordinator::unit_ready(FsdpState& s) {
   // be to come, or this is the outermost unit (ended with the backward).
   if (s.reshard_after_forward && !s.is_root && !s.unit->has_frozen()) s.unit->reshard();
   if (require_sync) launch_ready_in_order();
+}
+
+void Coordinator::poll_in_flight() {
+  if (in_flight_ && in_flight_->unit->reduce_done()) {
+    in_flight_->unit->finish_reduce();
+    in_flight_ = nullptr;
+  }
 }
 
 void Coordinator::launch(FsdpState& s) {

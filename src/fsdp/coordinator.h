@@ -37,6 +37,10 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   void pre_backward(FsdpState& s);
   // s's tracked gradients have all arrived.
   void unit_ready(FsdpState& s);
+  // A gradient is about to accumulate: a reduction that has finished in the
+  // meantime hands its shards over and frees its full gradients now rather
+  // than at the next launch (the memory peak is inside a unit's backward).
+  void poll_in_flight();
   // The queued callback at the end of backward.
   void end_of_backward();
   // Whether a backward has started and not ended.

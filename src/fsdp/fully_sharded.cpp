@@ -110,7 +110,8 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
     }
     if (!trainable.empty()) s.tracker.emplace(trainable, state_, /*with_pre_hooks=*/true);
     s.unit = std::make_unique<ShardedUnit>(pg, label, names, params,
-                                           s.options.sharding_strategy != ShardingStrategy::NO_SHARD);
+                                           s.options.sharding_strategy != ShardingStrategy::NO_SHARD,
+                                           /*keep_full=*/s.options.sharding_strategy == ShardingStrategy::SHARD_GRAD_OP);
   } catch (...) {
     unclaim(params);
     throw;

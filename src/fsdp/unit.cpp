@@ -45,12 +45,13 @@ at::ScalarType check_params(const std::string& label, const std::vector<std::str
 }  // namespace
 
 ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, std::vector<std::string> names,
-                         std::vector<at::Tensor> params, bool shard)
+                         std::vector<at::Tensor> params, bool shard, bool keep_full)
     : pg_(std::move(pg)),
       label_(std::move(label)),
       names_(std::move(names)),
       params_(std::move(params)),
       sharded_(shard && pg_->size() > 1),
+      keep_full_(sharded_ && keep_full),
       shard_rank_(sharded_ ? pg_->rank() : 0),
       layout_(shapes_of(params_), sharded_ ? pg_->size() : 1, kAlign),
       dtype_(check_params(label_, names_, params_)),
@@ -61,12 +62,24 @@ ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, st
     has_frozen_ = has_frozen_ || !p.requires_grad();
     has_trainable_ = has_trainable_ || p.requires_grad();
   }
-  chunk_ = at::zeros({layout_.chunk_numel()}, at::TensorOptions().dtype(dtype_));
-  for (size_t k = 0; k < params_.size(); ++k) {
-    const auto& pl = layout_.param(k);
-    at::Tensor view = tensor_on(chunk_.storage(), dtype_, pl.offset_in_chunk, pl.shard_shape(shard_rank_));
-    if (view.numel() > 0) view.copy_(rows_of(params_[k], pl, shard_rank_));
-    shard_views_.push_back(std::move(view));
+  if (keep_full_) {
+    // The full parameters stay; a shard is this rank's rows of them.
+    full_.allocate();
+    full_.tensor_at(0, {layout_.full_numel()}).zero_();
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const auto& pl = layout_.param(k);
+      if (pl.numel() > 0) full_.tensor_at(pl.offset_in_full, pl.shape).copy_(params_[k]);
+      shard_views_.push_back(
+          full_.tensor_at(pl.offset_in_full + shard_rank_ * pl.shard_numel(), pl.shard_shape(shard_rank_)));
+    }
+  } else {
+    chunk_ = at::zeros({layout_.chunk_numel()}, at::TensorOptions().dtype(dtype_));
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const auto& pl = layout_.param(k);
+      at::Tensor view = tensor_on(chunk_.storage(), dtype_, pl.offset_in_chunk, pl.shard_shape(shard_rank_));
+      if (view.numel() > 0) view.copy_(rows_of(params_[k], pl, shard_rank_));
+      shard_views_.push_back(std::move(view));
+    }
   }
   set_aside_.resize(params_.size());
   aside_.assign(params_.size(), 0);
@@ -82,14 +95,23 @@ void ShardedUnit::point_at_shards() {
 
 void ShardedUnit::start_unshard() {
   if (state_ != State::kSharded) return;
-  full_.allocate();
+  if (!keep_full_) full_.allocate();
   state_ = State::kGathering;
   for (size_t k = 0; k < params_.size(); ++k) {
     const auto& pl = layout_.param(k);
     if (pl.shard_numel() == 0) continue;  // every rank skips it: an empty parameter
     at::Tensor out = full_.tensor_at(pl.offset_in_full, {pl.shard_numel() * layout_.world_size()});
-    gathers_.push_back(pg_->all_gather_into_tensor(out, chunk_.narrow(0, pl.offset_in_chunk, pl.shard_numel())));
+    // With the full parameters kept, this rank's shard is a slot of the
+    // output: gather from a copy of it.
+    at::Tensor in = keep_full_ ? out.narrow(0, shard_rank_ * pl.shard_numel(), pl.shard_numel()).clone()
+                               : chunk_.narrow(0, pl.offset_in_chunk, pl.shard_numel());
+    gathers_.push_back(pg_->all_gather_into_tensor(out, in));
+    gather_inputs_.push_back(std::move(in));
   }
+}
+
+void ShardedUnit::release_full() {
+  if (!keep_full_) full_.release();
 }
 
 void ShardedUnit::finish_unshard() {
@@ -99,11 +121,13 @@ void ShardedUnit::finish_unshard() {
     for (auto& w : gathers_) w->wait();
   } catch (...) {
     gathers_.clear();
-    full_.release();
+    gather_inputs_.clear();
+    release_full();
     state_ = State::kSharded;
     throw;
   }
   gathers_.clear();
+  gather_inputs_.clear();
   for (size_t k = 0; k < params_.size(); ++k) {
     const auto& pl = layout_.param(k);
     params_[k].set_data(full_.tensor_at(pl.offset_in_full, pl.shape));
@@ -114,21 +138,29 @@ void ShardedUnit::finish_unshard() {
 void ShardedUnit::reshard() {
   if (!sharded_ || state_ == State::kSharded) return;
   if (state_ == State::kGathering) {
+    // A prefetch nobody used: wait it out (it writes the full storage).
     std::vector<std::shared_ptr<Work>> gathers = std::move(gathers_);
     gathers_.clear();
     state_ = State::kSharded;
-    full_.release();
-    for (auto& w : gathers) w->wait();  // a prefetch nobody used: wait it out (it reads the chunk)
+    try {
+      for (auto& w : gathers) w->wait();
+    } catch (...) {
+      gather_inputs_.clear();
+      release_full();
+      throw;
+    }
+    gather_inputs_.clear();
+    release_full();
     return;
   }
   point_at_shards();
-  full_.release();
+  release_full();
   state_ = State::kSharded;
 }
 
 void ShardedUnit::write_back() {
   TDIST_CHECK(state_ == State::kFull);
-  if (!sharded_) return;  // the parameters are the shards
+  if (!sharded_ || keep_full_) return;  // the shards are the full parameters' rows
   at::NoGradGuard no_grad;
   for (size_t k = 0; k < params_.size(); ++k) {
     if (shard_views_[k].numel() > 0) shard_views_[k].copy_(rows_of(params_[k], layout_.param(k), shard_rank_));
@@ -136,8 +168,9 @@ void ShardedUnit::write_back() {
 }
 
 void ShardedUnit::check_params_in_place() const {
-  const c10::StorageImpl* expected =
-      state_ == State::kFull && sharded_ ? full_.storage_impl() : chunk_.storage().unsafeGetStorageImpl();
+  const c10::StorageImpl* expected = keep_full_ || (state_ == State::kFull && sharded_)
+                                         ? full_.storage_impl()
+                                         : chunk_.storage().unsafeGetStorageImpl();
   for (size_t k = 0; k < params_.size(); ++k) {
     if (params_[k].storage().unsafeGetStorageImpl() != expected) {
       throw UsageError(label_ + ": parameter '" + names_[k] +
@@ -205,6 +238,14 @@ void ShardedUnit::start_reduce() {
   reduce_ = std::move(r);
 }
 
+bool ShardedUnit::reduce_done() const {
+  if (!reduce_) return true;
+  for (const auto& w : reduce_->works) {
+    if (!w->is_completed()) return false;
+  }
+  return true;
+}
+
 void ShardedUnit::finish_reduce() {
   if (!reduce_) return;
   Reduce r = std::move(*reduce_);
@@ -237,6 +278,7 @@ void ShardedUnit::drop_in_flight() noexcept {
     }
   }
   gathers_.clear();
+  gather_inputs_.clear();
   if (reduce_) {
     for (auto& w : reduce_->works) {
       try {
@@ -255,7 +297,7 @@ void ShardedUnit::drop_in_flight() noexcept {
   }
   if (sharded_ && state_ != State::kSharded) {
     if (state_ == State::kFull) point_at_shards();
-    full_.release();
+    release_full();
     state_ = State::kSharded;
   }
 }

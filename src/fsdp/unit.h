@@ -14,7 +14,7 @@
 // reduces them in place.
 //
 // Owns: the chunk (this rank's shards back to back, padding zero: the
-// all-gather input), the full storage, the shard gradients set aside during
+// all-gather input; none when the full storage is kept), the full storage, the shard gradients set aside during
 // a backward, and the collectives in flight.
 // Threading: not synchronised: the training thread (forward, backward hooks
 // and callbacks on the CPU autograd engine's caller thread) uses it.
@@ -39,9 +39,12 @@ class ShardedUnit {
  public:
   // params: CPU, dense, one dtype, full as the module built them (already
   // equal on every rank). shard: false for NO_SHARD (every rank keeps
-  // every parameter whole). label: how messages name the unit.
+  // every parameter whole). keep_full (SHARD_GRAD_OP, ZeRO-2): the full
+  // storage is never released and the shards are this rank's rows of it,
+  // so the full parameters cost no second copy of the shards. label: how
+  // messages name the unit.
   ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, std::vector<std::string> names,
-              std::vector<at::Tensor> params, bool shard);
+              std::vector<at::Tensor> params, bool shard, bool keep_full);
   ShardedUnit(const ShardedUnit&) = delete;
   ShardedUnit& operator=(const ShardedUnit&) = delete;
   ~ShardedUnit();
@@ -95,6 +98,8 @@ class ShardedUnit {
   // Waits for it; .grad = the shard gradient plus what was set aside.
   void finish_reduce();
   bool reducing() const { return reduce_.has_value(); }
+  // Whether the reduction in flight has finished (finish_reduce will not wait).
+  bool reduce_done() const;
   // no_sync: the full gradients stay in .grad; the next synchronised
   // backward accumulates into them and reduces them.
   void keep_full_grads() { grads_full_ = true; }
@@ -114,6 +119,7 @@ class ShardedUnit {
 
   at::Tensor full_grad_or_zeros(size_t k);
   void point_at_shards();
+  void release_full();  // unless keep_full
 
   std::shared_ptr<ProcessGroup> pg_;
   std::string label_;
@@ -123,6 +129,7 @@ class ShardedUnit {
   bool has_frozen_ = false;
   bool has_trainable_ = false;
   bool sharded_;
+  bool keep_full_;
   int shard_rank_;
   ShardLayout layout_;
   at::ScalarType dtype_;
@@ -132,6 +139,7 @@ class ShardedUnit {
   FullStorage full_;
   State state_ = State::kSharded;
   std::vector<std::shared_ptr<Work>> gathers_;
+  std::vector<at::Tensor> gather_inputs_;  // kept alive until the gathers are done
 
   std::vector<at::Tensor> set_aside_;     // per parameter: .grad before this backward
   std::vector<char> aside_;               // per parameter: set_aside_[k] holds it
