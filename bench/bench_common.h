@@ -47,6 +47,21 @@ struct DdpBenchOptions {
   void add_to(CLI::App& mode);
 };
 
+struct FsdpBenchOptions {
+  int world_size = 2;
+  int blocks = 8;
+  int64_t width = 1024;
+  int64_t hidden = 4096;
+  int64_t batch = 8;
+  int steps = 6;
+  int rounds = 3;
+  std::string variants;  // empty: all
+  std::string json;
+  std::string run_variant;  // set for the ranks of one variant's job
+  std::string result;       // where that job's rank 0 writes its numbers
+  void add_to(CLI::App& mode);
+};
+
 double percentile(std::vector<double> v, double p);
 
 // Rows of a JSON array, each a flat object of numbers and strings in the
@@ -68,6 +83,7 @@ class JsonRows {
 int store_bench(const StoreBenchOptions& o);
 int collectives_bench(const CollectivesBenchOptions& o, const std::vector<std::string>& args);
 int ddp_bench(const DdpBenchOptions& o, const std::vector<std::string>& args);
+int fsdp_bench(const FsdpBenchOptions& o, const std::vector<std::string>& args);
 
 // Forks `world` copies of this program as ranks of a local job (RANK,
 // WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; OMP_NUM_THREADS=1 unless set),

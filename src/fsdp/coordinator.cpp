@@ -16,8 +16,10 @@ Coordinator* active_coordinator() { return t_active; }
 void set_active_coordinator(Coordinator* c) { t_active = c; }
 
 void FsdpState::before_grad_accumulates(size_t index) {
-  unit->set_aside_grad(tracked[index]);
+  // Poll first: a finished reduction's blocks go back to the pool before
+  // this unit's gradient buffer is taken from it.
   if (auto c = current.lock()) c->poll_in_flight();
+  unit->set_aside_grad(tracked[index]);
 }
 
 void FsdpState::on_grad_ready(size_t index) {

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
 
+#include "fsdp/block_pool.h"
 #include "util/check.h"
 
 namespace tdist::detail {
@@ -27,12 +28,13 @@ void FullStorage::allocate() {
   TDIST_CHECK(!allocated_);
   const size_t nbytes = static_cast<size_t>(numel_) * c10::elementSize(dtype_);
   auto* impl = storage_.unsafeGetStorageImpl();
-  impl->set_data_ptr_noswap(c10::GetCPUAllocator()->allocate(nbytes));
+  impl->set_data_ptr_noswap(take_block(nbytes));
   impl->set_nbytes(nbytes);
   allocated_ = true;
 }
 
 void FullStorage::release() {
+  // The block goes back to the pool (block_pool.h) with the old DataPtr.
   auto* impl = storage_.unsafeGetStorageImpl();
   impl->set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
   impl->set_nbytes(static_cast<size_t>(0));
@@ -41,6 +43,13 @@ void FullStorage::release() {
 
 at::Tensor FullStorage::tensor_at(int64_t offset, at::IntArrayRef sizes) const {
   return tensor_on(storage_, dtype_, offset, sizes);
+}
+
+at::Tensor pooled_empty(at::ScalarType dtype, int64_t numel) {
+  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, take_block(nbytes), /*allocator=*/nullptr,
+                       /*resizable=*/false);
+  return tensor_on(storage, dtype, 0, {numel});
 }
 
 }  // namespace tdist::detail

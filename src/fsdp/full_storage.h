@@ -8,7 +8,8 @@
 // keeps every saved view valid without keeping the memory in between
 // (what PyTorch's FSDP does with storage resize_).
 //
-// Owns: one CPU storage and, while allocated, its memory.
+// Owns: one CPU storage and, while allocated, its memory (a block of the
+// pool in block_pool.h, which takes it back on release).
 // Threading: not synchronised; the unit that owns it uses it from the
 // training thread only.
 // Lifetime: tensors made by tensor_at() share the storage object; reading
@@ -53,5 +54,9 @@ class FullStorage {
 // A contiguous tensor of `sizes` on `storage` at `offset` elements (set_ on
 // a fresh tensor: shares the storage object, is no autograd view).
 at::Tensor tensor_on(const c10::Storage& storage, at::ScalarType dtype, int64_t offset, at::IntArrayRef sizes);
+
+// A 1-D tensor of `numel` uninitialised elements whose memory comes from
+// (and goes back to) the block pool (block_pool.h).
+at::Tensor pooled_empty(at::ScalarType dtype, int64_t numel);
 
 }  // namespace tdist::detail

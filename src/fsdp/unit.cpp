@@ -55,7 +55,8 @@ ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, st
       shard_rank_(sharded_ ? pg_->rank() : 0),
       layout_(shapes_of(params_), sharded_ ? pg_->size() : 1, kAlign),
       dtype_(check_params(label_, names_, params_)),
-      full_(dtype_, sharded_ ? layout_.full_numel() : 0) {
+      full_(dtype_, sharded_ ? layout_.full_numel() : 0),
+      grad_full_(dtype_, sharded_ ? layout_.full_numel() : 0) {
   at::NoGradGuard no_grad;
   for (const auto& p : params_) {
     trainable_.push_back(p.requires_grad());
@@ -180,10 +181,20 @@ void ShardedUnit::check_params_in_place() const {
   }
 }
 
+void ShardedUnit::ensure_grad_buffer() {
+  if (grad_full_.allocated()) return;
+  grad_full_.allocate();
+  grad_full_.tensor_at(0, {layout_.full_numel()}).zero_();
+}
+
 void ShardedUnit::set_aside_grad(size_t k) {
   if (!sharded_ || grads_full_ || !trainable_[k] || aside_[k]) return;
   set_aside_[k] = params_[k].grad();
-  params_[k].mutable_grad().reset();
+  // Autograd accumulates into a .grad that exists: the full gradient lands
+  // in its place in the unit's gradient buffer, the reduce-scatter input.
+  ensure_grad_buffer();
+  const auto& pl = layout_.param(k);
+  params_[k].mutable_grad() = grad_full_.tensor_at(pl.offset_in_full, pl.shape);
   aside_[k] = 1;
 }
 
@@ -191,20 +202,22 @@ void ShardedUnit::set_aside_shard_grads() {
   for (size_t k = 0; k < params_.size(); ++k) set_aside_grad(k);
 }
 
-at::Tensor ShardedUnit::full_grad_or_zeros(size_t k) {
+at::Tensor ShardedUnit::take_full_grad(size_t k) {
   const auto& pl = layout_.param(k);
-  const int64_t padded = pl.shard_numel() * layout_.world_size();
-  const at::Tensor g = params_[k].grad();
-  at::Tensor flat = at::zeros({padded}, at::TensorOptions().dtype(dtype_));
-  if (!g.defined()) return flat;
-  if (g.numel() != pl.numel()) {
-    throw UsageError(label_ + ": the gradient of '" + names_[k] + "' has " + std::to_string(g.numel()) +
-                     " elements where the full parameter has " + std::to_string(pl.numel()) +
-                     " (was .grad set by hand, or an optimizer stepped during no_sync?)");
+  at::Tensor& g = params_[k].mutable_grad();
+  at::Tensor region = grad_full_.tensor_at(pl.offset_in_full, {pl.numel()});
+  if (!g.defined()) {
+    region.zero_();  // .grad was dropped after a no_sync backward: nothing to add
+  } else if (g.storage().unsafeGetStorageImpl() != grad_full_.storage_impl()) {
+    if (g.numel() != pl.numel()) {
+      throw UsageError(label_ + ": the gradient of '" + names_[k] + "' has " + std::to_string(g.numel()) +
+                       " elements where the full parameter has " + std::to_string(pl.numel()) +
+                       " (was .grad set by hand, or an optimizer stepped during no_sync?)");
+    }
+    region.copy_(g.reshape({-1}));  // a .grad set by hand, or made after being dropped
   }
-  if (padded == pl.numel() && g.is_contiguous()) return g.view({-1});
-  flat.narrow(0, 0, pl.numel()).copy_(g.reshape({-1}));
-  return flat;
+  g.reset();
+  return grad_full_.tensor_at(pl.offset_in_full, {pl.shard_numel() * layout_.world_size()});
 }
 
 void ShardedUnit::start_reduce() {
@@ -225,12 +238,12 @@ void ShardedUnit::start_reduce() {
     reduce_ = std::move(r);
     return;
   }
-  r.out = at::empty({layout_.chunk_numel()}, at::TensorOptions().dtype(dtype_));
+  ensure_grad_buffer();
+  r.out = pooled_empty(dtype_, layout_.chunk_numel());
   for (size_t k = 0; k < params_.size(); ++k) {
     const auto& pl = layout_.param(k);
     if (!trainable_[k] || pl.shard_numel() == 0) continue;
-    at::Tensor in = full_grad_or_zeros(k);
-    params_[k].mutable_grad().reset();
+    at::Tensor in = take_full_grad(k);
     r.works.push_back(pg_->reduce_scatter_tensor(r.out.narrow(0, pl.offset_in_chunk, pl.shard_numel()), in,
                                                  {ReduceOp::AVG}));
     r.inputs.push_back(std::move(in));
@@ -254,6 +267,7 @@ void ShardedUnit::finish_reduce() {
   r.inputs.clear();
   grads_full_ = false;
   if (!sharded_) return;  // reduced in place
+  grad_full_.release();
   at::NoGradGuard no_grad;
   for (size_t k = 0; k < params_.size(); ++k) {
     if (!trainable_[k]) continue;
@@ -294,6 +308,7 @@ void ShardedUnit::drop_in_flight() noexcept {
       set_aside_[k] = at::Tensor();
       aside_[k] = 0;
     }
+    grad_full_.release();
   }
   if (sharded_ && state_ != State::kSharded) {
     if (state_ == State::kFull) point_at_shards();

@@ -8,10 +8,12 @@
 // steps. unshard() all-gathers every parameter straight into its place in
 // the unit's FullStorage and points the parameters at the full tensors;
 // reshard() points them back at the shards and releases the full memory.
-// Gradients: autograd accumulates full gradients into the full parameters;
-// reduce() reduce-scatters them (AVG) into shard-shaped .grad (adding what
-// .grad held before this backward), or, without sharding (NO_SHARD), all-
-// reduces them in place.
+// Gradients: just before a parameter's gradient accumulates, its .grad is
+// pointed at its place in the unit's full gradient buffer (laid out as the
+// full parameters, padding zero), so autograd accumulates there;
+// reduce() reduce-scatters that buffer (AVG) into shard-shaped .grad
+// (adding what .grad held before this backward), or, without sharding
+// (NO_SHARD), all-reduces autograd's own .grad in place.
 //
 // Owns: the chunk (this rank's shards back to back, padding zero: the
 // all-gather input; none when the full storage is kept), the full storage, the shard gradients set aside during
@@ -117,7 +119,10 @@ class ShardedUnit {
     std::vector<at::Tensor> inputs;  // kept alive until the works are done
   };
 
-  at::Tensor full_grad_or_zeros(size_t k);
+  void ensure_grad_buffer();
+  // Parameter k's full gradient, padded, in the gradient buffer (zeros if
+  // it got none); .grad is dropped.
+  at::Tensor take_full_grad(size_t k);
   void point_at_shards();
   void release_full();  // unless keep_full
 
@@ -137,6 +142,7 @@ class ShardedUnit {
   at::Tensor chunk_;                      // this rank's shards, padding zero
   std::vector<at::Tensor> shard_views_;   // per parameter: its real rows in chunk_
   FullStorage full_;
+  FullStorage grad_full_;  // sharded: the full gradients, in the full layout (the reduce-scatter input)
   State state_ = State::kSharded;
   std::vector<std::shared_ptr<Work>> gathers_;
   std::vector<at::Tensor> gather_inputs_;  // kept alive until the gathers are done

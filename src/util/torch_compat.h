@@ -28,6 +28,16 @@ namespace tdist::compat {
 using GradAccumulatorPtr =
     decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
 
+// c10::Allocator::allocate is const before 2.3 and not after, where
+// copy_data also became a pure virtual to define.
+#if TDIST_TORCH_VERSION_AT_LEAST(2, 3)
+#define TDIST_ALLOCATOR_CONST
+#define TDIST_ALLOCATOR_HAS_COPY_DATA 1
+#else
+#define TDIST_ALLOCATOR_CONST const
+#define TDIST_ALLOCATOR_HAS_COPY_DATA 0
+#endif
+
 // Whether Optimizer::zero_grad() and Module::zero_grad() with no argument
 // set gradients to undefined (2.x) rather than to zero (1.13).
 inline constexpr bool kZeroGradSetsToNone = TDIST_TORCH_VERSION_AT_LEAST(2, 0);

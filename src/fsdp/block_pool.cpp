@@ -1,0 +1,82 @@
+// BlockPool: the free lists and the returning deleter. The contract is in
+// block_pool.h.
+#include "fsdp/block_pool.h"
+
+#include <c10/core/CPUAllocator.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <vector>
+
+namespace tdist::detail {
+
+namespace {
+
+constexpr size_t kMaxFreeBlocks = 4;
+
+struct Block {
+  c10::DataPtr memory;
+  size_t nbytes;
+};
+
+class BlockPool {
+ public:
+  c10::DataPtr take(size_t nbytes) {
+    Block* b = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      largest_ = std::max(largest_, nbytes);
+      auto it = free_.find(nbytes);
+      if (it != free_.end() && !it->second.empty()) {
+        b = it->second.back();
+        it->second.pop_back();
+        free_bytes_ -= nbytes;
+        --free_blocks_;
+      }
+    }
+    if (!b) b = new Block{c10::GetCPUAllocator()->allocate(nbytes), nbytes};
+    return c10::DataPtr(b->memory.get(), b, &BlockPool::give_back, c10::Device(c10::kCPU));
+  }
+
+  size_t free_bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return free_bytes_;
+  }
+
+ private:
+  static void give_back(void* ctx);
+
+  std::mutex mu_;
+  std::map<size_t, std::vector<Block*>> free_;
+  size_t free_bytes_ = 0;
+  size_t free_blocks_ = 0;
+  size_t largest_ = 0;
+};
+
+BlockPool& pool() {
+  static BlockPool* p = new BlockPool;  // never destroyed: see block_pool.h
+  return *p;
+}
+
+void BlockPool::give_back(void* ctx) {
+  auto* b = static_cast<Block*>(ctx);
+  BlockPool& p = pool();
+  {
+    std::lock_guard<std::mutex> lock(p.mu_);
+    if (p.free_blocks_ < kMaxFreeBlocks && p.free_bytes_ + b->nbytes <= 2 * p.largest_) {
+      p.free_[b->nbytes].push_back(b);
+      p.free_bytes_ += b->nbytes;
+      ++p.free_blocks_;
+      return;
+    }
+  }
+  delete b;
+}
+
+}  // namespace
+
+c10::DataPtr take_block(size_t nbytes) { return pool().take(nbytes); }
+size_t pooled_bytes() { return pool().free_bytes(); }
+
+}  // namespace tdist::detail
