@@ -28,6 +28,9 @@ TEST_P(Collectives, ReduceToEveryRoot) { run(conformance::ReduceToEveryRoot); }
 TEST_P(Collectives, BroadcastFromEveryRoot) { run(conformance::BroadcastFromEveryRoot); }
 TEST_P(Collectives, AllGatherBothForms) { run(conformance::AllGatherBothForms); }
 TEST_P(Collectives, ReduceScatterBothForms) { run(conformance::ReduceScatterBothForms); }
+TEST_P(Collectives, GatherAndReduceScatterOnSymmetricMemory) {
+  run(conformance::GatherAndReduceScatterOnSymmetricMemory);
+}
 TEST_P(Collectives, GatherAndScatterAtEveryRoot) { run(conformance::GatherAndScatterAtEveryRoot); }
 TEST_P(Collectives, AllToAllEqualAndUnevenSplits) { run(conformance::AllToAllEqualAndUnevenSplits); }
 TEST_P(Collectives, SendRecvWithTagsAndBarrier) { run(conformance::SendRecvWithTagsAndBarrier); }

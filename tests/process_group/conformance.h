@@ -541,6 +541,47 @@ inline void WaitersOnSeveralThreadsKeepTheOrder(ProcessGroup& pg) {
   }
 }
 
+// all_gather_into_tensor and reduce_scatter_tensor whose inputs lie in
+// symmetric memory (read straight from the ranks' copies on shm) give what
+// they give on ordinary memory; so do an input that is the output's own
+// slot, and ranks that disagree (rank 0 ordinary: everyone stages).
+inline void GatherAndReduceScatterOnSymmetricMemory(ProcessGroup& pg) {
+  const int n = pg.size(), r = pg.rank();
+  for (int64_t count : {int64_t(0), int64_t(5), int64_t(70'001), int64_t(600'000)}) {
+    at::Tensor block = pg.empty_symmetric({n * count + 3});
+    at::manual_seed(500 + r);
+    const at::Tensor mine = at::randn({count});
+    const at::Tensor all = at::randn({n * count}) * (r + 1);
+    at::Tensor want_gather = at::empty({n * count});
+    pg.all_gather_into_tensor(want_gather, mine)->wait();
+    at::Tensor want_scatter = at::empty({count});
+    pg.reduce_scatter_tensor(want_scatter, all, {ReduceOp::AVG})->wait();
+    for (int64_t offset : {int64_t(0), int64_t(3)}) {
+      at::Tensor in = block.slice(0, offset, offset + count);
+      in.copy_(mine);
+      at::Tensor out = at::empty({n * count});
+      pg.all_gather_into_tensor(out, in)->wait();
+      EQUAL_OR_THROW(out, want_gather, "symmetric all_gather x " << count << " at " << offset);
+      at::Tensor big = block.slice(0, offset, offset + n * count);
+      big.copy_(all);
+      at::Tensor got = at::empty({count});
+      pg.reduce_scatter_tensor(got, big, {ReduceOp::AVG})->wait();
+      EQUAL_OR_THROW(got, want_scatter, "symmetric reduce_scatter x " << count << " at " << offset);
+    }
+    // The input is this rank's slot of a symmetric output.
+    at::Tensor out = block.slice(0, 0, n * count);
+    out.slice(0, r * count, (r + 1) * count).copy_(mine);
+    pg.all_gather_into_tensor(out, out.slice(0, r * count, (r + 1) * count))->wait();
+    EQUAL_OR_THROW(out, want_gather, "symmetric in-place all_gather x " << count);
+    // Rank 0 passes ordinary memory: everyone takes the staging path.
+    at::Tensor in = r == 0 ? mine.clone() : block.slice(0, 0, count);
+    if (r != 0) in.copy_(mine);
+    at::Tensor mixed = at::empty({n * count});
+    pg.all_gather_into_tensor(mixed, in)->wait();
+    EQUAL_OR_THROW(mixed, want_gather, "mixed all_gather x " << count);
+  }
+}
+
 inline const std::vector<std::pair<const char*, void (*)(ProcessGroup&)>>& all_cases() {
   static const std::vector<std::pair<const char*, void (*)(ProcessGroup&)>> cases = {
       {"AllReduceEveryDtypeOpAndSize", AllReduceEveryDtypeOpAndSize},
@@ -551,6 +592,7 @@ inline const std::vector<std::pair<const char*, void (*)(ProcessGroup&)>>& all_c
       {"BroadcastFromEveryRoot", BroadcastFromEveryRoot},
       {"AllGatherBothForms", AllGatherBothForms},
       {"ReduceScatterBothForms", ReduceScatterBothForms},
+      {"GatherAndReduceScatterOnSymmetricMemory", GatherAndReduceScatterOnSymmetricMemory},
       {"GatherAndScatterAtEveryRoot", GatherAndScatterAtEveryRoot},
       {"AllToAllEqualAndUnevenSplits", AllToAllEqualAndUnevenSplits},
       {"SendRecvWithTagsAndBarrier", SendRecvWithTagsAndBarrier},

@@ -20,6 +20,7 @@
 
 #include "comm/backend.h"
 #include "comm/shm/rounds.h"
+#include "comm/shm/symmetric_span.h"
 
 namespace tdist::comm::shm {
 
@@ -56,17 +57,19 @@ void broadcast(Rounds& rounds, void* buf, size_t bytes, int root, const OpDesc& 
 
 // Every rank's bytes into out (size() * bytes, rank r's at r * bytes) on
 // root, or on every rank when root < 0 (all_gather). in may alias
-// out + rank() * bytes. gather.cpp.
-void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, const OpDesc& desc, Deadline d);
+// out + rank() * bytes. sym_in (all_gather only): in's span when it lies in
+// a symmetric block. gather.cpp.
+void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, const OpDesc& desc, Deadline d,
+            const SymSpan& sym_in = {});
 
 // root's in (size() * bytes) dealt out, bytes to each rank's out.
 // scatter.cpp.
 void scatter(Rounds& rounds, const void* in, void* out, size_t bytes, int root, const OpDesc& desc, Deadline d);
 
 // in holds size() * count elements; out receives this rank's count, reduced.
-// reduce_scatter.cpp.
+// sym_in: in's span when it lies in a symmetric block. reduce_scatter.cpp.
 void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, DataType t, ReduceOp op,
-                    const OpDesc& desc, Deadline d);
+                    const OpDesc& desc, Deadline d, const SymSpan& sym_in = {});
 
 // Backend::all_to_all; a first round swaps the sizes, and senders and
 // receivers that disagree raise CollectiveMismatchError. all_to_all.cpp.

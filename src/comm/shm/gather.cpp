@@ -1,5 +1,7 @@
 // gather and all_gather: every rank posts a round_bytes chunk of its input
 // per round; after the barrier root (or everyone) copies all of them out.
+// An all_gather whose inputs are symmetric on every rank reads them
+// straight from the ranks' copies instead (symmetric_span.h).
 #include <algorithm>
 
 #include "comm/shm/algorithms.h"
@@ -7,16 +9,33 @@
 
 namespace tdist::comm::shm::algo {
 
-void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, const OpDesc& desc, Deadline d) {
+void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, const OpDesc& desc, Deadline d,
+            const SymSpan& sym_in) {
   const size_t chunk = rounds.round_bytes();
   const size_t n_rounds = Rounds::count_for(bytes, chunk);
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
   const bool want = root < 0 || root == rounds.rank();
-  for (size_t j = 0; j < n_rounds; ++j) {
+  auto post = [&](size_t j) {
     const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
     detail::copy_bytes(rounds.mine(), src + off, len);
-    rounds.barrier(j, desc, d);
+  };
+  if (agree_on_symmetric(rounds, sym_in, desc, d, [&] { post(0); })) {
+    // Every rank's input, straight from its copy; then nobody may change
+    // an input until all have read it.
+    for (int r = 0; r < rounds.size(); ++r) {
+      uint8_t* to = dst + r * bytes;
+      if (to != sym_in.on(r)) detail::copy_bytes(to, sym_in.on(r), bytes);
+    }
+    rounds.barrier_round(desc, d);
+    return;
+  }
+  for (size_t j = 0; j < n_rounds; ++j) {
+    const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
+    if (j > 0) {
+      post(j);
+      rounds.barrier_round(desc, d);
+    }
     if (!want) continue;
     for (int r = 0; r < rounds.size(); ++r) {
       uint8_t* to = dst + r * bytes + off;

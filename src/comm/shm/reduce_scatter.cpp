@@ -1,6 +1,8 @@
 // reduce_scatter: per round every rank posts, for each other rank, the
 // next piece of that rank's share; after the barrier each reduces its own
-// share from every rank's piece (its own straight from its input).
+// share from every rank's piece (its own straight from its input). With
+// inputs symmetric on every rank, each rank reduces its share straight
+// from the ranks' copies (symmetric_span.h).
 #include <algorithm>
 #include <vector>
 
@@ -11,7 +13,7 @@
 namespace tdist::comm::shm::algo {
 
 void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, DataType t, ReduceOp op,
-                    const OpDesc& desc, Deadline d) {
+                    const OpDesc& desc, Deadline d, const SymSpan& sym_in) {
   const int n = rounds.size(), me = rounds.rank();
   const size_t es = dtype_size(t);
   const size_t piece = std::max<size_t>(1, rounds.round_bytes() / n / kAlign * kAlign / es);  // elements
@@ -19,12 +21,25 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
   std::vector<const void*> inputs(n);
-  for (size_t j = 0; j < n_rounds; ++j) {
+  auto post = [&](size_t j) {
     const size_t off = j * piece, len = std::min(piece, count - std::min(count, off));
     for (int r = 0; r < n; ++r) {
       if (r != me) detail::copy_bytes(rounds.mine() + r * piece * es, src + (r * count + off) * es, len * es);
     }
-    rounds.barrier(j, desc, d);
+  };
+  if (agree_on_symmetric(rounds, sym_in, desc, d, [&] { post(0); })) {
+    // This rank's share of every rank's input, straight from its copy.
+    for (int r = 0; r < n; ++r) inputs[r] = sym_in.on(r) + me * count * es;
+    reduce_many(dst, inputs.data(), n, count, t, op, n);
+    rounds.barrier_round(desc, d);
+    return;
+  }
+  for (size_t j = 0; j < n_rounds; ++j) {
+    const size_t off = j * piece, len = std::min(piece, count - std::min(count, off));
+    if (j > 0) {
+      post(j);
+      rounds.barrier_round(desc, d);
+    }
     for (int r = 0; r < n; ++r) {
       inputs[r] = r == me ? src + (me * count + off) * es : rounds.theirs(r) + me * piece * es;
     }

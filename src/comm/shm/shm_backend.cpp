@@ -92,7 +92,8 @@ class ShmBackend final : public Backend {
 
   void all_gather(const void* in, void* out, size_t bytes, Deadline d) override {
     algo::gather(rounds_, in, out, bytes, -1,
-                 rounds_.make_desc(OpKind::kAllGather, DataType::kUInt8, ReduceOp::kSum, -1, bytes), d);
+                 rounds_.make_desc(OpKind::kAllGather, DataType::kUInt8, ReduceOp::kSum, -1, bytes), d,
+                 SymSpan::find(*sym_, in, bytes, rank()));
   }
 
   void gather(const void* in, void* out, size_t bytes, int root, Deadline d) override {
@@ -110,7 +111,8 @@ class ShmBackend final : public Backend {
   void reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op, Deadline d) override {
     check_reduction(t, op);
     algo::reduce_scatter(rounds_, in, out, count, t, op,
-                         rounds_.make_desc(OpKind::kReduceScatter, t, op, -1, count), d);
+                         rounds_.make_desc(OpKind::kReduceScatter, t, op, -1, count), d,
+                         SymSpan::find(*sym_, in, count * size() * dtype_size(t), rank()));
   }
 
   void all_to_all(const void* in, const std::vector<size_t>& send_bytes, const std::vector<size_t>& send_offsets,

@@ -1,0 +1,47 @@
+// SymSpan: a collective's buffer that lies in one symmetric block (every
+// rank's copy mapped here, symmetric.h), and the agreement that lets an op
+// read the other ranks' copies directly instead of going through the
+// staging buffers.
+//
+// all_gather reads every rank's input straight from its copy (one copy per
+// byte instead of two, and one barrier at each end instead of one per
+// round); reduce_scatter reads this rank's share from every rank's input
+// and reduces it into the output. Both need every rank's buffer at the same
+// offset of the same block: agree() compares keys published with the op's
+// first round; ranks that disagree (one passed an ordinary tensor) all
+// take the staging path.
+//
+// Contract: find() never blocks; agree() is collective and raises as
+// Rounds does. The block must stay alive until the op returns (the
+// caller's tensors hold it). Used by the collective thread only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "comm/shm/rounds.h"
+#include "comm/shm/symmetric.h"
+
+namespace tdist::comm::shm {
+
+struct SymSpan {
+  const SymBlock* block = nullptr;
+  size_t offset = 0;  // bytes into every rank's copy
+  uint64_t key[2] = {0, 0};
+
+  // The span of [p, p + bytes) on rank `rank`, or none (block == nullptr).
+  static SymSpan find(const SymRegistry& registry, const void* p, size_t bytes, int rank);
+  explicit operator bool() const { return block != nullptr; }
+  const uint8_t* on(int r) const { return block->copies[r] + offset; }
+};
+
+// Publishes span's key (zeros for none) with the op's first round and
+// passes its first barrier. Returns true when every rank has the same key:
+// the op goes on over the copies and must end with a barrier_round.
+// Otherwise returns false with the staging path's round 0 posted
+// (post_round0, which writes into rounds.mine()) and its barrier passed.
+bool agree_on_symmetric(Rounds& rounds, const SymSpan& span, const OpDesc& desc, Deadline d,
+                        const std::function<void()>& post_round0);
+
+}  // namespace tdist::comm::shm
