@@ -12,7 +12,8 @@
 // the variants taking turns for `rounds` rounds. Per variant: ms/step (the
 // median round; a round: the slowest rank's mean over `steps` steps after
 // two warm-up steps), and per rank (the largest): the peak of bytes live
-// in LibTorch's CPU allocator during training (a counting allocator),
+// in LibTorch's CPU allocator during training (a counting allocator) plus
+// the rank's blocks of symmetric memory (tdist::symmetric_memory_bytes()),
 // minus the activations (measured alone: the bytes a forward of the plain
 // model keeps for backward), next to the ZeRO bound of the variant for
 // fp32 Adam with Psi parameters over N ranks: DDP and NO_SHARD 16 Psi,
@@ -125,7 +126,10 @@ int run_rank(const FsdpBenchOptions& o) {
   const auto t0 = Clock::now();
   for (int i = 0; i < o.steps; ++i) step();
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / o.steps;
-  at::Tensor r = at::tensor({ms, static_cast<double>(mem.peak()),
+  // Symmetric memory (shm: DDP's buckets, FSDP's shards) is mapped, not
+  // allocated through LibTorch; its blocks live for the whole run.
+  const double peak = static_cast<double>(mem.peak() + symmetric_memory_bytes());
+  at::Tensor r = at::tensor({ms, peak,
                              static_cast<double>(proc_status_bytes("VmHWM") - rss0)}, at::kDouble);
   pg->all_reduce(r, {ReduceOp::MAX})->wait();
   if (pg->rank() == 0) {
@@ -202,7 +206,7 @@ int run_parent(const FsdpBenchOptions& o, const std::vector<std::string>& args) 
   std::printf("\n# FSDP: %d blocks of %lld-%lld (Psi = %.1f M parameters, largest unit %.1f M), batch %lld per rank, "
               "Adam fp32, 1 thread per rank, shm, world size %d\n# %d rounds of %d steps; ms/step: the median round "
               "(a round: the slowest rank's mean). Memory per rank (the largest rank), MiB:\n# model state = peak "
-              "bytes live in the CPU allocator during training - activations (%.1f MiB, measured alone);\n# bound = "
+              "bytes live in the CPU allocator during training + symmetric memory - activations (%.1f MiB, measured alone);\n# bound = "
               "the ZeRO bound of the variant; VmHWM = the process's peak RSS over its RSS before the model\n",
               o.blocks, static_cast<long long>(o.width), static_cast<long long>(o.hidden), psi / 1e6,
               facts.largest_unit / 1e6, static_cast<long long>(o.batch), o.world_size, o.rounds, o.steps,

@@ -225,6 +225,11 @@ class ProcessGroup {
   std::unique_ptr<Impl> impl_;
 };
 
+// Bytes of this process's own symmetric-memory blocks alive now, over all
+// groups (what empty_symmetric handed out and is still referenced; the
+// other ranks' copies mapped here are theirs). For memory accounting.
+int64_t symmetric_memory_bytes();
+
 // ---------------------------------------------------------------------------
 struct InitOptions {
   // "auto" (shm when every rank is on this host, gloo otherwise), "shm",

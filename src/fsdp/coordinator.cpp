@@ -16,9 +16,15 @@ Coordinator* active_coordinator() { return t_active; }
 void set_active_coordinator(Coordinator* c) { t_active = c; }
 
 void FsdpState::before_grad_accumulates(size_t index) {
-  // Poll first: a finished reduction's blocks go back to the pool before
-  // this unit's gradient buffer is taken from it.
-  if (auto c = current.lock()) c->poll_in_flight();
+  // The reduction in flight ends (and its buffer goes back to the pool)
+  // before this unit takes its gradient buffer from it.
+  if (auto c = current.lock()) {
+    if (unit->has_grad_buffer()) {
+      c->poll_in_flight();
+    } else {
+      c->finish_in_flight();
+    }
+  }
   unit->set_aside_grad(tracked[index]);
 }
 
@@ -105,6 +111,13 @@ void Coordinator::poll_in_flight() {
     in_flight_->unit->finish_reduce();
     in_flight_ = nullptr;
   }
+}
+
+void Coordinator::finish_in_flight() {
+  if (!in_flight_) return;
+  FsdpState* s = in_flight_;
+  in_flight_ = nullptr;
+  s->unit->finish_reduce();
 }
 
 void Coordinator::launch(FsdpState& s) {

@@ -41,6 +41,11 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   // meantime hands its shards over and frees its full gradients now rather
   // than at the next launch (the memory peak is inside a unit's backward).
   void poll_in_flight();
+  // Waits for the reduction in flight and hands its shards over: before a
+  // unit takes its gradient buffer, so that at most one unit's full
+  // gradients exist besides the accumulating ones (the ZeRO bounds allow
+  // one).
+  void finish_in_flight();
   // The queued callback at the end of backward.
   void end_of_backward();
   // Whether a backward has started and not ended.

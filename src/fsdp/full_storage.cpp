@@ -33,6 +33,18 @@ void FullStorage::allocate() {
   allocated_ = true;
 }
 
+void FullStorage::adopt(const at::Tensor& t) {
+  TDIST_CHECK(!allocated_);
+  TDIST_CHECK(t.is_contiguous() && t.numel() == numel_ && t.scalar_type() == dtype_);
+  const size_t nbytes = static_cast<size_t>(numel_) * c10::elementSize(dtype_);
+  auto* keep = new at::Tensor(t);
+  auto* impl = storage_.unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(c10::DataPtr(t.data_ptr(), keep, [](void* p) { delete static_cast<at::Tensor*>(p); },
+                                         c10::Device(c10::kCPU)));
+  impl->set_nbytes(nbytes);
+  allocated_ = true;
+}
+
 void FullStorage::release() {
   // The block goes back to the pool (block_pool.h) with the old DataPtr.
   auto* impl = storage_.unsafeGetStorageImpl();

@@ -34,6 +34,10 @@ class FullStorage {
   // Gives the storage numel elements of fresh (uninitialised) memory.
   // REQUIRES: !allocated().
   void allocate();
+  // Takes t's memory (numel() elements of this dtype, contiguous) as its
+  // own, keeping t alive while allocated: e.g. a block of symmetric memory.
+  // REQUIRES: !allocated().
+  void adopt(const at::Tensor& t);
   // Frees the memory; the storage object stays, with zero bytes.
   void release();
   // A contiguous tensor of `sizes` at `offset` elements into the storage:

@@ -65,8 +65,9 @@ ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, st
   }
   if (keep_full_) {
     // The full parameters stay; a shard is this rank's rows of them.
-    full_.allocate();
-    full_.tensor_at(0, {layout_.full_numel()}).zero_();
+    // In symmetric memory where the group has it: each rank's gather then
+    // reads the others' shards straight from their copies.
+    full_.adopt(pg_->empty_symmetric({layout_.full_numel()}, dtype_));
     for (size_t k = 0; k < params_.size(); ++k) {
       const auto& pl = layout_.param(k);
       if (pl.numel() > 0) full_.tensor_at(pl.offset_in_full, pl.shape).copy_(params_[k]);
@@ -74,7 +75,7 @@ ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, st
           full_.tensor_at(pl.offset_in_full + shard_rank_ * pl.shard_numel(), pl.shard_shape(shard_rank_)));
     }
   } else {
-    chunk_ = at::zeros({layout_.chunk_numel()}, at::TensorOptions().dtype(dtype_));
+    chunk_ = pg_->empty_symmetric({layout_.chunk_numel()}, dtype_);  // zero-filled, symmetric where it can be
     for (size_t k = 0; k < params_.size(); ++k) {
       const auto& pl = layout_.param(k);
       at::Tensor view = tensor_on(chunk_.storage(), dtype_, pl.offset_in_chunk, pl.shard_shape(shard_rank_));
@@ -102,9 +103,9 @@ void ShardedUnit::start_unshard() {
     const auto& pl = layout_.param(k);
     if (pl.shard_numel() == 0) continue;  // every rank skips it: an empty parameter
     at::Tensor out = full_.tensor_at(pl.offset_in_full, {pl.shard_numel() * layout_.world_size()});
-    // With the full parameters kept, this rank's shard is a slot of the
-    // output: gather from a copy of it.
-    at::Tensor in = keep_full_ ? out.narrow(0, shard_rank_ * pl.shard_numel(), pl.shard_numel()).clone()
+    // With the full parameters kept, this rank's shard is its slot of the
+    // output (an all-gather in place).
+    at::Tensor in = keep_full_ ? out.narrow(0, shard_rank_ * pl.shard_numel(), pl.shard_numel())
                                : chunk_.narrow(0, pl.offset_in_chunk, pl.shard_numel());
     gathers_.push_back(pg_->all_gather_into_tensor(out, in));
     gather_inputs_.push_back(std::move(in));

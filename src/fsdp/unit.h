@@ -94,6 +94,9 @@ class ShardedUnit {
   void set_aside_grad(size_t k);
   // The same for every parameter not yet set aside.
   void set_aside_shard_grads();
+  // Whether the full-gradient buffer is taken (the unit's gradients are
+  // accumulating, or kept from no_sync).
+  bool has_grad_buffer() const { return grad_full_.allocated(); }
   // Launches the reduction of the full gradients (zeros for a parameter
   // that got none, so every rank takes part).
   void start_reduce();

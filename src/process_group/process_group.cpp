@@ -3,6 +3,7 @@
 // (group_impl.h). How groups are made is in init.cpp.
 #include "tdist/process_group.h"
 
+#include <atomic>
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -122,6 +123,15 @@ bool ProcessGroup::is_symmetric(const at::Tensor& t) const {
          impl_->backend->is_symmetric(t.data_ptr(), t.nbytes());
 }
 
+namespace {
+std::atomic<int64_t>& symmetric_bytes_live() {
+  static std::atomic<int64_t>* n = new std::atomic<int64_t>(0);  // blocks may die during static destruction
+  return *n;
+}
+}  // namespace
+
+int64_t symmetric_memory_bytes() { return symmetric_bytes_live().load(); }
+
 at::Tensor ProcessGroup::empty_symmetric(at::IntArrayRef sizes, at::ScalarType dtype, const CollectiveOptions& o) {
   for (int64_t s : sizes) {
     if (s < 0) throw UsageError("empty_symmetric: negative size " + std::to_string(s));
@@ -141,7 +151,11 @@ at::Tensor ProcessGroup::empty_symmetric(at::IntArrayRef sizes, at::ScalarType d
       return {at::zeros(shape, options)};
     }
     void* data = block.get();
-    return {at::from_blob(data, shape, [block = std::move(block)](void*) mutable { block.reset(); }, options)};
+    symmetric_bytes_live().fetch_add(static_cast<int64_t>(bytes));
+    return {at::from_blob(data, shape, [block = std::move(block), bytes](void*) mutable {
+      block.reset();
+      symmetric_bytes_live().fetch_sub(static_cast<int64_t>(bytes));
+    }, options)};
   }, "empty_symmetric " + std::to_string(bytes) + " bytes");
   work->wait();
   return work->result().at(0);
