@@ -74,6 +74,14 @@ class SymRegistry {
   std::map<uintptr_t, SymBlock> blocks_;
 };
 
+// One step of the 64-bit mix the symmetric keys are hashed with.
+inline uint64_t sym_key_mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h ^= h >> 31;
+  h *= 0xbf58476d1ce4e5b9ull;
+  return h ^ (h >> 29);
+}
+
 std::shared_ptr<void> allocate_symmetric_block(Rounds& rounds, const std::shared_ptr<SymRegistry>& registry,
                                                size_t bytes, Deadline d, std::string* why_not);
 

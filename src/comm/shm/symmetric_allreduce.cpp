@@ -11,17 +11,6 @@
 
 namespace tdist::comm::shm {
 
-namespace {
-
-uint64_t mix64(uint64_t h, uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  h ^= h >> 31;
-  h *= 0xbf58476d1ce4e5b9ull;
-  return h ^ (h >> 29);
-}
-
-}  // namespace
-
 SymmetricAllReduce::SymmetricAllReduce(std::shared_ptr<const SymRegistry> registry)
     : registry_(std::move(registry)) {}
 
@@ -47,8 +36,8 @@ void SymmetricAllReduce::plan(const std::vector<Piece>& pieces, size_t es, int r
   uint64_t h0 = 0x243f6a8885a308d3ull, h1 = 0x13198a2e03707344ull;
   for (const SymPart& part : parts_) {
     for (uint64_t v : {part.block->id, static_cast<uint64_t>(part.offset), static_cast<uint64_t>(part.count)}) {
-      h0 = mix64(h0, v);
-      h1 = mix64(h1, ~v);
+      h0 = sym_key_mix(h0, v);
+      h1 = sym_key_mix(h1, ~v);
     }
   }
   key_[0] = h0;

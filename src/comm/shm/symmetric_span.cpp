@@ -4,17 +4,6 @@
 
 namespace tdist::comm::shm {
 
-namespace {
-
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  h ^= h >> 31;
-  h *= 0xbf58476d1ce4e5b9ull;
-  return h ^ (h >> 29);
-}
-
-}  // namespace
-
 SymSpan SymSpan::find(const SymRegistry& registry, const void* p, size_t bytes, int rank) {
   SymSpan s;
   if (bytes == 0 || registry.empty()) return s;
@@ -24,8 +13,8 @@ SymSpan SymSpan::find(const SymRegistry& registry, const void* p, size_t bytes, 
   s.offset = static_cast<size_t>(static_cast<const uint8_t*>(p) - b->copies[rank]);
   uint64_t h0 = 0x452821e638d01377ull, h1 = 0xbe5466cf34e90c6cull;
   for (uint64_t v : {b->id, static_cast<uint64_t>(s.offset), static_cast<uint64_t>(bytes)}) {
-    h0 = mix(h0, v);
-    h1 = mix(h1, ~v);
+    h0 = sym_key_mix(h0, v);
+    h1 = sym_key_mix(h1, ~v);
   }
   s.key[0] = h0;
   s.key[1] = h1 | 1;  // never {0, 0}
