@@ -3,6 +3,7 @@
 #include "fsdp/full_storage.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/CPUAllocator.h>
 
 #include "fsdp/block_pool.h"

@@ -4,6 +4,7 @@
 // include/tdist/fsdp.h; the iteration is the Coordinator's
 // (src/fsdp/coordinator.h).
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <mutex>

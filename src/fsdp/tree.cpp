@@ -1,6 +1,7 @@
 // The operations over every wrapper of a model: clip_grad_norm_, no_sync,
 // get_shard_metadata, summon_full_params. Declared in include/tdist/fsdp.h.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 #include <functional>

@@ -3,6 +3,7 @@
 #include "fsdp/unit.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "tdist/errors.h"
 #include "util/check.h"
