@@ -145,7 +145,7 @@ bool require_sync(torch::nn::Module& root);
 ShardMetadata shard_metadata(torch::nn::Module& root);
 // Gathers every unit's full parameters; end_summon() frees them again,
 // after copying this rank's rows back into the shards when writeback.
-void begin_summon(torch::nn::Module& root);
+void begin_summon(torch::nn::Module& root, bool writeback);
 void end_summon(torch::nn::Module& root, bool writeback) noexcept;
 
 }  // namespace detail
@@ -211,7 +211,7 @@ class FullyShardedDataParallelImpl : public torch::nn::Module, public detail::Fu
   class SummonGuard {
    public:
     SummonGuard(torch::nn::Module& root, bool writeback) : root_(root), writeback_(writeback) {
-      detail::begin_summon(root_);
+      detail::begin_summon(root_, writeback_);
     }
     ~SummonGuard() { detail::end_summon(root_, writeback_); }
     SummonGuard(const SummonGuard&) = delete;

@@ -115,7 +115,7 @@ ShardMetadata shard_metadata(torch::nn::Module& root) {
   return md;
 }
 
-void begin_summon(torch::nn::Module& root) {
+void begin_summon(torch::nn::Module& root, bool writeback) {
   if (active_coordinator()) throw UsageError("summon_full_params inside a forward");
   const auto all = wrappers(root);
   Coordinator& c = *all[0].state.own;
@@ -127,6 +127,7 @@ void begin_summon(torch::nn::Module& root) {
   size_t done = 0;
   try {
     for (; done < all.size(); ++done) {
+      if (!writeback) all[done].state.unit->save_shards();
       all[done].state.unit->unshard();
       all[done].state.summoned = true;
     }
@@ -146,6 +147,7 @@ void end_summon(torch::nn::Module& root, bool writeback) noexcept {
       v.state.summoned = false;
       if (writeback && v.state.unit->unsharded()) v.state.unit->write_back();
       v.state.unit->reshard();
+      if (!writeback) v.state.unit->restore_shards();
     }
   } catch (...) {
   }

@@ -170,6 +170,18 @@ void ShardedUnit::write_back() {
   }
 }
 
+void ShardedUnit::save_shards() {
+  saved_shards_.clear();
+  if (!keep_full_) return;
+  for (const auto& v : shard_views_) saved_shards_.push_back(v.clone());
+}
+
+void ShardedUnit::restore_shards() {
+  at::NoGradGuard no_grad;
+  for (size_t k = 0; k < saved_shards_.size(); ++k) shard_views_[k].copy_(saved_shards_[k]);
+  saved_shards_.clear();
+}
+
 void ShardedUnit::check_params_in_place() const {
   const c10::StorageImpl* expected = keep_full_ || (state_ == State::kFull && sharded_)
                                          ? full_.storage_impl()

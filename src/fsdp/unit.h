@@ -82,6 +82,11 @@ class ShardedUnit {
   // Copies this rank's rows of the full parameters into the shards (after
   // the user edited full parameters). REQUIRES: unsharded().
   void write_back();
+  // Where the shards are rows of the kept full storage (SHARD_GRAD_OP),
+  // edits to the full parameters reach them directly: a summon without
+  // writeback saves them first and puts them back after.
+  void save_shards();
+  void restore_shards();
   // UsageError naming the parameter if one no longer lies where the unit
   // put it (e.g. module.to() or set_data after wrapping).
   void check_params_in_place() const;
@@ -149,6 +154,7 @@ class ShardedUnit {
   State state_ = State::kSharded;
   std::vector<std::shared_ptr<Work>> gathers_;
   std::vector<at::Tensor> gather_inputs_;  // kept alive until the gathers are done
+  std::vector<at::Tensor> saved_shards_;   // save_shards()
 
   std::vector<at::Tensor> set_aside_;     // per parameter: .grad before this backward
   std::vector<char> aside_;               // per parameter: set_aside_[k] holds it

@@ -209,11 +209,13 @@ TEST(FsdpUse, ShardMetadataNamesEveryUnitAndRow) {
 }
 
 TEST(FsdpUse, SummonFullParamsReadsAndWritesTheWholeModel) {
-  EXPECT_EQ(run_world(2, [](ProcessGroup&) {
+  for (auto strategy : {tdist::ShardingStrategy::FULL_SHARD, tdist::ShardingStrategy::SHARD_GRAD_OP}) {
+  EXPECT_EQ(run_world(2, [strategy](ProcessGroup&) {
     torch::manual_seed(11);
     Net plain;
     torch::manual_seed(11);
     tdist::FullyShardedDataParallelOptions fo;
+    fo.sharding_strategy = strategy;
     FSDP<Net> model(Net(&fo), fo);
     auto ref = plain->named_parameters();
     {
@@ -234,6 +236,7 @@ TEST(FsdpUse, SummonFullParamsReadsAndWritesTheWholeModel) {
     auto full = model->summon_full_params(false);
     WORLD_CHECK(torch::equal(model->module()->head->bias, torch::full({3}, 3.0)), "an edit without writeback stayed");
   }), "");
+  }
 }
 
 }  // namespace
