@@ -18,7 +18,8 @@
 // Rank 0 writes DIR/weights.bin (the final full parameters, float32, in
 // registration order, gathered with summon_full_params) and DIR/result.json:
 // names, shapes and offsets; ms/step (the median of the steps after the
-// warm-up ones, slowest rank), per-step times (slowest rank), VmHWM (the
+// warm-up ones, slowest rank), per-step times (slowest rank) and losses
+// (mean over ranks), VmHWM (the
 // largest rank's peak RSS, and its value before the model was built).
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -149,8 +150,7 @@ int run_rank(const Config& c, int rank, int world) {
   tdist::FullyShardedDataParallelOptions o;  // FULL_SHARD
   tdist::FSDP<Net> model(Net(c, o), o);
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
-  std::vector<double> times;
-  double last_loss = 0;
+  std::vector<double> times, losses;
   for (int s = 0; s < c.steps; ++s) {
     auto [x, y] = batch(s, rank, world, c.batch);
     const auto t0 = std::chrono::steady_clock::now();
@@ -160,13 +160,22 @@ int run_rank(const Config& c, int rank, int world) {
     model->clip_grad_norm_(1.0);
     opt.step();
     times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    last_loss = loss.item<double>();
+    losses.push_back(loss.item<double>());  // after the clock: reading it is no part of a step
   }
   const std::vector<double> timed(times.begin() + std::min<size_t>(c.warmup, times.size()), times.end());
   auto stats = torch::tensor({median(timed.empty() ? times : timed), vm_kib("VmHWM"), baseline}, torch::kDouble);
   pg->all_reduce(stats, {tdist::ReduceOp::MAX})->wait();  // the slowest rank, the largest peak
   auto per_step = torch::tensor(times, torch::kDouble);
-  if (per_step.numel() > 0) pg->all_reduce(per_step, {tdist::ReduceOp::MAX})->wait();
+  auto step_loss = torch::tensor(losses, torch::kDouble);  // each step's loss, the mean over ranks
+  if (per_step.numel() > 0) {
+    pg->all_reduce(per_step, {tdist::ReduceOp::MAX})->wait();
+    pg->all_reduce(step_loss, {tdist::ReduceOp::SUM})->wait();
+    step_loss.div_(world);
+  }
+  const auto as_vector = [](const torch::Tensor& t) {
+    return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  };
+  const double final_loss = losses.empty() ? 0.0 : step_loss[-1].item<double>();
 
   {
     auto full = model->summon_full_params(/*writeback=*/false);  // collective
@@ -192,17 +201,18 @@ int run_rank(const Config& c, int rank, int world) {
       r["steps"] = c.steps;
       r["warmup"] = c.warmup;
       r["ms_per_step"] = stats[0].item<double>();
-      r["step_ms"] = std::vector<double>(per_step.data_ptr<double>(), per_step.data_ptr<double>() + per_step.numel());
+      r["step_ms"] = as_vector(per_step);
+      r["step_loss"] = as_vector(step_loss);
       r["peak_rss_mib"] = stats[1].item<double>() / 1024;
       r["baseline_rss_mib"] = stats[2].item<double>() / 1024;
-      r["final_loss"] = last_loss;
+      r["final_loss"] = final_loss;
       r["params"] = params;
       std::ofstream(c.out + "/result.json") << r.dump(1) << "\n";
       if (!bin) throw std::runtime_error("cannot write " + c.out + "/weights.bin");
       std::printf("# %s, world %d, W=%ld H=%ld B=%ld batch %ld, %d steps: %.2f ms/step, peak RSS %.1f MiB, "
                   "final loss %.6f\n", r["impl"].get<std::string>().c_str(), world, static_cast<long>(c.width),
                   static_cast<long>(c.hidden), static_cast<long>(c.blocks), static_cast<long>(c.batch), c.steps,
-                  stats[0].item<double>(), stats[1].item<double>() / 1024, last_loss);
+                  stats[0].item<double>(), stats[1].item<double>() / 1024, final_loss);
     }
   }
   pg->barrier()->wait();

@@ -141,7 +141,7 @@ def rank_main(rank, world, port, args, out):
     net.to(dtype)
     model = wrap(net, args.api)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    times, loss = [], torch.tensor(math.nan)
+    times, losses = [], []
     for s in range(args.steps):
         x, y = batch(s, rank, world, args.batch)
         x = x.to(dtype)
@@ -155,11 +155,16 @@ def rank_main(rank, world, port, args, out):
             model.clip_grad_norm_(1.0)
         opt.step()
         times.append((time.perf_counter() - t0) * 1e3)
+        losses.append(loss.item())  # after the clock: reading it is no part of a step
     stats = torch.tensor([statistics.median(times[args.warmup:] or times), vm_kib("VmHWM"), baseline],
                          dtype=torch.float64)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)  # the slowest rank, the largest peak
     per_step = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(per_step, op=dist.ReduceOp.MAX)
+    step_loss = torch.tensor(losses, dtype=torch.float64)  # each step's loss, the mean over ranks
+    if times:
+        dist.all_reduce(per_step, op=dist.ReduceOp.MAX)
+        dist.all_reduce(step_loss)
+        step_loss /= world
     weights = full_weights(model, args.api)
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
@@ -174,7 +179,8 @@ def rank_main(rank, world, port, args, out):
                       width=args.width, hidden=args.hidden, blocks=args.blocks, batch=args.batch, steps=args.steps,
                       warmup=args.warmup, ms_per_step=stats[0].item(), step_ms=per_step.tolist(),
                       peak_rss_mib=stats[1].item() / 1024, baseline_rss_mib=stats[2].item() / 1024,
-                      final_loss=loss.item(), params=params)
+                      step_loss=step_loss.tolist(), final_loss=step_loss[-1].item() if losses else 0.0,
+                      params=params)
         with open(os.path.join(args.out, "result.json"), "w") as f:
             json.dump(result, f, indent=1)
         out.put(result)
@@ -250,7 +256,7 @@ def main():
     result = collect(procs, out)
     for p in procs:
         p.join()
-    print(f"# {result['impl']} (Gloo, CPU), world {args.world_size}, W={args.width} H={args.hidden} B={args.blocks} "
+    print(f"# {result['impl']}, world {args.world_size}, W={args.width} H={args.hidden} B={args.blocks} "
           f"batch {args.batch}, {args.steps} steps: {result['ms_per_step']:.2f} ms/step, peak RSS "
           f"{result['peak_rss_mib']:.1f} MiB, final loss {result['final_loss']:.6f}")
 
