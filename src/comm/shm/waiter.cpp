@@ -54,17 +54,23 @@ void Waiter::fail(AbortKind kind, int peer, const std::string& msg) {
   raise(kind, peer, "shm backend, rank " + std::to_string(global(rank_)) + ": " + msg);
 }
 
-void Waiter::check_liveness(const std::vector<int>& waiting_for, const std::string& what) {
+int Waiter::find_dead(const std::vector<int>& waiting_for, int* dead_pid) const {
   for (int r : waiting_for) {
     const Slot* s = seg_.slot(r);
     const int pid = s->pid.load();
     if (pid <= 0) continue;
     const uint64_t start = process_start_time(pid);
     if (start == 0 || start != s->start_time.load() || !pid_alive(pid)) {
-      fail(AbortKind::kPeerFailure, r,
-           "rank " + std::to_string(global(r)) + " (pid " + std::to_string(pid) + ") died during " + what);
+      *dead_pid = pid;
+      return r;
     }
   }
+  return -1;
+}
+
+void Waiter::fail_dead(int r, int pid, const std::string& what) {
+  fail(AbortKind::kPeerFailure, r,
+       "rank " + std::to_string(global(r)) + " (pid " + std::to_string(pid) + ") died during " + what);
 }
 
 }  // namespace tdist::comm::shm

@@ -82,7 +82,17 @@ class Waiter {
       check_alive_state();
       const auto now = Clock::now();
       if (now >= next_liveness) {
-        check_liveness(waiting_for(), what);
+        // A rank that passed this wait and exited before our snapshot of
+        // the missing ranks was taken looks dead but is not missing: only
+        // a dead rank that is still missing after the death is seen
+        // fails the wait.
+        int pid = 0;
+        const int dead = find_dead(waiting_for(), &pid);
+        if (dead >= 0) {
+          if (ready()) return;
+          const auto missing = waiting_for();
+          if (std::find(missing.begin(), missing.end(), dead) != missing.end()) fail_dead(dead, pid, what);
+        }
         next_liveness = now + std::chrono::milliseconds(100);
       }
       if (now >= deadline) {
@@ -125,7 +135,10 @@ class Waiter {
   // check_alive_state's raise, once the group is known aborted.
   [[noreturn]] void raise_aborted(AbortKind kind) const;
   // Checks that the ranks in `waiting_for` are alive; aborts if one is not.
-  void check_liveness(const std::vector<int>& waiting_for, const std::string& what);
+  // The first of waiting_for whose process is gone (its pid in *dead_pid),
+  // or -1.
+  int find_dead(const std::vector<int>& waiting_for, int* dead_pid) const;
+  [[noreturn]] void fail_dead(int r, int pid, const std::string& what);
 
   const GroupSegment& seg_;
   int rank_;
