@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/memory_meter.h"
 #include "store/socket.h"
 #include "tdist/tdist.h"
 #include "util/cli.h"
@@ -109,26 +111,8 @@ std::pair<torch::Tensor, torch::Tensor> batch(int64_t step, int rank, int world,
   return {x, y};
 }
 
-double vm_kib(const std::string& field) {
-  std::ifstream f("/proc/self/status");
-  for (std::string line; std::getline(f, line);) {
-    if (line.rfind(field + ":", 0) == 0) return std::atof(line.c_str() + field.size() + 1);
-  }
-  return 0;
-}
-
-// "module.block0.module.fc1.weight" -> "block0.fc1.weight".
-std::string strip_wrappers(const std::string& name) {
-  std::string out;
-  for (size_t start = 0; start <= name.size();) {
-    size_t dot = name.find('.', start);
-    if (dot == std::string::npos) dot = name.size();
-    const std::string part = name.substr(start, dot - start);
-    if (part != "module") out += (out.empty() ? "" : ".") + part;
-    start = dot + 1;
-  }
-  return out;
-}
+// VmHWM and friends in KiB, as /proc/self/status gives them.
+double vm_kib(const std::string& field) { return static_cast<double>(tdist::bench::proc_status_bytes(field)) / 1024; }
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -183,11 +167,16 @@ int run_rank(const Config& c, int rank, int world) {
       ::mkdir(c.out.c_str(), 0755);
       std::ofstream bin(c.out + "/weights.bin", std::ios::binary);
       nlohmann::ordered_json params = nlohmann::ordered_json::array();
+      // The plain model's names: the metadata knows them for every wrapped one.
+      std::map<std::string, std::string> original;
+      for (const auto& u : model->get_shard_metadata().units) {
+        for (const auto& q : u.params) original[q.name] = q.original_name;
+      }
       int64_t offset = 0;
       for (const auto& p : model->named_parameters()) {
         const auto w = p.value().detach().to(torch::kFloat).contiguous();
         bin.write(reinterpret_cast<const char*>(w.data_ptr<float>()), w.numel() * sizeof(float));
-        params.push_back({{"name", strip_wrappers(p.key())}, {"shape", w.sizes().vec()}, {"offset", offset},
+        params.push_back({{"name", original.at(p.key())}, {"shape", w.sizes().vec()}, {"offset", offset},
                           {"numel", w.numel()}});
         offset += w.numel();
       }
