@@ -37,14 +37,6 @@ namespace {
 
 size_t mib(double mb) { return static_cast<size_t>(mb * 1024 * 1024); }
 
-// Overwrites every tensor with rank 0's values.
-void broadcast_from_rank0(ProcessGroup& pg, const std::vector<at::Tensor>& tensors) {
-  at::NoGradGuard no_grad;
-  std::vector<std::shared_ptr<Work>> works;
-  for (const auto& t : tensors) works.push_back(pg.broadcast(t.detach(), {0}));
-  for (auto& w : works) w->wait();
-}
-
 }  // namespace
 
 struct DataParallel::State : GradReadyListener {

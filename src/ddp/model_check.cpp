@@ -1,5 +1,5 @@
-// check_same_model: describe, all_gather, compare. The contract is in
-// model_check.h.
+// check_same_model (describe, all_gather, compare) and broadcast_from_rank0.
+// The contract is in model_check.h.
 #include "ddp/model_check.h"
 
 #include <ATen/ATen.h>
@@ -61,6 +61,15 @@ void check_same_model(ProcessGroup& pg, const std::vector<std::string>& names, c
                      std::to_string(k) + ": rank " + std::to_string(pg.ranks()[0]) + " has " + a + ", rank " +
                      std::to_string(pg.ranks()[r]) + " has " + b + ". Build the same model on every rank");
   }
+}
+
+void broadcast_from_rank0(ProcessGroup& pg, const std::vector<at::Tensor>& tensors) {
+  at::NoGradGuard no_grad;
+  std::vector<std::shared_ptr<Work>> works;
+  for (const auto& t : tensors) {
+    if (t.numel() > 0) works.push_back(pg.broadcast(t.detach(), {0}));
+  }
+  for (auto& w : works) w->wait();
 }
 
 }  // namespace tdist::detail

@@ -64,8 +64,9 @@ void BlockPool::give_back(void* ctx) {
   BlockPool& p = pool();
   {
     std::lock_guard<std::mutex> lock(p.mu_);
-    if (p.free_blocks_ < kMaxFreeBlocks && p.free_bytes_ + b->nbytes <= 2 * p.largest_) {
-      p.free_[b->nbytes].push_back(b);
+    auto& same = p.free_[b->nbytes];
+    if (same.empty() && p.free_blocks_ < kMaxFreeBlocks && p.free_bytes_ + b->nbytes <= 2 * p.largest_) {
+      same.push_back(b);
       p.free_bytes_ += b->nbytes;
       ++p.free_blocks_;
       return;

@@ -9,9 +9,13 @@
 // Units are usually the same size, so one or two free blocks of that size
 // serve them all.
 //
-// Owns: the free blocks, at most kMaxFreeBlocks and at most twice the
-// largest block asked for in bytes; blocks come from LibTorch's CPU
-// allocator (so memory meters on it count them, in use or free).
+// Owns: the free blocks: at most one of each size (a unit's full
+// parameters and its full gradients have the same size and are never
+// free together for long: a second cached block of that size put
+// FULL_SHARD at 1.12x the ZeRO-3 bound at world 3 and bought no speed),
+// at most kMaxFreeBlocks, at most twice the largest block asked for in
+// bytes. Blocks come from LibTorch's CPU allocator (so memory meters on it
+// count them, in use or free).
 // Threading: thread-safe (a block may be freed on any thread).
 // Lifetime: one per process, never destroyed (blocks may be freed during
 // static destruction).

@@ -64,15 +64,6 @@ void collect(torch::nn::Module& m, const std::string& prefix, std::vector<std::s
   }
 }
 
-void broadcast_from_rank0(ProcessGroup& pg, const std::vector<at::Tensor>& tensors) {
-  at::NoGradGuard no_grad;
-  std::vector<std::shared_ptr<Work>> works;
-  for (const auto& t : tensors) {
-    if (t.numel() > 0) works.push_back(pg.broadcast(t.detach(), {0}));
-  }
-  for (auto& w : works) w->wait();
-}
-
 }  // namespace
 
 FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataParallelOptions options) {
