@@ -73,7 +73,10 @@ class JsonRows {
   void field(const std::string& k, const std::string& v) { rows_.back()[k] = v; }
   void field(const std::string& k, const char* v) { rows_.back()[k] = v; }
   void field(const std::string& k, double v);
-  bool write(const std::string& path) const;
+  // The end of a mode: flushes stdout, writes the rows to `path` (none if
+  // empty) and returns the mode's exit status (1, said on stderr, if the
+  // file cannot be written).
+  int finish(const std::string& path) const;
 
  private:
   nlohmann::ordered_json rows_ = nlohmann::ordered_json::array();

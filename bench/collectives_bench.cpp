@@ -250,11 +250,7 @@ int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
     }
   }
   pg->barrier()->wait();
-  if (rank == 0 && !o.json.empty() && !json.write(o.json)) {
-    std::fprintf(stderr, "tdist-bench: cannot write %s\n", o.json.c_str());
-    return 1;
-  }
-  return 0;
+  return rank == 0 ? json.finish(o.json) : 0;
 }
 
 }  // namespace

@@ -255,12 +255,7 @@ int run_rank(const DdpBenchOptions& o, int rank, int world) {
     json.field("best_ms_per_step", best);
     json.field("ratio_vs_local", ratio(v));
   }
-  std::fflush(stdout);
-  if (!o.json.empty() && !json.write(o.json)) {
-    std::fprintf(stderr, "tdist-bench: cannot write %s\n", o.json.c_str());
-    return 1;
-  }
-  return 0;
+  return json.finish(o.json);
 }
 
 }  // namespace

@@ -242,12 +242,7 @@ int run_parent(const FsdpBenchOptions& o, const std::vector<std::string>& args) 
     json.field("activation_bytes", facts.activations);
     json.field("vmhwm_over_start_bytes", median(hwm));
   }
-  std::fflush(stdout);
-  if (!o.json.empty() && !json.write(o.json)) {
-    std::fprintf(stderr, "tdist-bench: cannot write %s\n", o.json.c_str());
-    return 1;
-  }
-  return 0;
+  return json.finish(o.json);
 }
 
 }  // namespace

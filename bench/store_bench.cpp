@@ -133,13 +133,7 @@ int store_bench(const StoreBenchOptions& o) {
       json.field("p99_us", r.p99_us);
     }
   }
-  if (!o.json.empty()) {
-    if (!json.write(o.json)) {
-      std::fprintf(stderr, "tdist-bench: cannot write %s\n", o.json.c_str());
-      return 1;
-    }
-  }
-  return 0;
+  return json.finish(o.json);
 }
 
 }  // namespace tdist::bench

@@ -1,6 +1,7 @@
 // tdist-bench MODE [options]: benchmarks that print tables (and JSON on
 // request). Modes: store, collectives, ddp, fsdp.
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -37,10 +38,14 @@ void JsonRows::field(const std::string& k, double v) {
   }
 }
 
-bool JsonRows::write(const std::string& path) const {
+int JsonRows::finish(const std::string& path) const {
+  std::fflush(stdout);
+  if (path.empty()) return 0;
   std::ofstream f(path);
   f << rows_.dump(2) << "\n";
-  return static_cast<bool>(f);
+  if (f) return 0;
+  std::fprintf(stderr, "tdist-bench: cannot write %s\n", path.c_str());
+  return 1;
 }
 
 int spawn_ranks(const std::string& mode, int world, const std::vector<std::string>& args,
