@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <exception>
+
 #include "tdist/errors.h"
 #include "util/check.h"
 
@@ -18,6 +20,21 @@ std::vector<std::vector<int64_t>> shapes_of(const std::vector<at::Tensor>& param
   std::vector<std::vector<int64_t>> out;
   for (const auto& p : params) out.emplace_back(p.sizes().begin(), p.sizes().end());
   return out;
+}
+
+// Waits for every work, also after one has failed (the others may still
+// be writing into memory the caller is about to free), then rethrows the
+// first failure. Every wait has the group's timeout, so this ends.
+void wait_all(const std::vector<std::shared_ptr<Work>>& works) {
+  std::exception_ptr first;
+  for (const auto& w : works) {
+    try {
+      w->wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 // Rows [first, first + n) of a full parameter (the whole of a 0-d one).
@@ -121,7 +138,7 @@ void ShardedUnit::finish_unshard() {
   if (state_ == State::kFull) return;
   start_unshard();
   try {
-    for (auto& w : gathers_) w->wait();
+    wait_all(gathers_);
   } catch (...) {
     gathers_.clear();
     gather_inputs_.clear();
@@ -146,7 +163,7 @@ void ShardedUnit::reshard() {
     gathers_.clear();
     state_ = State::kSharded;
     try {
-      for (auto& w : gathers) w->wait();
+      wait_all(gathers);
     } catch (...) {
       gather_inputs_.clear();
       release_full();
@@ -277,7 +294,7 @@ void ShardedUnit::finish_reduce() {
   if (!reduce_) return;
   Reduce r = std::move(*reduce_);
   reduce_.reset();
-  for (auto& w : r.works) w->wait();
+  wait_all(r.works);
   r.inputs.clear();
   grads_full_ = false;
   if (!sharded_) return;  // reduced in place
