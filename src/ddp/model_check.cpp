@@ -3,6 +3,7 @@
 #include "ddp/model_check.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <sstream>
 
