@@ -11,14 +11,12 @@ alike, and records torch.__version__ in every JSON row.
 import argparse
 import json
 import os
-import socket
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from reference_common import collect
+from reference_common import run_ranks
 
 
 def parse_bytes(s):
@@ -67,19 +65,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=0.25)
     ap.add_argument("--json")
     args = ap.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # fork, explicitly: the default start method differs between Python
-    # versions, and the ranks need nothing from the parent but `args`.
-    ctx = mp.get_context("fork")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, args.world_size, port, args, out)) for r in range(args.world_size)]
-    for p in procs:
-        p.start()
-    rows = collect(procs, out)
-    for p in procs:
-        p.join()
+    rows = run_ranks(rank_main, args)
     print(f"\n# all_reduce, torch {torch.__version__} gloo, world size {args.world_size}, float32")
     print(f"{'size(B)':>12} {'time(us)':>11} {'algbw':>9} {'busbw':>9}")
     for r in rows:

@@ -23,18 +23,16 @@ gradients instead (set_to_none=True), on both versions.
 import argparse
 import json
 import os
-import socket
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from reference_common import collect
+from reference_common import run_ranks
 
 VARIANTS = ["local", "ddp_allreduce", "ddp_fp16", "ddp_bf16", "ddp_noop", "status_quo",
             "ddp_allreduce_view", "ddp_fp16_view", "ddp_bf16_view", "local_all"]
@@ -154,19 +152,7 @@ def main():
     for v in args.variants:
         if v not in VARIANTS:
             ap.error(f"unknown variant {v}")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # fork, explicitly: the default start method differs between Python
-    # versions, and the ranks need nothing from the parent but `args`.
-    ctx = mp.get_context("fork")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, args.world_size, port, args, out)) for r in range(args.world_size)]
-    for p in procs:
-        p.start()
-    times, unavailable = collect(procs, out)
-    for p in procs:
-        p.join()
+    times, unavailable = run_ranks(rank_main, args)
     def median(v):
         v = sorted(v)
         n = len(v)

@@ -31,7 +31,6 @@ import importlib
 import json
 import math
 import os
-import socket
 import statistics
 import sys
 import time
@@ -39,11 +38,10 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
-from reference_common import collect
+from reference_common import run_ranks
 
 IN_FEATURES, CLASSES = 32, 10
 
@@ -245,17 +243,7 @@ def main():
         sys.exit(compare(*args.compare, args.tolerance, args.json))
     if not args.out:
         ap.error("--out is required")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("fork")  # as torch_ddp_reference.py: the ranks need only `args`
-    out = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, args.world_size, port, args, out)) for r in range(args.world_size)]
-    for p in procs:
-        p.start()
-    result = collect(procs, out)
-    for p in procs:
-        p.join()
+    result = run_ranks(rank_main, args)
     print(f"# {result['impl']}, world {args.world_size}, W={args.width} H={args.hidden} B={args.blocks} "
           f"batch {args.batch}, {args.steps} steps: {result['ms_per_step']:.2f} ms/step, peak RSS "
           f"{result['peak_rss_mib']:.1f} MiB, final loss {result['final_loss']:.6f}")
