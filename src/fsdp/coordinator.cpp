@@ -121,7 +121,7 @@ void Coordinator::finish_in_flight() {
 }
 
 void Coordinator::launch(FsdpState& s) {
-  if (in_flight_ && in_flight_ != &s) in_flight_->unit->finish_reduce();
+  finish_in_flight();
   s.unit->start_reduce();
   in_flight_ = &s;
 }

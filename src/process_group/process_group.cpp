@@ -3,10 +3,10 @@
 // (group_impl.h). How groups are made is in init.cpp.
 #include "tdist/process_group.h"
 
-#include <atomic>
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "comm/reduce.h"
 #include "process_group/group_impl.h"
