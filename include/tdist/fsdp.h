@@ -34,10 +34,13 @@
 // move, convert or load the module before wrapping it.
 #pragma once
 
+#include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <functional>
 #include <memory>
+#include <ostream>
 #include <optional>
 #include <string>
 #include <utility>
@@ -45,6 +48,7 @@
 
 #include "tdist/ddp.h"  // detail::collect_tensors
 #include "tdist/process_group.h"
+#include "tdist/wrapped_forward.h"
 
 namespace tdist {
 
@@ -58,6 +62,41 @@ enum class BackwardPrefetch {
   NONE,          // gather each unit when its backward starts
   BACKWARD_PRE,  // when a unit's backward starts, start gathering the next one
 };
+
+struct FullyShardedDataParallelOptions;
+
+// Mixed precision, as PyTorch's FSDP names it. The shards (what the
+// optimizer steps) keep the parameters' dtype; a unit's forward and
+// backward compute with full parameters gathered in param_dtype (half the
+// bytes of fp32 to move and to hold for bf16/fp16), and its gradients are
+// reduce-scattered in reduce_dtype before they land, in the shards' dtype,
+// in the shards' .grad.
+struct MixedPrecision {
+  std::optional<at::ScalarType> param_dtype;   // unset: the parameters' own
+  std::optional<at::ScalarType> reduce_dtype;  // unset: param_dtype
+  // Buffers (BatchNorm's running statistics) are converted to it at
+  // wrapping; unset: they keep their dtype (fp32), which is what BatchNorm
+  // wants (pytorch/pytorch#75478, #143900).
+  std::optional<at::ScalarType> buffer_dtype;
+  // The wrapper converts the floating-point tensor arguments of its forward
+  // to param_dtype (the root's inputs come in fp32).
+  bool cast_forward_inputs = true;
+};
+
+// Which modules auto_wrap_policy wraps (tdist/fsdp_wrap.h has the usual
+// ones). Asked twice per module, children first: with recurse = true,
+// "look inside this module?"; with recurse = false, after its children
+// were visited, "wrap this module?". nonwrapped_numel: the parameters of
+// the module that no wrapper (made before, or just now for a child) owns.
+using AutoWrapPolicy = std::function<bool(torch::nn::Module& module, bool recurse, int64_t nonwrapped_numel)>;
+// Makes the wrapper of a module the policy picked (the module, an entry of
+// a torch::nn::Sequential, comes as the entry's AnyModule), e.g. to add
+// activation checkpointing:
+//   o.auto_wrapper_callable = [](torch::nn::AnyModule m, const tdist::FullyShardedDataParallelOptions& o) {
+//     return torch::nn::AnyModule(tdist::FullyShardedDataParallel(tdist::checkpoint_module(std::move(m)), o));
+//   };
+using AutoWrapperCallable =
+    std::function<torch::nn::AnyModule(torch::nn::AnyModule module, const FullyShardedDataParallelOptions& options)>;
 
 struct FullyShardedDataParallelOptions {
   std::shared_ptr<ProcessGroup> process_group;  // null: the default group
@@ -77,6 +116,23 @@ struct FullyShardedDataParallelOptions {
   // in forward and in backward, so the memory of prefetching is bounded by
   // one unit's full parameters (what limit_all_gathers buys in PyTorch).
   bool forward_prefetch = false;
+  // Mixed precision (above). torch_xla's names map onto it: compute_dtype
+  // is param_dtype, fp32_reduce_scatter makes reduce_dtype fp32 (else it is
+  // compute_dtype), buffer_dtype is buffer_dtype. Give one form or the
+  // other.
+  MixedPrecision mixed_precision;
+  std::optional<at::ScalarType> compute_dtype;
+  std::optional<at::ScalarType> buffer_dtype;
+  bool fp32_reduce_scatter = false;
+  // Wrap the module's children in units of their own, as the policy picks
+  // them (tdist/fsdp_wrap.h), before the wrapper takes what is left. Only
+  // children called through a type-erased slot can be wrapped: the entries
+  // of a torch::nn::Sequential. A picked module that is anything else (a
+  // typed member, a ModuleList entry) is refused with an error naming it.
+  // The children's wrappers get these options without the policy.
+  AutoWrapPolicy auto_wrap_policy;
+  // Makes the children's wrappers; empty: FullyShardedDataParallel itself.
+  AutoWrapperCallable auto_wrapper_callable;
 };
 
 // What get_shard_metadata() reports: enough to put the full parameters
@@ -124,6 +180,11 @@ class FullyShardedCore {
 
   const std::shared_ptr<ProcessGroup>& process_group() const;
   const FullyShardedDataParallelOptions& options() const;
+  // A floating-point argument of the forward in the compute dtype (as is
+  // without mixed precision).
+  at::Tensor cast_input(const at::Tensor& t) const;
+  // "FullyShardedDataParallel(FULL_SHARD, 1234 parameters, this rank 617)".
+  void pretty_print(std::ostream& stream) const;
   const std::shared_ptr<FsdpState>& state() const { return state_; }
 
  private:
@@ -132,9 +193,8 @@ class FullyShardedCore {
 
 // The non-template side of every wrapper, so that an outer wrapper finds
 // the inner ones in its module tree.
-class FullyShardedModule {
+class FullyShardedModule : public WrapperModule {
  public:
-  virtual ~FullyShardedModule() = default;
   virtual FullyShardedCore& fsdp_core() = 0;
 };
 
@@ -150,31 +210,19 @@ void end_summon(torch::nn::Module& root, bool writeback) noexcept;
 
 }  // namespace detail
 
+// Everything of a wrapper but its forward (FullyShardedDataParallelImpl
+// below adds the forward with the wrapped module's own signature).
 template <typename ModuleHolder>
-class FullyShardedDataParallelImpl : public torch::nn::Module, public detail::FullyShardedModule {
+class FullyShardedBase : public torch::nn::Module, public detail::FullyShardedModule {
  public:
-  FullyShardedDataParallelImpl(ModuleHolder module, FullyShardedDataParallelOptions options = {})
-      : module_(register_module("module", std::move(module))), core_(*module_.ptr(), std::move(options)) {}
-
-  // The wrapped module's own forward, with its own signature.
-  template <typename... Args>
-  auto forward(Args&&... args) {
-    core_.begin_forward();
-    try {
-      auto out = module_->forward(std::forward<Args>(args)...);
-      std::vector<at::Tensor> tensors;
-      detail::collect_tensors(out, tensors);
-      core_.end_forward(tensors, this->is_training());
-      return out;
-    } catch (...) {
-      core_.abort_forward();
-      throw;
-    }
-  }
+  FullyShardedBase(ModuleHolder module, FullyShardedDataParallelOptions options)
+      : module_(std::move(module)),
+        core_(*register_module("module", detail::Wrapped<ModuleHolder>::ptr(module_)), std::move(options)) {}
 
   ModuleHolder module() const { return module_; }
   const std::shared_ptr<ProcessGroup>& process_group() const { return core_.process_group(); }
   detail::FullyShardedCore& fsdp_core() override { return core_; }
+  void pretty_print(std::ostream& stream) const override { core_.pretty_print(stream); }
 
   // Scales the gradients of every unit in this wrapper's tree so that their
   // global norm (over all ranks' shards, as if the model were whole) is at
@@ -223,9 +271,58 @@ class FullyShardedDataParallelImpl : public torch::nn::Module, public detail::Fu
   };
   [[nodiscard]] SummonGuard summon_full_params(bool writeback = true) { return SummonGuard(*this, writeback); }
 
+ protected:
+  // The wrapped module's forward between the unit's gather and free.
+  template <typename... Args>
+  decltype(auto) run(Args&&... args) {
+    core_.begin_forward();
+    try {
+      decltype(auto) out = detail::Wrapped<ModuleHolder>::call(module_, cast_arg(std::forward<Args>(args))...);
+      std::vector<at::Tensor> tensors;
+      detail::collect_tensors(out, tensors);
+      core_.end_forward(tensors, this->is_training());
+      return out;
+    } catch (...) {
+      core_.abort_forward();
+      throw;
+    }
+  }
+
  private:
+  template <typename T>
+  decltype(auto) cast_arg(T&& x) {
+    if constexpr (detail::is_tensor_v<T>) {
+      return core_.cast_input(x);
+    } else {
+      return std::forward<T>(x);
+    }
+  }
+
   ModuleHolder module_;
   detail::FullyShardedCore core_;
+};
+
+// The wrapper of a module whose forward signature is not known (a template
+// or overloaded forward): forward is a template.
+template <typename ModuleHolder, typename Signature = typename detail::Wrapped<ModuleHolder>::Signature>
+class FullyShardedDataParallelImpl : public FullyShardedBase<ModuleHolder> {
+ public:
+  FullyShardedDataParallelImpl(ModuleHolder module, FullyShardedDataParallelOptions options = {})
+      : FullyShardedBase<ModuleHolder>(std::move(module), std::move(options)) {}
+  template <typename... Args>
+  decltype(auto) forward(Args&&... args) {
+    return this->run(std::forward<Args>(args)...);
+  }
+};
+
+// The wrapped module's own forward, with its own signature: the wrapper
+// fits into a torch::nn::Sequential or an AnyModule as the module did.
+template <typename ModuleHolder, typename R, typename... A>
+class FullyShardedDataParallelImpl<ModuleHolder, R(A...)> : public FullyShardedBase<ModuleHolder> {
+ public:
+  FullyShardedDataParallelImpl(ModuleHolder module, FullyShardedDataParallelOptions options = {})
+      : FullyShardedBase<ModuleHolder>(std::move(module), std::move(options)) {}
+  R forward(A... args) { return this->run(std::forward<A>(args)...); }
 };
 
 // ModuleHolder style: fsdp->forward(x), fsdp(x), fsdp->parameters(), ...
@@ -241,5 +338,9 @@ class FullyShardedDataParallel : public torch::nn::ModuleHolder<FullyShardedData
 
 template <typename ModuleHolder>
 using FSDP = FullyShardedDataParallel<ModuleHolder>;
+
+// tdist::FullyShardedDataParallel(module, options) without naming the type.
+template <typename ModuleHolder>
+FullyShardedDataParallel(ModuleHolder, FullyShardedDataParallelOptions) -> FullyShardedDataParallel<ModuleHolder>;
 
 }  // namespace tdist

@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "autograd/grad_ready.h"
@@ -28,10 +29,12 @@ struct FsdpState : GradReadyListener, std::enable_shared_from_this<FsdpState> {
   std::shared_ptr<ProcessGroup> pg;
   bool reshard_after_forward = true;
   std::unique_ptr<ShardedUnit> unit;
+  std::vector<std::string> original_names;  // per unit parameter: its name without wrapper steps
   std::optional<GradReadyTracker> tracker;  // over the unit's trainable parameters, in unit order
   std::shared_ptr<Coordinator> own;         // when this wrapper is the outermost of a forward
   std::weak_ptr<Coordinator> current;       // the outermost wrapper's, for this iteration
   bool summoned = false;                    // inside summon_full_params
+  bool recomputing = false;                 // its forward runs again for a checkpoint's backward
 
   // Per iteration (the Coordinator resets them).
   bool is_root = false;   // outermost wrapper of this iteration's forward

@@ -25,6 +25,11 @@ FullStorage::FullStorage(at::ScalarType dtype, int64_t numel)
       numel_(numel),
       storage_(c10::Storage::use_byte_size_t(), 0, c10::GetCPUAllocator(), /*resizable=*/true) {}
 
+void FullStorage::set_dtype(at::ScalarType dtype) {
+  TDIST_CHECK(!allocated_);
+  dtype_ = dtype;
+}
+
 void FullStorage::allocate() {
   TDIST_CHECK(!allocated_);
   const size_t nbytes = static_cast<size_t>(numel_) * c10::elementSize(dtype_);

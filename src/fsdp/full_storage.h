@@ -46,6 +46,11 @@ class FullStorage {
   at::Tensor tensor_at(int64_t offset, at::IntArrayRef sizes) const;
 
   int64_t numel() const { return numel_; }
+  at::ScalarType dtype() const { return dtype_; }
+  // The dtype of the memory the next allocate() gives (mixed precision
+  // gathers in the compute dtype, summon_full_params in the shards').
+  // REQUIRES: !allocated().
+  void set_dtype(at::ScalarType dtype);
   const c10::StorageImpl* storage_impl() const { return storage_.unsafeGetStorageImpl(); }
 
  private:

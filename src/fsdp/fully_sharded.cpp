@@ -10,7 +10,9 @@
 #include <mutex>
 #include <unordered_set>
 
+#include "autograd/checkpoint_phase.h"
 #include "ddp/model_check.h"
+#include "fsdp/auto_wrap.h"
 #include "fsdp/coordinator.h"
 #include "fsdp/fsdp_state.h"
 #include "tdist/errors.h"
@@ -51,17 +53,50 @@ std::string join(const std::string& a, const std::string& b) { return a.empty() 
 
 // The parameters and buffers of `m` and its children, stopping at inner
 // wrappers (they own theirs).
-void collect(torch::nn::Module& m, const std::string& prefix, std::vector<std::string>& names,
-             std::vector<at::Tensor>& params, std::vector<at::Tensor>& buffers) {
+// original: the same names without the steps into a wrapper's "module"
+// (a CheckpointModule inside the unit).
+struct Collected {
+  std::vector<std::string> names;
+  std::vector<std::string> original;
+  std::vector<at::Tensor> params;
+  std::vector<at::Tensor> buffers;
+};
+void collect(torch::nn::Module& m, const std::string& prefix, const std::string& original, Collected& out) {
   for (const auto& p : m.named_parameters(/*recurse=*/false)) {
-    names.push_back(join(prefix, p.key()));
-    params.push_back(p.value());
+    out.names.push_back(join(prefix, p.key()));
+    out.original.push_back(join(original, p.key()));
+    out.params.push_back(p.value());
   }
-  for (const auto& b : m.named_buffers(/*recurse=*/false)) buffers.push_back(b.value());
+  for (const auto& b : m.named_buffers(/*recurse=*/false)) out.buffers.push_back(b.value());
+  const bool wrapper = dynamic_cast<WrapperModule*>(&m) != nullptr;
   for (const auto& c : m.named_children()) {
     if (dynamic_cast<FullyShardedModule*>(c.value().get())) continue;
-    collect(*c.value(), join(prefix, c.key()), names, params, buffers);
+    const bool step = wrapper && c.key() == "module";
+    collect(*c.value(), join(prefix, c.key()), step ? original : join(original, c.key()), out);
   }
+}
+
+bool is_float(at::ScalarType t) { return at::isFloatingType(t); }
+
+// The mixed precision of the options, from either form of them.
+MixedPrecision resolve_mixed_precision(const FullyShardedDataParallelOptions& o, const std::string& label) {
+  MixedPrecision mp = o.mixed_precision;
+  const bool xla = o.compute_dtype || o.buffer_dtype || o.fp32_reduce_scatter;
+  if (xla) {
+    if (mp.param_dtype || mp.reduce_dtype || mp.buffer_dtype) {
+      throw UsageError(label + ": mixed precision given twice (mixed_precision and torch_xla's compute_dtype, "
+                               "buffer_dtype, fp32_reduce_scatter): give one form");
+    }
+    mp.param_dtype = o.compute_dtype;
+    mp.reduce_dtype = o.fp32_reduce_scatter ? std::optional<at::ScalarType>(at::kFloat) : o.compute_dtype;
+    mp.buffer_dtype = o.buffer_dtype;
+  }
+  for (const auto& t : {mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype}) {
+    if (t && !is_float(*t)) {
+      throw UsageError(label + ": mixed precision dtypes must be floating point, not " + c10::toString(*t));
+    }
+  }
+  return mp;
 }
 
 }  // namespace
@@ -79,18 +114,28 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
   s.reshard_after_forward = s.options.sharding_strategy != ShardingStrategy::NO_SHARD &&
                             s.options.reshard_after_forward.value_or(s.options.sharding_strategy ==
                                                                      ShardingStrategy::FULL_SHARD);
-  std::vector<std::string> names;
-  std::vector<at::Tensor> params;
-  std::vector<at::Tensor> buffers;
-  collect(module, "", names, params, buffers);
   const std::string label = "FullyShardedDataParallel over " + module.name() + " (rank " +
                             std::to_string(pg->rank()) + ")";
+  s.options.mixed_precision = resolve_mixed_precision(s.options, label);
+  auto_wrap_children(module, s.options, label);
+  Collected found;
+  collect(module, "", "", found);
+  const std::vector<std::string>& names = found.names;
+  const std::vector<at::Tensor>& params = found.params;
+  const std::vector<at::Tensor>& buffers = found.buffers;
+  s.original_names = found.original;
   claim(label, names, params);
   try {
     check_same_model(*pg, names, params, "FullyShardedDataParallel over " + module.name());
     if (s.options.sync_module_states) {
       broadcast_from_rank0(*pg, params);
       broadcast_from_rank0(*pg, buffers);
+    }
+    if (const auto bt = s.options.mixed_precision.buffer_dtype) {
+      at::NoGradGuard no_grad;
+      for (auto b : buffers) {
+        if (b.is_floating_point() && b.scalar_type() != *bt) b.set_data(b.to(*bt));
+      }
     }
     // The accumulators are made while the parameters are whole: autograd
     // checks every gradient against the shape it recorded then.
@@ -103,7 +148,9 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
     if (!trainable.empty()) s.tracker.emplace(trainable, state_, /*with_pre_hooks=*/true);
     s.unit = std::make_unique<ShardedUnit>(pg, label, names, params,
                                            s.options.sharding_strategy != ShardingStrategy::NO_SHARD,
-                                           /*keep_full=*/s.options.sharding_strategy == ShardingStrategy::SHARD_GRAD_OP);
+                                           /*keep_full=*/s.options.sharding_strategy == ShardingStrategy::SHARD_GRAD_OP,
+                                           s.options.mixed_precision.param_dtype,
+                                           s.options.mixed_precision.reduce_dtype);
   } catch (...) {
     unclaim(params);
     throw;
@@ -118,10 +165,48 @@ FullyShardedCore::~FullyShardedCore() {
 const std::shared_ptr<ProcessGroup>& FullyShardedCore::process_group() const { return state_->pg; }
 const FullyShardedDataParallelOptions& FullyShardedCore::options() const { return state_->options; }
 
+at::Tensor FullyShardedCore::cast_input(const at::Tensor& t) const {
+  const MixedPrecision& mp = state_->options.mixed_precision;
+  if (!mp.param_dtype || !mp.cast_forward_inputs || !t.defined() || !t.is_floating_point() ||
+      t.scalar_type() == *mp.param_dtype) {
+    return t;
+  }
+  return t.to(*mp.param_dtype);
+}
+
+void FullyShardedCore::pretty_print(std::ostream& stream) const {
+  const ShardedUnit& u = *state_->unit;
+  static const char* const kNames[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"};
+  int64_t total = 0;
+  int64_t here = 0;
+  for (const auto& pl : u.layout().params()) {
+    total += pl.numel();
+    here += pl.rows_on(u.shard_rank()) * pl.row_numel;
+  }
+  stream << "tdist::FullyShardedDataParallel(" << kNames[static_cast<int>(state_->options.sharding_strategy)] << ", "
+         << u.params().size() << " tensors, " << total << " parameters, " << here << " on this rank)";
+}
+
 void FullyShardedCore::begin_forward() {
   FsdpState& s = *state_;
   if (s.summoned) throw UsageError(s.unit->label() + ": forward inside summon_full_params");
   s.unit->check_params_in_place();
+  const CheckpointPhase phase = checkpoint_phase();
+  if (phase == CheckpointPhase::kRecompute) {
+    // A checkpointed module around this unit runs its forward again in
+    // backward: the unit gathers as for its backward (its gradients come
+    // when the checkpoint's backward returns them).
+    auto c = s.current.lock();
+    if (!c || !s.recorded || !c->in_backward()) {
+      throw UsageError(s.unit->label() +
+                       ": checkpoint_module around an outermost FSDP wrapper (its forward ran again in "
+                       "backward, outside the iteration): put the checkpoint inside the wrapper, "
+                       "FSDP(checkpoint_module(m))");
+    }
+    c->pre_backward(s);
+    s.recomputing = true;
+    return;
+  }
   Coordinator* active = active_coordinator();
   s.is_root = active == nullptr;
   if (s.is_root) {
@@ -131,7 +216,8 @@ void FullyShardedCore::begin_forward() {
   }
   try {
     s.current = active->weak_from_this();
-    if (at::GradMode::is_enabled()) active->record_forward(s);
+    // In a checkpointed forward gradients are off, but they will come.
+    if (at::GradMode::is_enabled() || phase == CheckpointPhase::kForward) active->record_forward(s);
     s.unit->finish_unshard();
     if (s.options.forward_prefetch) {
       if (FsdpState* next = active->next_in_last_forward(s)) next->unit->start_unshard();
@@ -144,6 +230,10 @@ void FullyShardedCore::begin_forward() {
 
 void FullyShardedCore::end_forward(const std::vector<at::Tensor>& outputs, bool training) {
   FsdpState& s = *state_;
+  if (s.recomputing) {
+    s.recomputing = false;  // stays gathered until its gradients are reduced
+    return;
+  }
   const bool grad = at::GradMode::is_enabled();
   if (grad) {
     std::weak_ptr<FsdpState> ws = state_;
@@ -165,6 +255,10 @@ void FullyShardedCore::end_forward(const std::vector<at::Tensor>& outputs, bool 
 
 void FullyShardedCore::abort_forward() noexcept {
   FsdpState& s = *state_;
+  if (s.recomputing) {
+    s.recomputing = false;
+    return;  // the backward fails; the next forward settles the unit
+  }
   if (s.is_root) set_active_coordinator(nullptr);
   try {
     s.unit->reshard();

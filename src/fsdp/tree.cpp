@@ -27,8 +27,9 @@ struct Visit {
 void walk(torch::nn::Module& m, const std::string& path, const std::string& original, std::vector<Visit>& out) {
   auto* w = dynamic_cast<FullyShardedModule*>(&m);
   if (w) out.push_back({*w->fsdp_core().state(), path, original});
+  const bool wrapper = dynamic_cast<WrapperModule*>(&m) != nullptr;  // FSDP, CheckpointModule
   for (const auto& c : m.named_children()) {
-    const bool wrapped = w && c.key() == "module";
+    const bool wrapped = wrapper && c.key() == "module";
     walk(*c.value(), join(path, c.key()), wrapped ? original : join(original, c.key()), out);
   }
 }
@@ -100,7 +101,7 @@ ShardMetadata shard_metadata(torch::nn::Module& root) {
       const auto& pl = u.layout().param(k);
       ShardedParamInfo p;
       p.name = join(join(v.path, "module"), u.names()[k]);
-      p.original_name = join(v.original_path, u.names()[k]);
+      p.original_name = join(v.original_path, v.state.original_names[k]);
       p.shape = pl.shape;
       p.shard_shape = pl.shard_shape(u.shard_rank());
       p.numel = pl.numel();
@@ -128,7 +129,7 @@ void begin_summon(torch::nn::Module& root, bool writeback) {
   try {
     for (; done < all.size(); ++done) {
       if (!writeback) all[done].state.unit->save_shards();
-      all[done].state.unit->unshard();
+      all[done].state.unit->unshard(/*exact=*/true);
       all[done].state.summoned = true;
     }
   } catch (...) {

@@ -43,6 +43,19 @@ at::Tensor rows_of(const at::Tensor& full, const ParamShardLayout& p, int rank) 
   return full.narrow(0, p.first_row_on(rank), p.rows_on(rank));
 }
 
+// Points param at data, which may be of another dtype (mixed precision),
+// keeping its gradient accumulator: set_data drops the accumulator on a
+// dtype change, and the unit's gradient hooks hang on it. Autograd then
+// converts the compute-dtype gradients to the dtype the accumulator was
+// made for before they accumulate.
+void repoint(at::Tensor& param, const at::Tensor& data) {
+  if (param.scalar_type() == data.scalar_type()) {
+    param.set_data(data);
+  } else {
+    param.unsafeGetTensorImpl()->shallow_copy_from(data.getIntrusivePtr());
+  }
+}
+
 at::ScalarType check_params(const std::string& label, const std::vector<std::string>& names,
                             const std::vector<at::Tensor>& params) {
   at::ScalarType dtype = params.empty() ? at::kFloat : params[0].scalar_type();
@@ -63,18 +76,23 @@ at::ScalarType check_params(const std::string& label, const std::vector<std::str
 }  // namespace
 
 ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, std::vector<std::string> names,
-                         std::vector<at::Tensor> params, bool shard, bool keep_full)
+                         std::vector<at::Tensor> params, bool shard, bool keep_full,
+                         std::optional<at::ScalarType> compute_dtype, std::optional<at::ScalarType> reduce_dtype)
     : pg_(std::move(pg)),
       label_(std::move(label)),
       names_(std::move(names)),
       params_(std::move(params)),
       sharded_(shard && pg_->size() > 1),
-      keep_full_(sharded_ && keep_full),
       shard_rank_(sharded_ ? pg_->rank() : 0),
       layout_(shapes_of(params_), sharded_ ? pg_->size() : 1, kAlign),
       dtype_(check_params(label_, names_, params_)),
-      full_(dtype_, sharded_ ? layout_.full_numel() : 0),
-      grad_full_(dtype_, sharded_ ? layout_.full_numel() : 0) {
+      compute_dtype_(compute_dtype.value_or(dtype_)),
+      reduce_dtype_(reduce_dtype.value_or(compute_dtype_)),
+      cast_(compute_dtype_ != dtype_),
+      swaps_(sharded_ || cast_),
+      full_(compute_dtype_, swaps_ ? layout_.full_numel() : 0),
+      grad_full_(reduce_dtype_, sharded_ ? layout_.full_numel() : 0) {
+  keep_full_ = sharded_ && keep_full && !cast_;
   at::NoGradGuard no_grad;
   for (const auto& p : params_) {
     trainable_.push_back(p.requires_grad());
@@ -104,19 +122,35 @@ ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, st
   set_aside_.resize(params_.size());
   aside_.assign(params_.size(), 0);
   point_at_shards();  // the full tensors the module built are freed here
-  state_ = sharded_ ? State::kSharded : State::kFull;
+  state_ = swaps_ ? State::kSharded : State::kFull;
 }
 
 ShardedUnit::~ShardedUnit() { drop_in_flight(); }
 
 void ShardedUnit::point_at_shards() {
-  for (size_t k = 0; k < params_.size(); ++k) params_[k].set_data(shard_views_[k]);
+  for (size_t k = 0; k < params_.size(); ++k) repoint(params_[k], shard_views_[k]);
 }
 
-void ShardedUnit::start_unshard() {
+void ShardedUnit::start_unshard(bool exact) {
   if (state_ != State::kSharded) return;
-  if (!keep_full_) full_.allocate();
+  if (exact && !sharded_) return;  // the shards are the full parameters
+  if (!keep_full_) {
+    full_.set_dtype(exact ? dtype_ : compute_dtype_);
+    full_.allocate();
+  }
   state_ = State::kGathering;
+  if (!sharded_) {
+    // Mixed precision without sharding: the full parameters in the compute
+    // dtype are a local conversion.
+    at::NoGradGuard no_grad;
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const auto& pl = layout_.param(k);
+      if (pl.numel() > 0) full_.tensor_at(pl.offset_in_full, pl.shape).copy_(shard_views_[k]);
+    }
+    return;
+  }
+  // The all-gather input in the dtype of the output.
+  const at::Tensor source = full_.dtype() == dtype_ || keep_full_ ? chunk_ : chunk_.to(full_.dtype());
   for (size_t k = 0; k < params_.size(); ++k) {
     const auto& pl = layout_.param(k);
     if (pl.shard_numel() == 0) continue;  // every rank skips it: an empty parameter
@@ -124,7 +158,7 @@ void ShardedUnit::start_unshard() {
     // With the full parameters kept, this rank's shard is its slot of the
     // output (an all-gather in place).
     at::Tensor in = keep_full_ ? out.narrow(0, shard_rank_ * pl.shard_numel(), pl.shard_numel())
-                               : chunk_.narrow(0, pl.offset_in_chunk, pl.shard_numel());
+                               : source.narrow(0, pl.offset_in_chunk, pl.shard_numel());
     gathers_.push_back(pg_->all_gather_into_tensor(out, in));
     gather_inputs_.push_back(std::move(in));
   }
@@ -150,13 +184,13 @@ void ShardedUnit::finish_unshard() {
   gather_inputs_.clear();
   for (size_t k = 0; k < params_.size(); ++k) {
     const auto& pl = layout_.param(k);
-    params_[k].set_data(full_.tensor_at(pl.offset_in_full, pl.shape));
+    repoint(params_[k], full_.tensor_at(pl.offset_in_full, pl.shape));
   }
   state_ = State::kFull;
 }
 
 void ShardedUnit::reshard() {
-  if (!sharded_ || state_ == State::kSharded) return;
+  if (!swaps_ || state_ == State::kSharded) return;
   if (state_ == State::kGathering) {
     // A prefetch nobody used: wait it out (it writes the full storage).
     std::vector<std::shared_ptr<Work>> gathers = std::move(gathers_);
@@ -180,7 +214,7 @@ void ShardedUnit::reshard() {
 
 void ShardedUnit::write_back() {
   TDIST_CHECK(state_ == State::kFull);
-  if (!sharded_ || keep_full_) return;  // the shards are the full parameters' rows
+  if (!swaps_ || keep_full_) return;  // the shards are the full parameters' rows
   at::NoGradGuard no_grad;
   for (size_t k = 0; k < params_.size(); ++k) {
     if (shard_views_[k].numel() > 0) shard_views_[k].copy_(rows_of(params_[k], layout_.param(k), shard_rank_));
@@ -200,7 +234,7 @@ void ShardedUnit::restore_shards() {
 }
 
 void ShardedUnit::check_params_in_place() const {
-  const c10::StorageImpl* expected = keep_full_ || (state_ == State::kFull && sharded_)
+  const c10::StorageImpl* expected = keep_full_ || (state_ == State::kFull && swaps_)
                                          ? full_.storage_impl()
                                          : chunk_.storage().unsafeGetStorageImpl();
   for (size_t k = 0; k < params_.size(); ++k) {
@@ -261,16 +295,18 @@ void ShardedUnit::start_reduce() {
     for (size_t k = 0; k < params_.size(); ++k) {
       if (!trainable_[k] || params_[k].numel() == 0) continue;
       at::Tensor& g = params_[k].mutable_grad();
-      if (!g.defined()) g = at::zeros_like(params_[k]);
+      if (!g.defined()) g = at::zeros(params_[k].sizes(), at::TensorOptions().dtype(dtype_));
       if (!g.is_contiguous()) g = g.contiguous();
-      r.inputs.push_back(g);
+      // In reduce_dtype_: a converted copy, converted back when it is done.
+      r.inputs.push_back(g.scalar_type() == reduce_dtype_ ? g : g.to(reduce_dtype_));
+      r.targets.push_back(k);
     }
     if (!r.inputs.empty()) r.works.push_back(pg_->all_reduce_coalesced(r.inputs, {ReduceOp::AVG}));
     reduce_ = std::move(r);
     return;
   }
   ensure_grad_buffer();
-  r.out = pooled_empty(dtype_, layout_.chunk_numel());
+  r.out = pooled_empty(reduce_dtype_, layout_.chunk_numel());
   for (size_t k = 0; k < params_.size(); ++k) {
     const auto& pl = layout_.param(k);
     if (!trainable_[k] || pl.shard_numel() == 0) continue;
@@ -295,15 +331,23 @@ void ShardedUnit::finish_reduce() {
   Reduce r = std::move(*reduce_);
   reduce_.reset();
   wait_all(r.works);
-  r.inputs.clear();
   grads_full_ = false;
-  if (!sharded_) return;  // reduced in place
+  if (!sharded_) {  // reduced in place, or in converted copies
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < r.inputs.size(); ++i) {
+      at::Tensor& g = params_[r.targets[i]].mutable_grad();
+      if (!r.inputs[i].is_same(g)) g.copy_(r.inputs[i]);
+    }
+    return;
+  }
+  r.inputs.clear();
   grad_full_.release();
   at::NoGradGuard no_grad;
   for (size_t k = 0; k < params_.size(); ++k) {
     if (!trainable_[k]) continue;
     const auto& pl = layout_.param(k);
-    at::Tensor g = tensor_on(r.out.storage(), dtype_, pl.offset_in_chunk, shard_views_[k].sizes());
+    at::Tensor g = tensor_on(r.out.storage(), reduce_dtype_, pl.offset_in_chunk, shard_views_[k].sizes());
+    if (reduce_dtype_ != dtype_) g = g.to(dtype_);
     if (set_aside_[k].defined()) {
       set_aside_[k].add_(g);
       params_[k].mutable_grad() = std::move(set_aside_[k]);
@@ -341,7 +385,7 @@ void ShardedUnit::drop_in_flight() noexcept {
     }
     grad_full_.release();
   }
-  if (sharded_ && state_ != State::kSharded) {
+  if (swaps_ && state_ != State::kSharded) {
     if (state_ == State::kFull) point_at_shards();
     release_full();
     state_ = State::kSharded;

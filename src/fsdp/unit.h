@@ -45,8 +45,15 @@ class ShardedUnit {
   // storage is never released and the shards are this rank's rows of it,
   // so the full parameters cost no second copy of the shards. label: how
   // messages name the unit.
+  // compute_dtype: the dtype forward and backward see the full parameters
+  // in (gathered in it; the shards keep the parameters' dtype);
+  // reduce_dtype: the dtype gradients are reduced in. Either may be the
+  // parameters' dtype. With a compute dtype of its own the full storage is
+  // never kept (keep_full is ignored) and, without sharding, unshard()
+  // converts locally.
   ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, std::vector<std::string> names,
-              std::vector<at::Tensor> params, bool shard, bool keep_full);
+              std::vector<at::Tensor> params, bool shard, bool keep_full, std::optional<at::ScalarType> compute_dtype,
+              std::optional<at::ScalarType> reduce_dtype);
   ShardedUnit(const ShardedUnit&) = delete;
   ShardedUnit& operator=(const ShardedUnit&) = delete;
   ~ShardedUnit();
@@ -67,14 +74,16 @@ class ShardedUnit {
   // Whether the parameters hold their full values (always, without sharding).
   bool unsharded() const { return state_ == State::kFull; }
   bool gathering() const { return state_ == State::kGathering; }
-  // Launches the all-gathers (nothing when unsharded or already gathering).
-  void start_unshard();
+  // Launches the all-gathers (nothing when unsharded or already gathering),
+  // in the compute dtype, or with exact in the shards' own (for
+  // summon_full_params).
+  void start_unshard(bool exact = false);
   // Waits for them and points the parameters at the full tensors. A failed
   // gather raises (PeerFailureError, TimeoutError...) and leaves the unit
   // sharded.
   void finish_unshard();
-  void unshard() {
-    start_unshard();
+  void unshard(bool exact = false) {
+    start_unshard(exact);
     finish_unshard();
   }
   // Points the parameters at their shards and releases the full memory.
@@ -125,6 +134,7 @@ class ShardedUnit {
     std::vector<std::shared_ptr<Work>> works;
     at::Tensor out;                  // sharded: the reduce-scatter output, a chunk
     std::vector<at::Tensor> inputs;  // kept alive until the works are done
+    std::vector<size_t> targets;     // not sharded: the parameter of each input
   };
 
   void ensure_grad_buffer();
@@ -145,7 +155,11 @@ class ShardedUnit {
   bool keep_full_;
   int shard_rank_;
   ShardLayout layout_;
-  at::ScalarType dtype_;
+  at::ScalarType dtype_;          // the shards' (the parameters' as built)
+  at::ScalarType compute_dtype_;  // the full parameters' in forward and backward
+  at::ScalarType reduce_dtype_;   // the gradients' in the reduction
+  bool cast_;                     // compute_dtype_ != dtype_
+  bool swaps_;                    // the parameters move between shards and full storage (sharded_ || cast_)
 
   at::Tensor chunk_;                      // this rank's shards, padding zero
   std::vector<at::Tensor> shard_views_;   // per parameter: its real rows in chunk_
