@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/nn/modules/batchnorm.h>
 
 #include <mutex>
 #include <unordered_set>
@@ -56,13 +57,17 @@ std::string join(const std::string& a, const std::string& b) { return a.empty() 
 // original: the same names without the steps into a wrapper's "module"
 // (a CheckpointModule inside the unit).
 struct Collected {
+  std::vector<char> norm;  // per parameter: a BatchNorm's
   std::vector<std::string> names;
   std::vector<std::string> original;
   std::vector<at::Tensor> params;
   std::vector<at::Tensor> buffers;
 };
 void collect(torch::nn::Module& m, const std::string& prefix, const std::string& original, Collected& out) {
+  const bool norm = dynamic_cast<torch::nn::BatchNorm1dImpl*>(&m) || dynamic_cast<torch::nn::BatchNorm2dImpl*>(&m) ||
+                    dynamic_cast<torch::nn::BatchNorm3dImpl*>(&m);
   for (const auto& p : m.named_parameters(/*recurse=*/false)) {
+    out.norm.push_back(norm);
     out.names.push_back(join(prefix, p.key()));
     out.original.push_back(join(original, p.key()));
     out.params.push_back(p.value());
@@ -99,6 +104,15 @@ MixedPrecision resolve_mixed_precision(const FullyShardedDataParallelOptions& o,
   return mp;
 }
 
+// BatchNorm computes with fp32 weights on bf16 inputs and fp32 running
+// statistics, not with bf16 weights: its parameters stay in their dtype,
+// unless its buffers were converted to the compute dtype too.
+std::vector<char> keep_norm_dtype(const FullyShardedDataParallelOptions& o, std::vector<char> norm) {
+  const MixedPrecision& mp = o.mixed_precision;
+  if (mp.buffer_dtype && mp.buffer_dtype == mp.param_dtype) norm.assign(norm.size(), 0);
+  return norm;
+}
+
 }  // namespace
 
 FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataParallelOptions options) {
@@ -117,6 +131,9 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
   const std::string label = "FullyShardedDataParallel over " + module.name() + " (rank " +
                             std::to_string(pg->rank()) + ")";
   s.options.mixed_precision = resolve_mixed_precision(s.options, label);
+  s.options.compute_dtype.reset();  // resolved into mixed_precision, which the children's options copy
+  s.options.buffer_dtype.reset();
+  s.options.fp32_reduce_scatter = false;
   auto_wrap_children(module, s.options, label);
   Collected found;
   collect(module, "", "", found);
@@ -150,7 +167,7 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
                                            s.options.sharding_strategy != ShardingStrategy::NO_SHARD,
                                            /*keep_full=*/s.options.sharding_strategy == ShardingStrategy::SHARD_GRAD_OP,
                                            s.options.mixed_precision.param_dtype,
-                                           s.options.mixed_precision.reduce_dtype);
+                                           s.options.mixed_precision.reduce_dtype, keep_norm_dtype(s.options, found.norm));
   } catch (...) {
     unclaim(params);
     throw;

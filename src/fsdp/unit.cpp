@@ -77,7 +77,8 @@ at::ScalarType check_params(const std::string& label, const std::vector<std::str
 
 ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, std::vector<std::string> names,
                          std::vector<at::Tensor> params, bool shard, bool keep_full,
-                         std::optional<at::ScalarType> compute_dtype, std::optional<at::ScalarType> reduce_dtype)
+                         std::optional<at::ScalarType> compute_dtype, std::optional<at::ScalarType> reduce_dtype,
+                         std::vector<char> keep_dtype)
     : pg_(std::move(pg)),
       label_(std::move(label)),
       names_(std::move(names)),
@@ -93,6 +94,8 @@ ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, st
       full_(compute_dtype_, swaps_ ? layout_.full_numel() : 0),
       grad_full_(reduce_dtype_, sharded_ ? layout_.full_numel() : 0) {
   keep_full_ = sharded_ && keep_full && !cast_;
+  keep_dtype_ = std::move(keep_dtype);
+  keep_dtype_.resize(params_.size(), 0);
   at::NoGradGuard no_grad;
   for (const auto& p : params_) {
     trainable_.push_back(p.requires_grad());
@@ -133,7 +136,7 @@ void ShardedUnit::point_at_shards() {
 
 void ShardedUnit::start_unshard(bool exact) {
   if (state_ != State::kSharded) return;
-  if (exact && !sharded_) return;  // the shards are the full parameters
+  if (exact && !sharded_) return;  // the shards are the full parameters (see unshard)
   if (!keep_full_) {
     full_.set_dtype(exact ? dtype_ : compute_dtype_);
     full_.allocate();
@@ -184,7 +187,11 @@ void ShardedUnit::finish_unshard() {
   gather_inputs_.clear();
   for (size_t k = 0; k < params_.size(); ++k) {
     const auto& pl = layout_.param(k);
-    repoint(params_[k], full_.tensor_at(pl.offset_in_full, pl.shape));
+    if (keep_dtype_[k] && full_.dtype() != dtype_) {
+      repoint(params_[k], sharded_ ? full_.tensor_at(pl.offset_in_full, pl.shape).to(dtype_) : shard_views_[k]);
+    } else {
+      repoint(params_[k], full_.tensor_at(pl.offset_in_full, pl.shape));
+    }
   }
   state_ = State::kFull;
 }
@@ -238,6 +245,7 @@ void ShardedUnit::check_params_in_place() const {
                                          ? full_.storage_impl()
                                          : chunk_.storage().unsafeGetStorageImpl();
   for (size_t k = 0; k < params_.size(); ++k) {
+    if (state_ == State::kFull && keep_dtype_[k] && full_.dtype() != dtype_) continue;  // a copy of its own
     if (params_[k].storage().unsafeGetStorageImpl() != expected) {
       throw UsageError(label_ + ": parameter '" + names_[k] +
                        "' was replaced after wrapping (module.to(), set_data or loading into the module): FSDP "

@@ -51,9 +51,14 @@ class ShardedUnit {
   // parameters' dtype. With a compute dtype of its own the full storage is
   // never kept (keep_full is ignored) and, without sharding, unshard()
   // converts locally.
+  // keep_dtype (empty, or one flag per parameter): parameters that forward
+  // and backward see in their own dtype even with a compute dtype (those of
+  // BatchNorm, whose kernels take fp32 weights with bf16 inputs and fp32
+  // running statistics, but not bf16 weights); they are still gathered in
+  // the compute dtype.
   ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, std::vector<std::string> names,
               std::vector<at::Tensor> params, bool shard, bool keep_full, std::optional<at::ScalarType> compute_dtype,
-              std::optional<at::ScalarType> reduce_dtype);
+              std::optional<at::ScalarType> reduce_dtype, std::vector<char> keep_dtype = {});
   ShardedUnit(const ShardedUnit&) = delete;
   ShardedUnit& operator=(const ShardedUnit&) = delete;
   ~ShardedUnit();
@@ -83,6 +88,7 @@ class ShardedUnit {
   // sharded.
   void finish_unshard();
   void unshard(bool exact = false) {
+    if (exact && !sharded_ && state_ == State::kSharded) return;  // the shards are whole and exact
     start_unshard(exact);
     finish_unshard();
   }
@@ -160,6 +166,7 @@ class ShardedUnit {
   at::ScalarType reduce_dtype_;   // the gradients' in the reduction
   bool cast_;                     // compute_dtype_ != dtype_
   bool swaps_;                    // the parameters move between shards and full storage (sharded_ || cast_)
+  std::vector<char> keep_dtype_;  // per parameter: computes in dtype_ (a converted copy of its gathered values)
 
   at::Tensor chunk_;                      // this rank's shards, padding zero
   std::vector<at::Tensor> shard_views_;   // per parameter: its real rows in chunk_
