@@ -14,13 +14,13 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <string>
 
+#include "examples/fashion_mnist_data.h"
 #include "tdist/tdist.h"
 
 namespace {
@@ -83,43 +83,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// The whole of a gzipped file.
-std::string gunzip(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (!f) throw std::runtime_error("cannot open " + path + " (is dataset-fashion-mnist installed?)");
-  std::string out;
-  char buf[1 << 16];
-  int n;
-  while ((n = gzread(f, buf, sizeof buf)) > 0) out.append(buf, n);
-  const bool bad = n < 0;
-  gzclose(f);
-  if (bad) throw std::runtime_error(path + ": corrupt gzip data");
-  return out;
-}
-
-uint32_t be32(const std::string& s, size_t at) {
-  return uint32_t(uint8_t(s[at])) << 24 | uint32_t(uint8_t(s[at + 1])) << 16 | uint32_t(uint8_t(s[at + 2])) << 8 |
-         uint32_t(uint8_t(s[at + 3]));
-}
-
-// IDX files: images as [N, 1, 28, 28] floats normalised, labels as [N] int64.
-torch::Tensor read_images(const std::string& path) {
-  const std::string s = gunzip(path);
-  if (s.size() < 16 || be32(s, 0) != 0x803) throw std::runtime_error(path + ": not an IDX image file");
-  const int64_t n = be32(s, 4), rows = be32(s, 8), cols = be32(s, 12);
-  if (s.size() != static_cast<size_t>(16 + n * rows * cols)) throw std::runtime_error(path + ": truncated");
-  auto t = torch::from_blob(const_cast<char*>(s.data() + 16), {n, 1, rows, cols}, torch::kUInt8).to(torch::kFloat);
-  return (t / 255.0 - 0.2860) / 0.3530;  // Fashion-MNIST's mean and std
-}
-
-torch::Tensor read_labels(const std::string& path) {
-  const std::string s = gunzip(path);
-  if (s.size() < 8 || be32(s, 0) != 0x801) throw std::runtime_error(path + ": not an IDX label file");
-  const int64_t n = be32(s, 4);
-  if (s.size() != static_cast<size_t>(8 + n)) throw std::runtime_error(path + ": truncated");
-  return torch::from_blob(const_cast<char*>(s.data() + 8), {n}, torch::kUInt8).to(torch::kLong);
-}
-
 struct MlpImpl : torch::nn::Module {
   MlpImpl() {
     fc1 = register_module("fc1", torch::nn::Linear(784, 1024));
@@ -155,10 +118,9 @@ template <typename Net>
 int train(const Args& a, tdist::ProcessGroup& pg) {
   const int rank = pg.rank(), world = pg.size();
   const auto t_start = std::chrono::steady_clock::now();
-  torch::Tensor train_x = read_images(a.data_dir + "/train-images-idx3-ubyte.gz");
-  torch::Tensor train_y = read_labels(a.data_dir + "/train-labels-idx1-ubyte.gz");
-  torch::Tensor test_x = read_images(a.data_dir + "/t10k-images-idx3-ubyte.gz");
-  torch::Tensor test_y = read_labels(a.data_dir + "/t10k-labels-idx1-ubyte.gz");
+  const examples::FashionMnist data = examples::load_fashion_mnist(a.data_dir);
+  const torch::Tensor& train_x = data.train_x;
+  const torch::Tensor& train_y = data.train_y;
 
   torch::manual_seed(a.seed);
   Net net;
@@ -229,12 +191,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
   // Test accuracy over every rank's shard of the test set.
   ddp->eval();
   torch::NoGradGuard no_grad;
-  const int64_t tn = test_x.size(0);
-  const torch::Tensor mine = torch::arange(rank, tn, world, torch::kLong);
-  const torch::Tensor pred = net->forward(test_x.index_select(0, mine)).argmax(1);
-  torch::Tensor counts = torch::tensor({pred.eq(test_y.index_select(0, mine)).sum().item<int64_t>(), mine.numel()});
-  pg.all_reduce(counts)->wait();
-  const double accuracy = static_cast<double>(counts[0].item<int64_t>()) / counts[1].item<int64_t>();
+  const double accuracy = examples::test_accuracy(data, pg, [&](const torch::Tensor& x) { return net->forward(x); });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   if (rank == 0) {
     std::printf("test accuracy %.2f%% after %d epochs (%lld steps per rank, %d ranks, hook %s, %s backend) in %.1f s\n",

@@ -1,0 +1,215 @@
+// Fashion-MNIST with FullyShardedDataParallel: the C++ counterpart of
+// torch_xla's test_train_mp_mnist_fsdp_with_ckpt.py.
+//
+//   build/bin/tdist-run --nproc-per-node 2 build/bin/fsdp_mnist --use-nested-fsdp --use-gradient-checkpointing
+//   build/bin/tdist-run --nproc-per-node 2 build/bin/fsdp_mnist --auto-wrap-policy type --sharding grad_op
+//       [--epochs 2] [--batch-size 64] [--lr 0.001] [--seed 0] [--data-dir ...] [--json FILE]
+//
+// The network is one torch::nn::Sequential (two convolution stages with
+// BatchNorm, two linear layers). --use-nested-fsdp wraps each convolution
+// and linear layer in a unit while the network is built (tdist::wrap);
+// --auto-wrap-policy size|type lets the outer wrapper pick them (size:
+// layers of at least 1000 parameters, which leaves the first convolution
+// to the root); --use-gradient-checkpointing puts each inner unit's layer
+// in tdist::checkpoint_module (through auto_wrapper_callable; the first
+// layer's input needs no gradient, so its checkpoint is skipped). The rest
+// is the outer (root) unit's. Adam, learning rate halved every epoch.
+#include <torch/torch.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "examples/fashion_mnist_data.h"
+#include "tdist/tdist.h"
+
+namespace {
+
+struct Args {
+  int epochs = 2;
+  int64_t batch_size = 64;
+  double lr = 1e-3;
+  uint64_t seed = 0;
+  bool nested = false;
+  bool checkpointing = false;
+  std::string auto_wrap = "none";
+  std::string sharding = "full";
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string json;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  CLI::App app{"Fashion-MNIST with FullyShardedDataParallel (torch_xla's MNIST FSDP example in C++).", "fsdp_mnist"};
+  app.add_option("--epochs", a.epochs)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--batch-size", a.batch_size, "samples per rank per step")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--lr", a.lr)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--seed", a.seed)->capture_default_str();
+  app.add_flag("--use-nested-fsdp", a.nested, "wrap every stage in a unit of its own while building");
+  app.add_flag("--use-gradient-checkpointing", a.checkpointing, "checkpoint_module inside every inner unit");
+  app.add_option("--auto-wrap-policy", a.auto_wrap, "let the outer wrapper pick the units")
+      ->check(CLI::IsMember({"none", "size", "type"}))->capture_default_str();
+  app.add_option("--sharding", a.sharding)->check(CLI::IsMember({"full", "grad_op", "no"}))->capture_default_str();
+  app.add_option("--data-dir", a.data_dir)->capture_default_str();
+  app.add_option("--json", a.json, "rank 0 writes the results here")->type_name("FILE");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
+  }
+  if (a.checkpointing && !a.nested && a.auto_wrap == "none") {
+    std::fprintf(stderr, "fsdp_mnist: --use-gradient-checkpointing needs --use-nested-fsdp or --auto-wrap-policy\n");
+    std::exit(2);
+  }
+  if (a.nested && a.auto_wrap != "none") {
+    std::fprintf(stderr, "fsdp_mnist: give --use-nested-fsdp or --auto-wrap-policy, not both\n");
+    std::exit(2);
+  }
+  return a;
+}
+
+// The network as a new user writes it: one torch::nn::Sequential. With
+// wrap_layers, the convolutions and linear layers are built through
+// tdist::wrap (nested FSDP, as torch_xla's example wraps conv1, conv2, fc1,
+// fc2); BatchNorm and the rest stay with the root unit.
+torch::nn::Sequential build(const tdist::FullyShardedDataParallelOptions* wrap_layers) {
+  torch::nn::Sequential net;
+  auto layer = [&](auto m) {
+    if (wrap_layers) {
+      net->push_back(tdist::wrap(m, *wrap_layers));
+    } else {
+      net->push_back(m);
+    }
+  };
+  for (auto [in, out] : {std::pair<int64_t, int64_t>{1, 32}, {32, 64}}) {  // 28x28 -> 14x14 -> 7x7
+    layer(torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1)));
+    net->push_back(torch::nn::BatchNorm2d(out));
+    net->push_back(torch::nn::ReLU());
+    net->push_back(torch::nn::MaxPool2d(2));
+  }
+  net->push_back(torch::nn::Flatten());
+  layer(torch::nn::Linear(64 * 7 * 7, 128));
+  net->push_back(torch::nn::ReLU());
+  layer(torch::nn::Linear(128, 10));
+  return net;
+}
+
+// The Sequential as a module with a plain forward (FSDP's holder).
+struct NetImpl : torch::nn::Module {
+  explicit NetImpl(torch::nn::Sequential s) : stages(register_module("stages", std::move(s))) {}
+  torch::Tensor forward(torch::Tensor x) { return stages->forward(x); }
+  torch::nn::Sequential stages;
+};
+TORCH_MODULE(Net);
+
+int train(const Args& a, tdist::ProcessGroup& pg) {
+  const int rank = pg.rank(), world = pg.size();
+  const auto t_start = std::chrono::steady_clock::now();
+  const examples::FashionMnist data = examples::load_fashion_mnist(a.data_dir);
+
+  tdist::FullyShardedDataParallelOptions o;
+  o.sharding_strategy = a.sharding == "full"      ? tdist::ShardingStrategy::FULL_SHARD
+                        : a.sharding == "grad_op" ? tdist::ShardingStrategy::SHARD_GRAD_OP
+                                                  : tdist::ShardingStrategy::NO_SHARD;
+  if (a.checkpointing) {
+    o.auto_wrapper_callable = [](torch::nn::AnyModule m, const tdist::FullyShardedDataParallelOptions& c) {
+      return torch::nn::AnyModule(tdist::FullyShardedDataParallel(tdist::checkpoint_module(std::move(m)), c));
+    };
+  }
+  tdist::FullyShardedDataParallelOptions root = o;
+  if (a.auto_wrap == "size") root.auto_wrap_policy = tdist::size_based_auto_wrap_policy(1000);
+  if (a.auto_wrap == "type") {
+    root.auto_wrap_policy = tdist::transformer_auto_wrap_policy<torch::nn::Conv2d, torch::nn::Linear>();
+  }
+  torch::manual_seed(a.seed);
+  tdist::FSDP<Net> model(Net(build(a.nested ? &o : nullptr)), root);
+  if (rank == 0) std::cout << *model << "\n";
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(a.lr));
+
+  const int64_t n = data.train_x.size(0);
+  const int64_t per_rank = n / world;
+  const int64_t steps_per_epoch = (per_rank + a.batch_size - 1) / a.batch_size;
+  int64_t steps = 0;
+  for (int epoch = 0; epoch < a.epochs; ++epoch) {
+    model->train();
+    for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamOptions&>(g.options()).lr(a.lr / (1 << epoch));
+    torch::manual_seed(a.seed + 1000 + epoch);  // the same shuffle on every rank
+    const torch::Tensor order = torch::randperm(n, torch::kLong).slice(0, rank, per_rank * world, world);
+    const auto t0 = std::chrono::steady_clock::now();
+    double loss_sum = 0;
+    for (int64_t s = 0; s < steps_per_epoch; ++s) {
+      const torch::Tensor idx = order.slice(0, s * a.batch_size, std::min(per_rank, (s + 1) * a.batch_size));
+      opt.zero_grad();
+      torch::Tensor loss = torch::nn::functional::cross_entropy(model(data.train_x.index_select(0, idx)),
+                                                                data.train_y.index_select(0, idx));
+      loss.backward();
+      opt.step();
+      loss_sum += loss.item<double>();
+      ++steps;
+      if (rank == 0 && (s % 20 == 0 || s + 1 == steps_per_epoch) && isatty(1)) {
+        const int filled = static_cast<int>(30 * (s + 1) / steps_per_epoch);
+        std::printf("\repoch %d/%d [%-30s] %3lld%% loss %.4f", epoch + 1, a.epochs, std::string(filled, '#').c_str(),
+                    static_cast<long long>(100 * (s + 1) / steps_per_epoch), loss_sum / (s + 1));
+        std::fflush(stdout);
+      }
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rank == 0) {
+      std::printf("%sepoch %d/%d: %lld steps, %.1f s, mean loss %.4f\n", isatty(1) ? "\n" : "", epoch + 1, a.epochs,
+                  static_cast<long long>(steps_per_epoch), secs, loss_sum / steps_per_epoch);
+    }
+  }
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const double accuracy = examples::test_accuracy(data, pg, [&](const torch::Tensor& x) { return model(x); });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  if (rank == 0) {
+    std::printf("test accuracy %.2f%% after %d epochs (%d ranks, sharding %s, %s%s) in %.1f s\n", 100 * accuracy,
+                a.epochs, world, a.sharding.c_str(),
+                a.nested ? "nested FSDP" : (a.auto_wrap == "none" ? "one unit" : ("auto wrap by " + a.auto_wrap).c_str()),
+                a.checkpointing ? ", gradient checkpointing" : "", seconds);
+    if (!a.json.empty()) {
+      nlohmann::ordered_json j;
+      j["test_accuracy"] = accuracy;
+      j["epochs"] = a.epochs;
+      j["steps"] = steps;
+      j["seconds"] = seconds;
+      j["world_size"] = world;
+      j["units"] = model->get_shard_metadata().units.size();
+      std::ofstream f(a.json);
+      f << j.dump(2) << "\n";
+      if (!f) {
+        std::fprintf(stderr, "fsdp_mnist: cannot write %s\n", a.json.c_str());
+        return 1;
+      }
+    }
+  }
+  pg.barrier()->wait();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  try {
+    tdist::InitOptions o;
+    o.timeout = std::chrono::seconds(120);
+    if (!std::getenv("RANK")) {  // run alone, without a launcher: a world of one
+      o.store = std::make_shared<tdist::HashStore>();
+      o.rank = 0;
+      o.world_size = 1;
+    }
+    auto pg = tdist::init_process_group(o);
+    return train(a, *pg);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fsdp_mnist: %s\n", e.what());
+    return 1;
+  }
+}
