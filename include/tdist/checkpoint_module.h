@@ -21,6 +21,9 @@
 // their gradients. Tensor arguments are inputs of the checkpoint (kept for
 // the backward); other arguments are copied. The forward returns a tensor,
 // a std::vector of tensors or a std::tuple of tensors. No double backward.
+// State a forward changes (BatchNorm's running statistics) changes again
+// in the re-run, as with PyTorch's checkpoint. The random-number state
+// restored is the CPU generator's and those of the inputs' devices.
 #pragma once
 
 #include <ATen/core/Tensor.h>
