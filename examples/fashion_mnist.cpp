@@ -248,19 +248,5 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  try {
-    tdist::InitOptions o;
-    o.backend = a.backend;
-    o.timeout = std::chrono::seconds(120);
-    if (!std::getenv("RANK")) {  // run alone, without a launcher: a world of one
-      o.store = std::make_shared<tdist::HashStore>();
-      o.rank = 0;
-      o.world_size = 1;
-    }
-    auto pg = tdist::init_process_group(o);
-    return a.model == "mlp" ? train<Mlp>(a, *pg) : train<Cnn>(a, *pg);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
-    return 1;
-  }
+  return examples::run_example("fashion_mnist", a.backend, [&](tdist::ProcessGroup& pg) { return a.model == "mlp" ? train<Mlp>(a, pg) : train<Cnn>(a, pg); });
 }

@@ -198,18 +198,5 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  try {
-    tdist::InitOptions o;
-    o.timeout = std::chrono::seconds(120);
-    if (!std::getenv("RANK")) {  // run alone, without a launcher: a world of one
-      o.store = std::make_shared<tdist::HashStore>();
-      o.rank = 0;
-      o.world_size = 1;
-    }
-    auto pg = tdist::init_process_group(o);
-    return train(a, *pg);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fsdp_mnist: %s\n", e.what());
-    return 1;
-  }
+  return examples::run_example("fsdp_mnist", "auto", [&](tdist::ProcessGroup& pg) { return train(a, pg); });
 }

@@ -236,18 +236,5 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  try {
-    tdist::InitOptions o;
-    o.timeout = std::chrono::seconds(120);
-    if (!std::getenv("RANK")) {
-      o.store = std::make_shared<tdist::HashStore>();
-      o.rank = 0;
-      o.world_size = 1;
-    }
-    auto pg = tdist::init_process_group(o);
-    return train(a, *pg);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fsdp_vit: %s\n", e.what());
-    return 1;
-  }
+  return examples::run_example("fsdp_vit", "auto", [&](tdist::ProcessGroup& pg) { return train(a, pg); });
 }
