@@ -12,24 +12,18 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
-#include <mutex>
-#include <unordered_map>
 #include <string>
 
 #include "util/torch_compat.h"
 
 namespace tdist::bench {
 
-// Its data pointers are their own contexts (the size and the wrapped
-// allocation are looked up by address), so that raw_allocate, which
-// LibTorch uses here and there, works through it.
 class CountingAllocator final : public c10::Allocator {
  public:
   // Wraps the CPU allocator in use now and installs itself in its place.
   static CountingAllocator& install() {
     static CountingAllocator* a = [] {
       auto* c = new CountingAllocator(c10::GetCPUAllocator());
-      instance() = c;
       c10::SetCPUAllocator(c, /*priority=*/100);
       return c;
     }();
@@ -39,15 +33,10 @@ class CountingAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) TDIST_ALLOCATOR_CONST override {
     c10::DataPtr inner = inner_->allocate(n);
     void* data = inner.get();
-    if (data == nullptr) return inner;  // empty: nothing to count
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      blocks_.emplace(data, Block{std::move(inner), n});
-    }
+    auto* ctx = new Context{std::move(inner), n, this};
     add(static_cast<int64_t>(n));
-    return c10::DataPtr(data, data, &release, c10::Device(c10::kCPU));
+    return c10::DataPtr(data, ctx, &release, c10::Device(c10::kCPU));
   }
-  c10::DeleterFnPtr raw_deleter() const override { return &release; }
 #if TDIST_ALLOCATOR_HAS_COPY_DATA
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     if (count > 0) std::memcpy(dest, src, count);
@@ -59,15 +48,12 @@ class CountingAllocator final : public c10::Allocator {
   void reset_peak() { peak_.store(live_.load()); }
 
  private:
-  struct Block {
+  struct Context {
     c10::DataPtr inner;
     size_t bytes;
+    const CountingAllocator* owner;
   };
   explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
-  static CountingAllocator*& instance() {
-    static CountingAllocator* a = nullptr;
-    return a;
-  }
   void add(int64_t n) const {
     const int64_t now = live_.fetch_add(n) + n;
     int64_t p = peak_.load();
@@ -75,21 +61,12 @@ class CountingAllocator final : public c10::Allocator {
     }
   }
   static void release(void* p) {
-    CountingAllocator* self = instance();
-    Block b;
-    {
-      std::lock_guard<std::mutex> lock(self->mu_);
-      auto it = self->blocks_.find(p);
-      if (it == self->blocks_.end()) return;
-      b = std::move(it->second);
-      self->blocks_.erase(it);
-    }
-    self->add(-static_cast<int64_t>(b.bytes));
-  }  // b.inner frees the memory
+    auto* ctx = static_cast<Context*>(p);
+    ctx->owner->add(-static_cast<int64_t>(ctx->bytes));
+    delete ctx;
+  }
 
   c10::Allocator* inner_;
-  mutable std::mutex mu_;
-  mutable std::unordered_map<void*, Block> blocks_;
   mutable std::atomic<int64_t> live_{0};
   mutable std::atomic<int64_t> peak_{0};
 };

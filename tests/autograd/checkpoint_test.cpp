@@ -1,11 +1,11 @@
 // checkpoint_module: the gradients of the plain module bit for bit (dropout
 // included), the random-number stream left as the plain module leaves it,
-// fewer bytes kept between forward and backward, skipped when no input
+// skipped when no input
 // requires a gradient, and the same inside DDP and FSDP (real processes).
+// (The bytes it saves are for tdist-bench fsdp to measure: issue 16.)
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "bench/memory_meter.h"
 #include "tdist/tdist.h"
 #include "tests/util/world.h"
 
@@ -116,32 +116,6 @@ TEST(Checkpoint, SkippedWhenNoInputRequiresGrad) {
   expect_same_grads(*plain, *ckpt);  // the parameters still get their gradients
   torch::NoGradGuard no_grad;        // and without gradients it simply runs
   EXPECT_TRUE(torch::equal(ckpt(x), plain(x)));
-}
-
-// In a process of its own (run_world), as the counting allocator stays
-// installed for good and does not serve raw allocations.
-TEST(Checkpoint, KeepsFewerBytesBetweenForwardAndBackward) {
-  EXPECT_EQ(run_world(1,
-                      [](ProcessGroup&) {
-                        auto& mem = tdist::bench::CountingAllocator::install();
-                        torch::manual_seed(4);
-                        Deep plain(256, 8, 0.1);
-                        auto ckpt = tdist::checkpoint_module(Deep(256, 8, 0.1));
-                        int64_t kept[2];
-                        for (int run = 0; run < 2; ++run) {
-                          auto x = torch::randn({128, 256}, torch::requires_grad());
-                          const int64_t before = mem.live();
-                          auto y = run == 0 ? plain(x) : ckpt(x);
-                          kept[run] = mem.live() - before;
-                          y.sum().backward();
-                        }
-                        // Plain: per layer the linear's output, gelu's output and
-                        // the dropout mask (about 3 x 128 x 256 x 4 bytes x 8
-                        // layers). Checkpointed: the output and the random state.
-                        WORLD_CHECK(kept[0] > 8 * 128 * 256 * 4 * 2, "plain kept only " << kept[0]);
-                        WORLD_CHECK(kept[1] * 5 < kept[0], "plain " << kept[0] << " bytes, checkpointed " << kept[1]);
-                      }),
-            "");
 }
 
 // ---- inside DDP and FSDP, on real processes ----
