@@ -20,6 +20,7 @@
 #include <fstream>
 #include <string>
 
+#include "examples/example_main.h"
 #include "examples/fashion_mnist_data.h"
 #include "tdist/tdist.h"
 
@@ -232,12 +233,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
       j["bytes_communicated"] = bytes;
       j["bytes_per_step"] = step_bytes;
       j["compression_rate"] = rate;
-      std::ofstream f(a.json);
-      f << j.dump(2) << "\n";
-      if (!f) {
-        std::fprintf(stderr, "fashion_mnist: cannot write %s\n", a.json.c_str());
-        return 1;
-      }
+      if (!examples::write_json("fashion_mnist", a.json, j)) return 1;
     }
   }
   pg.barrier()->wait();

@@ -10,11 +10,6 @@
 #include <string>
 
 #include "tdist/process_group.h"
-#include "tdist/store.h"
-
-#include <cstdio>
-#include <cstdlib>
-#include <memory>
 
 namespace examples {
 
@@ -76,27 +71,6 @@ double test_accuracy(const FashionMnist& d, tdist::ProcessGroup& pg, Predict pre
   torch::Tensor counts = torch::tensor({right, mine.numel()});
   pg.all_reduce(counts)->wait();
   return static_cast<double>(counts[0].item<int64_t>()) / counts[1].item<int64_t>();
-}
-
-// main() of an example: joins the group of a tdist-run job (alone, without
-// RANK set: a world of one), runs train(group), reports an error by name.
-template <typename Train>
-int run_example(const char* name, const std::string& backend, Train train) {
-  try {
-    tdist::InitOptions o;
-    o.backend = backend;
-    o.timeout = std::chrono::seconds(120);
-    if (!std::getenv("RANK")) {
-      o.store = std::make_shared<tdist::HashStore>();
-      o.rank = 0;
-      o.world_size = 1;
-    }
-    auto pg = tdist::init_process_group(o);
-    return train(*pg);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: %s\n", name, e.what());
-    return 1;
-  }
 }
 
 }  // namespace examples

@@ -25,6 +25,7 @@
 #include <iostream>
 #include <string>
 
+#include "examples/example_main.h"
 #include "examples/fashion_mnist_data.h"
 #include "tdist/tdist.h"
 
@@ -182,12 +183,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
       j["seconds"] = seconds;
       j["world_size"] = world;
       j["units"] = model->get_shard_metadata().units.size();
-      std::ofstream f(a.json);
-      f << j.dump(2) << "\n";
-      if (!f) {
-        std::fprintf(stderr, "fsdp_mnist: cannot write %s\n", a.json.c_str());
-        return 1;
-      }
+      if (!examples::write_json("fsdp_mnist", a.json, j)) return 1;
     }
   }
   pg.barrier()->wait();

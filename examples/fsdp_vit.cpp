@@ -23,6 +23,7 @@
 #include <iostream>
 #include <string>
 
+#include "examples/example_main.h"
 #include "examples/fashion_mnist_data.h"
 #include "tdist/tdist.h"
 
@@ -220,12 +221,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
       j["checkpointing"] = !a.no_checkpointing;
       j["units"] = model->get_shard_metadata().units.size();
       j["peak_bytes"] = std::vector<double>(mem.data_ptr<double>(), mem.data_ptr<double>() + world);
-      std::ofstream f(a.json);
-      f << j.dump(2) << "\n";
-      if (!f) {
-        std::fprintf(stderr, "fsdp_vit: cannot write %s\n", a.json.c_str());
-        return 1;
-      }
+      if (!examples::write_json("fsdp_vit", a.json, j)) return 1;
     }
   }
   pg.barrier()->wait();

@@ -81,8 +81,6 @@ void collect(torch::nn::Module& m, const std::string& prefix, const std::string&
   }
 }
 
-bool is_float(at::ScalarType t) { return at::isFloatingType(t); }
-
 // The mixed precision of the options, from either form of them.
 MixedPrecision resolve_mixed_precision(const FullyShardedDataParallelOptions& o, const std::string& label) {
   MixedPrecision mp = o.mixed_precision;
@@ -97,7 +95,7 @@ MixedPrecision resolve_mixed_precision(const FullyShardedDataParallelOptions& o,
     mp.buffer_dtype = o.buffer_dtype;
   }
   for (const auto& t : {mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype}) {
-    if (t && !is_float(*t)) {
+    if (t && !at::isFloatingType(*t)) {
       throw UsageError(label + ": mixed precision dtypes must be floating point, not " + c10::toString(*t));
     }
   }

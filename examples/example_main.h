@@ -1,0 +1,49 @@
+// What every example program's main() does: join the group of a tdist-run
+// job (alone: a world of one) and report errors by name; and write rank
+// 0's JSON results.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "tdist/process_group.h"
+#include "tdist/store.h"
+
+namespace examples {
+
+// main() of an example: joins the group of a tdist-run job (alone, without
+// RANK set: a world of one), runs train(group), reports an error by name.
+template <typename Train>
+int run_example(const char* name, const std::string& backend, Train train) {
+  try {
+    tdist::InitOptions o;
+    o.backend = backend;
+    o.timeout = std::chrono::seconds(120);
+    if (!std::getenv("RANK")) {
+      o.store = std::make_shared<tdist::HashStore>();
+      o.rank = 0;
+      o.world_size = 1;
+    }
+    auto pg = tdist::init_process_group(o);
+    return train(*pg);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
+}
+
+// Writes j to path; false (after saying so on stderr) when it cannot.
+inline bool write_json(const char* name, const std::string& path, const nlohmann::ordered_json& j) {
+  std::ofstream f(path);
+  f << j.dump(2) << "\n";
+  if (!f) std::fprintf(stderr, "%s: cannot write %s\n", name, path.c_str());
+  return static_cast<bool>(f);
+}
+
+}  // namespace examples
