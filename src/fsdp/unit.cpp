@@ -136,7 +136,6 @@ void ShardedUnit::point_at_shards() {
 
 void ShardedUnit::start_unshard(bool exact) {
   if (state_ != State::kSharded) return;
-  if (exact && !sharded_) return;  // the shards are the full parameters (see unshard)
   if (!keep_full_) {
     full_.set_dtype(exact ? dtype_ : compute_dtype_);
     full_.allocate();
