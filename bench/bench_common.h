@@ -49,10 +49,14 @@ struct DdpBenchOptions {
 
 struct FsdpBenchOptions {
   int world_size = 2;
-  int blocks = 8;
-  int64_t width = 1024;
-  int64_t hidden = 4096;
-  int64_t batch = 8;
+  std::string model = "mlp";  // or "vit"
+  // 0: the model's default (mlp: 8 blocks, W 1024, H 4096, batch 8;
+  // vit: 8 blocks, W 256, H 1024, 8 heads, batch 64).
+  int blocks = 0;
+  int64_t width = 0;
+  int64_t hidden = 0;
+  int64_t heads = 0;
+  int64_t batch = 0;
   int steps = 6;
   int rounds = 3;
   std::string variants;  // empty: all

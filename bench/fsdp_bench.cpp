@@ -1,38 +1,56 @@
-// tdist-bench fsdp: what sharding saves in memory and costs in step time.
+// tdist-bench fsdp: what sharding, activation checkpointing and mixed
+// precision save in memory and cost in step time.
 //
-//   tdist-bench fsdp [--world-size 2] [--blocks 8] [--width 1024] [--hidden 4096]
-//       [--batch 8] [--steps 6] [--rounds 3] [--variants ddp,no_shard,shard_grad_op,full_shard]
-//       [--json FILE]
+//   tdist-bench fsdp [--model mlp|vit] [--world-size 2] [--blocks B] [--width W] [--hidden H] [--heads N]
+//       [--batch N] [--steps 6] [--rounds 3] [--variants V,V,...] [--json FILE]
 //
-// The model: Linear(256 -> W), B residual blocks h + fc2(relu(fc1(h))) with
-// fc1 W -> H and fc2 H -> W, Linear(W -> 10); cross-entropy; Adam (fp32:
-// 16 bytes per parameter of model state); one thread per rank; shm. The
-// FSDP variants wrap every block in a unit of its own and the rest in the
-// root unit. Each variant runs as a fresh job (so that VmHWM is its own),
-// the variants taking turns for `rounds` rounds. Per variant: ms/step (the
-// median round; a round: the slowest rank's mean over `steps` steps after
-// two warm-up steps), and per rank (the largest): the peak of bytes live
-// in LibTorch's CPU allocator during training (a counting allocator) plus
-// the rank's blocks of symmetric memory (tdist::symmetric_memory_bytes()),
-// minus the activations (measured alone: the bytes a forward of the plain
-// model keeps for backward), next to the ZeRO bound of the variant for
-// fp32 Adam with Psi parameters over N ranks: DDP and NO_SHARD 16 Psi,
-// SHARD_GRAD_OP (ZeRO-2) 4 Psi + 12 Psi / N, FULL_SHARD (ZeRO-3)
-// 16 Psi / N + 8 bytes x the largest unit (its full parameters and
-// gradients); and the process's VmHWM (everything: LibTorch itself,
-// shared memory) over its VmRSS before the model was built.
+// The models and variants are in bench/fsdp_models.h. Adam (fp32: 16 bytes
+// per parameter of model state); one thread per rank; shm. Each variant
+// runs as a fresh job (so that VmHWM is its own), the variants taking turns
+// for `rounds` rounds; every number is the median round. Per variant:
+// - ms/step: the slowest rank's mean over `steps` steps after two warm-up
+//   steps;
+// - act kept: the bytes a forward keeps for backward, measured in the job:
+//   what LibTorch's CPU allocator holds after the forward minus before it
+//   (a counting allocator), not counting FSDP's per-unit buffers (full
+//   parameters and gradients, reduce-scatter outputs: the block pool's
+//   bytes);
+// - act peak: the peak of the same bytes during forward and backward over
+//   their level at the step's start: activations, their gradients, and
+//   with checkpointing the recomputed block's (also NO_SHARD's .grad,
+//   which autograd allocates);
+// - peak: the peak of the allocator's bytes during the timed steps plus
+//   the rank's symmetric memory (tdist::symmetric_memory_bytes(): DDP's
+//   buckets, FSDP's shards);
+// - state: at that peak, all but the activations (the unit buffers then,
+//   what the step started with, symmetric memory): parameters, gradients,
+//   optimizer state, the units gathered, against the ZeRO bound of the
+//   variant for fp32 Adam with Psi parameters over N ranks: DDP and NO_SHARD 16 Psi,
+//   SHARD_GRAD_OP (ZeRO-2) 4 Psi + 12 Psi / N, FULL_SHARD (ZeRO-3)
+//   16 Psi / N + the largest unit's full parameters and gradients (8 bytes
+//   a parameter; 4 in bf16);
+// - VmHWM: the process's peak RSS over its RSS before the model;
+// - communication per step: the bytes FSDP all-gathers (the output: the
+//   gathered parameters) and the gradient bytes it reduces (reduce-scatter
+//   or all-reduce input), from ProcessGroup::collective_counts().
+// All memory per rank, the largest rank's.
 #include <torch/torch.h>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "bench/bench_common.h"
+#include "bench/fsdp_models.h"
 #include "bench/memory_meter.h"
+#include "fsdp/block_pool.h"
 #include "tdist/tdist.h"
 #include "util/cli.h"
 
@@ -42,126 +60,86 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct BlockImpl : torch::nn::Module {
-  BlockImpl(int64_t w, int64_t h)
-      : fc1(register_module("fc1", torch::nn::Linear(w, h))), fc2(register_module("fc2", torch::nn::Linear(h, w))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return x + fc2(torch::relu(fc1(x))); }
-  torch::nn::Linear fc1, fc2;
-};
-TORCH_MODULE(Block);
-
-struct NetImpl : torch::nn::Module {
-  NetImpl(const FsdpBenchOptions& o, const FullyShardedDataParallelOptions* wrap)
-      : in(register_module("in", torch::nn::Linear(256, o.width))),
-        head(register_module("head", torch::nn::Linear(o.width, 10))) {
-    for (int i = 0; i < o.blocks; ++i) {
-      const std::string name = "block" + std::to_string(i);
-      if (wrap) {
-        auto b = register_module(name, FSDP<Block>(Block(o.width, o.hidden), *wrap));
-        calls.push_back([b](const torch::Tensor& x) { return b->forward(x); });
-      } else {
-        auto b = register_module(name, Block(o.width, o.hidden));
-        calls.push_back([b](const torch::Tensor& x) { return b->forward(x); });
-      }
-    }
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto h = in(x);
-    for (auto& c : calls) h = c(h);
-    return head(h);
-  }
-  torch::nn::Linear in, head;
-  std::vector<std::function<torch::Tensor(const torch::Tensor&)>> calls;
-};
-TORCH_MODULE(Net);
-
-const std::vector<std::string> kVariants = {"ddp", "no_shard", "shard_grad_op", "full_shard"};
-
+// What one job measured (maxima over its ranks).
 struct Result {
   double ms = 0;
-  double peak = 0;  // allocator bytes, largest rank
-  double hwm = 0;   // VmHWM - VmRSS before the model, largest rank
+  double peak = 0;         // allocator peak + symmetric memory
+  double state = 0;        // at the peak, all but the activations
+  double hwm = 0;          // VmHWM - VmRSS before the model
+  double activations = 0;      // kept by a forward for backward
+  double activation_peak = 0;  // the peak of forward and backward above the step's start
+  double gathered = 0;         // all-gather output bytes per step
+  double reduced = 0;          // gradient reduction input bytes per step
+  static constexpr int kFields = 8;
+  std::vector<double> fields() const {
+    return {ms, peak, state, hwm, activations, activation_peak, gathered, reduced};
+  }
+  static Result from(const std::vector<double>& f) { return {f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]}; }
 };
+
+int64_t block_bytes() { return static_cast<int64_t>(detail::block_bytes()); }
 
 // One rank of one variant's job: builds, trains, reports (rank 0 writes the
 // job's result, maxima over ranks, to `result`).
 int run_rank(const FsdpBenchOptions& o) {
   CountingAllocator& mem = CountingAllocator::install();
+  mem.set_excluded(&block_bytes);  // live_rest(): the allocator's bytes but FSDP's unit buffers
   at::set_num_threads(1);
   const int64_t rss0 = proc_status_bytes("VmRSS");
   auto pg = init_process_group({});
   torch::manual_seed(0);
-  std::function<torch::Tensor(const torch::Tensor&)> forward;
-  std::vector<torch::Tensor> params;
-  std::shared_ptr<void> keep;  // the model
-  if (o.run_variant == "ddp") {
-    DistributedDataParallelOptions d;
-    d.gradient_as_bucket_view = true;
-    auto m = std::make_shared<DistributedDataParallel<Net>>(Net(o, nullptr), d);
-    forward = [m](const torch::Tensor& x) { return (*m)(x); };
-    params = (*m)->parameters();
-    keep = m;
-  } else {
-    FullyShardedDataParallelOptions f;
-    f.sharding_strategy = o.run_variant == "no_shard"        ? ShardingStrategy::NO_SHARD
-                          : o.run_variant == "shard_grad_op" ? ShardingStrategy::SHARD_GRAD_OP
-                                                             : ShardingStrategy::FULL_SHARD;
-    auto m = std::make_shared<FSDP<Net>>(Net(o, &f), f);
-    forward = [m](const torch::Tensor& x) { return (*m)(x); };
-    params = (*m)->parameters();
-    keep = m;
-  }
-  torch::optim::Adam opt(params, torch::optim::AdamOptions(1e-4));
+  BenchModel model = build_bench_model(o, o.run_variant);
+  torch::optim::Adam opt(model.params, torch::optim::AdamOptions(1e-4));
   torch::manual_seed(100 + pg->rank());
-  const auto x = torch::randn({o.batch, 256});
+  const auto x = torch::randn({o.batch, model_input_width(o)});
   const auto y = torch::randint(0, 10, {o.batch}, torch::kLong);
+  // Per step: the bytes (not FSDP's unit buffers) at its start, kept by
+  // its forward, and at its peak over the start.
+  int64_t at_start = 0, kept = 0, above_start = 0;
   const auto step = [&] {
-    for (auto& p : params) p.mutable_grad().reset();
-    torch::nn::functional::cross_entropy(forward(x), y).backward();
+    for (auto& p : model.params) p.mutable_grad().reset();
+    const int64_t before = mem.live_rest();
+    at_start = std::max(at_start, before);
+    mem.reset_peak_rest();
+    torch::Tensor out = model.forward(x);
+    kept = std::max(kept, mem.live_rest() - before);
+    torch::nn::functional::cross_entropy(out.to(torch::kFloat), y).backward();
+    above_start = std::max(above_start, mem.peak_rest() - before);
     opt.step();
   };
-  mem.reset_peak();
   for (int i = 0; i < 2; ++i) step();
+  at_start = kept = above_start = 0;
   pg->barrier()->wait();
+  pg->reset_collective_counts();
+  mem.reset_peak();
   const auto t0 = Clock::now();
   for (int i = 0; i < o.steps; ++i) step();
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / o.steps;
+  Result r;
+  r.ms = ms;
   // Symmetric memory (shm: DDP's buckets, FSDP's shards) is mapped, not
   // allocated through LibTorch; its blocks live for the whole run.
-  const double peak = static_cast<double>(mem.peak() + symmetric_memory_bytes());
-  at::Tensor r = at::tensor({ms, peak,
-                             static_cast<double>(proc_status_bytes("VmHWM") - rss0)}, at::kDouble);
-  pg->all_reduce(r, {ReduceOp::MAX})->wait();
+  r.peak = static_cast<double>(mem.peak() + symmetric_memory_bytes());
+  // At the peak: the unit buffers, and what the step started with.
+  r.state = static_cast<double>(mem.excluded_at_peak() + at_start + symmetric_memory_bytes());
+  r.hwm = static_cast<double>(proc_status_bytes("VmHWM") - rss0);
+  r.activations = static_cast<double>(kept);
+  r.activation_peak = static_cast<double>(above_start);
+  for (const auto& [op, c] : pg->collective_counts()) {
+    if (op == "all_gather_into_tensor") r.gathered += static_cast<double>(c.output_bytes) / o.steps;
+    if (op == "reduce_scatter_tensor" || op == "all_reduce" || op == "all_reduce_coalesced") {
+      r.reduced += static_cast<double>(c.input_bytes) / o.steps;
+    }
+  }
+  const std::vector<double> f = r.fields();
+  at::Tensor all = at::tensor(f, at::kDouble);
+  pg->all_reduce(all, {ReduceOp::MAX})->wait();
   if (pg->rank() == 0) {
-    std::ofstream f(o.result);
-    f << r[0].item<double>() << " " << r[1].item<double>() << " " << r[2].item<double>() << "\n";
+    std::ofstream out(o.result);
+    for (int i = 0; i < Result::kFields; ++i) out << all[i].item<double>() << (i + 1 < Result::kFields ? " " : "\n");
   }
   pg->barrier()->wait();
   return 0;
-}
-
-// Psi, the largest block's parameters, and the bytes a forward of the plain
-// model keeps for backward.
-struct ModelFacts {
-  double psi = 0, largest_unit = 0, activations = 0;
-};
-ModelFacts measure_model(const FsdpBenchOptions& o) {
-  CountingAllocator& mem = CountingAllocator::install();
-  at::set_num_threads(1);
-  ModelFacts f;
-  torch::manual_seed(0);
-  Net net(o, nullptr);
-  for (const auto& p : net->parameters()) f.psi += static_cast<double>(p.numel());
-  const Block b(o.width, o.hidden);
-  double rest = f.psi;
-  for (const auto& p : b->parameters()) f.largest_unit += static_cast<double>(p.numel());
-  rest -= f.largest_unit * o.blocks;
-  f.largest_unit = std::max(f.largest_unit, rest);
-  const auto x = torch::randn({o.batch, 256});
-  const int64_t before = mem.live();
-  auto out = net(x);
-  f.activations = static_cast<double>(mem.live() - before);
-  return f;
 }
 
 double median(std::vector<double> v) {
@@ -170,79 +148,137 @@ double median(std::vector<double> v) {
   return n == 0 ? 0.0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-int run_parent(const FsdpBenchOptions& o, const std::vector<std::string>& args) {
+// Every field the median of the rounds.
+Result median_result(const std::vector<Result>& rounds) {
+  std::vector<double> f(Result::kFields);
+  for (int i = 0; i < Result::kFields; ++i) {
+    std::vector<double> v;
+    for (const auto& r : rounds) v.push_back(r.fields()[i]);
+    f[i] = median(v);
+  }
+  return Result::from(f);
+}
+
+std::vector<std::string> parse_variants(const std::string& list) {
   std::vector<std::string> variants;
-  std::istringstream is(o.variants);
+  std::istringstream is(list);
   for (std::string v; std::getline(is, v, ',');) {
     if (v.empty()) continue;
-    if (std::find(kVariants.begin(), kVariants.end(), v) == kVariants.end()) {
-      throw UsageError("tdist-bench fsdp: unknown variant '" + v + "' (ddp, no_shard, shard_grad_op, full_shard)");
+    const auto& known = fsdp_variants();
+    if (std::find(known.begin(), known.end(), v) == known.end()) {
+      std::string names;
+      for (const auto& k : known) names += (names.empty() ? "" : ", ") + k;
+      throw UsageError("tdist-bench fsdp: unknown variant '" + v + "' (" + names + ")");
     }
     variants.push_back(v);
   }
-  if (variants.empty()) variants = kVariants;
-  const ModelFacts facts = measure_model(o);
+  return variants.empty() ? fsdp_variants() : variants;
+}
+
+// The ZeRO bound of a variant's model state (fp32 Adam; see the top).
+double zero_bound(const std::string& v, const ModelSize& s, double n) {
+  if (v == "shard_grad_op") return 4 * s.psi + 12 * s.psi / n;
+  if (v.rfind("full_shard", 0) == 0) return 16 * s.psi / n + (variant_bf16(v) ? 4 : 8) * s.largest_unit;
+  return 16 * s.psi;
+}
+
+void print_tables(const FsdpBenchOptions& o, const ModelSize& size, const std::vector<std::string>& variants,
+                  const std::map<std::string, Result>& res) {
+  const double mb = 1024.0 * 1024.0;
+  const auto ratio = [&](const std::string& ref, double Result::*field, const Result& r) {
+    const auto it = res.find(ref);
+    return it != res.end() && it->second.*field > 0 ? r.*field / (it->second.*field) : 0.0;
+  };
+  std::printf("\n# FSDP, model %s: %d blocks, W %lld, H %lld%s (Psi = %.1f M parameters, largest unit %.1f M), "
+              "batch %lld per rank, Adam fp32, 1 thread per rank, shm, world size %d\n# %d rounds of %d steps, "
+              "the median round; x fs: over full_shard. Memory per rank (the largest rank), MiB: act kept = kept "
+              "by the forward for backward;\n# act peak = the step's peak above its start, FSDP's unit buffers "
+              "not counted; peak = allocator peak + symmetric memory; state = at that peak, all but the activations,\n# "
+              "against the variant's ZeRO bound; VmHWM = peak RSS over RSS before the model\n",
+              o.model.c_str(), o.blocks, static_cast<long long>(o.width), static_cast<long long>(o.hidden),
+              o.model == "vit" ? (", " + std::to_string(o.heads) + " heads").c_str() : "", size.psi / 1e6,
+              size.largest_unit / 1e6, static_cast<long long>(o.batch), o.world_size, o.rounds, o.steps);
+  std::printf("%-20s %8s %6s %6s %8s %6s %8s %6s %8s %8s %8s %7s %8s\n", "variant", "ms/step", "x ddp", "x fs",
+              "act kept", "x fs", "act peak", "x fs", "peak", "state", "bound", "x bound", "VmHWM");
+  for (const auto& v : variants) {
+    const Result& r = res.at(v);
+    const double b = zero_bound(v, size, o.world_size);
+    std::printf("%-20s %8.1f %6.2f %6.2f %8.1f %6.3f %8.1f %6.3f %8.1f %8.1f %8.1f %7.3f %8.1f\n", v.c_str(), r.ms,
+                ratio("ddp", &Result::ms, r), ratio("full_shard", &Result::ms, r), r.activations / mb,
+                ratio("full_shard", &Result::activations, r), r.activation_peak / mb,
+                ratio("full_shard", &Result::activation_peak, r), r.peak / mb, r.state / mb, b / mb, r.state / b,
+                r.hwm / mb);
+  }
+  if (res.count("no_shard")) {
+    std::printf("# no_shard: autograd allocates its .grad in backward, so its gradients (4 Psi) count as activations "
+                "here, not as state\n");
+  }
+  std::printf("\n# communication per step and rank, MiB: gathered = all-gather output (parameters), reduced = "
+              "gradient bytes into reduce-scatter / all-reduce\n");
+  std::printf("%-21s %10s %6s %10s %6s\n", "variant", "gathered", "x fs", "reduced", "x fs");
+  for (const auto& v : variants) {
+    const Result& r = res.at(v);
+    std::printf("%-21s %10.1f %6.3f %10.1f %6.3f\n", v.c_str(), r.gathered / mb,
+                ratio("full_shard", &Result::gathered, r), r.reduced / mb, ratio("full_shard", &Result::reduced, r));
+  }
+}
+
+int run_parent(const FsdpBenchOptions& o, const std::vector<std::string>& args) {
+  const std::vector<std::string> variants = parse_variants(o.variants);
+  const ModelSize size = measure_size(o);
   const std::string result = "/tmp/tdist-bench-fsdp-" + std::to_string(getpid());
-  std::map<std::string, std::vector<Result>> results;
+  std::map<std::string, std::vector<Result>> rounds;
   for (int round = 0; round < o.rounds; ++round) {
     for (size_t k = 0; k < variants.size(); ++k) {
       const std::string& v = variants[(round + k) % variants.size()];
       if (spawn_ranks("fsdp", o.world_size, args, {"--run-variant", v, "--result", result}) != 0) {
         throw std::runtime_error("the " + v + " job failed");
       }
-      Result r;
-      std::ifstream f(result);
-      if (!(f >> r.ms >> r.peak >> r.hwm)) throw std::runtime_error("the " + v + " job wrote no result");
-      results[v].push_back(r);
+      std::vector<double> f(Result::kFields);
+      std::ifstream in(result);
+      for (auto& x : f) {
+        if (!(in >> x)) throw std::runtime_error("the " + v + " job wrote no result");
+      }
+      rounds[v].push_back(Result::from(f));
     }
   }
   std::remove(result.c_str());
-  const double n = o.world_size, psi = facts.psi, mb = 1024.0 * 1024.0;
-  auto bound = [&](const std::string& v) {
-    if (v == "shard_grad_op") return 4 * psi + 12 * psi / n;
-    if (v == "full_shard") return 16 * psi / n + 8 * facts.largest_unit;
-    return 16 * psi;
-  };
-  std::printf("\n# FSDP: %d blocks of %lld-%lld (Psi = %.1f M parameters, largest unit %.1f M), batch %lld per rank, "
-              "Adam fp32, 1 thread per rank, shm, world size %d\n# %d rounds of %d steps; ms/step: the median round "
-              "(a round: the slowest rank's mean). Memory per rank (the largest rank), MiB:\n# model state = peak "
-              "bytes live in the CPU allocator during training + symmetric memory - activations (%.1f MiB, measured alone);\n# bound = "
-              "the ZeRO bound of the variant; VmHWM = the process's peak RSS over its RSS before the model\n",
-              o.blocks, static_cast<long long>(o.width), static_cast<long long>(o.hidden), psi / 1e6,
-              facts.largest_unit / 1e6, static_cast<long long>(o.batch), o.world_size, o.rounds, o.steps,
-              facts.activations / mb);
-  std::printf("%-14s %9s %8s %12s %10s %8s %10s\n", "variant", "ms/step", "x ddp", "model state", "bound",
-              "x bound", "VmHWM");
-  const double ddp_ms = results.count("ddp") ? median([&] {
-    std::vector<double> t;
-    for (const auto& r : results["ddp"]) t.push_back(r.ms);
-    return t;
-  }()) : 0;
+  std::map<std::string, Result> res;
+  for (const auto& v : variants) res[v] = median_result(rounds[v]);
+  print_tables(o, size, variants, res);
   JsonRows json;
   for (const auto& v : variants) {
-    std::vector<double> ms, peak, hwm;
-    for (const auto& r : results[v]) {
-      ms.push_back(r.ms);
-      peak.push_back(r.peak);
-      hwm.push_back(r.hwm);
-    }
-    const double state = median(peak) - facts.activations;
-    const double b = bound(v);
-    std::printf("%-14s %9.1f %8.2f %12.1f %10.1f %8.3f %10.1f\n", v.c_str(), median(ms),
-                ddp_ms > 0 ? median(ms) / ddp_ms : 0.0, state / mb, b / mb, state / b, median(hwm) / mb);
+    const Result& r = res[v];
+    const double b = zero_bound(v, size, o.world_size);
     json.begin_row();
     json.field("variant", v);
+    json.field("model", o.model);
     json.field("world_size", o.world_size);
-    json.field("psi", psi);
-    json.field("ms_per_step", median(ms));
-    json.field("ratio_vs_ddp", ddp_ms > 0 ? median(ms) / ddp_ms : 0.0);
-    json.field("model_state_bytes", state);
+    json.field("psi", size.psi);
+    json.field("ms_per_step", r.ms);
+    json.field("activation_bytes", r.activations);
+    json.field("activation_peak_bytes", r.activation_peak);
+    json.field("peak_bytes", r.peak);
+    json.field("state_bytes", r.state);
     json.field("bound_bytes", b);
-    json.field("ratio_vs_bound", state / b);
-    json.field("activation_bytes", facts.activations);
-    json.field("vmhwm_over_start_bytes", median(hwm));
+    json.field("state_over_bound", r.state / b);
+    json.field("vmhwm_over_start_bytes", r.hwm);
+    json.field("gathered_bytes_per_step", r.gathered);
+    json.field("reduced_bytes_per_step", r.reduced);
   }
   return json.finish(o.json);
+}
+
+// The model's defaults for the sizes left at 0.
+FsdpBenchOptions with_defaults(FsdpBenchOptions o) {
+  const bool vit = o.model == "vit";
+  if (o.blocks == 0) o.blocks = 8;
+  if (o.width == 0) o.width = vit ? 256 : 1024;
+  if (o.hidden == 0) o.hidden = vit ? 1024 : 4096;
+  if (o.heads == 0) o.heads = vit ? 8 : 1;
+  if (o.batch == 0) o.batch = vit ? 64 : 8;
+  if (vit && o.width % o.heads != 0) throw UsageError("tdist-bench fsdp: --width must be a multiple of --heads");
+  return o;
 }
 
 }  // namespace
@@ -251,22 +287,29 @@ void FsdpBenchOptions::add_to(CLI::App& mode) {
   using cli::both_spellings;
   mode.add_option(both_spellings("world-size"), world_size, "ranks, started here")->check(CLI::Range(1, 64))
       ->capture_default_str();
-  mode.add_option("--blocks", blocks, "residual blocks, one FSDP unit each")->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  mode.add_option("--width", width, "W")->check(CLI::PositiveNumber)->capture_default_str();
-  mode.add_option("--hidden", hidden, "H")->check(CLI::PositiveNumber)->capture_default_str();
-  mode.add_option("--batch", batch, "rows per rank")->check(CLI::PositiveNumber)->capture_default_str();
+  mode.add_option("--model", model, "mlp: residual MLP blocks; vit: the fsdp_vit example's transformer")
+      ->check(CLI::IsMember({"mlp", "vit"}))->capture_default_str();
+  mode.add_option("--blocks", blocks, "blocks, one FSDP unit each (default 8)")->check(CLI::PositiveNumber);
+  mode.add_option("--width", width, "W (default: mlp 1024, vit 256)")->check(CLI::PositiveNumber);
+  mode.add_option("--hidden", hidden, "H, the blocks' hidden width (default: mlp 4096, vit 1024)")
+      ->check(CLI::PositiveNumber);
+  mode.add_option("--heads", heads, "attention heads of vit (default 8)")->check(CLI::PositiveNumber);
+  mode.add_option("--batch", batch, "rows per rank (default: mlp 8, vit 64)")->check(CLI::PositiveNumber);
   mode.add_option("--steps", steps, "timed steps per round")->check(CLI::PositiveNumber)->capture_default_str();
   mode.add_option("--rounds", rounds, "rounds, the variants taking turns")->check(CLI::PositiveNumber)
       ->capture_default_str();
-  mode.add_option("--variants", variants, "comma-separated (default: all)")->type_name("V,V,...");
+  mode.add_option("--variants", variants,
+                  "comma-separated (default: all): ddp, no_shard, shard_grad_op, full_shard, full_shard_ckpt, "
+                  "full_shard_bf16, full_shard_ckpt_bf16")
+      ->type_name("V,V,...");
   mode.add_option("--json", json, "also write the rows here")->type_name("FILE");
   // Set by the parent for the ranks of one variant's job.
   mode.add_option("--run-variant", run_variant)->group("");
   mode.add_option("--result", result)->group("");
 }
 
-int fsdp_bench(const FsdpBenchOptions& o, const std::vector<std::string>& args) {
+int fsdp_bench(const FsdpBenchOptions& options, const std::vector<std::string>& args) {
+  const FsdpBenchOptions o = with_defaults(options);
   if (!o.run_variant.empty()) return run_rank(o);
   return run_parent(o, args);
 }

@@ -8,22 +8,30 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
+#include <new>
 #include <string>
 
 #include "util/torch_compat.h"
 
 namespace tdist::bench {
 
+// Its memory comes from posix_memalign with the block's size in a header
+// just before the data, so that each data pointer is its own context and
+// raw_allocate (which LibTorch's kernels use, e.g. gelu's) works through
+// it: no table, no lock.
 class CountingAllocator final : public c10::Allocator {
  public:
-  // Wraps the CPU allocator in use now and installs itself in its place.
+  // Installs the one counting allocator as LibTorch's CPU allocator.
   static CountingAllocator& install() {
     static CountingAllocator* a = [] {
-      auto* c = new CountingAllocator(c10::GetCPUAllocator());
+      auto* c = new CountingAllocator;
       c10::SetCPUAllocator(c, /*priority=*/100);
       return c;
     }();
@@ -31,44 +39,87 @@ class CountingAllocator final : public c10::Allocator {
   }
 
   c10::DataPtr allocate(size_t n) TDIST_ALLOCATOR_CONST override {
-    c10::DataPtr inner = inner_->allocate(n);
-    void* data = inner.get();
-    auto* ctx = new Context{std::move(inner), n, this};
-    add(static_cast<int64_t>(n));
-    return c10::DataPtr(data, ctx, &release, c10::Device(c10::kCPU));
+    void* base = nullptr;
+    if (posix_memalign(&base, kHeader, n + kHeader) != 0) {
+      throw std::bad_alloc();
+    }
+    *static_cast<size_t*>(base) = n;
+    void* data = static_cast<char*>(base) + kHeader;
+    counts().add(static_cast<int64_t>(n));
+    return c10::DataPtr(data, data, &release, c10::Device(c10::kCPU));
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
 #if TDIST_ALLOCATOR_HAS_COPY_DATA
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     if (count > 0) std::memcpy(dest, src, count);
   }
 #endif
 
-  int64_t live() const { return live_.load(); }
-  int64_t peak() const { return peak_.load(); }
-  void reset_peak() { peak_.store(live_.load()); }
+  int64_t live() const { return counts().live.load(); }
+  int64_t peak() const { return counts().get(&Counts::peak); }
+  void reset_peak() { counts().reset(true); }
+
+  // The bytes that `excluded` says are not to count as "rest" (e.g. those
+  // of FSDP's block pool); it must be cheap, thread-safe, and never count a
+  // byte before it is live. With it, each allocation also updates the peak
+  // of live - excluded (peak_rest) and, at a new peak of live, what
+  // `excluded` said then (excluded_at_peak).
+  void set_excluded(int64_t (*excluded)()) { counts().excluded.store(excluded); }
+  int64_t live_rest() const { return counts().live.load() - counts().excluded_now(); }
+  int64_t peak_rest() const { return counts().get(&Counts::peak_rest); }
+  int64_t excluded_at_peak() const { return counts().get(&Counts::excluded_at_peak); }
+  void reset_peak_rest() { counts().reset(false); }
 
  private:
-  struct Context {
-    c10::DataPtr inner;
-    size_t bytes;
-    const CountingAllocator* owner;
-  };
-  explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
-  void add(int64_t n) const {
-    const int64_t now = live_.fetch_add(n) + n;
-    int64_t p = peak_.load();
-    while (now > p && !peak_.compare_exchange_weak(p, now)) {
-    }
-  }
-  static void release(void* p) {
-    auto* ctx = static_cast<Context*>(p);
-    ctx->owner->add(-static_cast<int64_t>(ctx->bytes));
-    delete ctx;
-  }
+  // The header before the data: the size; LibTorch's alignment (64), so
+  // the data stays aligned as the default allocator's is.
+  static constexpr size_t kHeader = 64;
+  struct Counts {
+    std::atomic<int64_t> live{0};
+    std::atomic<int64_t (*)()> excluded{nullptr};
+    std::mutex mu;  // the peaks
+    int64_t peak = 0, excluded_at_peak = 0, peak_rest = 0;
 
-  c10::Allocator* inner_;
-  mutable std::atomic<int64_t> live_{0};
-  mutable std::atomic<int64_t> peak_{0};
+    int64_t excluded_now() const {
+      auto* ex = excluded.load();
+      return ex ? ex() : 0;
+    }
+    void add(int64_t n) {
+      const int64_t now = live.fetch_add(n) + n;
+      if (n <= 0) return;
+      const int64_t ex = excluded_now();
+      std::lock_guard<std::mutex> lock(mu);
+      if (now > peak) {
+        peak = now;
+        excluded_at_peak = ex;
+      }
+      peak_rest = std::max(peak_rest, now - ex);
+    }
+    int64_t get(int64_t Counts::*field) {
+      std::lock_guard<std::mutex> lock(mu);
+      return this->*field;
+    }
+    void reset(bool both) {
+      const int64_t now = live.load(), ex = excluded_now();
+      std::lock_guard<std::mutex> lock(mu);
+      if (both) {
+        peak = now;
+        excluded_at_peak = ex;
+      }
+      peak_rest = now - ex;
+    }
+  };
+  static Counts& counts() {
+    static Counts* c = new Counts;  // blocks may be freed during static destruction
+    return *c;
+  }
+  CountingAllocator() = default;
+  static void release(void* data) {
+    if (data == nullptr) return;
+    void* base = static_cast<char*>(data) - kHeader;
+    counts().add(-static_cast<int64_t>(*static_cast<size_t*>(base)));
+    std::free(base);
+  }
 };
 
 // A field of /proc/self/status in bytes ("VmRSS", "VmHWM"); 0 if absent.

@@ -8,7 +8,7 @@
 // --build-wrapped builds each block already wrapped (tdist::wrap) while the
 // model is constructed, as seed 004's 10 B ViT does so that the whole model
 // never exists unsharded; without it the outer wrapper's
-// transformer_auto_wrap_policy<Block> picks the blocks. The output shows
+// transformer_auto_wrap_policy<VitBlock> picks the blocks. The output shows
 // each unit, a progress bar, the test accuracy, and per rank the peak bytes
 // of the process (VmHWM) and its ms per step.
 #include <torch/torch.h>
@@ -25,6 +25,7 @@
 
 #include "examples/example_main.h"
 #include "examples/fashion_mnist_data.h"
+#include "examples/vit_model.h"
 #include "tdist/tdist.h"
 
 namespace {
@@ -73,62 +74,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// Pre-norm transformer block: x + attention(norm(x)), then x + mlp(norm(x)).
-struct BlockImpl : torch::nn::Module {
-  BlockImpl(int64_t dim, int64_t heads)
-      : heads(heads),
-        norm1(register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
-        qkv(register_module("qkv", torch::nn::Linear(dim, 3 * dim))),
-        proj(register_module("proj", torch::nn::Linear(dim, dim))),
-        norm2(register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
-        fc1(register_module("fc1", torch::nn::Linear(dim, 2 * dim))),
-        fc2(register_module("fc2", torch::nn::Linear(2 * dim, dim))) {}
-  torch::Tensor forward(torch::Tensor x) {
-    const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
-    auto q_k_v = qkv(norm1(x)).view({b, t, 3, heads, d / heads}).permute({2, 0, 3, 1, 4});
-    auto att = torch::softmax(torch::matmul(q_k_v[0], q_k_v[1].transpose(-2, -1)) / std::sqrt(double(d / heads)), -1);
-    x = x + proj(torch::matmul(att, q_k_v[2]).transpose(1, 2).reshape({b, t, d}));
-    return x + fc2(torch::gelu(fc1(norm2(x))));
-  }
-  int64_t heads;
-  torch::nn::LayerNorm norm1;
-  torch::nn::Linear qkv, proj;
-  torch::nn::LayerNorm norm2;
-  torch::nn::Linear fc1, fc2;
-};
-TORCH_MODULE(Block);
-
-// 28x28 images as 16 patches of 7x7, a class token, learned positions.
-struct VitImpl : torch::nn::Module {
-  VitImpl(const Args& a, const tdist::FullyShardedDataParallelOptions* build_wrapped)
-      : patch(register_module("patch", torch::nn::Linear(49, a.dim))),
-        cls(register_parameter("cls", torch::randn({1, 1, a.dim}) * 0.02)),
-        pos(register_parameter("pos", torch::randn({1, 17, a.dim}) * 0.02)),
-        blocks(register_module("blocks", torch::nn::Sequential())),
-        norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({a.dim})))),
-        head(register_module("head", torch::nn::Linear(a.dim, 10))) {
-    for (int64_t i = 0; i < a.depth; ++i) {
-      if (build_wrapped) {
-        blocks->push_back(tdist::wrap(Block(a.dim, a.heads), *build_wrapped));
-      } else {
-        blocks->push_back(Block(a.dim, a.heads));
-      }
-    }
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    const int64_t b = x.size(0);
-    x = x.view({b, 4, 7, 4, 7}).permute({0, 1, 3, 2, 4}).reshape({b, 16, 49});
-    x = torch::cat({cls.expand({b, 1, cls.size(2)}).to(x.scalar_type()), patch(x)}, 1) + pos;
-    x = blocks->forward(x);
-    return head(norm(x.select(1, 0)));
-  }
-  torch::nn::Linear patch;
-  torch::Tensor cls, pos;
-  torch::nn::Sequential blocks;
-  torch::nn::LayerNorm norm;
-  torch::nn::Linear head;
-};
-TORCH_MODULE(Vit);
 
 int64_t status_bytes(const char* field) {
   std::ifstream f("/proc/self/status");
@@ -151,10 +96,14 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
     };
   }
   tdist::FullyShardedDataParallelOptions root = o;
-  if (!a.build_wrapped) root.auto_wrap_policy = tdist::transformer_auto_wrap_policy<Block>();
+  if (!a.build_wrapped) root.auto_wrap_policy = tdist::transformer_auto_wrap_policy<examples::VitBlock>();
+  examples::VitImpl::MakeBlock make_block;
+  if (a.build_wrapped) {
+    make_block = [&o](const examples::VitConfig& c) { return tdist::wrap(examples::VitBlock(c), o); };
+  }
   torch::manual_seed(a.seed);
   const int64_t rss0 = status_bytes("VmRSS");
-  tdist::FSDP<Vit> model(Vit(a, a.build_wrapped ? &o : nullptr), root);
+  tdist::FSDP<examples::Vit> model(examples::Vit(examples::VitConfig{a.depth, a.dim, a.heads}, make_block), root);
   if (rank == 0) std::cout << *model << "\n";
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(a.lr).weight_decay(0.01));
 

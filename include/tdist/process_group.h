@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -130,6 +131,13 @@ struct CollectiveOptions {  // all_gather, all_to_all, barrier, send, recv
   std::optional<Milliseconds> timeout = std::nullopt;
 };
 
+// ProcessGroup::collective_counts(): one op's tally on this rank.
+struct CollectiveCount {
+  int64_t calls = 0;
+  int64_t input_bytes = 0;   // what this rank gave the op (on root only, for scatter)
+  int64_t output_bytes = 0;  // what the op wrote here (on root only, for reduce and gather)
+};
+
 struct NewGroupOptions {
   // Backend of the subgroup; empty: the parent's.
   std::string backend;
@@ -215,6 +223,15 @@ class ProcessGroup {
   bool has_symmetric_memory() const;
   // Whether t is contiguous and lies in one of this group's symmetric blocks.
   bool is_symmetric(const at::Tensor& t) const;
+
+  // ---- accounting --------------------------------------------------------
+  // What this rank has queued on the group since it was made (or since the
+  // last reset), per op name ("all_gather_into_tensor", "reduce_scatter_tensor",
+  // ...): the calls, and the bytes of this rank's input and output tensors
+  // (an all_reduce with wire_dtype counts the narrower type's bytes, what
+  // it carries). E.g. the bytes FSDP gathers and reduce-scatters per step.
+  std::map<std::string, CollectiveCount> collective_counts() const;
+  void reset_collective_counts();
 
   // Makes a subgroup of `ranks` (ranks of this group). Every member of this
   // group must call it, in the same order relative to other new_group

@@ -5,6 +5,7 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -35,7 +36,17 @@ class BlockPool {
         --free_blocks_;
       }
     }
-    if (!b) b = new Block{c10::GetCPUAllocator()->allocate(nbytes), nbytes};
+    if (!b) {
+      // Counted before the memory exists and after it is gone (give_back),
+      // so that live bytes minus block_bytes() never overstates the rest.
+      all_bytes_ += nbytes;
+      try {
+        b = new Block{c10::GetCPUAllocator()->allocate(nbytes), nbytes};
+      } catch (...) {
+        all_bytes_ -= nbytes;
+        throw;
+      }
+    }
     return c10::DataPtr(b->memory.get(), b, &BlockPool::give_back, c10::Device(c10::kCPU));
   }
 
@@ -43,6 +54,7 @@ class BlockPool {
     std::lock_guard<std::mutex> lock(mu_);
     return free_bytes_;
   }
+  size_t all_bytes() const { return all_bytes_.load(); }
 
  private:
   static void give_back(void* ctx);
@@ -50,6 +62,7 @@ class BlockPool {
   std::mutex mu_;
   std::map<size_t, std::vector<Block*>> free_;
   size_t free_bytes_ = 0;
+  std::atomic<size_t> all_bytes_{0};  // every block alive, in use or free
   size_t free_blocks_ = 0;
   size_t largest_ = 0;
 };
@@ -72,12 +85,15 @@ void BlockPool::give_back(void* ctx) {
       return;
     }
   }
+  const size_t n = b->nbytes;
   delete b;
+  p.all_bytes_ -= n;
 }
 
 }  // namespace
 
 c10::DataPtr take_block(size_t nbytes) { return pool().take(nbytes); }
 size_t pooled_bytes() { return pool().free_bytes(); }
+size_t block_bytes() { return pool().all_bytes(); }
 
 }  // namespace tdist::detail

@@ -32,5 +32,9 @@ namespace tdist::detail {
 c10::DataPtr take_block(size_t nbytes);
 // Bytes the pool holds free (for tests and benchmarks).
 size_t pooled_bytes();
+// Bytes of every block alive, in use or free: the part of the CPU
+// allocator's bytes that is FSDP's per-unit buffers (tdist-bench fsdp
+// counts the rest as activations).
+size_t block_bytes();
 
 }  // namespace tdist::detail

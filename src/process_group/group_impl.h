@@ -10,7 +10,9 @@
 // backend goes: queued ops use the backend.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,17 +37,24 @@ struct ProcessGroup::Impl {
   std::string master_addr;  // handed to network backends
   int next_subgroup = 0;
   std::optional<detail::FingerprintCheck> fingerprints;  // TDIST_DEBUG=detail
-  std::unique_ptr<detail::TaskQueue> queue;               // last: started once the rest is set
+  mutable std::mutex counts_mu;  // enqueue may run on any thread
+  std::map<std::string, CollectiveCount> counts;
+  std::unique_ptr<detail::TaskQueue> queue;  // last: started once the rest is set
 
   void start() { queue = std::make_unique<detail::TaskQueue>(group_name); }
   void stop() {
     if (queue) queue->stop();
   }
 
-  // Queues an op. With TDIST_DEBUG=detail, a non-empty fingerprint is
-  // checked across ranks just before the op runs.
-  std::shared_ptr<Work> enqueue(const char* name, const std::optional<Milliseconds>& t, detail::TaskBody body,
-                                std::string fingerprint = "") {
+  // Queues an op and counts it (collective_counts) with the bytes of this
+  // rank's input and output. With TDIST_DEBUG=detail, a non-empty
+  // fingerprint is checked across ranks just before the op runs.
+  struct Traffic {
+    int64_t input_bytes = 0;
+    int64_t output_bytes = 0;
+  };
+  std::shared_ptr<Work> enqueue(const char* name, Traffic traffic, const std::optional<Milliseconds>& t,
+                                detail::TaskBody body, std::string fingerprint = "") {
     if (fingerprints && !fingerprint.empty()) {
       body = [this, fp = std::move(fingerprint), inner = std::move(body)](comm::Deadline d) {
         fingerprints->check(fp, d);
@@ -54,7 +63,13 @@ struct ProcessGroup::Impl {
     }
     const Milliseconds to = t.value_or(timeout);
     if (to.count() <= 0) throw UsageError(std::string(name) + ": the timeout must be positive");
-    return queue->enqueue(name, to, std::move(body));
+    auto work = queue->enqueue(name, to, std::move(body));
+    std::lock_guard<std::mutex> lock(counts_mu);
+    CollectiveCount& c = counts[name];
+    ++c.calls;
+    c.input_bytes += traffic.input_bytes;
+    c.output_bytes += traffic.output_bytes;
+    return work;
   }
 
   comm::DataType check(const at::Tensor& t, const char* op, const char* what = "tensor") const {

@@ -39,6 +39,14 @@ std::string shape_of(const at::Tensor& t) {
 
 const char* reduce_name(ReduceOp op) { return comm::reduce_op_name(to_comm(op)); }
 
+// Bytes, for collective_counts.
+int64_t nb(const at::Tensor& t) { return static_cast<int64_t>(t.nbytes()); }
+int64_t total_bytes(const std::vector<at::Tensor>& ts) {
+  int64_t n = 0;
+  for (const auto& t : ts) n += nb(t);
+  return n;
+}
+
 }  // namespace
 
 int ProcessGroup::rank() const { return impl_->rank; }
@@ -78,7 +86,9 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(const at::Tensor& tensor, const A
   const auto wire = wire_type(o, dt, "all_reduce");
   comm::check_reduction(wire, op);
   comm::Backend* b = impl_->backend.get();
-  return impl_->enqueue("all_reduce", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  const int64_t wire_bytes = tensor.numel() * static_cast<int64_t>(comm::dtype_size(wire));
+  const Impl::Traffic traffic{wire_bytes, wire_bytes};
+  return impl_->enqueue("all_reduce", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     if (wire == dt) {
       b->all_reduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), dt, op, d);
     } else {
@@ -104,7 +114,9 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_coalesced(const std::vector<at::T
   const auto wire = wire_type(o, dt, "all_reduce_coalesced");
   comm::check_reduction(wire, op);
   comm::Backend* b = impl_->backend.get();
-  return impl_->enqueue("all_reduce_coalesced", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  const int64_t wire_bytes = total * static_cast<int64_t>(comm::dtype_size(wire));
+  const Impl::Traffic traffic{wire_bytes, wire_bytes};
+  return impl_->enqueue("all_reduce_coalesced", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     std::vector<comm::Piece> pieces;
     pieces.reserve(tensors.size());
     for (const auto& t : tensors) pieces.push_back({t.data_ptr(), static_cast<size_t>(t.numel())});
@@ -112,6 +124,18 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_coalesced(const std::vector<at::T
     return tensors;
   }, "all_reduce_coalesced " + std::string(c10::toString(tensors[0].scalar_type())) + " x " +
          std::to_string(total) + wire_note(dt, wire) + " " + reduce_name(o.op));
+}
+
+// ---- accounting ------------------------------------------------------------------
+
+std::map<std::string, CollectiveCount> ProcessGroup::collective_counts() const {
+  std::lock_guard<std::mutex> lock(impl_->counts_mu);
+  return impl_->counts;
+}
+
+void ProcessGroup::reset_collective_counts() {
+  std::lock_guard<std::mutex> lock(impl_->counts_mu);
+  impl_->counts.clear();
 }
 
 // ---- symmetric memory ------------------------------------------------------------
@@ -142,7 +166,7 @@ at::Tensor ProcessGroup::empty_symmetric(at::IntArrayRef sizes, at::ScalarType d
   const size_t bytes = static_cast<size_t>(c10::multiply_integers(sizes)) * c10::elementSize(dtype);
   comm::Backend* b = impl_->backend.get();
   const std::string group = impl_->group_name;
-  auto work = impl_->enqueue("empty_symmetric", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  auto work = impl_->enqueue("empty_symmetric", {}, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     std::string why_not;
     std::shared_ptr<void> block = b->allocate_symmetric(bytes, d, &why_not);
     if (!block) {
@@ -165,7 +189,8 @@ std::shared_ptr<Work> ProcessGroup::broadcast(const at::Tensor& tensor, const Br
   impl_->check(tensor, "broadcast");
   impl_->check_rank(o.root, "broadcast", "root");
   comm::Backend* b = impl_->backend.get();
-  return impl_->enqueue("broadcast", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  const Impl::Traffic traffic{nb(tensor), nb(tensor)};
+  return impl_->enqueue("broadcast", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->broadcast(tensor.data_ptr(), tensor.nbytes(), o.root, d);
     return {tensor};
   }, "broadcast " + shape_of(tensor) + " root " + std::to_string(o.root));
@@ -177,7 +202,8 @@ std::shared_ptr<Work> ProcessGroup::reduce(const at::Tensor& tensor, const Reduc
   const auto op = to_comm(o.op);
   comm::check_reduction(dt, op);
   comm::Backend* b = impl_->backend.get();
-  return impl_->enqueue("reduce", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  const Impl::Traffic traffic{nb(tensor), rank() == o.root ? nb(tensor) : 0};
+  return impl_->enqueue("reduce", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->reduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), dt, op, o.root, d);
     return {tensor};
   }, "reduce " + shape_of(tensor) + " " + reduce_name(o.op) + " root " + std::to_string(o.root));
@@ -190,7 +216,8 @@ std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const at::Tensor& out
   detail::check_same_dtype(output, input, "all_gather_into_tensor");
   detail::check_numel(output, input.numel() * size(), "all_gather_into_tensor", "output");
   comm::Backend* b = impl_->backend.get();
-  return impl_->enqueue("all_gather_into_tensor", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  const Impl::Traffic traffic{nb(input), nb(output)};
+  return impl_->enqueue("all_gather_into_tensor", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->all_gather(input.data_ptr(), output.data_ptr(), input.nbytes(), d);
     return {output};
   }, "all_gather " + shape_of(input));
@@ -201,7 +228,8 @@ std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<at::Tensor>& ou
   impl_->check(input, "all_gather", "input");
   detail::check_list(outputs, size(), input, "all_gather", "outputs", impl_->backend->supports_cuda());
   comm::Backend* b = impl_->backend.get();
-  return impl_->enqueue("all_gather", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  const Impl::Traffic traffic{nb(input), nb(input) * size()};
+  return impl_->enqueue("all_gather", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor flat = at::empty({input.numel() * static_cast<int64_t>(outputs.size())}, input.options());
     b->all_gather(input.data_ptr(), flat.data_ptr(), input.nbytes(), d);
     detail::unflatten_into(flat, outputs);
@@ -218,7 +246,8 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const at::Tensor& outp
   const auto op = to_comm(o.op);
   comm::check_reduction(dt, op);
   comm::Backend* b = impl_->backend.get();
-  return impl_->enqueue("reduce_scatter_tensor", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  const Impl::Traffic traffic{nb(input), nb(output)};
+  return impl_->enqueue("reduce_scatter_tensor", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->reduce_scatter(input.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()), dt, op, d);
     return {output};
   }, "reduce_scatter " + shape_of(output) + " " + reduce_name(o.op));
@@ -231,7 +260,8 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(const at::Tensor& output, con
   const auto op = to_comm(o.op);
   comm::check_reduction(dt, op);
   comm::Backend* b = impl_->backend.get();
-  return impl_->enqueue("reduce_scatter", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  const Impl::Traffic traffic{nb(output) * size(), nb(output)};
+  return impl_->enqueue("reduce_scatter", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor flat = detail::flatten(inputs);
     b->reduce_scatter(flat.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()), dt, op, d);
     return {output};
@@ -250,7 +280,8 @@ std::shared_ptr<Work> ProcessGroup::gather(const std::vector<at::Tensor>& output
   }
   comm::Backend* b = impl_->backend.get();
   const int world = size();
-  return impl_->enqueue("gather", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  const Impl::Traffic traffic{nb(input), is_root ? nb(input) * world : 0};
+  return impl_->enqueue("gather", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor flat = is_root ? at::empty({input.numel() * world}, input.options()) : at::Tensor();
     b->gather(input.data_ptr(), is_root ? flat.data_ptr() : nullptr, input.nbytes(), o.root, d);
     if (is_root) detail::unflatten_into(flat, outputs);
@@ -269,7 +300,8 @@ std::shared_ptr<Work> ProcessGroup::scatter(const at::Tensor& output, const std:
     throw UsageError("scatter: inputs must be empty on non-root rank " + std::to_string(rank()));
   }
   comm::Backend* b = impl_->backend.get();
-  return impl_->enqueue("scatter", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  const Impl::Traffic traffic{is_root ? nb(output) * size() : 0, nb(output)};
+  return impl_->enqueue("scatter", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor flat = is_root ? detail::flatten(inputs) : at::Tensor();
     b->scatter(is_root ? flat.data_ptr() : nullptr, output.data_ptr(), output.nbytes(), o.root, d);
     return {output};
@@ -286,7 +318,8 @@ std::shared_ptr<Work> ProcessGroup::all_to_all_single(const at::Tensor& output, 
   auto send = detail::split_bytes(input, input_split_sizes, size(), "all_to_all_single", "input");
   auto recv = detail::split_bytes(output, output_split_sizes, size(), "all_to_all_single", "output");
   comm::Backend* b = impl_->backend.get();
-  return impl_->enqueue("all_to_all_single", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  const Impl::Traffic traffic{nb(input), nb(output)};
+  return impl_->enqueue("all_to_all_single", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->all_to_all(input.data_ptr(), send.bytes, send.offsets, output.data_ptr(), recv.bytes, recv.offsets, d);
     return {output};
   }, std::string("all_to_all ") + c10::toString(input.scalar_type()));
@@ -304,7 +337,8 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<at::Tensor>& ou
     detail::check_same_dtype(t, inputs[0], "all_to_all");
   }
   comm::Backend* b = impl_->backend.get();
-  return impl_->enqueue("all_to_all", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  const Impl::Traffic traffic{total_bytes(inputs), total_bytes(outputs)};
+  return impl_->enqueue("all_to_all", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor in = detail::flatten(inputs);
     std::vector<size_t> send_bytes, send_off, recv_bytes, recv_off;
     size_t off = 0;
@@ -330,7 +364,7 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<at::Tensor>& ou
 
 std::shared_ptr<Work> ProcessGroup::barrier(const CollectiveOptions& o) {
   comm::Backend* b = impl_->backend.get();
-  return impl_->enqueue("barrier", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue("barrier", {}, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->barrier(d);
     return {};
   }, "barrier");
@@ -341,7 +375,8 @@ std::shared_ptr<Work> ProcessGroup::send(const at::Tensor& tensor, int dst, int 
   impl_->check_rank(dst, "send", "destination");
   if (dst == rank()) throw UsageError("send: rank " + std::to_string(dst) + " cannot send to itself");
   comm::Backend* b = impl_->backend.get();
-  return impl_->enqueue("send", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  const Impl::Traffic traffic{nb(tensor), 0};
+  return impl_->enqueue("send", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->send(tensor.data_ptr(), tensor.nbytes(), dst, tag, d);
     return {tensor};
   });
@@ -352,7 +387,8 @@ std::shared_ptr<Work> ProcessGroup::recv(const at::Tensor& tensor, int src, int 
   impl_->check_rank(src, "recv", "source");
   if (src == rank()) throw UsageError("recv: rank " + std::to_string(src) + " cannot receive from itself");
   comm::Backend* b = impl_->backend.get();
-  return impl_->enqueue("recv", o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  const Impl::Traffic traffic{0, nb(tensor)};
+  return impl_->enqueue("recv", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->recv(tensor.data_ptr(), tensor.nbytes(), src, tag, d);
     return {tensor};
   });

@@ -12,6 +12,7 @@
 
 namespace {
 
+using tdist::detail::block_bytes;
 using tdist::detail::pooled_bytes;
 using tdist::detail::take_block;
 
@@ -20,17 +21,22 @@ constexpr size_t kMiB = 1024 * kKiB;
 
 TEST(BlockPool, KeepsOneFreeBlockPerSizeWithinItsCaps) {
   ASSERT_EQ(pooled_bytes(), 0u);
+  ASSERT_EQ(block_bytes(), 0u);
   c10::DataPtr a = take_block(kMiB);  // the largest asked for: the cap is 2 MiB
   c10::DataPtr b = take_block(kMiB);
+  EXPECT_EQ(block_bytes(), 2 * kMiB) << "blocks in use count";
   void* a_memory = a.get();
   a.clear();
   EXPECT_EQ(pooled_bytes(), kMiB);
+  EXPECT_EQ(block_bytes(), 2 * kMiB) << "a free block in the pool still counts";
   b.clear();  // a second free block of the same size is not kept
   EXPECT_EQ(pooled_bytes(), kMiB);
+  EXPECT_EQ(block_bytes(), kMiB) << "a block given back to the allocator no longer counts";
 
   c10::DataPtr c = take_block(kMiB);
   EXPECT_EQ(c.get(), a_memory) << "the free block of that size is handed out again";
   EXPECT_EQ(pooled_bytes(), 0u);
+  EXPECT_EQ(block_bytes(), kMiB);
 
   c10::DataPtr d = take_block(512 * kKiB);
   d.clear();
@@ -62,6 +68,7 @@ TEST(BlockPool, KeepsOneFreeBlockPerSizeWithinItsCaps) {
   }
   for (auto& th : threads) th.join();
   EXPECT_LE(pooled_bytes(), 2 * kMiB);
+  EXPECT_EQ(block_bytes(), pooled_bytes()) << "with no block in use, every live block is a free one";
 }
 
 }  // namespace

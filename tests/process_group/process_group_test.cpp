@@ -311,6 +311,55 @@ TEST(Groups, SubgroupsAndTheWorldRunSideBySide) {
   }), "");
 }
 
+// collective_counts: calls and this rank's input/output bytes per op.
+class Accounting : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Accounting, CollectiveCountsTallyEachOpsBytes) {
+  WorldOptions wo;
+  wo.backend = GetParam();
+  EXPECT_EQ(run_world(3, [](ProcessGroup& pg) {
+    const int r = pg.rank();
+    pg.reset_collective_counts();  // run_world's set-up may have used the group
+    WORLD_CHECK(pg.collective_counts().empty(), "reset");
+    at::Tensor x = at::ones({10});                       // 40 bytes
+    pg.all_reduce(x)->wait();
+    pg.all_reduce(x, {ReduceOp::SUM, std::nullopt, at::kBFloat16})->wait();  // carried as 20 bytes
+    at::Tensor full = at::empty({12}, at::kDouble);     // 96 bytes
+    pg.all_gather_into_tensor(full, at::ones({4}, at::kDouble))->wait();
+    at::Tensor shard = at::empty({5}, at::kHalf);       // 10 bytes
+    pg.reduce_scatter_tensor(shard, at::ones({15}, at::kHalf))->wait();
+    pg.reduce(at::ones({2}), {0})->wait();
+    pg.barrier()->wait();
+    const auto c = pg.collective_counts();
+    auto get = [&](const std::string& op) {
+      WORLD_CHECK(c.count(op) == 1, "no count for " << op);
+      return c.at(op);
+    };
+    WORLD_CHECK(get("all_reduce").calls == 2, "all_reduce calls " << get("all_reduce").calls);
+    WORLD_CHECK(get("all_reduce").input_bytes == 60 && get("all_reduce").output_bytes == 60,
+                "all_reduce bytes " << get("all_reduce").input_bytes);
+    WORLD_CHECK(get("all_gather_into_tensor").input_bytes == 32 && get("all_gather_into_tensor").output_bytes == 96,
+                "all_gather bytes");
+    WORLD_CHECK(get("reduce_scatter_tensor").input_bytes == 30 && get("reduce_scatter_tensor").output_bytes == 10,
+                "reduce_scatter bytes");
+    WORLD_CHECK(get("reduce").input_bytes == 8 && get("reduce").output_bytes == (r == 0 ? 8 : 0), "reduce bytes");
+    WORLD_CHECK(get("barrier").calls == 1 && get("barrier").input_bytes == 0, "barrier");
+    WORLD_CHECK(c.size() == 5, "ops counted: " << c.size());
+    // A refused call is not counted.
+    try {
+      pg.all_gather_into_tensor(at::empty({5}), at::ones({4}));
+    } catch (const tdist::UsageError&) {
+    }
+    WORLD_CHECK(pg.collective_counts().count("all_gather_into_tensor") == 1 &&
+                    pg.collective_counts().at("all_gather_into_tensor").calls == 1,
+                "the refused all_gather was counted");
+    pg.reset_collective_counts();
+    WORLD_CHECK(pg.collective_counts().empty(), "reset after use");
+  }, wo), "");
+}
+INSTANTIATE_TEST_SUITE_P(Backends, Accounting, ::testing::Values("shm", "gloo"),
+                         [](const auto& info) { return info.param; });
+
 // Misuse is caught on the caller's thread, before anything is queued.
 class Misuse : public ::testing::Test {
  protected:
