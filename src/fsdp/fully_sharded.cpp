@@ -111,6 +111,45 @@ std::vector<char> keep_norm_dtype(const FullyShardedDataParallelOptions& o, std:
   return norm;
 }
 
+// Makes the gradient tracker over `trainable` (indices into params). Under
+// mixed precision, a sharded unit's gradients accumulate in its gradient
+// buffer, in reduce_dtype, and never in the parameters' dtype: autograd's
+// accumulators are made while each parameter that computes in param_dtype
+// shows that dtype (and its full shape), or autograd would convert every
+// compute-dtype gradient to the parameters' dtype before it accumulates
+// (full-size temporaries in every backward, and a second conversion into
+// the buffer). Units without sharding (NO_SHARD, one rank) keep theirs:
+// their .grad is the parameters' own, accumulated in its dtype.
+void make_tracker(FsdpState& s, const std::vector<at::Tensor>& params, const std::vector<char>& keep_dtype,
+                  const std::vector<size_t>& trainable) {
+  std::vector<at::Tensor> tracked, originals;
+  const std::optional<at::ScalarType> compute = s.options.mixed_precision.param_dtype;
+  const bool sharded = s.options.sharding_strategy != ShardingStrategy::NO_SHARD && s.pg->size() > 1;  // as the unit's
+  for (size_t k : trainable) {
+    at::Tensor p = params[k];
+    tracked.push_back(p);
+    const bool recast = sharded && compute && *compute != p.scalar_type() && !keep_dtype[k];
+    originals.push_back(recast ? p.detach() : at::Tensor());
+    if (recast) {
+      // A stand-in of the compute dtype and the full shape (no memory of its own).
+      const at::Tensor stand_in = at::empty({}, p.options().dtype(*compute)).expand(p.sizes());
+      p.unsafeGetTensorImpl()->shallow_copy_from(stand_in.getIntrusivePtr());
+    }
+  }
+  const auto restore = [&] {
+    for (size_t i = 0; i < tracked.size(); ++i) {
+      if (originals[i].defined()) tracked[i].unsafeGetTensorImpl()->shallow_copy_from(originals[i].getIntrusivePtr());
+    }
+  };
+  try {
+    s.tracker.emplace(tracked, s.shared_from_this(), /*with_pre_hooks=*/true);
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+}
+
 }  // namespace
 
 FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataParallelOptions options) {
@@ -154,18 +193,16 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
     }
     // The accumulators are made while the parameters are whole: autograd
     // checks every gradient against the shape it recorded then.
-    std::vector<at::Tensor> trainable;
     for (size_t k = 0; k < params.size(); ++k) {
-      if (!params[k].requires_grad()) continue;
-      trainable.push_back(params[k]);
-      s.tracked.push_back(k);
+      if (params[k].requires_grad()) s.tracked.push_back(k);
     }
-    if (!trainable.empty()) s.tracker.emplace(trainable, state_, /*with_pre_hooks=*/true);
+    const std::vector<char> keep_dtype = keep_norm_dtype(s.options, found.norm);
+    if (!s.tracked.empty()) make_tracker(s, params, keep_dtype, s.tracked);
     s.unit = std::make_unique<ShardedUnit>(pg, label, names, params,
                                            s.options.sharding_strategy != ShardingStrategy::NO_SHARD,
                                            /*keep_full=*/s.options.sharding_strategy == ShardingStrategy::SHARD_GRAD_OP,
                                            s.options.mixed_precision.param_dtype,
-                                           s.options.mixed_precision.reduce_dtype, keep_norm_dtype(s.options, found.norm));
+                                           s.options.mixed_precision.reduce_dtype, keep_dtype);
   } catch (...) {
     unclaim(params);
     throw;

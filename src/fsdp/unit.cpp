@@ -45,9 +45,9 @@ at::Tensor rows_of(const at::Tensor& full, const ParamShardLayout& p, int rank) 
 
 // Points param at data, which may be of another dtype (mixed precision),
 // keeping its gradient accumulator: set_data drops the accumulator on a
-// dtype change, and the unit's gradient hooks hang on it. Autograd then
-// converts the compute-dtype gradients to the dtype the accumulator was
-// made for before they accumulate.
+// dtype change, and the unit's gradient hooks hang on it. (A sharded
+// unit's accumulators were made for the compute dtype, fully_sharded.cpp,
+// so compute-dtype gradients reach them unconverted.)
 void repoint(at::Tensor& param, const at::Tensor& data) {
   if (param.scalar_type() == data.scalar_type()) {
     param.set_data(data);
@@ -151,8 +151,14 @@ void ShardedUnit::start_unshard(bool exact) {
     }
     return;
   }
-  // The all-gather input in the dtype of the output.
-  const at::Tensor source = full_.dtype() == dtype_ || keep_full_ ? chunk_ : chunk_.to(full_.dtype());
+  // The all-gather input in the dtype of the output (a converted copy in a
+  // pooled block: like the unit's other buffers, it comes and goes with
+  // every gather).
+  at::Tensor source = chunk_;
+  if (full_.dtype() != dtype_ && !keep_full_) {
+    source = pooled_empty(full_.dtype(), layout_.chunk_numel());
+    source.copy_(chunk_);
+  }
   for (size_t k = 0; k < params_.size(); ++k) {
     const auto& pl = layout_.param(k);
     if (pl.shard_numel() == 0) continue;  // every rank skips it: an empty parameter
@@ -350,11 +356,18 @@ void ShardedUnit::finish_reduce() {
   r.inputs.clear();
   grad_full_.release();
   at::NoGradGuard no_grad;
+  // The shard gradients are views of one pooled chunk, in the shards' dtype
+  // (reduced in another: converted in one pass, the reduced chunk freed).
+  at::Tensor grads = r.out;
+  if (reduce_dtype_ != dtype_) {
+    grads = pooled_empty(dtype_, layout_.chunk_numel());
+    grads.copy_(r.out);
+    r.out = at::Tensor();
+  }
   for (size_t k = 0; k < params_.size(); ++k) {
     if (!trainable_[k]) continue;
     const auto& pl = layout_.param(k);
-    at::Tensor g = tensor_on(r.out.storage(), reduce_dtype_, pl.offset_in_chunk, shard_views_[k].sizes());
-    if (reduce_dtype_ != dtype_) g = g.to(dtype_);
+    at::Tensor g = tensor_on(grads.storage(), dtype_, pl.offset_in_chunk, shard_views_[k].sizes());
     if (set_aside_[k].defined()) {
       set_aside_[k].add_(g);
       params_[k].mutable_grad() = std::move(set_aside_[k]);

@@ -2,10 +2,13 @@
 // fp32 training within bf16 precision on every strategy and on one rank;
 // shards and their gradients stay fp32; BatchNorm's buffers keep fp32
 // (and its weights compute in fp32) unless buffer_dtype says otherwise;
-// torch_xla's names give the same training as PyTorch's; summon gives fp32.
+// torch_xla's names give the same training as PyTorch's; summon gives fp32;
+// a bf16 backward's gradients reach the unit's buffer unconverted.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "bench/memory_meter.h"
+#include "fsdp/block_pool.h"
 #include "tdist/tdist.h"
 #include "tests/util/world.h"
 
@@ -162,6 +165,60 @@ TEST(MixedPrecisionOptions, TorchXlaNamesTrainAsPyTorchNames) {
                           return;
                         }
                         WORLD_CHECK(false, "no error for both forms");
+                      }),
+            "");
+}
+
+// A unit of two wide layers: its weights' gradients dominate what a
+// backward allocates (the batch is 4 rows).
+struct WideImpl : torch::nn::Module {
+  WideImpl() : fc1(register_module("fc1", torch::nn::Linear(256, 2048))), fc2(register_module("fc2", torch::nn::Linear(2048, 256))) {}
+  torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(fc1(x))); }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Wide);
+
+int64_t pool_bytes() { return static_cast<int64_t>(tdist::detail::block_bytes()); }
+
+// The most bytes a backward had live at once above its start, not counting
+// FSDP's unit buffers (the block pool), over 3 iterations.
+int64_t backward_transient_bytes(std::optional<at::ScalarType> compute) {
+  auto& mem = tdist::bench::CountingAllocator::install();
+  mem.set_excluded(&pool_bytes);
+  torch::manual_seed(1);
+  tdist::FullyShardedDataParallelOptions o;
+  o.mixed_precision.param_dtype = compute;
+  tdist::FSDP<Wide> model(Wide(), o);
+  const auto x = torch::randn({4, 256});
+  int64_t worst = 0;
+  for (int i = 0; i < 3; ++i) {
+    for (auto& p : model->parameters()) p.mutable_grad().reset();
+    auto loss = model(x).to(torch::kFloat).sum();
+    const int64_t before = mem.live_rest();
+    mem.reset_peak_rest();
+    loss.backward();
+    worst = std::max(worst, mem.peak_rest() - before);
+    for (const auto& p : model->parameters()) {
+      WORLD_CHECK(p.grad().defined() && p.grad().scalar_type() == at::kFloat, "shard gradient " << p.grad().dtype());
+    }
+  }
+  return worst;
+}
+
+// Autograd's accumulators of a sharded unit are made for the compute dtype:
+// bf16 gradients land in the bf16 gradient buffer as they are, instead of
+// being converted to fp32 first (a full-size fp32 temporary per parameter
+// and another conversion into the buffer: three times the bytes of the
+// fp32 run's backward before this was so).
+TEST(MixedPrecisionMemory, Bf16BackwardAllocatesAboutHalfOfFp32s) {
+  EXPECT_EQ(run_world(2,
+                      [](ProcessGroup&) {
+                        const int64_t fp32 = backward_transient_bytes(std::nullopt);
+                        const int64_t bf16 = backward_transient_bytes(at::kBFloat16);
+                        const int64_t weight = 2048 * 256 * 4;
+                        WORLD_CHECK(fp32 >= weight, "the fp32 backward's transient " << fp32 << " bytes");
+                        WORLD_CHECK(bf16 <= 0.6 * static_cast<double>(fp32),
+                                    "bf16 backward: " << bf16 << " bytes at once, fp32: " << fp32);
                       }),
             "");
 }
