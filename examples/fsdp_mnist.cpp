@@ -3,7 +3,7 @@
 //
 //   build/bin/tdist-run --nproc-per-node 2 build/bin/fsdp_mnist --use-nested-fsdp --use-gradient-checkpointing
 //   build/bin/tdist-run --nproc-per-node 2 build/bin/fsdp_mnist --auto-wrap-policy type --sharding grad_op
-//       [--epochs 2] [--batch-size 64] [--lr 0.001] [--seed 0] [--data-dir ...] [--json FILE]
+//       [--epochs 2] [--batch-size 64] [--lr 0.002] [--seed 0] [--data-dir ...] [--json FILE]
 //
 // The network is one torch::nn::Sequential (two convolution stages with
 // BatchNorm, two linear layers). --use-nested-fsdp wraps each convolution
@@ -13,13 +13,15 @@
 // to the root); --use-gradient-checkpointing puts each inner unit's layer
 // in tdist::checkpoint_module (through auto_wrapper_callable; the first
 // layer's input needs no gradient, so its checkpoint is skipped). The rest
-// is the outer (root) unit's. Adam, learning rate halved every epoch.
+// is the outer (root) unit's. Adam, the learning rate decayed to 0 on a cosine
+// over the run.
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -34,7 +36,7 @@ namespace {
 struct Args {
   int epochs = 2;
   int64_t batch_size = 64;
-  double lr = 1e-3;
+  double lr = 2e-3;
   uint64_t seed = 0;
   bool nested = false;
   bool checkpointing = false;
@@ -139,12 +141,16 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
   int64_t steps = 0;
   for (int epoch = 0; epoch < a.epochs; ++epoch) {
     model->train();
-    for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamOptions&>(g.options()).lr(a.lr / (1 << epoch));
     torch::manual_seed(a.seed + 1000 + epoch);  // the same shuffle on every rank
     const torch::Tensor order = torch::randperm(n, torch::kLong).slice(0, rank, per_rank * world, world);
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
     for (int64_t s = 0; s < steps_per_epoch; ++s) {
+      // Cosine decay over the whole run.
+      const double progress = static_cast<double>(steps) / static_cast<double>(steps_per_epoch * a.epochs);
+      for (auto& g : opt.param_groups()) {
+        static_cast<torch::optim::AdamOptions&>(g.options()).lr(a.lr * 0.5 * (1 + std::cos(M_PI * progress)));
+      }
       const torch::Tensor idx = order.slice(0, s * a.batch_size, std::min(per_rank, (s + 1) * a.batch_size));
       opt.zero_grad();
       torch::Tensor loss = torch::nn::functional::cross_entropy(model(data.train_x.index_select(0, idx)),
