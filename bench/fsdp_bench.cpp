@@ -7,7 +7,8 @@
 // The models and variants are in bench/fsdp_models.h. Adam (fp32: 16 bytes
 // per parameter of model state); one thread per rank; shm. Each variant
 // runs as a fresh job (so that VmHWM is its own), the variants taking turns
-// for `rounds` rounds; every number is the median round. Per variant:
+// for `rounds` rounds; each number is its median over the rounds. Per
+// variant:
 // - ms/step: the slowest rank's mean over `steps` steps after two warm-up
 //   steps;
 // - act kept: the bytes a forward keeps for backward, measured in the job:
@@ -16,16 +17,18 @@
 //   parameters and gradients, reduce-scatter outputs: the block pool's
 //   bytes);
 // - act peak: the peak of the same bytes during forward and backward over
-//   their level at the step's start: activations, their gradients, and
-//   with checkpointing the recomputed block's (also NO_SHARD's .grad,
-//   which autograd allocates);
+//   their level at the step's start: activations, their gradients,
+//   autograd's temporary gradient of a weight before it accumulates, with
+//   checkpointing the recomputed block's (also NO_SHARD's .grad, which
+//   autograd allocates);
 // - peak: the peak of the allocator's bytes during the timed steps plus
 //   the rank's symmetric memory (tdist::symmetric_memory_bytes(): DDP's
 //   buckets, FSDP's shards);
-// - state: at that peak, all but the activations (the unit buffers then,
-//   what the step started with, symmetric memory): parameters, gradients,
-//   optimizer state, the units gathered, against the ZeRO bound of the
-//   variant for fp32 Adam with Psi parameters over N ranks: DDP and NO_SHARD 16 Psi,
+// - state: at that peak, all but what act peak counts (the unit buffers
+//   then, what the step started with, symmetric memory): parameters,
+//   gradients, optimizer state, the units gathered, against the ZeRO bound
+//   of the variant for fp32 Adam with Psi parameters over N ranks: DDP and
+//   NO_SHARD 16 Psi,
 //   SHARD_GRAD_OP (ZeRO-2) 4 Psi + 12 Psi / N, FULL_SHARD (ZeRO-3)
 //   16 Psi / N + the largest unit's full parameters and gradients (8 bytes
 //   a parameter; 4 in bf16);
@@ -191,10 +194,10 @@ void print_tables(const FsdpBenchOptions& o, const ModelSize& size, const std::v
   };
   std::printf("\n# FSDP, model %s: %d blocks, W %lld, H %lld%s (Psi = %.1f M parameters, largest unit %.1f M), "
               "batch %lld per rank, Adam fp32, 1 thread per rank, shm, world size %d\n# %d rounds of %d steps, "
-              "the median round; x fs: over full_shard. Memory per rank (the largest rank), MiB: act kept = kept "
+              "each number its median over the rounds; x fs: over full_shard. Memory per rank (the largest rank), MiB: act kept = kept "
               "by the forward for backward;\n# act peak = the step's peak above its start, FSDP's unit buffers "
-              "not counted; peak = allocator peak + symmetric memory; state = at that peak, all but the activations,\n# "
-              "against the variant's ZeRO bound; VmHWM = peak RSS over RSS before the model\n",
+              "not counted; peak = allocator peak + symmetric memory; state = at that peak, all but the\n# "
+              "activations, against the variant's ZeRO bound; VmHWM = peak RSS over RSS before the model\n",
               o.model.c_str(), o.blocks, static_cast<long long>(o.width), static_cast<long long>(o.hidden),
               o.model == "vit" ? (", " + std::to_string(o.heads) + " heads").c_str() : "", size.psi / 1e6,
               size.largest_unit / 1e6, static_cast<long long>(o.batch), o.world_size, o.rounds, o.steps);
@@ -262,6 +265,7 @@ int run_parent(const FsdpBenchOptions& o, const std::vector<std::string>& args) 
     json.field("state_bytes", r.state);
     json.field("bound_bytes", b);
     json.field("state_over_bound", r.state / b);
+    json.field("peak_minus_kept_over_bound", (r.peak - r.activations) / b);  // issue 15's measure
     json.field("vmhwm_over_start_bytes", r.hwm);
     json.field("gathered_bytes_per_step", r.gathered);
     json.field("reduced_bytes_per_step", r.reduced);

@@ -103,7 +103,9 @@ BenchModel wrap_for_variant(Net net, const std::string& variant) {
 }
 
 inline BenchModel build_bench_model(const FsdpBenchOptions& o, const std::string& variant) {
-  if (o.model == "vit") return wrap_for_variant<examples::Vit, examples::VitBlock>(examples::Vit(vit_config(o)), variant);
+  if (o.model == "vit") {
+    return wrap_for_variant<examples::Vit, examples::VitBlock>(examples::Vit(vit_config(o)), variant);
+  }
   return wrap_for_variant<MlpNet, MlpBlock>(MlpNet(o), variant);
 }
 

@@ -24,11 +24,14 @@ namespace tdist::bench {
 
 // Its memory comes from posix_memalign with the block's size in a header
 // just before the data, so that each data pointer is its own context and
-// raw_allocate (which LibTorch's kernels use, e.g. gelu's) works through
-// it: no table, no lock.
+// raw_allocate (which LibTorch's kernels use, e.g. gelu's and oneDNN's)
+// works through it: no table; a lock only for the peaks.
 class CountingAllocator final : public c10::Allocator {
  public:
-  // Installs the one counting allocator as LibTorch's CPU allocator.
+  // Installs the one counting allocator as LibTorch's CPU allocator. Call
+  // it before LibTorch computes anything: memory that the previous
+  // allocator's raw_allocate gave out must not come back through this
+  // one's raw_deleter (it has no header).
   static CountingAllocator& install() {
     static CountingAllocator* a = [] {
       auto* c = new CountingAllocator;
@@ -60,12 +63,15 @@ class CountingAllocator final : public c10::Allocator {
   void reset_peak() { counts().reset(true); }
 
   // The bytes that `excluded` says are not to count as "rest" (e.g. those
-  // of FSDP's block pool); it must be cheap, thread-safe, and never count a
-  // byte before it is live. With it, each allocation also updates the peak
-  // of live - excluded (peak_rest) and, at a new peak of live, what
-  // `excluded` said then (excluded_at_peak).
+  // of FSDP's block pool); it must be cheap and thread-safe, and count a
+  // block from before the block is allocated until after it is freed. With
+  // it, each allocation also updates the peak of live - excluded
+  // (peak_rest) and, at a new peak of live, what `excluded` said then
+  // (excluded_at_peak). live - excluded is read as a snapshot in which
+  // `excluded` did not change (another thread may be making or freeing an
+  // excluded block meanwhile), so the rest is never overstated.
   void set_excluded(int64_t (*excluded)()) { counts().excluded.store(excluded); }
-  int64_t live_rest() const { return counts().live.load() - counts().excluded_now(); }
+  int64_t live_rest() const { return counts().snapshot().rest(); }
   int64_t peak_rest() const { return counts().get(&Counts::peak_rest); }
   int64_t excluded_at_peak() const { return counts().get(&Counts::excluded_at_peak); }
   void reset_peak_rest() { counts().reset(false); }
@@ -84,29 +90,42 @@ class CountingAllocator final : public c10::Allocator {
       auto* ex = excluded.load();
       return ex ? ex() : 0;
     }
+    struct Snapshot {
+      int64_t live, excluded;
+      int64_t rest() const { return live - excluded; }
+    };
+    Snapshot snapshot() const {
+      int64_t before = excluded_now();
+      for (int tries = 0;; ++tries) {
+        const int64_t l = live.load();
+        const int64_t after = excluded_now();
+        if (after == before || tries == 100) return {l, std::max(before, after)};  // never overstate the rest
+        before = after;
+      }
+    }
     void add(int64_t n) {
       const int64_t now = live.fetch_add(n) + n;
       if (n <= 0) return;
-      const int64_t ex = excluded_now();
+      const Snapshot s = snapshot();
       std::lock_guard<std::mutex> lock(mu);
       if (now > peak) {
         peak = now;
-        excluded_at_peak = ex;
+        excluded_at_peak = s.excluded;
       }
-      peak_rest = std::max(peak_rest, now - ex);
+      peak_rest = std::max(peak_rest, s.rest());
     }
     int64_t get(int64_t Counts::*field) {
       std::lock_guard<std::mutex> lock(mu);
       return this->*field;
     }
     void reset(bool both) {
-      const int64_t now = live.load(), ex = excluded_now();
+      const Snapshot s = snapshot();
       std::lock_guard<std::mutex> lock(mu);
       if (both) {
-        peak = now;
-        excluded_at_peak = ex;
+        peak = s.live;
+        excluded_at_peak = s.excluded;
       }
-      peak_rest = now - ex;
+      peak_rest = s.rest();
     }
   };
   static Counts& counts() {

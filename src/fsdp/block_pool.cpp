@@ -37,8 +37,9 @@ class BlockPool {
       }
     }
     if (!b) {
-      // Counted before the memory exists and after it is gone (give_back),
-      // so that live bytes minus block_bytes() never overstates the rest.
+      // Counted from before the memory exists until after it is gone
+      // (give_back): read before and after a read of an allocator's live
+      // bytes, an unchanged count covers every block those include.
       all_bytes_ += nbytes;
       try {
         b = new Block{c10::GetCPUAllocator()->allocate(nbytes), nbytes};

@@ -122,26 +122,29 @@ std::vector<char> keep_norm_dtype(const FullyShardedDataParallelOptions& o, std:
 // their .grad is the parameters' own, accumulated in its dtype.
 void make_tracker(FsdpState& s, const std::vector<at::Tensor>& params, const std::vector<char>& keep_dtype,
                   const std::vector<size_t>& trainable) {
-  std::vector<at::Tensor> tracked, originals;
+  std::vector<at::Tensor> tracked, originals;  // originals[i]: an alias of tracked[i] as it was, if it was re-pointed
+  tracked.reserve(trainable.size());
+  originals.reserve(trainable.size());
   const std::optional<at::ScalarType> compute = s.options.mixed_precision.param_dtype;
   const bool sharded = s.options.sharding_strategy != ShardingStrategy::NO_SHARD && s.pg->size() > 1;  // as the unit's
-  for (size_t k : trainable) {
-    at::Tensor p = params[k];
-    tracked.push_back(p);
-    const bool recast = sharded && compute && *compute != p.scalar_type() && !keep_dtype[k];
-    originals.push_back(recast ? p.detach() : at::Tensor());
-    if (recast) {
-      // A stand-in of the compute dtype and the full shape (no memory of its own).
-      const at::Tensor stand_in = at::empty({}, p.options().dtype(*compute)).expand(p.sizes());
-      p.unsafeGetTensorImpl()->shallow_copy_from(stand_in.getIntrusivePtr());
-    }
-  }
   const auto restore = [&] {
-    for (size_t i = 0; i < tracked.size(); ++i) {
+    for (size_t i = 0; i < originals.size(); ++i) {
       if (originals[i].defined()) tracked[i].unsafeGetTensorImpl()->shallow_copy_from(originals[i].getIntrusivePtr());
     }
   };
   try {
+    for (size_t k : trainable) {
+      at::Tensor p = params[k];
+      tracked.push_back(p);
+      originals.emplace_back();
+      if (!sharded || !compute || *compute == p.scalar_type() || keep_dtype[k]) continue;
+      // A stand-in of the compute dtype and the full shape (no memory of its own).
+      const at::Tensor stand_in = at::empty({}, p.options().dtype(*compute)).expand(p.sizes());
+      originals.back() = p.detach();
+      p.unsafeGetTensorImpl()->shallow_copy_from(stand_in.getIntrusivePtr());
+    }
+    // An accumulator made earlier (a graph of the module still held) keeps
+    // its metadata: still correct, with autograd's conversion.
     s.tracker.emplace(tracked, s.shared_from_this(), /*with_pre_hooks=*/true);
   } catch (...) {
     restore();

@@ -357,16 +357,16 @@ void ShardedUnit::finish_reduce() {
   grad_full_.release();
   at::NoGradGuard no_grad;
   // The shard gradients are views of one pooled chunk, in the shards' dtype
-  // (reduced in another: converted in one pass, the reduced chunk freed).
-  at::Tensor grads = r.out;
-  if (reduce_dtype_ != dtype_) {
-    grads = pooled_empty(dtype_, layout_.chunk_numel());
-    grads.copy_(r.out);
-    r.out = at::Tensor();
-  }
+  // (reduced in another: each reduced shard converted into it, the reduced
+  // chunk freed after).
+  at::Tensor grads = reduce_dtype_ == dtype_ ? r.out : pooled_empty(dtype_, layout_.chunk_numel());
   for (size_t k = 0; k < params_.size(); ++k) {
     if (!trainable_[k]) continue;
     const auto& pl = layout_.param(k);
+    if (!grads.is_same(r.out) && pl.shard_numel() > 0) {
+      const auto rows = [&](const at::Tensor& chunk) { return chunk.narrow(0, pl.offset_in_chunk, pl.shard_numel()); };
+      rows(grads).copy_(rows(r.out));
+    }
     at::Tensor g = tensor_on(grads.storage(), dtype_, pl.offset_in_chunk, shard_views_[k].sizes());
     if (set_aside_[k].defined()) {
       set_aside_[k].add_(g);

@@ -51,9 +51,21 @@ struct Trained {
   at::ScalarType seen, seen_bn, out;
 };
 
-Trained train(ProcessGroup& pg, tdist::FullyShardedDataParallelOptions o) {
+// How train() runs: the blocks in checkpoint_module; each step's batch as
+// two micro-batches, the first under no_sync.
+struct Extras {
+  bool checkpoint = false;
+  bool no_sync = false;
+};
+
+Trained train(ProcessGroup& pg, tdist::FullyShardedDataParallelOptions o, Extras extras = {}) {
   torch::manual_seed(3);
   o.auto_wrap_policy = tdist::transformer_auto_wrap_policy<MpBlock>();
+  if (extras.checkpoint) {
+    o.auto_wrapper_callable = [](torch::nn::AnyModule m, const tdist::FullyShardedDataParallelOptions& c) {
+      return torch::nn::AnyModule(tdist::FullyShardedDataParallel(tdist::checkpoint_module(std::move(m)), c));
+    };
+  }
   MpNet net;
   tdist::FSDP<MpNet> model(net, o);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
@@ -63,6 +75,12 @@ Trained train(ProcessGroup& pg, tdist::FullyShardedDataParallelOptions o) {
     auto x = torch::randn({8 * pg.size(), 6}).narrow(0, 8 * pg.rank(), 8);
     auto y = torch::randn({8 * pg.size(), 3}).narrow(0, 8 * pg.rank(), 8);
     opt.zero_grad();
+    if (extras.no_sync) {
+      auto guard = model->no_sync();
+      torch::mse_loss(model(x.narrow(0, 0, 4)).to(torch::kFloat), y.narrow(0, 0, 4)).backward();
+      x = x.narrow(0, 4, 4);
+      y = y.narrow(0, 4, 4);
+    }
     auto out = model(x);
     t.out = out.scalar_type();
     torch::mse_loss(out.to(torch::kFloat), y).backward();
@@ -127,6 +145,40 @@ INSTANTIATE_TEST_SUITE_P(Strategies, MixedPrecision,
                                            std::make_tuple(1, ShardingStrategy::FULL_SHARD)),
                          case_name);
 
+// Gradients of checkpointed units reach the compute-dtype accumulators as
+// the plain units' do: the same training, bit for bit.
+TEST(MixedPrecisionWith, CheckpointedUnitsTrainBitForBitAsPlainOnes) {
+  EXPECT_EQ(run_world(2,
+                      [](ProcessGroup& pg) {
+                        tdist::FullyShardedDataParallelOptions bf16;
+                        bf16.mixed_precision.param_dtype = at::kBFloat16;
+                        const Trained plain = train(pg, bf16);
+                        const Trained ckpt = train(pg, bf16, {/*checkpoint=*/true, /*no_sync=*/false});
+                        WORLD_CHECK(max_relative_difference(plain, ckpt) == 0,
+                                    "checkpointed bf16 differs by " << max_relative_difference(plain, ckpt));
+                      }),
+            "");
+}
+
+// Full gradients kept across a no_sync micro-batch accumulate in the bf16
+// buffer and still track the fp32 run.
+TEST(MixedPrecisionWith, NoSyncAccumulationTracksFp32) {
+  EXPECT_EQ(run_world(2,
+                      [](ProcessGroup& pg) {
+                        tdist::FullyShardedDataParallelOptions fp32;
+                        tdist::FullyShardedDataParallelOptions bf16;
+                        bf16.mixed_precision.param_dtype = at::kBFloat16;
+                        const Extras accumulate{/*checkpoint=*/false, /*no_sync=*/true};
+                        const Trained a = train(pg, fp32, accumulate);
+                        const Trained b = train(pg, bf16, accumulate);
+                        const Trained once = train(pg, bf16);
+                        const double diff = max_relative_difference(a, b);
+                        WORLD_CHECK(diff > 1e-5 && diff < 3e-2, "bf16 vs fp32 with no_sync: " << diff);
+                        WORLD_CHECK(max_relative_difference(b, once) > 1e-5, "no_sync changed nothing");
+                      }),
+            "");
+}
+
 TEST(MixedPrecisionOptions, BufferDtypeConvertsTheBuffers) {
   EXPECT_EQ(run_world(2,
                       [](ProcessGroup& pg) {
@@ -172,7 +224,9 @@ TEST(MixedPrecisionOptions, TorchXlaNamesTrainAsPyTorchNames) {
 // A unit of two wide layers: its weights' gradients dominate what a
 // backward allocates (the batch is 4 rows).
 struct WideImpl : torch::nn::Module {
-  WideImpl() : fc1(register_module("fc1", torch::nn::Linear(256, 2048))), fc2(register_module("fc2", torch::nn::Linear(2048, 256))) {}
+  WideImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(256, 2048))),
+        fc2(register_module("fc2", torch::nn::Linear(2048, 256))) {}
   torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(fc1(x))); }
   torch::nn::Linear fc1, fc2;
 };

@@ -329,6 +329,7 @@ TEST_P(Accounting, CollectiveCountsTallyEachOpsBytes) {
     at::Tensor shard = at::empty({5}, at::kHalf);       // 10 bytes
     pg.reduce_scatter_tensor(shard, at::ones({15}, at::kHalf))->wait();
     pg.reduce(at::ones({2}), {0})->wait();
+    pg.all_reduce_coalesced({at::ones({3}), at::ones({5})}, {ReduceOp::AVG, std::nullopt, at::kHalf})->wait();
     pg.barrier()->wait();
     const auto c = pg.collective_counts();
     auto get = [&](const std::string& op) {
@@ -343,8 +344,11 @@ TEST_P(Accounting, CollectiveCountsTallyEachOpsBytes) {
     WORLD_CHECK(get("reduce_scatter_tensor").input_bytes == 30 && get("reduce_scatter_tensor").output_bytes == 10,
                 "reduce_scatter bytes");
     WORLD_CHECK(get("reduce").input_bytes == 8 && get("reduce").output_bytes == (r == 0 ? 8 : 0), "reduce bytes");
+    WORLD_CHECK(get("all_reduce_coalesced").calls == 1 && get("all_reduce_coalesced").input_bytes == 16 &&
+                    get("all_reduce_coalesced").output_bytes == 16,
+                "all_reduce_coalesced bytes " << get("all_reduce_coalesced").input_bytes);
     WORLD_CHECK(get("barrier").calls == 1 && get("barrier").input_bytes == 0, "barrier");
-    WORLD_CHECK(c.size() == 5, "ops counted: " << c.size());
+    WORLD_CHECK(c.size() == 6, "ops counted: " << c.size());
     // A refused call is not counted.
     try {
       pg.all_gather_into_tensor(at::empty({5}), at::ones({4}));
