@@ -57,6 +57,13 @@ void Coordinator::settle() {
   backward_started_ = false;
 }
 
+void Coordinator::forget_units() {
+  order_.clear();
+  last_order_.clear();
+  in_flight_ = nullptr;
+  launched_ = 0;
+}
+
 void Coordinator::begin_iteration() {
   settle();
   reset_flags();

@@ -10,10 +10,12 @@
 // same order, with zeros for gradients they never got. At most one unit's
 // reduction is in flight while another is launched.
 //
-// Owns: the forward order (shared references to the units' states).
+// Owns: the forward order (shared references to the units' states, the
+// owner's own among them, until forget_units()).
 // Threading: the training thread, as FsdpState.
 // Lifetime: owned by the outermost wrapper's state; the queued end-of-
-// backward callback holds it weakly.
+// backward callback holds it weakly. The wrapper's destructor calls
+// forget_units(), which breaks the cycle through its own state.
 #pragma once
 
 #include <memory>
@@ -53,6 +55,9 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   // Every unit of this iteration: waited out and resharded (summon, and
   // begin_iteration).
   void settle();
+  // Drops its references to the units' states: the wrapper that owns it is
+  // going away (its own state is among them: a cycle otherwise).
+  void forget_units();
 
   bool require_sync = true;
 

@@ -214,7 +214,9 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
 }
 
 FullyShardedCore::~FullyShardedCore() {
-  if (state_ && state_->unit) unclaim(state_->unit->params());
+  if (!state_) return;
+  if (state_->unit) unclaim(state_->unit->params());
+  if (state_->own) state_->own->forget_units();  // it refers back to state_
 }
 
 const std::shared_ptr<ProcessGroup>& FullyShardedCore::process_group() const { return state_->pg; }

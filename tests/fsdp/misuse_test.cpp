@@ -239,4 +239,40 @@ TEST(FsdpUse, SummonFullParamsReadsAndWritesTheWholeModel) {
   }
 }
 
+// A model that trained and is dropped goes away whole: its units, their
+// gradient accumulators and its parameters (the outermost unit's iteration
+// state referred back to the unit that owns it: a cycle that kept every
+// model alive).
+class FsdpLifetime : public ::testing::TestWithParam<tdist::ShardingStrategy> {};
+
+TEST_P(FsdpLifetime, ADroppedModelIsFreed) {
+  EXPECT_EQ(run_world(2, [s = GetParam()](ProcessGroup&) {
+    std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> params;
+    {
+      tdist::FullyShardedDataParallelOptions fo;
+      fo.sharding_strategy = s;
+      torch::manual_seed(1);
+      FSDP<Net> model(Net(&fo), fo);
+      torch::optim::SGD opt(model->parameters(), 0.1);
+      for (int step = 0; step < 2; ++step) {
+        opt.zero_grad();
+        model(torch::ones({2, 6})).sum().backward();
+        opt.step();
+      }
+      for (const auto& p : model->parameters()) params.emplace_back(p.getIntrusivePtr());
+    }
+    for (size_t i = 0; i < params.size(); ++i) WORLD_CHECK(params[i].expired(), "parameter " << i << " still alive");
+  }), "");
+}
+
+std::string strategy_name(const ::testing::TestParamInfo<tdist::ShardingStrategy>& info) {
+  static const char* const kNames[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"};
+  return kNames[static_cast<int>(info.param)];
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, FsdpLifetime,
+                         ::testing::Values(tdist::ShardingStrategy::FULL_SHARD, tdist::ShardingStrategy::SHARD_GRAD_OP,
+                                           tdist::ShardingStrategy::NO_SHARD),
+                         strategy_name);
+
 }  // namespace
