@@ -50,6 +50,14 @@ class CollectiveMismatchError : public Error {
   using Error::Error;
 };
 
+// A checkpoint file cannot be written or read: truncated, corrupt (a
+// checksum that does not match), not in the format, from another model or
+// world size, a rank missing or given twice. The message names the file.
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
 // The API was misused: bad arguments, bad configuration, wrong call order.
 class UsageError : public Error {
  public:

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "tdist/config.h"
+#include "tdist/checkpoint.h"
 #include "tdist/ddp.h"
 #include "tdist/errors.h"
 #include "tdist/checkpoint_module.h"

@@ -1,0 +1,92 @@
+// Checkpoint files. So far: safetensors, written and read by streaming one
+// tensor at a time, crash-safe and checked.
+//
+//   tdist::save_safetensors("model.safetensors", model->named_parameters());
+//   auto tensors = tdist::load_safetensors("model.safetensors");     // name -> tensor
+//   tdist::SafetensorsReader r("model.safetensors");                   // the header only
+//   at::Tensor w = r.read("fc1.weight");                               // that tensor only
+//
+// The files follow the safetensors format exactly (SPEC.md §6) and load with
+// Python's `safetensors` package. Each tensor's CRC-32 rides in the header's
+// __metadata__ ("tdist.crc32:<name>"), which other readers ignore; tdist
+// checks it on every read. A file is written to a temporary name, fsynced
+// and renamed, so a crash during a save leaves the previous file whole.
+// Anything wrong with a file (truncated, a checksum that does not match,
+// anything the format forbids) is a CheckpointError naming the file.
+//
+// Dtypes: bool, uint8, int8, int16, int32, int64, float16, bfloat16,
+// float32, float64 (the format's BOOL, U8, I8, I16, I32, I64, F16, BF16,
+// F32, F64); a file holding another dtype is refused when read.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/ordered_dict.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tdist/errors.h"
+
+namespace tdist {
+
+struct SafetensorsTensorInfo {
+  std::string name;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+};
+
+// Writes a safetensors file one tensor at a time: the tensors' names,
+// dtypes and shapes first, then each tensor in that order, then finish().
+// Memory: one tensor at a time (a non-contiguous one is copied first).
+// Without finish() (an exception, a crash) the file at `path` is untouched.
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(const std::string& path, std::vector<SafetensorsTensorInfo> tensors,
+                    std::map<std::string, std::string> metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // The next tensor: its name, dtype and shape must be the next declared.
+  void write(const std::string& name, const at::Tensor& tensor);
+  // Every tensor written: the checksums go into the header, the file is
+  // synced and renamed into place.
+  void finish();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Reads a safetensors file's header at construction (checking it whole)
+// and each tensor on demand.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(const std::string& path);
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  // In the order of their data in the file.
+  const std::vector<SafetensorsTensorInfo>& tensors() const;
+  // The file's __metadata__, without tdist's checksums.
+  const std::map<std::string, std::string>& metadata() const;
+  bool contains(const std::string& name) const;
+  // That tensor only, its checksum checked (when the file has one).
+  at::Tensor read(const std::string& name) const;
+  const std::string& path() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The whole file at once, and back.
+void save_safetensors(const std::string& path, const torch::OrderedDict<std::string, at::Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+torch::OrderedDict<std::string, at::Tensor> load_safetensors(const std::string& path);
+
+}  // namespace tdist

@@ -1,0 +1,66 @@
+// Files of checkpoints: written so that a crash never leaves a half-written
+// file where the previous one stood, and read with every length checked.
+//
+// AtomicFileWriter writes "<path>.tmp-<pid>" in the same directory; commit()
+// fsyncs it, renames it over `path` and fsyncs the directory, so `path` is
+// always the old file or the whole new one. Destroyed without commit(), it
+// removes the temporary file.
+// FileReader reads exact byte ranges; a range past the end of the file is
+// a CheckpointError naming the file ("truncated?"), never a short read.
+// CRC-32 (zlib's) is what checkpoints carry to catch corrupted bytes.
+//
+// Errors: CheckpointError naming the file and the system's reason.
+// Threading: one thread per object.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace tdist::checkpoint {
+
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::string path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  // Appends n bytes.
+  void write(const void* data, size_t n);
+  // Overwrites n bytes at `offset` (which must lie within what was written).
+  void write_at(uint64_t offset, const void* data, size_t n);
+  uint64_t size() const { return size_; }
+  // fsync, rename over the path, fsync the directory.
+  void commit();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  bool committed_ = false;
+};
+
+class FileReader {
+ public:
+  explicit FileReader(std::string path);
+  ~FileReader();
+  FileReader(const FileReader&) = delete;
+  FileReader& operator=(const FileReader&) = delete;
+
+  uint64_t size() const { return size_; }
+  // Reads exactly n bytes at offset.
+  void read_at(uint64_t offset, void* out, size_t n) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+// CRC-32 of n bytes, continuing from `crc` (0 to start).
+uint32_t crc32(uint32_t crc, const void* data, size_t n);
+
+}  // namespace tdist::checkpoint

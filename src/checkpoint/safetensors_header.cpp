@@ -1,0 +1,183 @@
+// The safetensors header: parse_header's checks, make_header. The contract
+// is in safetensors_header.h.
+#include "checkpoint/safetensors_header.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+namespace tdist::safetensors {
+
+namespace {
+
+using Json = nlohmann::json;
+
+// A valid header nests three deep ({name: {"shape": [...]}}); anything much
+// deeper is refused before it is built.
+constexpr int kMaxDepth = 8;
+
+[[noreturn]] void fail(const std::string& what) { throw FormatError(what); }
+
+uint64_t get_u64(const Json& v, const std::string& what) {
+  if (!v.is_number_unsigned()) fail(what + " is not a non-negative integer");
+  return v.get<uint64_t>();
+}
+
+TensorEntry parse_entry(const std::string& name, const Json& info) {
+  if (!info.is_object()) fail("tensor '" + name + "': its entry is not an object");
+  for (const auto& [key, value] : info.items()) {
+    (void)value;
+    if (key != "dtype" && key != "shape" && key != "data_offsets") {
+      fail("tensor '" + name + "': unknown field '" + key + "'");
+    }
+  }
+  for (const char* field : {"dtype", "shape", "data_offsets"}) {
+    if (!info.contains(field)) fail("tensor '" + name + "': no '" + field + "'");
+  }
+  TensorEntry e;
+  e.name = name;
+  if (!info["dtype"].is_string()) fail("tensor '" + name + "': dtype is not a string");
+  e.dtype = info["dtype"].get<std::string>();
+  const size_t es = dtype_size(e.dtype);
+  if (es == 0) fail("tensor '" + name + "': unknown or unsupported dtype '" + e.dtype + "'");
+  const Json& shape = info["shape"];
+  if (!shape.is_array()) fail("tensor '" + name + "': shape is not an array");
+  uint64_t bytes = es;
+  for (const Json& d : shape) {
+    const uint64_t n = get_u64(d, "tensor '" + name + "': a shape entry");
+    if (n > static_cast<uint64_t>(INT64_MAX)) fail("tensor '" + name + "': a shape entry is too large");
+    if (__builtin_mul_overflow(bytes, n, &bytes)) fail("tensor '" + name + "': its size overflows");
+    e.shape.push_back(static_cast<int64_t>(n));
+  }
+  const Json& off = info["data_offsets"];
+  if (!off.is_array() || off.size() != 2) fail("tensor '" + name + "': data_offsets is not [begin, end]");
+  e.begin = get_u64(off[0], "tensor '" + name + "': data_offsets[0]");
+  e.end = get_u64(off[1], "tensor '" + name + "': data_offsets[1]");
+  if (e.end < e.begin) fail("tensor '" + name + "': data_offsets end before they begin");
+  if (e.end - e.begin != bytes) {
+    fail("tensor '" + name + "': data_offsets span " + std::to_string(e.end - e.begin) + " bytes, but " + e.dtype +
+         " of that shape is " + std::to_string(bytes));
+  }
+  return e;
+}
+
+}  // namespace
+
+size_t dtype_size(const std::string& d) {
+  static const std::map<std::string, size_t> sizes = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
+      {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"I64", 8},     {"U64", 8}, {"F64", 8}};
+  const auto it = sizes.find(d);
+  return it == sizes.end() ? 0 : it->second;
+}
+
+uint64_t header_length(const uint8_t first8[8], uint64_t file_size) {
+  if (file_size < 8) fail("the file is " + std::to_string(file_size) + " bytes, shorter than the header length");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | first8[i];
+  if (n > kMaxHeaderBytes) fail("header length " + std::to_string(n) + " is over the format's 100,000,000 bytes");
+  if (n > file_size - 8) {
+    fail("header length " + std::to_string(n) + " runs past the end of the file (" + std::to_string(file_size) +
+         " bytes: truncated?)");
+  }
+  return n;
+}
+
+Header parse_header(const char* json, size_t n, uint64_t data_bytes) {
+  if (n == 0 || json[0] != '{') fail("the header does not start with '{'");
+  // Keys seen, per object being parsed: a key given twice is an error (a
+  // JSON library would keep one of them silently).
+  std::vector<std::set<std::string>> keys;
+  const auto check = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start:
+      case Json::parse_event_t::array_start:
+        if (depth >= kMaxDepth) fail("the header nests deeper than a safetensors header can");
+        if (event == Json::parse_event_t::object_start) keys.emplace_back();
+        break;
+      case Json::parse_event_t::object_end:
+        keys.pop_back();
+        break;
+      case Json::parse_event_t::key:
+        if (!keys.back().insert(parsed.get<std::string>()).second) {
+          fail("the header gives the key '" + parsed.get<std::string>() + "' twice");
+        }
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  Json root;
+  try {
+    root = Json::parse(json, json + n, check);
+  } catch (const Json::exception& e) {
+    fail(std::string("the header is not valid JSON: ") + e.what());
+  }
+  if (!root.is_object()) fail("the header is not a JSON object");
+  Header h;
+  for (const auto& [key, value] : root.items()) {
+    if (key == "__metadata__") {
+      if (!value.is_object()) fail("__metadata__ is not an object");
+      for (const auto& [k, v] : value.items()) {
+        if (!v.is_string()) fail("__metadata__ '" + k + "' is not a string");
+        h.metadata[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    h.tensors.push_back(parse_entry(key, value));
+  }
+  std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t at = 0;
+  for (const auto& t : h.tensors) {
+    if (t.begin != at) {
+      fail(std::string(t.begin > at ? "a hole" : "an overlap") + " in the data at byte " + std::to_string(at) +
+           " (tensor '" + t.name + "' begins at " + std::to_string(t.begin) + ")");
+    }
+    at = t.end;
+  }
+  if (at != data_bytes) {
+    fail("the tensors cover " + std::to_string(at) + " bytes of data but the file holds " + std::to_string(data_bytes) +
+         (at > data_bytes ? " (truncated?)" : " (trailing bytes)"));
+  }
+  return h;
+}
+
+std::string make_header(std::vector<TensorEntry>& tensors, const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json root = nlohmann::ordered_json::object();
+  if (!metadata.empty()) root["__metadata__"] = metadata;
+  uint64_t at = 0;
+  for (auto& t : tensors) {
+    const size_t es = dtype_size(t.dtype);
+    if (es == 0) fail("tensor '" + t.name + "': unknown dtype '" + t.dtype + "'");
+    if (t.name == "__metadata__") fail("a tensor cannot be named __metadata__");
+    if (root.contains(t.name)) fail("two tensors are named '" + t.name + "'");
+    uint64_t bytes = es;
+    for (int64_t d : t.shape) {
+      if (d < 0) fail("tensor '" + t.name + "': negative shape");
+      if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) fail("tensor '" + t.name + "': too large");
+    }
+    t.begin = at;
+    t.end = at + bytes;
+    at = t.end;
+    root[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
+  }
+  std::string json;
+  try {
+    json = root.dump();
+  } catch (const nlohmann::ordered_json::exception& e) {
+    fail(std::string("a tensor name or metadata string is not valid UTF-8: ") + e.what());
+  }
+  json.append((8 - json.size() % 8) % 8, ' ');
+  if (json.size() > kMaxHeaderBytes) fail("the header would be over 100,000,000 bytes");
+  std::string out(8, '\0');
+  uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i, n >>= 8) out[static_cast<size_t>(i)] = static_cast<char>(n & 0xff);
+  return out + json;
+}
+
+}  // namespace tdist::safetensors
