@@ -14,7 +14,7 @@ CMAKE_ARGS ?=
 GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 CTEST      := ctest -j $(JOBS) --output-on-failure --timeout 300
 
-.PHONY: all deps deps-torch2 configure build build-2 test test-1.13 test-2 demo bench slow-link asan tsan fuzz clean
+.PHONY: all deps deps-torch2 deps-pyref configure build build-2 test test-1.13 test-2 demo bench slow-link asan tsan fuzz clean
 
 all: build
 
@@ -23,6 +23,10 @@ deps:
 
 deps-torch2: deps
 	@bash scripts/torch2.sh install
+
+# What the tests check tdist's files against (safetensors, in .venv).
+deps-pyref: deps
+	@bash scripts/python-ref.sh install
 
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS)
@@ -41,10 +45,10 @@ build-2: deps-torch2
 
 test: test-1.13 test-2
 
-test-1.13: build
+test-1.13: build deps-pyref
 	cd $(BUILD) && $(CTEST)
 
-test-2: build-2
+test-2: build-2 deps-pyref
 	cd $(BUILD2) && $(CTEST)
 
 # Fashion-MNIST on 2 ranks with DistributedDataParallel (about a minute here).

@@ -1,7 +1,9 @@
 // safetensors files: every dtype round-trips bit for bit; the bytes are the
 // format's (length, space-padded JSON, data in order); a tensor is read
-// alone; a crashed or unfinished save leaves the old file; and every kind
-// of damaged or forbidden file is a CheckpointError naming the file.
+// alone; a crashed or unfinished save leaves the old file; every kind of
+// damaged or forbidden file is a CheckpointError naming the file; and
+// Python's safetensors package (0.8, in .venv: scripts/python-ref.sh)
+// reads tdist's files, and tdist reads the package's.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -12,6 +14,9 @@
 #include <fstream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/file_io.h"
 #include "checkpoint/safetensors_header.h"
 #include "tdist/checkpoint.h"
 #include "tests/util/process.h"
@@ -228,6 +233,51 @@ TEST(Safetensors, AnEmptyFileOfNoTensorsIsValid) {
   EXPECT_EQ(tdist::load_safetensors(path).size(), 0u);
   spit(path, raw_file("{}      ", ""));
   EXPECT_EQ(tdist::load_safetensors(path).size(), 0u);
+}
+
+const std::string kPython = TDIST_SOURCE_DIR "/.venv/bin/python";
+const std::string kCheck = TDIST_SOURCE_DIR "/tests/checkpoint/safetensors_check.py";
+
+std::string python(const std::string& args) {
+  auto r = test::run_command(kPython + " " + kCheck + " " + args + " 2>&1", std::chrono::seconds(60));
+  if (!test::exited_ok(r.status)) {
+    throw std::runtime_error("python " + args + " failed (run scripts/python-ref.sh install):\n" + r.output);
+  }
+  return r.output;
+}
+
+TEST(SafetensorsPython, ThePackageReadsOurFilesWithTheSameTensors) {
+  test::TempDir dir;
+  const std::string path = dir.path() + "/ours.safetensors";
+  const auto saved = every_dtype();
+  tdist::save_safetensors(path, saved, {{"format", "pt"}});
+  const auto seen = nlohmann::json::parse(python("read " + path));
+  const auto& tensors = seen.at("tensors");
+  ASSERT_EQ(tensors.size(), saved.size()) << seen.dump();
+  const std::map<at::ScalarType, std::string> names = {
+      {at::kFloat, "F32"}, {at::kDouble, "F64"}, {at::kHalf, "F16"}, {at::kBFloat16, "BF16"}, {at::kLong, "I64"},
+      {at::kInt, "I32"},   {at::kShort, "I16"},  {at::kChar, "I8"},  {at::kByte, "U8"},      {at::kBool, "BOOL"}};
+  for (const auto& item : saved) {
+    const at::Tensor t = item.value().contiguous();
+    const auto& got = tensors.at(item.key());
+    EXPECT_EQ(got[0].get<std::string>(), names.at(t.scalar_type())) << item.key();
+    EXPECT_EQ(got[1].get<std::vector<int64_t>>(), t.sizes().vec()) << item.key();
+    EXPECT_EQ(got[2].get<uint32_t>(), tdist::checkpoint::crc32(0, t.data_ptr(), t.nbytes())) << item.key();
+  }
+  EXPECT_EQ(seen.at("metadata").at("format"), "pt");
+}
+
+TEST(SafetensorsPython, WeReadThePackagesFiles) {
+  test::TempDir dir;
+  const std::string path = dir.path() + "/theirs.safetensors";
+  python("write " + path);
+  tdist::SafetensorsReader r(path);
+  EXPECT_EQ(r.metadata(), (std::map<std::string, std::string>{{"written_by", "python"}}));
+  EXPECT_TRUE(torch::equal(r.read("py_f32"), torch::arange(6, torch::kFloat).mul(0.5).view({2, 3})));
+  EXPECT_TRUE(torch::equal(r.read("py_i64"), torch::arange(4, torch::kLong).mul(-1000)));
+  EXPECT_TRUE(torch::equal(r.read("py_bf16"), torch::tensor({1.0f, -2.0f, 0.25f}).to(torch::kBFloat16)));
+  EXPECT_TRUE(torch::equal(r.read("py_u8"), torch::arange(8, torch::kByte).view({2, 2, 2})));
+  EXPECT_EQ(r.tensors().size(), 4u);
 }
 
 }  // namespace

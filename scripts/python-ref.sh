@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The Python packages tdist's tests check its files against, in the
+# project's .venv (the one scripts/torch2.sh uses): safetensors, pinned.
+# tdist itself never needs Python; the tests use it to show that the files
+# it writes load in the Python tools people use.
+#
+#   scripts/python-ref.sh install   creates .venv if needed, installs what is missing
+#   scripts/python-ref.sh python    prints the interpreter's path
+#
+# Idempotent. Nothing is downloaded except by pip from PyPI. VENV overrides
+# the location.
+set -euo pipefail
+
+SAFETENSORS_VERSION=0.8.0
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=${VENV:-$root/.venv}
+py=$venv/bin/python
+
+have() {
+  "$py" - "$1" "$2" <<'PYEOF' 2>/dev/null
+import importlib.metadata as m, sys
+sys.exit(0 if m.version(sys.argv[1]) == sys.argv[2] else 1)
+PYEOF
+}
+
+install() {
+  if [ ! -x "$py" ]; then
+    echo "tdist: creating $venv" >&2
+    /usr/bin/python3 -m venv "$venv"
+  fi
+  have safetensors "$SAFETENSORS_VERSION" && return 0
+  echo "tdist: installing safetensors $SAFETENSORS_VERSION into $venv" >&2
+  "$py" -m pip install --quiet --disable-pip-version-check "safetensors==$SAFETENSORS_VERSION"
+}
+
+case "${1:-}" in
+  install) install ;;
+  python) echo "$py" ;;
+  *) echo "usage: $0 install|python" >&2; exit 2 ;;
+esac
