@@ -1,21 +1,34 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer target for the TCPStore frame parser with clang
-# (with ASan and UBSan) and runs it for a bounded time.
-#   scripts/fuzz.sh [SECONDS=60] [WORK_DIR=build/fuzz]
+# Builds the libFuzzer targets with clang (with ASan and UBSan) and runs
+# each for a bounded time: the TCPStore frame parser (bytes off the
+# network) and the safetensors header parser (the first bytes of a
+# checkpoint file).
+#   scripts/fuzz.sh [SECONDS=60 per target] [WORK_DIR=build/fuzz]
 set -euo pipefail
 seconds=${1:-60}
 work=${2:-build/fuzz}
 root=$(cd "$(dirname "$0")/.." && pwd)
-mkdir -p "$work/corpus"
 cxx=${CLANGXX:-clang++}
 if ! command -v "$cxx" >/dev/null; then
   echo "fuzz.sh: $cxx not found; install clang (scripts/install-deps.sh does)" >&2
   exit 1
 fi
-"$cxx" -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -I"$root/include" -I"$root/src" \
-  "$root/fuzz/store_frame_fuzzer.cpp" "$root/src/store/wire.cpp" \
-  -o "$work/store_frame_fuzzer"
-# Seeds: the checked-in corpus plus whatever earlier runs found.
-"$work/store_frame_fuzzer" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-  -print_final_stats=1 -artifact_prefix="$work/" "$work/corpus" "$root/fuzz/corpus" 2>&1 | tail -n 15
+flags=(-std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+       -I"$root/include" -I"$root/src")
+
+# fuzz NAME SEEDS SOURCES...: builds NAME and runs it over its corpus
+# (the checked-in seeds plus whatever earlier runs found).
+fuzz() {
+  local name=$1 seeds=$2
+  shift 2
+  mkdir -p "$work/$name.corpus"
+  "$cxx" "${flags[@]}" "$@" -o "$work/$name"
+  echo "== $name, ${seconds} s"
+  "$work/$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix="$work/$name-" "$work/$name.corpus" "$seeds" 2>&1 | tail -n 15
+}
+
+fuzz store_frame_fuzzer "$root/fuzz/corpus" \
+  "$root/fuzz/store_frame_fuzzer.cpp" "$root/src/store/wire.cpp"
+fuzz safetensors_header_fuzzer "$root/fuzz/corpus_safetensors" \
+  "$root/fuzz/safetensors_header_fuzzer.cpp" "$root/src/checkpoint/safetensors_header.cpp"
