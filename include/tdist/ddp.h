@@ -26,6 +26,7 @@
 
 #include "tdist/comm_hooks.h"
 #include "tdist/process_group.h"
+#include "tdist/wrapped_forward.h"  // detail::WrapperModule
 
 namespace tdist {
 
@@ -113,8 +114,10 @@ void collect_tensors(const std::tuple<Ts...>& t, std::vector<at::Tensor>& out) {
 
 }  // namespace detail
 
+// A WrapperModule: state dicts (tdist/state_dict.h) name parameters as the
+// unwrapped model does, without the "module." step.
 template <typename ModuleHolder>
-class DistributedDataParallelImpl : public torch::nn::Module {
+class DistributedDataParallelImpl : public torch::nn::Module, public detail::WrapperModule {
  public:
   DistributedDataParallelImpl(ModuleHolder module, DistributedDataParallelOptions options = {})
       : module_(register_module("module", std::move(module))), core_(*module_.ptr(), std::move(options)) {}

@@ -208,6 +208,28 @@ ShardMetadata shard_metadata(torch::nn::Module& root);
 void begin_summon(torch::nn::Module& root, bool writeback);
 void end_summon(torch::nn::Module& root, bool writeback) noexcept;
 
+// For state dicts (include/tdist/state_dict.h): every parameter of every
+// unit in root's tree (none when it holds no wrapper), outermost unit
+// first, by its name in the unwrapped model, with this rank's rows of it.
+struct UnitParam {
+  std::string original_name;
+  at::Tensor tensor;               // the module's parameter: this rank's rows between iterations
+  std::vector<int64_t> full_shape;
+  int64_t first_row = 0;           // this rank's rows of the full parameter (all of them without sharding)
+  int64_t rows = 0;
+};
+std::vector<UnitParam> unit_params(torch::nn::Module& root);
+// The process group of root's wrappers, or null without any.
+std::shared_ptr<ProcessGroup> units_group(torch::nn::Module& root);
+// Settles the last iteration of root's wrappers (every unit sharded, no
+// collective in flight); UsageError inside a forward, a backward or
+// summon_full_params. `what` names the caller in that message.
+void settle_units(torch::nn::Module& root, const char* what);
+// Gathers the units one at a time, outermost first (exact: in the shards'
+// dtype), calls fn(original name, full parameter) for each parameter of
+// the unit, and frees it again. Collective: every rank calls it.
+void visit_gathered(torch::nn::Module& root, const std::function<void(const std::string&, const at::Tensor&)>& fn);
+
 }  // namespace detail
 
 // Everything of a wrapper but its forward (FullyShardedDataParallelImpl

@@ -41,6 +41,20 @@ std::vector<Visit> wrappers(torch::nn::Module& root) {
   return out;
 }
 
+// The wrappers of a model between iterations (the state dicts' and summon's
+// precondition), their iteration settled.
+std::vector<Visit> settled_wrappers(torch::nn::Module& root, const char* what) {
+  if (active_coordinator()) throw UsageError(std::string(what) + " inside a forward");
+  const auto all = wrappers(root);
+  Coordinator& c = *all[0].state.own;
+  if (c.in_backward()) throw UsageError(std::string(what) + " during a backward");
+  for (const auto& v : all) {
+    if (v.state.summoned) throw UsageError(std::string(what) + ": inside summon_full_params");
+  }
+  c.settle();
+  return all;
+}
+
 }  // namespace
 
 double clip_grad_norm(torch::nn::Module& root, double max_norm, double norm_type) {
@@ -117,14 +131,7 @@ ShardMetadata shard_metadata(torch::nn::Module& root) {
 }
 
 void begin_summon(torch::nn::Module& root, bool writeback) {
-  if (active_coordinator()) throw UsageError("summon_full_params inside a forward");
-  const auto all = wrappers(root);
-  Coordinator& c = *all[0].state.own;
-  if (c.in_backward()) throw UsageError("summon_full_params during a backward");
-  for (const auto& v : all) {
-    if (v.state.summoned) throw UsageError("summon_full_params: already summoned (the guards do not nest)");
-  }
-  c.settle();
+  const auto all = settled_wrappers(root, "summon_full_params");  // guards do not nest
   size_t done = 0;
   try {
     for (; done < all.size(); ++done) {
@@ -151,6 +158,43 @@ void end_summon(torch::nn::Module& root, bool writeback) noexcept {
       if (!writeback) v.state.unit->restore_shards();
     }
   } catch (...) {
+  }
+}
+
+std::vector<UnitParam> unit_params(torch::nn::Module& root) {
+  std::vector<Visit> all;
+  walk(root, "", "", all);
+  std::vector<UnitParam> out;
+  for (const auto& v : all) {
+    const ShardedUnit& u = *v.state.unit;
+    for (size_t k = 0; k < u.params().size(); ++k) {
+      const auto& pl = u.layout().param(k);
+      out.push_back({join(v.original_path, v.state.original_names[k]), u.params()[k], pl.shape,
+                     pl.first_row_on(u.shard_rank()), pl.rows_on(u.shard_rank())});
+    }
+  }
+  return out;
+}
+
+std::shared_ptr<ProcessGroup> units_group(torch::nn::Module& root) {
+  std::vector<Visit> all;
+  walk(root, "", "", all);
+  return all.empty() ? nullptr : all[0].state.pg;
+}
+
+void settle_units(torch::nn::Module& root, const char* what) { settled_wrappers(root, what); }
+
+void visit_gathered(torch::nn::Module& root, const std::function<void(const std::string&, const at::Tensor&)>& fn) {
+  for (const auto& v : settled_wrappers(root, "full_state_dict")) {
+    ShardedUnit& u = *v.state.unit;
+    u.unshard(/*exact=*/true);
+    try {
+      for (size_t k = 0; k < u.params().size(); ++k) fn(join(v.original_path, v.state.original_names[k]), u.params()[k]);
+    } catch (...) {
+      u.reshard();
+      throw;
+    }
+    u.reshard();
   }
 }
 

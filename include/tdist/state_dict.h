@@ -1,0 +1,54 @@
+// State dicts: a model's parameters and buffers by the names of the
+// unwrapped model (no "module." steps of FSDP, DDP or checkpoint_module
+// wrappers), so that they load into the plain module.
+//
+//   auto full = tdist::full_state_dict(*model);        // FSDP: gathered unit by unit, to rank 0
+//   if (rank == 0) tdist::save_safetensors("model.safetensors", full);
+//   tdist::load_full_state_dict(*model, full);         // any world size: each rank keeps its rows
+//
+//   auto local = tdist::sharded_state_dict(*model);    // this rank's shards + get_shard_metadata()
+//   tdist::load_sharded_state_dict(*model, local);     // the same world size and layout
+//
+// `model` is the module itself (`*fsdp`, `*ddp`, `*net`). For FSDP models
+// the full state dict and its load are collective (every rank calls them,
+// between iterations); rank 0 holds at most one unit gathered besides the
+// result. Without FSDP they are local. Loading checks that the state holds
+// every name of the model with its shape, and (strict) nothing else, and
+// names the first that does not: a CheckpointError. Values are copied into
+// the model's own tensors (converted to their dtype, as load_state_dict
+// does), so optimizers built on them stay valid.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/ordered_dict.h>
+
+#include <string>
+
+#include "tdist/errors.h"
+#include "tdist/fsdp.h"
+
+namespace tdist {
+
+using StateDict = torch::OrderedDict<std::string, at::Tensor>;
+
+// Whole parameters and buffers, in the unwrapped model's order (each
+// module's parameters, then its buffers, then its children's). With
+// rank0_only (FSDP), other ranks get an empty dict.
+StateDict full_state_dict(torch::nn::Module& model, bool rank0_only = true);
+void load_full_state_dict(torch::nn::Module& model, const StateDict& state, bool strict = true);
+
+// This rank's part: each FSDP parameter as this rank's rows of it (what
+// get_shard_metadata describes), everything else whole.
+struct ShardedStateDict {
+  StateDict tensors;
+  ShardMetadata metadata;  // world_size 1 and no units without FSDP
+};
+ShardedStateDict sharded_state_dict(torch::nn::Module& model);
+// REQUIRES the model sharded as it was when `state` was taken (same world
+// size and rank; a CheckpointError says what differs). To move a state to
+// another world size, go through the full state dict (or, streaming, the
+// checkpoint tools).
+void load_sharded_state_dict(torch::nn::Module& model, const ShardedStateDict& state, bool strict = true);
+
+}  // namespace tdist

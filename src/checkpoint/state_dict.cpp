@@ -1,0 +1,165 @@
+// State dicts of plain, DDP and FSDP models by the unwrapped model's names.
+// The contract is in include/tdist/state_dict.h; the FSDP side (which
+// parameters units own, gathering them one unit at a time) is in
+// src/fsdp/tree.cpp.
+#include "tdist/state_dict.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <set>
+#include <unordered_map>
+
+#include "util/check.h"
+
+namespace tdist {
+
+namespace {
+
+std::string join(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
+
+struct Entry {
+  std::string name;  // in the unwrapped model
+  at::Tensor tensor;  // the model's own (a unit's parameter: this rank's rows)
+};
+
+// Each module's parameters, then its buffers, then its children's; a
+// wrapper's "module" step is left out of the names.
+void walk(torch::nn::Module& m, const std::string& prefix, std::vector<Entry>& out) {
+  for (const auto& p : m.named_parameters(/*recurse=*/false)) out.push_back({join(prefix, p.key()), p.value()});
+  for (const auto& b : m.named_buffers(/*recurse=*/false)) out.push_back({join(prefix, b.key()), b.value()});
+  const bool wrapper = dynamic_cast<detail::WrapperModule*>(&m) != nullptr;
+  for (const auto& c : m.named_children()) {
+    walk(*c.value(), wrapper && c.key() == "module" ? prefix : join(prefix, c.key()), out);
+  }
+}
+
+std::vector<Entry> entries_of(torch::nn::Module& model) {
+  std::vector<Entry> out;
+  walk(model, "", out);
+  return out;
+}
+
+using Units = std::unordered_map<const c10::TensorImpl*, detail::UnitParam>;
+Units units_of(torch::nn::Module& model) {
+  Units out;
+  for (auto& u : detail::unit_params(model)) out.emplace(u.tensor.unsafeGetTensorImpl(), std::move(u));
+  return out;
+}
+
+std::string shape_string(at::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// The state's tensor for each entry, checked (every name there with the
+// wanted shape; with strict, nothing else) before anything is copied.
+std::vector<const at::Tensor*> match(const char* what, const std::vector<Entry>& entries, const StateDict& state,
+                                     bool strict, const std::function<std::vector<int64_t>(const Entry&)>& shape) {
+  std::vector<const at::Tensor*> out;
+  std::set<std::string> names;
+  for (const auto& e : entries) {
+    const at::Tensor* t = state.find(e.name);
+    if (!t || !t->defined()) throw CheckpointError(std::string(what) + ": the state has no '" + e.name + "'");
+    const std::vector<int64_t> want = shape(e);
+    if (t->sizes() != at::IntArrayRef(want)) {
+      throw CheckpointError(std::string(what) + ": '" + e.name + "' is " + shape_string(t->sizes()) +
+                            " in the state but " + shape_string(want) + " in the model");
+    }
+    out.push_back(t);
+    names.insert(e.name);
+  }
+  if (strict) {
+    for (const auto& item : state) {
+      if (!names.count(item.key())) {
+        throw CheckpointError(std::string(what) + ": the state's '" + item.key() + "' is not in the model");
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+StateDict full_state_dict(torch::nn::Module& model, bool rank0_only) {
+  const std::vector<Entry> entries = entries_of(model);
+  const auto pg = detail::units_group(model);
+  const Units units = units_of(model);
+  const bool keep = !pg || !rank0_only || pg->rank() == 0;
+  StateDict out;
+  if (keep) {
+    for (const auto& e : entries) out.insert(e.name, at::Tensor());
+  }
+  at::NoGradGuard no_grad;
+  if (pg) {
+    detail::visit_gathered(model, [&](const std::string& name, const at::Tensor& full) {
+      if (!keep) return;
+      at::Tensor* slot = out.find(name);
+      TDIST_CHECK(slot != nullptr);
+      *slot = full.detach().clone();
+    });
+  }
+  if (keep) {
+    for (const auto& e : entries) {
+      if (!units.count(e.tensor.unsafeGetTensorImpl())) out[e.name] = e.tensor.detach().clone();
+    }
+  }
+  return out;
+}
+
+void load_full_state_dict(torch::nn::Module& model, const StateDict& state, bool strict) {
+  const std::vector<Entry> entries = entries_of(model);
+  const Units units = units_of(model);
+  if (!units.empty()) detail::settle_units(model, "load_full_state_dict");
+  const auto full_shape = [&](const Entry& e) {
+    const auto it = units.find(e.tensor.unsafeGetTensorImpl());
+    return it != units.end() ? it->second.full_shape : e.tensor.sizes().vec();
+  };
+  const auto sources = match("load_full_state_dict", entries, state, strict, full_shape);
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const at::Tensor& src = *sources[i];
+    at::Tensor dst = entries[i].tensor;
+    const auto it = units.find(dst.unsafeGetTensorImpl());
+    if (it == units.end()) {
+      dst.copy_(src);
+    } else if (it->second.full_shape.empty()) {  // a 0-d parameter: on the rank holding its one row
+      if (it->second.rows == 1) dst.copy_(src);
+    } else {
+      dst.copy_(src.narrow(0, it->second.first_row, it->second.rows));
+    }
+  }
+}
+
+ShardedStateDict sharded_state_dict(torch::nn::Module& model) {
+  const std::vector<Entry> entries = entries_of(model);
+  ShardedStateDict out;
+  if (detail::units_group(model)) {
+    detail::settle_units(model, "sharded_state_dict");
+    out.metadata = detail::shard_metadata(model);
+  }
+  for (const auto& e : entries) out.tensors.insert(e.name, e.tensor.detach());
+  return out;
+}
+
+void load_sharded_state_dict(torch::nn::Module& model, const ShardedStateDict& state, bool strict) {
+  const std::vector<Entry> entries = entries_of(model);
+  ShardMetadata md;
+  if (detail::units_group(model)) {
+    detail::settle_units(model, "load_sharded_state_dict");
+    md = detail::shard_metadata(model);
+  }
+  if (state.metadata.world_size != md.world_size || state.metadata.rank != md.rank) {
+    throw CheckpointError("load_sharded_state_dict: the state is rank " + std::to_string(state.metadata.rank) +
+                          " of " + std::to_string(state.metadata.world_size) + ", the model rank " +
+                          std::to_string(md.rank) + " of " + std::to_string(md.world_size) +
+                          ": load it at its own world size, or go through a full state dict");
+  }
+  const auto sources = match("load_sharded_state_dict", entries, state.tensors, strict,
+                             [](const Entry& e) { return e.tensor.sizes().vec(); });
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < entries.size(); ++i) entries[i].tensor.detach().copy_(*sources[i]);
+}
+
+}  // namespace tdist
