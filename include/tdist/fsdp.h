@@ -217,6 +217,8 @@ struct UnitParam {
   std::vector<int64_t> full_shape;
   int64_t first_row = 0;           // this rank's rows of the full parameter (all of them without sharding)
   int64_t rows = 0;
+  int64_t rows_per_rank = 0;       // every rank's rows, padded (sharded units)
+  bool sharded = false;            // false: every rank holds it whole
 };
 std::vector<UnitParam> unit_params(torch::nn::Module& root);
 // The process group of root's wrappers, or null without any.

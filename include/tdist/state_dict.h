@@ -21,9 +21,12 @@
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 #include <torch/ordered_dict.h>
 
+#include <map>
 #include <string>
+#include <vector>
 
 #include "tdist/errors.h"
 #include "tdist/fsdp.h"
@@ -50,5 +53,32 @@ ShardedStateDict sharded_state_dict(torch::nn::Module& model);
 // another world size, go through the full state dict (or, streaming, the
 // checkpoint tools).
 void load_sharded_state_dict(torch::nn::Module& model, const ShardedStateDict& state, bool strict = true);
+
+// ---- optimizer state, by parameter name ----------------------------------
+// Adam, AdamW, SGD, RMSprop and Adagrad (another optimizer: UsageError).
+// Each parameter's state is named tensors shaped like the parameter
+// ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer",
+// "square_avg", "grad_avg", "sum") and "step", a 0-d int64 tensor; each
+// param group keeps its options by name ("lr", "beta1", "beta2", "eps",
+// "weight_decay", "amsgrad", "momentum", ...; flags as 0/1) and its
+// parameters' names. Under FSDP the full state gathers each state tensor
+// like its parameter (to rank 0 by default) and loading keeps this rank's
+// rows, so it moves across world sizes; the sharded state is this rank's
+// rows as they are. `model` is the one whose parameters `opt` steps.
+struct OptimizerParamGroupState {
+  std::map<std::string, double> options;
+  std::vector<std::string> params;
+};
+struct OptimizerStateDict {
+  torch::OrderedDict<std::string, StateDict> state;  // parameters without state (never stepped) are absent
+  std::vector<OptimizerParamGroupState> param_groups;
+};
+OptimizerStateDict full_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer& opt,
+                                             bool rank0_only = true);
+void load_full_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer& opt,
+                                    const OptimizerStateDict& state);
+OptimizerStateDict sharded_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer& opt);
+void load_sharded_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer& opt,
+                                       const OptimizerStateDict& state);
 
 }  // namespace tdist

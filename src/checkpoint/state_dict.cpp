@@ -7,51 +7,21 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <functional>
 #include <set>
-#include <unordered_map>
 
+#include "checkpoint/model_entries.h"
 #include "util/check.h"
 
 namespace tdist {
 
 namespace {
 
-std::string join(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
-
-struct Entry {
-  std::string name;  // in the unwrapped model
-  at::Tensor tensor;  // the model's own (a unit's parameter: this rank's rows)
-};
-
-// Each module's parameters, then its buffers, then its children's; a
-// wrapper's "module" step is left out of the names.
-void walk(torch::nn::Module& m, const std::string& prefix, std::vector<Entry>& out) {
-  for (const auto& p : m.named_parameters(/*recurse=*/false)) out.push_back({join(prefix, p.key()), p.value()});
-  for (const auto& b : m.named_buffers(/*recurse=*/false)) out.push_back({join(prefix, b.key()), b.value()});
-  const bool wrapper = dynamic_cast<detail::WrapperModule*>(&m) != nullptr;
-  for (const auto& c : m.named_children()) {
-    walk(*c.value(), wrapper && c.key() == "module" ? prefix : join(prefix, c.key()), out);
-  }
-}
-
-std::vector<Entry> entries_of(torch::nn::Module& model) {
-  std::vector<Entry> out;
-  walk(model, "", out);
-  return out;
-}
-
-using Units = std::unordered_map<const c10::TensorImpl*, detail::UnitParam>;
-Units units_of(torch::nn::Module& model) {
-  Units out;
-  for (auto& u : detail::unit_params(model)) out.emplace(u.tensor.unsafeGetTensorImpl(), std::move(u));
-  return out;
-}
-
-std::string shape_string(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
+using checkpoint::Entry;
+using checkpoint::entries_of;
+using checkpoint::shape_string;
+using checkpoint::Units;
+using checkpoint::units_of;
 
 // The state's tensor for each entry, checked (every name there with the
 // wanted shape; with strict, nothing else) before anything is copied.

@@ -170,7 +170,7 @@ std::vector<UnitParam> unit_params(torch::nn::Module& root) {
     for (size_t k = 0; k < u.params().size(); ++k) {
       const auto& pl = u.layout().param(k);
       out.push_back({join(v.original_path, v.state.original_names[k]), u.params()[k], pl.shape,
-                     pl.first_row_on(u.shard_rank()), pl.rows_on(u.shard_rank())});
+                     pl.first_row_on(u.shard_rank()), pl.rows_on(u.shard_rank()), pl.rows_per_rank, u.sharded()});
     }
   }
   return out;

@@ -17,6 +17,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/optim/optimizer.h>
 
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -55,6 +56,18 @@ inline void zero_grad(torch::optim::Optimizer& opt, bool set_to_none) {
   for (auto& group : opt.param_groups()) {
     for (auto& p : group.params()) p.mutable_grad().reset();
   }
+#endif
+}
+
+// The key of a parameter in Optimizer::state(): the TensorImpl's address
+// as a string in 1.13, the address itself in 2.x.
+using OptimizerStateKey =
+    typename std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+inline OptimizerStateKey optimizer_state_key(const at::Tensor& p) {
+#if TDIST_TORCH_VERSION_AT_LEAST(2, 0)
+  return p.unsafeGetTensorImpl();
+#else
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
 #endif
 }
 

@@ -1,0 +1,39 @@
+// A model's tensors by unwrapped names. The contract is in model_entries.h.
+#include "checkpoint/model_entries.h"
+
+namespace tdist::checkpoint {
+
+namespace {
+
+std::string join(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
+
+void walk(torch::nn::Module& m, const std::string& prefix, std::vector<Entry>& out) {
+  for (const auto& p : m.named_parameters(/*recurse=*/false)) out.push_back({join(prefix, p.key()), p.value(), true});
+  for (const auto& b : m.named_buffers(/*recurse=*/false)) out.push_back({join(prefix, b.key()), b.value(), false});
+  const bool wrapper = dynamic_cast<detail::WrapperModule*>(&m) != nullptr;
+  for (const auto& c : m.named_children()) {
+    walk(*c.value(), wrapper && c.key() == "module" ? prefix : join(prefix, c.key()), out);
+  }
+}
+
+}  // namespace
+
+std::vector<Entry> entries_of(torch::nn::Module& model) {
+  std::vector<Entry> out;
+  walk(model, "", out);
+  return out;
+}
+
+Units units_of(torch::nn::Module& model) {
+  Units out;
+  for (auto& u : detail::unit_params(model)) out.emplace(u.tensor.unsafeGetTensorImpl(), std::move(u));
+  return out;
+}
+
+std::string shape_string(at::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+}  // namespace tdist::checkpoint

@@ -1,0 +1,32 @@
+// A model's tensors as state dicts see them: every parameter and buffer by
+// its name in the unwrapped model (the "module" steps of FSDP, DDP and
+// checkpoint_module wrappers left out), and which of them FSDP units own.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tdist/fsdp.h"
+
+namespace tdist::checkpoint {
+
+struct Entry {
+  std::string name;   // in the unwrapped model
+  at::Tensor tensor;  // the model's own (a unit's parameter: this rank's rows)
+  bool parameter = true;
+};
+
+// Each module's parameters, then its buffers, then its children's.
+std::vector<Entry> entries_of(torch::nn::Module& model);
+
+// The units' parameters by TensorImpl (empty without FSDP).
+using Units = std::unordered_map<const c10::TensorImpl*, detail::UnitParam>;
+Units units_of(torch::nn::Module& model);
+
+std::string shape_string(at::IntArrayRef shape);
+
+}  // namespace tdist::checkpoint
