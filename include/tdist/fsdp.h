@@ -231,6 +231,9 @@ void settle_units(torch::nn::Module& root, const char* what);
 // dtype), calls fn(original name, full parameter) for each parameter of
 // the unit, and frees it again. Collective: every rank calls it.
 void visit_gathered(torch::nn::Module& root, const std::function<void(const std::string&, const at::Tensor&)>& fn);
+// The buffers root's wrappers converted to a buffer_dtype, with the dtype
+// each had before (state dicts hand them out in that one).
+std::vector<std::pair<const c10::TensorImpl*, at::ScalarType>> converted_buffers(torch::nn::Module& root);
 
 }  // namespace detail
 

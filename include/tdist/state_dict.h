@@ -65,11 +65,20 @@ void load_sharded_state_dict(torch::nn::Module& model, const ShardedStateDict& s
 // like its parameter (to rank 0 by default) and loading keeps this rank's
 // rows, so it moves across world sizes; the sharded state is this rank's
 // rows as they are. `model` is the one whose parameters `opt` steps.
+// Loading replaces the optimizer's whole state (a parameter the state has
+// nothing for starts afresh) after checking the optimizer's kind, every
+// parameter name, group and shape. The sharded dicts (model and optimizer)
+// alias the live tensors, which the next step changes: clone to keep them.
 struct OptimizerParamGroupState {
   std::map<std::string, double> options;
   std::vector<std::string> params;
 };
 struct OptimizerStateDict {
+  std::string optimizer;  // "Adam", "AdamW", "SGD", "RMSprop", "Adagrad": loads only into the same
+  // Sharded: the world size and rank it was taken at, which its load
+  // requires; full: 1 and 0 (it loads at any world size).
+  int world_size = 1;
+  int rank = 0;
   torch::OrderedDict<std::string, StateDict> state;  // parameters without state (never stepped) are absent
   std::vector<OptimizerParamGroupState> param_groups;
 };

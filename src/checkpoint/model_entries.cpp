@@ -30,6 +30,12 @@ Units units_of(torch::nn::Module& model) {
   return out;
 }
 
+at::Tensor rows_of(const at::Tensor& full, const detail::UnitParam& u) {
+  if (u.full_shape.empty()) return u.rows == 1 ? full : full.new_empty({0});
+  if (u.rows == 0) return full.narrow(0, 0, 0);  // first_row may lie past the end
+  return full.narrow(0, u.first_row, u.rows);
+}
+
 std::string shape_string(at::IntArrayRef s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);

@@ -27,6 +27,12 @@ std::vector<Entry> entries_of(torch::nn::Module& model);
 using Units = std::unordered_map<const c10::TensorImpl*, detail::UnitParam>;
 Units units_of(torch::nn::Module& model);
 
+// This rank's rows of a whole tensor shaped like the unit parameter u:
+// rows [first_row, first_row + rows) (none on a rank that holds none; a 0-d
+// one whole on the rank holding it, an empty [0] elsewhere), the shape
+// the parameter has between iterations.
+at::Tensor rows_of(const at::Tensor& full, const detail::UnitParam& u);
+
 std::string shape_string(at::IntArrayRef shape);
 
 }  // namespace tdist::checkpoint

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <set>
 #include <unordered_map>
 
 #include "checkpoint/model_entries.h"
@@ -58,10 +59,17 @@ at::Tensor gather_rows(ProcessGroup& pg, const at::Tensor& rows, const detail::U
   return all.narrow(0, 0, full_rows * row_numel).view(u.full_shape).clone();
 }
 
-// This rank's rows of a whole state tensor.
-at::Tensor rows_of(const at::Tensor& full, const detail::UnitParam& u) {
-  if (u.full_shape.empty()) return u.rows == 1 ? full : at::empty({0}, full.options());
-  return full.narrow(0, u.first_row, u.rows);
+
+// Which of a kind's fields a state holds, as bits in the order seen, so
+// that ranks can check they agree before gathering them.
+int64_t field_mask(const StateDict& fields) {
+  static const char* const kNames[] = {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer",
+                                       "square_avg", "grad_avg", "sum"};
+  int64_t mask = 0;
+  for (size_t i = 0; i < sizeof(kNames) / sizeof(kNames[0]); ++i) {
+    if (fields.contains(kNames[i])) mask |= int64_t{1} << i;
+  }
+  return mask;
 }
 
 OptimizerStateDict take(torch::nn::Module& model, torch::optim::Optimizer& opt, bool gather, bool keep,
@@ -72,6 +80,11 @@ OptimizerStateDict take(torch::nn::Module& model, torch::optim::Optimizer& opt, 
   if (pg) detail::settle_units(model, what);
   const auto groups = stepped_params(model, opt, units, what);
   OptimizerStateDict out;
+  out.optimizer = kind.name();
+  if (pg && !gather) {
+    out.world_size = pg->size();
+    out.rank = pg->rank();
+  }
   at::NoGradGuard no_grad;
   for (size_t g = 0; g < groups.size(); ++g) {
     OptimizerParamGroupState group;
@@ -81,10 +94,22 @@ OptimizerStateDict take(torch::nn::Module& model, torch::optim::Optimizer& opt, 
       const auto st = opt.state().find(compat::optimizer_state_key(s.param));
       StateDict fields;
       if (st != opt.state().end()) fields = kind.read_state(*st->second);
+      const bool gathered = gather && s.unit && s.unit->sharded;
+      if (gathered) {
+        // Every rank must gather the same fields: a rank whose state differs
+        // fails them all, here, instead of pairing the wrong gathers.
+        const int64_t mask = field_mask(fields);
+        at::Tensor both = at::tensor({mask, -mask}, at::kLong);
+        pg->all_reduce(both, {ReduceOp::MAX})->wait();
+        if (both[0].item<int64_t>() != -both[1].item<int64_t>()) {
+          throw CheckpointError(std::string(what) + ": the ranks hold different optimizer state for '" + s.name +
+                                "' (some stepped it, some did not?)");
+        }
+      }
       StateDict kept;
       for (const auto& f : fields) {
         at::Tensor t = f.value().detach();
-        if (gather && s.unit && s.unit->sharded && f.key() != "step") {
+        if (gathered && f.key() != "step") {
           t = gather_rows(*pg, t, *s.unit);  // a copy
         } else if (gather) {
           t = t.clone();  // the full state is a copy, as full_state_dict's
@@ -102,44 +127,66 @@ void put(torch::nn::Module& model, torch::optim::Optimizer& opt, const Optimizer
          const char* what) {
   const checkpoint::OptimizerKind& kind = checkpoint::kind_of(opt);
   const checkpoint::Units units = checkpoint::units_of(model);
-  if (detail::units_group(model)) detail::settle_units(model, what);
+  const auto pg = detail::units_group(model);
+  if (pg) detail::settle_units(model, what);
   const auto groups = stepped_params(model, opt, units, what);
+  const auto fail = [&](const std::string& why) { throw CheckpointError(std::string(what) + ": " + why); };
+  if (!state.optimizer.empty() && state.optimizer != kind.name()) {
+    fail("the state is " + state.optimizer + "'s, the optimizer " + kind.name());
+  }
+  if (!full) {
+    const int world = pg ? pg->size() : 1, rank = pg ? pg->rank() : 0;
+    if (state.world_size != world || state.rank != rank) {
+      fail("the state is rank " + std::to_string(state.rank) + " of " + std::to_string(state.world_size) +
+           ", the model rank " + std::to_string(rank) + " of " + std::to_string(world) +
+           ": load it at its own world size, or go through a full state dict");
+    }
+  }
   if (state.param_groups.size() != groups.size()) {
-    throw CheckpointError(std::string(what) + ": the state has " + std::to_string(state.param_groups.size()) +
-                          " param groups, the optimizer " + std::to_string(groups.size()));
+    fail("the state has " + std::to_string(state.param_groups.size()) + " param groups, the optimizer " +
+         std::to_string(groups.size()));
   }
   // Everything checked, and every new state made, before the optimizer changes.
   std::vector<std::pair<compat::OptimizerStateKey, std::unique_ptr<torch::optim::OptimizerParamState>>> made;
+  std::vector<compat::OptimizerStateKey> cleared;  // parameters the state has nothing for
+  std::set<std::string> stepped;
   for (size_t g = 0; g < groups.size(); ++g) {
     if (state.param_groups[g].params.size() != groups[g].size()) {
-      throw CheckpointError(std::string(what) + ": param group " + std::to_string(g) + " has " +
-                            std::to_string(state.param_groups[g].params.size()) + " parameters in the state, " +
-                            std::to_string(groups[g].size()) + " in the optimizer");
+      fail("param group " + std::to_string(g) + " has " + std::to_string(state.param_groups[g].params.size()) +
+           " parameters in the state, " + std::to_string(groups[g].size()) + " in the optimizer");
     }
     for (size_t i = 0; i < groups[g].size(); ++i) {
       const Stepped& s = groups[g][i];
+      stepped.insert(s.name);
       if (state.param_groups[g].params[i] != s.name) {
-        throw CheckpointError(std::string(what) + ": param group " + std::to_string(g) + " holds '" +
-                              state.param_groups[g].params[i] + "' in the state where the optimizer has '" + s.name +
-                              "'");
+        fail("param group " + std::to_string(g) + " holds '" + state.param_groups[g].params[i] +
+             "' in the state where the optimizer has '" + s.name + "'");
       }
       const StateDict* fields = state.state.find(s.name);
-      if (!fields) continue;
+      if (!fields) {
+        cleared.push_back(compat::optimizer_state_key(s.param));
+        continue;
+      }
       const std::vector<int64_t> want = full && s.unit ? s.unit->full_shape : s.param.sizes().vec();
       StateDict mine;
       for (const auto& f : *fields) {
         if (f.key() != "step" && f.value().sizes() != at::IntArrayRef(want)) {
-          throw CheckpointError(std::string(what) + ": the " + f.key() + " of '" + s.name + "' is " +
-                                shape_string(f.value().sizes()) + " in the state but the parameter is " +
-                                shape_string(want));
+          fail("the " + f.key() + " of '" + s.name + "' is " + shape_string(f.value().sizes()) +
+               " in the state but the parameter is " + shape_string(want));
         }
         const bool slice = full && s.unit && s.unit->sharded && f.key() != "step";
-        mine.insert(f.key(), slice ? rows_of(f.value(), *s.unit) : f.value());
+        mine.insert(f.key(), slice ? checkpoint::rows_of(f.value(), *s.unit) : f.value());
       }
       made.emplace_back(compat::optimizer_state_key(s.param), kind.make_state(mine, s.name));
     }
   }
-  for (size_t g = 0; g < groups.size(); ++g) kind.write_options(opt.param_groups()[g].options(), state.param_groups[g].options);
+  for (const auto& item : state.state) {
+    if (!stepped.count(item.key())) fail("the state's '" + item.key() + "' is no parameter the optimizer steps");
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    kind.write_options(opt.param_groups()[g].options(), state.param_groups[g].options);
+  }
+  for (const auto& key : cleared) opt.state().erase(key);
   for (auto& [key, st] : made) opt.state()[key] = std::move(st);
 }
 

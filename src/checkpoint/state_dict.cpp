@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <set>
+#include <unordered_map>
 
 #include "checkpoint/model_entries.h"
 #include "util/check.h"
@@ -50,6 +51,22 @@ std::vector<const at::Tensor*> match(const char* what, const std::vector<Entry>&
   return out;
 }
 
+// A buffer FSDP converted to its buffer_dtype, in the dtype it had (a
+// copy); anything else as it is.
+class OriginalDtypes {
+ public:
+  explicit OriginalDtypes(torch::nn::Module& model) {
+    for (const auto& [impl, dtype] : detail::converted_buffers(model)) dtypes_[impl] = dtype;
+  }
+  at::Tensor operator()(const at::Tensor& t) const {
+    const auto it = dtypes_.find(t.unsafeGetTensorImpl());
+    return it == dtypes_.end() ? t.detach() : t.detach().to(it->second);
+  }
+
+ private:
+  std::unordered_map<const c10::TensorImpl*, at::ScalarType> dtypes_;
+};
+
 }  // namespace
 
 StateDict full_state_dict(torch::nn::Module& model, bool rank0_only) {
@@ -71,8 +88,9 @@ StateDict full_state_dict(torch::nn::Module& model, bool rank0_only) {
     });
   }
   if (keep) {
+    const OriginalDtypes original(model);
     for (const auto& e : entries) {
-      if (!units.count(e.tensor.unsafeGetTensorImpl())) out[e.name] = e.tensor.detach().clone();
+      if (!units.count(e.tensor.unsafeGetTensorImpl())) out[e.name] = original(e.tensor).clone();
     }
   }
   return out;
@@ -92,13 +110,7 @@ void load_full_state_dict(torch::nn::Module& model, const StateDict& state, bool
     const at::Tensor& src = *sources[i];
     at::Tensor dst = entries[i].tensor;
     const auto it = units.find(dst.unsafeGetTensorImpl());
-    if (it == units.end()) {
-      dst.copy_(src);
-    } else if (it->second.full_shape.empty()) {  // a 0-d parameter: on the rank holding its one row
-      if (it->second.rows == 1) dst.copy_(src);
-    } else {
-      dst.copy_(src.narrow(0, it->second.first_row, it->second.rows));
-    }
+    dst.copy_(it == units.end() ? src : checkpoint::rows_of(src, it->second));
   }
 }
 
@@ -109,7 +121,8 @@ ShardedStateDict sharded_state_dict(torch::nn::Module& model) {
     detail::settle_units(model, "sharded_state_dict");
     out.metadata = detail::shard_metadata(model);
   }
-  for (const auto& e : entries) out.tensors.insert(e.name, e.tensor.detach());
+  const OriginalDtypes original(model);
+  for (const auto& e : entries) out.tensors.insert(e.name, original(e.tensor));
   return out;
 }
 

@@ -30,6 +30,8 @@ struct FsdpState : GradReadyListener, std::enable_shared_from_this<FsdpState> {
   bool reshard_after_forward = true;
   std::unique_ptr<ShardedUnit> unit;
   std::vector<std::string> original_names;  // per unit parameter: its name without wrapper steps
+  // Buffers converted to buffer_dtype, with their dtype before.
+  std::vector<std::pair<const c10::TensorImpl*, at::ScalarType>> converted_buffers;
   std::optional<GradReadyTracker> tracker;  // over the unit's trainable parameters, in unit order
   std::shared_ptr<Coordinator> own;         // when this wrapper is the outermost of a forward
   std::weak_ptr<Coordinator> current;       // the outermost wrapper's, for this iteration

@@ -191,7 +191,10 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
     if (const auto bt = s.options.mixed_precision.buffer_dtype) {
       at::NoGradGuard no_grad;
       for (auto b : buffers) {
-        if (b.is_floating_point() && b.scalar_type() != *bt) b.set_data(b.to(*bt));
+        if (b.is_floating_point() && b.scalar_type() != *bt) {
+          s.converted_buffers.emplace_back(b.unsafeGetTensorImpl(), b.scalar_type());
+          b.set_data(b.to(*bt));
+        }
       }
     }
     // The accumulators are made while the parameters are whole: autograd

@@ -184,6 +184,14 @@ std::shared_ptr<ProcessGroup> units_group(torch::nn::Module& root) {
 
 void settle_units(torch::nn::Module& root, const char* what) { settled_wrappers(root, what); }
 
+std::vector<std::pair<const c10::TensorImpl*, at::ScalarType>> converted_buffers(torch::nn::Module& root) {
+  std::vector<Visit> all;
+  walk(root, "", "", all);
+  std::vector<std::pair<const c10::TensorImpl*, at::ScalarType>> out;
+  for (const auto& v : all) out.insert(out.end(), v.state.converted_buffers.begin(), v.state.converted_buffers.end());
+  return out;
+}
+
 void visit_gathered(torch::nn::Module& root, const std::function<void(const std::string&, const at::Tensor&)>& fn) {
   for (const auto& v : settled_wrappers(root, "full_state_dict")) {
     ShardedUnit& u = *v.state.unit;

@@ -91,7 +91,7 @@ TEST_P(FullOptimizerState, IsOneProcesssAdamStateOnTheWholeBatch) {
   }), "");
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, FullOptimizerState, ::testing::Values(2, 3),
+INSTANTIATE_TEST_SUITE_P(Worlds, FullOptimizerState, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return "world" + std::to_string(info.param); });
 
 TEST(FullOptimizerStateMoves, BetweenWorldSizesExactly) {
@@ -141,6 +141,19 @@ TEST(ShardedOptimizerState, ResumesBitForBit) {
       for (auto& f : p.value()) f.value() = f.value().clone();
     }
     for (int s = 2; s < 5; ++s) step(model, opt, s, 2, pg.rank(), 2);
+    // Another world's or rank's sharded state is refused.
+    for (const auto& [world, rank] : {std::make_pair(3, pg.rank()), std::make_pair(2, 1 - pg.rank())}) {
+      auto other = opt_state;
+      other.world_size = world;
+      other.rank = rank;
+      try {
+        tdist::load_sharded_optimizer_state_dict(*model, opt, other);
+        WORLD_CHECK(false, "rank " << rank << " of " << world << "'s state loaded");
+      } catch (const CheckpointError& e) {
+        const std::string says = "the state is rank " + std::to_string(rank) + " of " + std::to_string(world);
+        WORLD_CHECK(std::string(e.what()).find(says) != std::string::npos, e.what());
+      }
+    }
     const auto straight = tdist::full_state_dict(*model, false);
     tdist::load_sharded_state_dict(*model, model_state);
     tdist::load_sharded_optimizer_state_dict(*model, opt, opt_state);
@@ -202,6 +215,16 @@ TEST(OptimizerStateErrors, ABadStateIsNamedAndChangesNothing) {
     OptimizerStateDict no_groups = good;
     no_groups.param_groups.clear();
     expect_error(no_groups, "0 param groups");
+    OptimizerStateDict other_kind = good;
+    other_kind.optimizer = "SGD";
+    expect_error(other_kind, "the state is SGD's, the optimizer Adam");
+    OptimizerStateDict stranger = good;
+    stranger.state.insert("nowhere.weight", good.state["head.weight"]);
+    expect_error(stranger, "'nowhere.weight' is no parameter the optimizer steps");
+    OptimizerStateDict changed_options = good;  // refused for another reason: the options stay too
+    changed_options.param_groups[0].options["lr"] = 7;
+    changed_options.optimizer = "RMSprop";
+    expect_error(changed_options, "RMSprop's");
     torch::optim::LBFGS lbfgs(net->parameters());
     try {
       tdist::full_optimizer_state_dict(*net, lbfgs);

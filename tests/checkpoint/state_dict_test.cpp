@@ -125,7 +125,13 @@ TEST_P(StateDicts, AFullStateLoadsAtAnyWorldSize) {
     FSDP<BnNet> model(BnNet(&o), o);
     tdist::load_full_state_dict(*model, want);
     expect_same(tdist::full_state_dict(*model, false), want, "after loading");
-    train(model, pg, 1);  // and it trains on
+    train(model, pg, 1);  // and it trains on from there, the same everywhere
+    const StateDict trained = tdist::full_state_dict(*model, false);
+    WORLD_CHECK(!torch::equal(trained["net.head.weight"], want["net.head.weight"]), "no training after the load");
+    const at::Tensor head = trained["net.head.weight"].clone();
+    at::Tensor first = head.clone();
+    pg.broadcast(first)->wait();
+    WORLD_CHECK(torch::equal(first, head), "the ranks differ after training on");
   }), "");
 }
 
@@ -145,6 +151,17 @@ TEST_P(StateDicts, TheShardedStateRoundTripsAtItsWorldSize) {
     tdist::load_sharded_state_dict(*model, local);
     expect_same(tdist::full_state_dict(*model, false), full, "after loading the sharded state");
     tdist::ShardedStateDict other = local;
+    if (pg.size() > 1) {  // another rank's state at the same world size
+      other.metadata.rank = (pg.rank() + 1) % pg.size();
+      try {
+        tdist::load_sharded_state_dict(*model, other);
+        WORLD_CHECK(false, "another rank's sharded state loaded");
+      } catch (const CheckpointError& e) {
+        WORLD_CHECK(std::string(e.what()).find("rank " + std::to_string(other.metadata.rank)) != std::string::npos,
+                    e.what());
+      }
+      expect_same(tdist::full_state_dict(*model, false), full, "after a refused load");
+    }
     other.metadata.rank = (pg.rank() + 1) % pg.size();
     other.metadata.world_size = pg.size() + 1;
     try {
@@ -165,6 +182,7 @@ INSTANTIATE_TEST_SUITE_P(Strategies, StateDicts,
                          ::testing::Values(std::make_tuple(1, tdist::ShardingStrategy::FULL_SHARD),
                                            std::make_tuple(2, tdist::ShardingStrategy::FULL_SHARD),
                                            std::make_tuple(3, tdist::ShardingStrategy::FULL_SHARD),
+                                           std::make_tuple(4, tdist::ShardingStrategy::FULL_SHARD),
                                            std::make_tuple(2, tdist::ShardingStrategy::SHARD_GRAD_OP),
                                            std::make_tuple(2, tdist::ShardingStrategy::NO_SHARD)),
                          case_name);
@@ -180,6 +198,30 @@ TEST(StateDictNames, DdpAndCheckpointModuleLeaveNoWrapperSteps) {
     WORLD_CHECK(tdist::full_state_dict(*ckpt).keys() == plain_state(*plain).keys(), "checkpoint_module names");
     tdist::load_full_state_dict(*plain, s);
     for (const auto& p : plain->named_parameters()) WORLD_CHECK(torch::equal(p.value(), s[p.key()]), p.key());
+  }), "");
+}
+
+TEST(StateDictDtypes, MixedPrecisionBuffersComeOutInTheirOwnDtype) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup& pg) {
+    tdist::FullyShardedDataParallelOptions o;
+    o.mixed_precision.param_dtype = at::kBFloat16;
+    o.mixed_precision.buffer_dtype = at::kBFloat16;
+    torch::manual_seed(1);
+    FSDP<BnNet> model(BnNet(&o), o);
+    train(model, pg, 2);
+    const auto live = model->named_buffers();
+    WORLD_CHECK(live["module.bn.running_mean"].scalar_type() == at::kBFloat16, "the live buffer is bf16");
+    const StateDict full = tdist::full_state_dict(*model, false);
+    const auto sharded = tdist::sharded_state_dict(*model);
+    for (const char* name : {"bn.running_mean", "bn.running_var", "net.head.weight"}) {
+      WORLD_CHECK(full[name].scalar_type() == at::kFloat, name << " is " << full[name].scalar_type());
+      WORLD_CHECK(sharded.tensors[name].scalar_type() == at::kFloat, name << " (sharded)");
+    }
+    WORLD_CHECK(torch::equal(full["bn.running_mean"], live["module.bn.running_mean"].to(at::kFloat)), "values");
+    WORLD_CHECK(full["bn.num_batches_tracked"].scalar_type() == at::kLong, "an integer buffer stays");
+    BnNet plain;
+    tdist::load_full_state_dict(*plain, full);
+    WORLD_CHECK(torch::equal(plain->bn->running_mean, full["bn.running_mean"]), "into the plain module");
   }), "");
 }
 
