@@ -1,0 +1,81 @@
+// The pieces of Python's pickle format that .pt files use, shared by
+// pickle_writer.cpp and pickle_reader.cpp: opcode bytes, the storage
+// classes per dtype, the limits the reader keeps. Internal to libtdist.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "checkpoint/pt_file.h"
+
+namespace tdist::checkpoint::pickle {
+
+// Opcodes (Lib/pickletools.py names them).
+enum Op : uint8_t {
+  MARK = '(',
+  STOP = '.',
+  BINFLOAT = 'G',
+  BININT = 'J',
+  BININT1 = 'K',
+  BININT2 = 'M',
+  NONE = 'N',
+  BINPERSID = 'Q',
+  REDUCE = 'R',
+  BINUNICODE = 'X',
+  APPEND = 'a',
+  BUILD = 'b',
+  GLOBAL = 'c',
+  APPENDS = 'e',
+  BINGET = 'h',
+  LONG_BINGET = 'j',
+  EMPTY_LIST = ']',
+  BINPUT = 'q',
+  LONG_BINPUT = 'r',
+  SETITEM = 's',
+  TUPLE = 't',
+  SETITEMS = 'u',
+  EMPTY_DICT = '}',
+  EMPTY_TUPLE = ')',
+  PROTO = 0x80,
+  TUPLE1 = 0x85,
+  TUPLE2 = 0x86,
+  TUPLE3 = 0x87,
+  NEWTRUE = 0x88,
+  NEWFALSE = 0x89,
+  LONG1 = 0x8a,
+  SHORT_BINUNICODE = 0x8c,  // protocol 4
+  BINUNICODE8 = 0x8d,       // protocol 4
+  MEMOIZE = 0x94,           // protocol 4
+  FRAME = 0x95,             // protocol 4
+};
+
+// The protocol torch.save writes (and the only one torch.load's
+// weights_only unpickler takes without a warning).
+constexpr int kProtocol = 2;
+
+// Reader limits: deeper nesting, more values or more string bytes than
+// these is refused before it is built.
+constexpr int kMaxDepth = 100;
+constexpr size_t kMaxValues = size_t{1} << 22;
+constexpr size_t kMaxStringBytes = size_t{256} << 20;
+constexpr size_t kMaxDims = 64;
+
+// torch.<name> for a dtype's storage class ("FloatStorage"); null for a
+// dtype .pt files of tdist do not hold.
+const char* storage_class(c10::ScalarType t);
+// The dtype of a storage class name; false when unknown.
+bool dtype_of_storage_class(const std::string& name, c10::ScalarType* out);
+
+// What is wrong with a tensor's view of its storage ("" when nothing): a
+// dtype without a storage class, negative or overflowing sizes, strides or
+// offset, more than kMaxDims dimensions, elements past the storage's end.
+std::string tensor_ref_problem(const PtTensorRef& ref);
+
+// Whether s is UTF-8 as Python's pickle reads it (surrogates allowed, as
+// its "surrogatepass" writes them).
+bool valid_utf8(const std::string& s);
+
+}  // namespace tdist::checkpoint::pickle

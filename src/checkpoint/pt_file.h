@@ -1,0 +1,168 @@
+// .pt files: the zip-of-records format that Python's torch.save writes and
+// torch.load reads (also with weights_only=True), written and read by
+// streaming, one tensor record at a time.
+//
+// A file is a zip archive (stored, no compression; zip64 when needed) of
+//   <archive>/data.pkl      the pickled object (protocol 2), tensors as
+//                           persistent ids ("storage", torch.<T>Storage,
+//                           key, "cpu", numel) rebuilt by
+//                           torch._utils._rebuild_tensor_v2
+//   <archive>/data/<key>    each storage's bytes (little-endian), aligned to 64
+//   <archive>/version       "3"
+//   <archive>/byteorder     "little"
+// Each record carries the zip's CRC-32, which the reader checks on every
+// read.
+//
+//   PtValue root = PtValue::dict({{"model", PtValue::dict({{"w", PtValue::tensor(ref)}})}});
+//   PtWriter w(path, "archive");
+//   w.begin(root);                // data.pkl: names, shapes, dtypes
+//   w.write_storage("0", tensor); // every storage key of root, in the order of root's tensors
+//   w.finish();                   // synced and renamed into place (AtomicFileWriter)
+//
+//   PtReader r(path);             // the zip's directory and data.pkl, checked
+//   const PtValue& v = r.root();
+//   at::Tensor t = r.read_tensor(v.at("model").at("w").as_tensor());
+//
+// Errors: CheckpointError naming the file and the problem (truncated, a CRC
+// that does not match, a pickle opcode or global it does not know, a length
+// past the end). Nothing is allocated from a length before it is checked
+// against the file's size.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tdist::checkpoint {
+
+// A tensor in a .pt file: a view of one storage record.
+struct PtTensorRef {
+  std::string storage_key;     // the record is <archive>/data/<storage_key>
+  at::ScalarType dtype = at::kFloat;
+  int64_t storage_numel = 0;   // elements in the storage record
+  int64_t storage_offset = 0;  // in elements
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  bool requires_grad = false;
+  bool parameter = false;      // rebuilt as torch.nn.Parameter
+};
+
+// The values a .pt file holds: what torch.save of nested dicts, lists,
+// tuples, strings, numbers and tensors pickles.
+class PtValue {
+ public:
+  enum class Kind { None, Bool, Int, Float, String, List, Tuple, Dict, Tensor };
+
+  PtValue() = default;  // None
+  static PtValue none() { return PtValue(); }
+  static PtValue boolean(bool b);
+  static PtValue integer(int64_t i);
+  static PtValue floating(double d);
+  static PtValue string(std::string s);
+  static PtValue list(std::vector<PtValue> items);
+  static PtValue tuple(std::vector<PtValue> items);
+  // Keys are strings (what state dicts use); the order is kept.
+  static PtValue dict(std::vector<std::pair<std::string, PtValue>> items);
+  static PtValue tensor(PtTensorRef ref);
+
+  Kind kind() const { return kind_; }
+  bool is_none() const { return kind_ == Kind::None; }
+  // The accessors throw CheckpointError ("expected a dict, found a list")
+  // when the kind differs; the message carries no file name, so callers
+  // that know it wrap the error.
+  bool as_bool() const;
+  int64_t as_int() const;
+  double as_float() const;  // an Int converts
+  const std::string& as_string() const;
+  const std::vector<PtValue>& items() const;  // List or Tuple
+  const std::vector<std::pair<std::string, PtValue>>& entries() const;  // Dict
+  const PtTensorRef& as_tensor() const;
+  // Dict lookup: null when absent; at() throws CheckpointError naming the key.
+  const PtValue* find(const std::string& key) const;
+  const PtValue& at(const std::string& key) const;
+
+  // Mutable access for building trees.
+  std::vector<PtValue>& mutable_items();
+  std::vector<std::pair<std::string, PtValue>>& mutable_entries();
+
+ private:
+  Kind kind_ = Kind::None;
+  bool b_ = false;
+  int64_t i_ = 0;
+  double d_ = 0;
+  std::string s_;
+  std::vector<PtValue> items_;
+  std::vector<std::pair<std::string, PtValue>> entries_;
+  std::shared_ptr<PtTensorRef> tensor_;
+};
+
+// The pickle of a value (protocol 2, what torch.load reads with
+// weights_only=True), and back. unpickle accepts what Python's torch.save
+// writes for such values (memo opcodes, OrderedDict, _rebuild_tensor_v2,
+// _rebuild_parameter) and refuses any other global or opcode.
+std::string pickle_value(const PtValue& root);
+PtValue unpickle_value(const std::string& bytes);
+
+// Added: the same tree (kinds, order, values; floats bit for bit, so a NaN
+// equals itself; tensors by every field of their PtTensorRef).
+bool operator==(const PtValue& a, const PtValue& b);
+inline bool operator!=(const PtValue& a, const PtValue& b) { return !(a == b); }
+
+class PtWriter {
+ public:
+  // `archive` names the records' top folder (torch.save uses the file's
+  // stem; torch.load accepts any).
+  PtWriter(const std::string& path, std::string archive = "archive");
+  ~PtWriter();
+  PtWriter(const PtWriter&) = delete;
+  PtWriter& operator=(const PtWriter&) = delete;
+
+  // Writes data.pkl. Every tensor of root must name a distinct storage key
+  // with storage_offset 0, contiguous strides and storage_numel = its numel.
+  void begin(const PtValue& root);
+  // The next storage, in the order root's tensors appear (depth first, as
+  // pickled): key, dtype and numel must match; contiguous (or copied).
+  void write_storage(const std::string& key, const at::Tensor& tensor);
+  // Raw bytes of the next storage, in pieces: begin_storage, then append
+  // exactly its byte size, then end_storage.
+  void begin_storage(const std::string& key);
+  void append(const void* data, size_t n);
+  void end_storage();
+  // Every storage written: version, byteorder, the central directory;
+  // fsync and rename into place. Without it the target path is untouched.
+  void finish();
+  const std::string& path() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class PtReader {
+ public:
+  explicit PtReader(const std::string& path);
+  ~PtReader();
+  PtReader(const PtReader&) = delete;
+  PtReader& operator=(const PtReader&) = delete;
+
+  const PtValue& root() const;
+  // The tensor (a fresh CPU tensor, requires_grad false), its record's
+  // CRC checked.
+  at::Tensor read_tensor(const PtTensorRef& ref) const;
+  // The first `n` bytes of the storage record into `out` (n at most its
+  // size); the rest of the record is read through a small buffer so that
+  // the CRC covers all of it. Memory: `out` and a few MiB.
+  void read_storage_into(const std::string& key, void* out, uint64_t n) const;
+  uint64_t storage_bytes(const std::string& key) const;
+  const std::string& path() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tdist::checkpoint
