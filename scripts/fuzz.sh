@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (with ASan and UBSan) and runs
 # each for a bounded time: the TCPStore frame parser (bytes off the
-# network) and the safetensors header parser (the first bytes of a
-# checkpoint file).
+# network), the safetensors header parser (the first bytes of a
+# checkpoint file) and the .pt file's zip directory parser and unpickler.
 #   scripts/fuzz.sh [SECONDS=60 per target] [WORK_DIR=build/fuzz]
 set -euo pipefail
 seconds=${1:-60}
@@ -32,3 +32,10 @@ fuzz store_frame_fuzzer "$root/fuzz/corpus" \
   "$root/fuzz/store_frame_fuzzer.cpp" "$root/src/store/wire.cpp"
 fuzz safetensors_header_fuzzer "$root/fuzz/corpus_safetensors" \
   "$root/fuzz/safetensors_header_fuzzer.cpp" "$root/src/checkpoint/safetensors_header.cpp"
+# The .pt layer includes c10's ScalarType header and calls into libc10
+# (LibTorch 1.13 from Debian: /usr/include, libc10.so); nothing else of
+# LibTorch.
+fuzz pt_file_fuzzer "$root/fuzz/corpus_pt" \
+  "$root/fuzz/pt_file_fuzzer.cpp" "$root/src/checkpoint/pt_value.cpp" "$root/src/checkpoint/pickle_writer.cpp" \
+  "$root/src/checkpoint/pickle_reader.cpp" "$root/src/checkpoint/zip_writer.cpp" \
+  "$root/src/checkpoint/zip_reader.cpp" -lc10

@@ -112,7 +112,10 @@ void read_zip64_extra(const uint8_t* extra, uint64_t n, uint64_t* size, uint64_t
 
 }  // namespace
 
-std::vector<Entry> read_directory(const ReadAt& read, uint64_t file_size) {
+std::vector<Entry> read_directory(const ReadAt& read_at, uint64_t file_size) {
+  const auto read = [&read_at](uint64_t offset, void* out, size_t n) {
+    if (n > 0) read_at(offset, out, n);
+  };
   const End end = read_end(read, file_size);
   if (!within(end.cd_offset, end.cd_size, end.cd_limit)) {
     fail("the central directory ([" + std::to_string(end.cd_offset) + ", +" + std::to_string(end.cd_size) +
