@@ -66,6 +66,16 @@ struct FsdpBenchOptions {
   void add_to(CLI::App& mode);
 };
 
+struct CheckpointBenchOptions {
+  int world_size = 2;
+  double size_mib = 1024;  // parameters + Adam's moments, fp32
+  int layers = 8;
+  std::string dir = "/tmp";
+  std::string json;
+  std::string run_dir, result;  // set by the parent for its ranks
+  void add_to(CLI::App& mode);
+};
+
 double percentile(std::vector<double> v, double p);
 
 // Rows of a JSON array, each a flat object of numbers and strings in the
@@ -91,6 +101,7 @@ int store_bench(const StoreBenchOptions& o);
 int collectives_bench(const CollectivesBenchOptions& o, const std::vector<std::string>& args);
 int ddp_bench(const DdpBenchOptions& o, const std::vector<std::string>& args);
 int fsdp_bench(const FsdpBenchOptions& o, const std::vector<std::string>& args);
+int checkpoint_bench(const CheckpointBenchOptions& o, const std::vector<std::string>& args);
 
 // Forks `world` copies of this program as ranks of a local job (RANK,
 // WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; OMP_NUM_THREADS=1 unless set),

@@ -1,5 +1,5 @@
 // tdist-bench MODE [options]: benchmarks that print tables (and JSON on
-// request). Modes: store, collectives, ddp, fsdp.
+// request). Modes: store, collectives, ddp, fsdp, checkpoint.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -107,10 +107,12 @@ int main(int argc, char** argv) {
   CollectivesBenchOptions collectives;
   DdpBenchOptions ddp;
   FsdpBenchOptions fsdp;
+  CheckpointBenchOptions checkpoint;
   store.add_to(*app.add_subcommand("store", "set/get/add per second and latency, 1..N clients"));
   collectives.add_to(*app.add_subcommand("collectives", "the nccl-tests table for each collective, against memcpy"));
   ddp.add_to(*app.add_subcommand("ddp", "DistributedDataParallel step time against one process alone"));
   fsdp.add_to(*app.add_subcommand("fsdp", "FSDP's memory per rank against the ZeRO bounds, and its step time against DDP's"));
+  checkpoint.add_to(*app.add_subcommand("checkpoint", "sharded checkpoint save, load, consolidate and reshard against a plain copy"));
   tdist::cli::parse_or_exit(app, argc, argv);
   // The mode's own arguments, for the ranks it starts.
   const std::vector<std::string> args(argv + 2, argv + argc);
@@ -118,6 +120,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("store")) return store_bench(store);
     if (app.got_subcommand("collectives")) return collectives_bench(collectives, args);
     if (app.got_subcommand("fsdp")) return fsdp_bench(fsdp, args);
+    if (app.got_subcommand("checkpoint")) return checkpoint_bench(checkpoint, args);
     return ddp_bench(ddp, args);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tdist-bench: %s\n", e.what());

@@ -16,7 +16,8 @@
 //
 // Dtypes: bool, uint8, int8, int16, int32, int64, float16, bfloat16,
 // float32, float64 (the format's BOOL, U8, I8, I16, I32, I64, F16, BF16,
-// F32, F64); a file holding another dtype is refused when read.
+// F32, F64). A file may hold the format's other dtypes (F8_*, F4, C64,
+// U16, ...): it opens and lists them; reading such a tensor is refused.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -34,8 +35,9 @@ namespace tdist {
 
 struct SafetensorsTensorInfo {
   std::string name;
-  at::ScalarType dtype = at::kFloat;
+  at::ScalarType dtype = at::kFloat;  // Undefined for a dtype tdist does not read (F8_*, C64, ...)
   std::vector<int64_t> shape;
+  std::string format_dtype = {};      // the file's name for it ("F32"); set by the reader
 };
 
 // Writes a safetensors file one tensor at a time: the tensors' names,

@@ -74,6 +74,13 @@ class DataParallel {
   const std::shared_ptr<ProcessGroup>& process_group() const;
   // Parameter indices (registration order) of each bucket, in launch order.
   std::vector<std::vector<size_t>> bucket_indices() const;
+  // Whether the one-time rebuild after the first iteration has happened;
+  // set_bucket_indices adopts a layout (one bucket_indices gave, e.g. in a
+  // checkpoint) as the rebuilt one, so that a resumed run buckets its
+  // gradients as the saved run did. Call it before the first forward, with
+  // the same layout on every rank.
+  bool buckets_rebuilt() const;
+  void set_bucket_indices(const std::vector<std::vector<size_t>>& assignment);
   // Once per instance, before training; a second call raises UsageError.
   void register_comm_hook(CommHook hook);
   // The (group, hook) form for plain functions. The built-in hooks are
@@ -112,12 +119,22 @@ void collect_tensors(const std::tuple<Ts...>& t, std::vector<at::Tensor>& out) {
   std::apply([&](const auto&... x) { (collect_tensors(x, out), ...); }, t);
 }
 
+// What a DistributedDataParallel<M> is, seen through torch::nn::Module
+// (the checkpoint code saves and restores its bucket layout).
+class DataParallelModule {
+ public:
+  virtual ~DataParallelModule() = default;
+  virtual DataParallel& data_parallel() = 0;
+};
+
 }  // namespace detail
 
 // A WrapperModule: state dicts (tdist/state_dict.h) name parameters as the
 // unwrapped model does, without the "module." step.
 template <typename ModuleHolder>
-class DistributedDataParallelImpl : public torch::nn::Module, public detail::WrapperModule {
+class DistributedDataParallelImpl : public torch::nn::Module,
+                                    public detail::WrapperModule,
+                                    public detail::DataParallelModule {
  public:
   DistributedDataParallelImpl(ModuleHolder module, DistributedDataParallelOptions options = {})
       : module_(register_module("module", std::move(module))), core_(*module_.ptr(), std::move(options)) {}
@@ -154,6 +171,7 @@ class DistributedDataParallelImpl : public torch::nn::Module, public detail::Wra
   }
   const std::shared_ptr<ProcessGroup>& process_group() const { return core_.process_group(); }
   std::vector<std::vector<size_t>> bucket_indices() const { return core_.bucket_indices(); }
+  detail::DataParallel& data_parallel() override { return core_; }
 
   // Gradient accumulation: while the guard lives, backward only accumulates
   // into .grad locally; the first backward after it synchronises everything.

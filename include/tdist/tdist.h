@@ -11,6 +11,7 @@
 #include "tdist/powersgd.h"
 #include "tdist/process_group.h"
 #include "tdist/rendezvous.h"
+#include "tdist/sharded_checkpoint.h"
 #include "tdist/state_dict.h"
 #include "tdist/store.h"
 #include "tdist/version.h"

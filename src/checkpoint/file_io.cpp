@@ -8,6 +8,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -30,10 +31,12 @@ std::string directory_of(const std::string& path) {
 
 }  // namespace
 
-AtomicFileWriter::AtomicFileWriter(std::string path)
-    : path_(std::move(path)), tmp_(path_ + ".tmp-" + std::to_string(getpid())) {
+AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
+  static std::atomic<uint64_t> counter{0};
+  tmp_ = path_ + ".tmp-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
   errno = 0;
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A name of its own: never an existing file, never through a link.
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd_ < 0) fail(path_, "cannot create " + tmp_);
 }
 
@@ -62,9 +65,16 @@ void AtomicFileWriter::write_at(uint64_t offset, const void* data, size_t n) {
   size_ = std::max(size_, at);
 }
 
-void AtomicFileWriter::commit() {
+void AtomicFileWriter::sync() {
+  if (synced_) return;
   errno = 0;
   if (::fsync(fd_) != 0) fail(path_, "fsync failed");
+  synced_ = true;
+}
+
+void AtomicFileWriter::commit() {
+  sync();
+  errno = 0;
   if (::close(fd_) != 0) {
     fd_ = -1;
     fail(path_, "close failed");

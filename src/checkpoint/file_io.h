@@ -1,10 +1,13 @@
 // Files of checkpoints: written so that a crash never leaves a half-written
 // file where the previous one stood, and read with every length checked.
 //
-// AtomicFileWriter writes "<path>.tmp-<pid>" in the same directory; commit()
-// fsyncs it, renames it over `path` and fsyncs the directory, so `path` is
-// always the old file or the whole new one. Destroyed without commit(), it
-// removes the temporary file.
+// AtomicFileWriter writes "<path>.tmp-<pid>-<n>" (a new file, created
+// exclusively) in the same directory; commit() fsyncs it, renames it over
+// `path` and fsyncs the directory, so `path` is always the old file or the
+// whole new one. sync() alone does the fsync (a caller that renames several
+// files together syncs them all first). Destroyed without commit(), it
+// removes the temporary file; a process killed while writing leaves it
+// behind (never under the final name).
 // FileReader reads exact byte ranges; a range past the end of the file is
 // a CheckpointError naming the file ("truncated?"), never a short read.
 // CRC-32 (zlib's) is what checkpoints carry to catch corrupted bytes.
@@ -32,6 +35,7 @@ class AtomicFileWriter {
   void write_at(uint64_t offset, const void* data, size_t n);
   uint64_t size() const { return size_; }
   // fsync, rename over the path, fsync the directory.
+  void sync();
   void commit();
   const std::string& path() const { return path_; }
 
@@ -40,6 +44,7 @@ class AtomicFileWriter {
   int fd_ = -1;
   uint64_t size_ = 0;
   bool committed_ = false;
+  bool synced_ = false;
 };
 
 class FileReader {

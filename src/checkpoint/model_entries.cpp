@@ -7,12 +7,15 @@ namespace {
 
 std::string join(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
 
-void walk(torch::nn::Module& m, const std::string& prefix, std::vector<Entry>& out) {
+void walk(torch::nn::Module& m, const std::string& prefix, std::vector<Entry>& out,
+          std::vector<std::string>* modules) {
   for (const auto& p : m.named_parameters(/*recurse=*/false)) out.push_back({join(prefix, p.key()), p.value(), true});
   for (const auto& b : m.named_buffers(/*recurse=*/false)) out.push_back({join(prefix, b.key()), b.value(), false});
   const bool wrapper = dynamic_cast<detail::WrapperModule*>(&m) != nullptr;
   for (const auto& c : m.named_children()) {
-    walk(*c.value(), wrapper && c.key() == "module" ? prefix : join(prefix, c.key()), out);
+    const bool step = !(wrapper && c.key() == "module");
+    if (step && modules) modules->push_back(join(prefix, c.key()));
+    walk(*c.value(), step ? join(prefix, c.key()) : prefix, out, modules);
   }
 }
 
@@ -20,7 +23,14 @@ void walk(torch::nn::Module& m, const std::string& prefix, std::vector<Entry>& o
 
 std::vector<Entry> entries_of(torch::nn::Module& model) {
   std::vector<Entry> out;
-  walk(model, "", out);
+  walk(model, "", out, nullptr);
+  return out;
+}
+
+std::vector<std::string> module_names(torch::nn::Module& model) {
+  std::vector<Entry> entries;
+  std::vector<std::string> out;
+  walk(model, "", entries, &out);
   return out;
 }
 

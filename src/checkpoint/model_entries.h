@@ -23,6 +23,10 @@ struct Entry {
 // Each module's parameters, then its buffers, then its children's.
 std::vector<Entry> entries_of(torch::nn::Module& model);
 
+// Every submodule's name in the unwrapped model (parents first), those
+// without tensors too.
+std::vector<std::string> module_names(torch::nn::Module& model);
+
 // The units' parameters by TensorImpl (empty without FSDP).
 using Units = std::unordered_map<const c10::TensorImpl*, detail::UnitParam>;
 Units units_of(torch::nn::Module& model);

@@ -70,7 +70,7 @@ struct PtWriter::Impl {
   std::vector<zip::Entry> entries;
   std::vector<PtTensorRef> storages;  // to write, in order
   size_t next = 0;
-  bool begun = false, in_storage = false, finished = false;
+  bool begun = false, in_storage = false, finished = false, synced = false;
   uint64_t written = 0;  // of the open record
   uint32_t crc = 0;
 
@@ -167,7 +167,7 @@ void PtWriter::write_storage(const std::string& key, const at::Tensor& tensor) {
 
 void PtWriter::begin_storage(const std::string& key) {
   Impl& w = *impl_;
-  if (w.finished) throw UsageError("PtWriter: storage '" + key + "' written after finish()");
+  if (w.finished || w.synced) throw UsageError("PtWriter: storage '" + key + "' written after finish()");
   if (!w.begun) throw UsageError("PtWriter: storage '" + key + "' written before begin()");
   if (w.in_storage) throw UsageError("PtWriter: storage '" + key + "' begun before the last one ended");
   if (w.next >= w.storages.size()) {
@@ -206,9 +206,9 @@ void PtWriter::end_storage() {
   ++w.next;
 }
 
-void PtWriter::finish() {
+void PtWriter::sync() {
   Impl& w = *impl_;
-  if (w.finished) return;
+  if (w.finished || w.synced) return;
   if (!w.begun) throw UsageError("PtWriter::finish before begin()");
   if (w.in_storage) throw UsageError("PtWriter::finish inside a storage");
   if (w.next != w.storages.size()) {
@@ -219,9 +219,19 @@ void PtWriter::finish() {
   const uint64_t at = w.file.size();
   const std::string cd = zip::central_directory(w.entries, at, w.force_zip64);
   w.file.write(cd.data(), cd.size());
+  w.file.sync();
+  w.synced = true;
+}
+
+void PtWriter::commit() {
+  Impl& w = *impl_;
+  if (w.finished) return;
+  sync();
   w.file.commit();
   w.finished = true;
 }
+
+void PtWriter::finish() { commit(); }
 
 // ---- reader ---------------------------------------------------------------------
 

@@ -135,6 +135,10 @@ class PtWriter {
   // Every storage written: version, byteorder, the central directory;
   // fsync and rename into place. Without it the target path is untouched.
   void finish();
+  // finish() in two steps, for saves that rename several files together:
+  // sync() completes and fsyncs the temporary file, commit() renames it.
+  void sync();
+  void commit();
   const std::string& path() const;
 
  private:

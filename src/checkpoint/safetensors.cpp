@@ -66,6 +66,7 @@ struct SafetensorsWriter::Impl {
   std::vector<st::TensorEntry> entries;
   std::map<std::string, std::string> metadata;  // the user's and, at finish, the checksums
   size_t next = 0;
+  size_t header_bytes = 0;  // the first header's; the last must be as long
   bool finished = false;
 
   explicit Impl(const std::string& path) : file(path) {}
@@ -97,6 +98,7 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Safete
     w.metadata[kCrcPrefix + t.name] = "00000000";  // the header's size does not change when they are set
   }
   const std::string h = w.header();
+  w.header_bytes = h.size();
   w.file.write(h.data(), h.size());
 }
 
@@ -133,6 +135,10 @@ void SafetensorsWriter::finish() {
                      std::to_string(w.tensors.size() - w.next - 1) + " more were not written");
   }
   const std::string h = w.header();
+  if (h.size() != w.header_bytes) {  // the checksums have a fixed width: this cannot happen
+    throw std::logic_error("SafetensorsWriter: the header changed size (" + std::to_string(w.header_bytes) + " -> " +
+                           std::to_string(h.size()) + ")");
+  }
   w.file.write_at(0, h.data(), h.size());
   w.file.commit();
   w.finished = true;
@@ -173,7 +179,11 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : impl_(std::make_
     }
   }
   for (auto& e : h.tensors) {
-    r.tensors.push_back({e.name, dtype_of(e.dtype, path, e.name), e.shape});
+    at::ScalarType type = at::ScalarType::Undefined;
+    for (const auto& [t, n] : dtype_names()) {
+      if (e.dtype == n) type = t;
+    }
+    r.tensors.push_back({e.name, type, e.shape, e.dtype});
     r.entries[e.name] = e;
   }
 }

@@ -25,6 +25,24 @@ uint64_t get_u64(const Json& v, const std::string& what) {
   return v.get<uint64_t>();
 }
 
+// The bytes of a tensor of that dtype and shape: elements x bits / 8,
+// checked for overflow (FormatError), whole bytes only.
+uint64_t data_bytes(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape) {
+  const size_t bits = dtype_bits(dtype);
+  if (bits == 0) fail("tensor '" + name + "': unknown dtype '" + dtype + "'");
+  uint64_t numel = 1;
+  for (const int64_t d : shape) {
+    if (d < 0) fail("tensor '" + name + "': negative shape");
+    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel)) fail("tensor '" + name + "': its size overflows");
+  }
+  uint64_t total_bits = 0;
+  if (__builtin_mul_overflow(numel, static_cast<uint64_t>(bits), &total_bits)) {
+    fail("tensor '" + name + "': its size overflows");
+  }
+  if (total_bits % 8 != 0) fail("tensor '" + name + "': " + dtype + " of that shape is not a whole number of bytes");
+  return total_bits / 8;
+}
+
 TensorEntry parse_entry(const std::string& name, const Json& info) {
   if (!info.is_object()) fail("tensor '" + name + "': its entry is not an object");
   for (const auto& [key, value] : info.items()) {
@@ -40,17 +58,14 @@ TensorEntry parse_entry(const std::string& name, const Json& info) {
   e.name = name;
   if (!info["dtype"].is_string()) fail("tensor '" + name + "': dtype is not a string");
   e.dtype = info["dtype"].get<std::string>();
-  const size_t es = dtype_size(e.dtype);
-  if (es == 0) fail("tensor '" + name + "': unknown or unsupported dtype '" + e.dtype + "'");
   const Json& shape = info["shape"];
   if (!shape.is_array()) fail("tensor '" + name + "': shape is not an array");
-  uint64_t bytes = es;
   for (const Json& d : shape) {
     const uint64_t n = get_u64(d, "tensor '" + name + "': a shape entry");
     if (n > static_cast<uint64_t>(INT64_MAX)) fail("tensor '" + name + "': a shape entry is too large");
-    if (__builtin_mul_overflow(bytes, n, &bytes)) fail("tensor '" + name + "': its size overflows");
     e.shape.push_back(static_cast<int64_t>(n));
   }
+  const uint64_t bytes = data_bytes(name, e.dtype, e.shape);
   const Json& off = info["data_offsets"];
   if (!off.is_array() || off.size() != 2) fail("tensor '" + name + "': data_offsets is not [begin, end]");
   e.begin = get_u64(off[0], "tensor '" + name + "': data_offsets[0]");
@@ -65,12 +80,18 @@ TensorEntry parse_entry(const std::string& name, const Json& info) {
 
 }  // namespace
 
+size_t dtype_bits(const std::string& d) {
+  static const std::map<std::string, size_t> bits = {
+      {"BOOL", 8},    {"F4", 4},       {"F6_E2M3", 6},  {"F6_E3M2", 6}, {"U8", 8},   {"I8", 8},   {"F8_E5M2", 8},
+      {"F8_E4M3", 8}, {"F8_E8M0", 8},  {"I16", 16},     {"U16", 16},    {"F16", 16}, {"BF16", 16}, {"I32", 32},
+      {"U32", 32},    {"F32", 32},     {"C64", 64},     {"I64", 64},    {"U64", 64}, {"F64", 64}};
+  const auto it = bits.find(d);
+  return it == bits.end() ? 0 : it->second;
+}
+
 size_t dtype_size(const std::string& d) {
-  static const std::map<std::string, size_t> sizes = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
-      {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"I64", 8},     {"U64", 8}, {"F64", 8}};
-  const auto it = sizes.find(d);
-  return it == sizes.end() ? 0 : it->second;
+  const size_t bits = dtype_bits(d);
+  return bits % 8 == 0 ? bits / 8 : 0;
 }
 
 uint64_t header_length(const uint8_t first8[8], uint64_t file_size) {
@@ -120,6 +141,7 @@ Header parse_header(const char* json, size_t n, uint64_t data_bytes) {
   Header h;
   for (const auto& [key, value] : root.items()) {
     if (key == "__metadata__") {
+      if (value.is_null()) continue;  // what some writers put for none
       if (!value.is_object()) fail("__metadata__ is not an object");
       for (const auto& [k, v] : value.items()) {
         if (!v.is_string()) fail("__metadata__ '" + k + "' is not a string");
@@ -148,30 +170,41 @@ Header parse_header(const char* json, size_t n, uint64_t data_bytes) {
 }
 
 std::string make_header(std::vector<TensorEntry>& tensors, const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json root = nlohmann::ordered_json::object();
-  if (!metadata.empty()) root["__metadata__"] = metadata;
+  // Built as text, entry by entry (a JSON object's lookups would make it
+  // quadratic in the tensors); names and strings escaped by the library.
+  std::string json = "{";
+  const auto quoted = [](const std::string& s) {
+    try {
+      return Json(s).dump();
+    } catch (const Json::exception& e) {
+      fail(std::string("a tensor name or metadata string is not valid UTF-8: ") + e.what());
+    }
+  };
+  if (!metadata.empty()) {
+    json += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [k, v] : metadata) {
+      json += (first ? "" : ",") + quoted(k) + ":" + quoted(v);
+      first = false;
+    }
+    json += "}";
+  }
+  std::set<std::string> names;
   uint64_t at = 0;
   for (auto& t : tensors) {
-    const size_t es = dtype_size(t.dtype);
-    if (es == 0) fail("tensor '" + t.name + "': unknown dtype '" + t.dtype + "'");
     if (t.name == "__metadata__") fail("a tensor cannot be named __metadata__");
-    if (root.contains(t.name)) fail("two tensors are named '" + t.name + "'");
-    uint64_t bytes = es;
-    for (int64_t d : t.shape) {
-      if (d < 0) fail("tensor '" + t.name + "': negative shape");
-      if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) fail("tensor '" + t.name + "': too large");
-    }
+    if (!names.insert(t.name).second) fail("two tensors are named '" + t.name + "'");
+    const uint64_t bytes = data_bytes(t.name, t.dtype, t.shape);
     t.begin = at;
-    t.end = at + bytes;
+    if (__builtin_add_overflow(at, bytes, &t.end)) fail("tensor '" + t.name + "': the data's size overflows");
     at = t.end;
-    root[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
+    std::string shape;
+    for (const int64_t d : t.shape) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+    json += (json.size() > 1 ? "," : "") + quoted(t.name) + ":{\"dtype\":" + quoted(t.dtype) + ",\"shape\":[" +
+            shape + "],\"data_offsets\":[" + std::to_string(t.begin) + "," + std::to_string(t.end) + "]}";
+    if (json.size() > kMaxHeaderBytes) fail("the header would be over 100,000,000 bytes");
   }
-  std::string json;
-  try {
-    json = root.dump();
-  } catch (const nlohmann::ordered_json::exception& e) {
-    fail(std::string("a tensor name or metadata string is not valid UTF-8: ") + e.what());
-  }
+  json += "}";
   json.append((8 - json.size() % 8) % 8, ' ');
   if (json.size() > kMaxHeaderBytes) fail("the header would be over 100,000,000 bytes");
   std::string out(8, '\0');

@@ -14,7 +14,9 @@
 // given twice, a tensor entry with a missing, extra or ill-typed field, an
 // unknown dtype, a negative or overflowing shape, offsets whose length is
 // not the shape's bytes, holes, overlaps, data that does not end where the
-// file does, metadata values that are not strings. It never allocates
+// file does, metadata values that are not strings (a null __metadata__
+// counts as none). Dtypes tdist cannot hold in a tensor (F8_*, F4, C64,
+// U16, ...) parse; reading such a tensor is the caller's error. It never allocates
 // from a length it has not checked against the file.
 #pragma once
 
@@ -48,8 +50,10 @@ struct Header {
   std::map<std::string, std::string> metadata;
 };
 
-// Bytes per element of a dtype the format names; 0 for a name it does not
-// know (or a sub-byte type, which tdist does not read).
+// Bits per element of a dtype the format names (F4 4, F6_* 6, ...); 0 for
+// a name it does not know.
+size_t dtype_bits(const std::string& dtype);
+// Bytes per element; 0 for an unknown or sub-byte dtype.
 size_t dtype_size(const std::string& dtype);
 
 // The header length from the file's first 8 bytes, checked against the

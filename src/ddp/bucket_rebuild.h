@@ -35,6 +35,12 @@ class BucketRebuild {
   // Forgets this iteration's arrivals.
   void forget_arrivals() { arrival_.clear(); }
   bool done() const { return rebuilt_; }
+  // The layout is settled from elsewhere (a checkpoint): no rebuild.
+  void mark_done() {
+    rebuilt_ = true;
+    due_ = false;
+    arrival_.clear();
+  }
   // After a clean iteration: the rebuild is due, in the arrival order, then
   // whatever never arrived (arrived[i] == 0), last registered first.
   void schedule(const std::vector<char>& arrived);

@@ -319,4 +319,31 @@ std::vector<std::vector<size_t>> DataParallel::bucket_indices() const {
   return state_->reducer->assignment();
 }
 
+bool DataParallel::buckets_rebuilt() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->rebuild.done();
+}
+
+void DataParallel::set_bucket_indices(const std::vector<std::vector<size_t>>& assignment) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  std::vector<char> seen(state_->params.size(), 0);
+  size_t count = 0;
+  for (const auto& bucket : assignment) {
+    for (const size_t k : bucket) {
+      if (k >= seen.size() || seen[k]) {
+        throw UsageError("DistributedDataParallel: a bucket layout that is not a permutation of the " +
+                         std::to_string(seen.size()) + " parameters");
+      }
+      seen[k] = 1;
+      ++count;
+    }
+  }
+  if (count != seen.size()) {
+    throw UsageError("DistributedDataParallel: a bucket layout of " + std::to_string(count) + " parameters for " +
+                     std::to_string(seen.size()));
+  }
+  if (assignment != state_->reducer->assignment()) state_->reducer->build(assignment);
+  state_->rebuild.mark_done();
+}
+
 }  // namespace tdist::detail

@@ -1,0 +1,116 @@
+// Sharded checkpoints: every rank saves its own file, in torch_xla's layout
+// ({prefix}_rank-{r}-of-{w}.pt holding "model", "shard_metadata" and
+// "optimizer"), which Python's torch.load reads; resume loads them back
+// (bit for bit); the checkpoint tools consolidate them into one full state
+// dict or reshard them to another world size, streaming one tensor at a
+// time.
+//
+//   tdist::save_sharded_checkpoint("ckpt/step100", *pg, *model, &opt);
+//   ...
+//   tdist::load_sharded_checkpoint("ckpt/step100", *pg, *model, &opt);    // at any world size
+//   tdist::consolidate_sharded_model_checkpoints("ckpt/step100", "_rank-*-of-*.pt", "full.pt");
+//
+// Saving and loading are collective over `pg` (the model's ranks: FSDP's
+// group, DDP's, or any group for a plain model). A save writes each rank's
+// file to a temporary name, waits until every rank's is written and synced,
+// then renames them into place: a crash or kill before that point leaves
+// the previous checkpoint whole. Loading checks the files as a set (ranks
+// 0..w-1 each once, one world size, one save) and the model (every name and
+// shape) before it changes anything. At the saving world size each rank
+// reads only its own file; at another, each rank reads the rows it needs
+// from the files that hold them, one piece at a time.
+//
+// Errors: CheckpointError naming the file and the problem; a rank that
+// fails makes every rank's call fail (within options.timeout).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tdist/errors.h"
+#include "tdist/powersgd.h"
+#include "tdist/process_group.h"
+#include "tdist/state_dict.h"
+
+namespace tdist {
+
+struct ShardedCheckpointOptions {
+  // The per-rank file name after the prefix: the first '*' is the rank, the
+  // second the world size (torch_xla's consolidation takes the same).
+  std::string suffix = "_rank-*-of-*.pt";
+  // A PowerSGD hook's state (error feedback, Q memories, RNG), saved with
+  // each rank's file and loaded back; resuming it needs the same world size.
+  std::shared_ptr<PowerSGDState> comm_hook_state;
+  // How long a rank waits for the others during a save or load.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+};
+
+void save_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& model,
+                             torch::optim::Optimizer* optimizer = nullptr,
+                             const ShardedCheckpointOptions& options = {});
+void load_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& model,
+                             torch::optim::Optimizer* optimizer = nullptr,
+                             const ShardedCheckpointOptions& options = {});
+
+enum class CheckpointFormat {
+  pt,           // {"model": ..., "optimizer": ...}: torch.load in Python, load_consolidated_checkpoint in C++
+  safetensors,  // the model's tensors by name (with optimizer: "optimizer/<param>/<field>" too)
+  libtorch,     // torch::save's archive of the model's tensors: torch::load(module, path) (not streaming)
+};
+
+struct ConsolidateOptions {
+  CheckpointFormat format = CheckpointFormat::pt;
+  bool optimizer = false;  // also the full optimizer state, by parameter name
+};
+
+// Merges a sharded checkpoint's files into one full state dict (the names
+// of the unwrapped model, padding stripped), reading and writing one tensor
+// at a time: memory stays about the largest tensor. save_path "" means
+// ckpt_prefix + "_consolidated.pt" (".safetensors", ".libtorch.pt").
+// Returns the path written.
+std::string consolidate_sharded_model_checkpoints(const std::string& ckpt_prefix,
+                                                  const std::string& ckpt_suffix = "_rank-*-of-*.pt",
+                                                  const std::string& save_path = "",
+                                                  const ConsolidateOptions& options = {});
+
+// A consolidated .pt file (format pt) read back: load_full_state_dict and
+// load_full_optimizer_state_dict take its parts.
+struct ConsolidatedCheckpoint {
+  torch::OrderedDict<std::string, at::Tensor> model;
+  bool has_optimizer = false;
+  OptimizerStateDict optimizer;
+};
+ConsolidatedCheckpoint load_consolidated_checkpoint(const std::string& path);
+
+// Writes the checkpoint again for `world_size` ranks as FSDP lays them out
+// (rows_per_rank = ceil(rows / world_size)), model and optimizer, under
+// out_prefix with the same suffix; streaming like consolidation.
+void reshard_sharded_checkpoint(const std::string& ckpt_prefix, const std::string& ckpt_suffix, int world_size,
+                                const std::string& out_prefix);
+
+// What a sharded checkpoint holds.
+struct CheckpointTensorInfo {
+  std::string name;  // model entry, or "<param>/<field>" of the optimizer state
+  std::vector<int64_t> shape;
+  at::ScalarType dtype = at::kFloat;
+  int64_t bytes = 0;
+  bool sharded = false;
+};
+struct ShardedCheckpointInfo {
+  int world_size = 0;
+  std::vector<std::string> files;
+  std::vector<std::string> units;  // the FSDP units' prefixes ("" for the outermost)
+  std::vector<CheckpointTensorInfo> model;
+  std::string optimizer;  // its kind, or empty
+  std::vector<CheckpointTensorInfo> optimizer_state;
+};
+ShardedCheckpointInfo inspect_sharded_checkpoint(const std::string& ckpt_prefix,
+                                                 const std::string& ckpt_suffix = "_rank-*-of-*.pt");
+
+}  // namespace tdist

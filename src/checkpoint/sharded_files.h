@@ -1,0 +1,78 @@
+// The files of one sharded checkpoint, read together: found by prefix and
+// suffix pattern, checked as a set (ranks 0..w-1 each once, one world size,
+// one save, consistent metadata), and each logical tensor (a model entry,
+// an optimizer state field) read whole or by rows, streaming: at most one
+// rank's piece in memory besides the result.
+//
+// Only the directories and pickles are read when the set is opened; the
+// tensors' bytes when asked for (their CRC checked then).
+//
+// Errors: CheckpointError naming the file and the problem.
+// Threading: one thread per object.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/pt_file.h"
+#include "tdist/state_dict.h"
+
+namespace tdist::checkpoint {
+
+// One tensor of the checkpoint as the whole model sees it.
+struct LogicalTensor {
+  std::string name;                     // the model entry, or "<param>/<field>" of the optimizer
+  std::string param;                    // optimizer: the parameter; model: the name
+  std::string field;                    // optimizer: the state field; model: empty
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;           // full
+  bool sharded = false;                 // split by rows over the ranks (else whole in rank 0's file)
+  std::vector<const PtTensorRef*> pieces;  // per rank (sharded), or rank 0's alone
+  int64_t bytes() const;
+};
+
+// The files a prefix and suffix pattern name: each '*' of the suffix
+// matches digits, the first the rank and the second (if any) the world size.
+std::string rank_file_path(const std::string& prefix, const std::string& suffix, int rank, int world_size);
+
+class ShardedCheckpointFiles {
+ public:
+  ShardedCheckpointFiles(const std::string& prefix, const std::string& suffix);
+  ~ShardedCheckpointFiles();
+
+  int world_size() const { return static_cast<int>(readers_.size()); }
+  const std::vector<std::string>& paths() const { return paths_; }
+  const ShardMetadata& metadata() const { return metadata_; }  // rank 0's
+  const std::vector<LogicalTensor>& model() const { return model_; }
+  bool has_optimizer() const { return !optimizer_tree_->is_none(); }
+  const std::vector<LogicalTensor>& optimizer() const { return optimizer_; }
+  // Rank 0's optimizer tree (kind, groups; its state is rank 0's pieces).
+  const PtValue& optimizer_tree() const { return *optimizer_tree_; }
+  const PtReader& reader(int rank) const { return *readers_[static_cast<size_t>(rank)]; }
+  int64_t save_id() const { return save_id_; }
+
+  at::Tensor read_full(const LogicalTensor& t) const;
+  // Rows [first, first + rows) of the full tensor (a 0-d one: whole when
+  // rows is 1, an empty [0] when 0).
+  at::Tensor read_rows(const LogicalTensor& t, int64_t first, int64_t rows) const;
+
+ private:
+  void check_set();
+  void index_model();
+  void index_optimizer();
+  LogicalTensor logical(const std::string& name, const std::string& param, const std::string& field,
+                        bool sharded, const std::vector<int64_t>& full_shape,
+                        const std::vector<const PtValue*>& per_rank) const;
+
+  std::vector<std::string> paths_;
+  std::vector<std::unique_ptr<PtReader>> readers_;
+  ShardMetadata metadata_;
+  std::vector<LogicalTensor> model_, optimizer_;
+  const PtValue* optimizer_tree_ = nullptr;
+  int64_t save_id_ = 0;
+};
+
+}  // namespace tdist::checkpoint

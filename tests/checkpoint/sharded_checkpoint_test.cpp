@@ -1,0 +1,229 @@
+// Sharded checkpoints in real processes: a resume is bit for bit (FSDP with
+// Adam; DDP with a PowerSGD hook's state); a checkpoint saved at world N
+// loads at world M (2->3, 3->2, 4->1, into a plain model and into DDP), by
+// itself or resharded by `tdist-ckpt reshard`, to exactly the saved full
+// state; `tdist-ckpt consolidate` writes the full state (and optimizer
+// state) that the plain model, Python's torch.load into an equivalent
+// nn.Module and the safetensors package all read; a kill -9 during a save
+// leaves the previous checkpoint loadable; every kind of broken checkpoint
+// is a CheckpointError naming the file, and the model keeps its weights.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "tdist/tdist.h"
+#include "tests/fsdp/models.h"
+#include "tests/util/process.h"
+#include "tests/util/world.h"
+
+namespace {
+
+using tdist::CheckpointError;
+using tdist::FSDP;
+using tdist::ProcessGroup;
+using tdist::StateDict;
+using tdist::test::Net;
+using tdist::test::run_world;
+using tdist::test::TempDir;
+
+const std::string kBin = TDIST_BIN_DIR;
+
+at::Tensor batch(int step, int world) {
+  torch::manual_seed(70 + step);
+  return torch::randn({4 * world, 6});
+}
+
+template <typename M>
+void train(M& model, torch::optim::Optimizer& opt, ProcessGroup& pg, int from, int to) {
+  for (int s = from; s < to; ++s) {
+    opt.zero_grad();
+    model(batch(s, pg.size()).narrow(0, 4 * pg.rank(), 4)).pow(2).mean().backward();
+    opt.step();
+  }
+}
+
+// The full model and optimizer state, as a safetensors file of rank 0's
+// (optimizer tensors as "<param>/<field>").
+void save_reference(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& opt, int rank) {
+  const StateDict full = tdist::full_state_dict(model);
+  const auto optim = tdist::full_optimizer_state_dict(model, opt);
+  if (rank != 0) return;
+  StateDict all = full;
+  for (const auto& p : optim.state) {
+    for (const auto& f : p.value()) all.insert(p.key() + "/" + f.key(), f.value());
+  }
+  tdist::save_safetensors(path, all);
+}
+
+void expect_reference(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& opt,
+                      const std::string& what) {
+  const StateDict want = tdist::load_safetensors(path);
+  const StateDict full = tdist::full_state_dict(model, false);
+  const auto optim = tdist::full_optimizer_state_dict(model, opt, false);
+  size_t n = 0;
+  for (const auto& item : full) {
+    WORLD_CHECK(want.contains(item.key()) && torch::equal(want[item.key()], item.value()),
+                what << ": '" << item.key() << "' differs");
+    ++n;
+  }
+  for (const auto& p : optim.state) {
+    for (const auto& f : p.value()) {
+      const std::string name = p.key() + "/" + f.key();
+      WORLD_CHECK(want.contains(name) && torch::equal(want[name], f.value()), what << ": '" << name << "' differs");
+      ++n;
+    }
+  }
+  WORLD_CHECK(n == want.size(), what << ": " << n << " tensors against " << want.size());
+}
+
+tdist::FullyShardedDataParallelOptions wrap_options() { return {}; }
+
+// Trains an FSDP Net 2 steps at `world`, saves the sharded checkpoint, and
+// keeps its full state as the reference.
+void save_at(int world, const std::string& prefix, const std::string& reference) {
+  ASSERT_EQ(run_world(world, [&](ProcessGroup& pg) {
+    auto o = wrap_options();
+    torch::manual_seed(1);
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01).amsgrad(true));
+    train(model, opt, pg, 0, 2);
+    tdist::save_sharded_checkpoint(prefix, pg, *model, &opt);
+    save_reference(reference, *model, opt, pg.rank());
+  }), "");
+}
+
+TEST(ShardedCheckpoint, FsdpResumesBitForBitInNewProcesses) {
+  TempDir dir;
+  const std::string prefix = dir.path() + "/ckpt", straight = dir.path() + "/straight.safetensors";
+  ASSERT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    auto o = wrap_options();
+    torch::manual_seed(1);
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::Adam opt(model->parameters(), 0.01);
+    train(model, opt, pg, 0, 2);
+    tdist::save_sharded_checkpoint(prefix, pg, *model, &opt);
+    train(model, opt, pg, 2, 5);
+    save_reference(straight, *model, opt, pg.rank());
+  }), "");
+  struct stat st {};
+  for (int r = 0; r < 2; ++r) {
+    const std::string file = prefix + "_rank-" + std::to_string(r) + "-of-2.pt";
+    EXPECT_EQ(::stat(file.c_str(), &st), 0) << file;
+  }
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    auto o = wrap_options();
+    torch::manual_seed(99);  // other weights: the checkpoint must set them
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::Adam opt(model->parameters(), 0.5);
+    tdist::load_sharded_checkpoint(prefix, pg, *model, &opt);
+    train(model, opt, pg, 2, 5);
+    expect_reference(straight, *model, opt, "resumed");
+  }), "");
+}
+
+TEST(ShardedCheckpoint, DdpWithAPowerSgdHookResumesBitForBit) {
+  TempDir dir;
+  const std::string prefix = dir.path() + "/ddp", straight = dir.path() + "/straight.safetensors";
+  tdist::PowerSGDOptions p;
+  p.matrix_approximation_rank = 1;
+  p.start_powerSGD_iter = 2;
+  p.min_compression_rate = 0;
+  const auto make = [&](int seed, std::shared_ptr<tdist::PowerSGDState>& state) {
+    torch::manual_seed(seed);
+    tdist::DistributedDataParallel<Net> ddp{Net()};
+    state = std::make_shared<tdist::PowerSGDState>(tdist::default_group(), p);
+    ddp->register_comm_hook(state, tdist::powerSGD_hook);
+    return ddp;
+  };
+  ASSERT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    std::shared_ptr<tdist::PowerSGDState> state;
+    auto ddp = make(1, state);
+    torch::optim::SGD opt(ddp->parameters(), torch::optim::SGDOptions(0.02).momentum(0.9));
+    train(ddp, opt, pg, 0, 4);
+    tdist::ShardedCheckpointOptions c;
+    c.comm_hook_state = state;
+    tdist::save_sharded_checkpoint(prefix, pg, *ddp, &opt, c);
+    train(ddp, opt, pg, 4, 8);
+    WORLD_CHECK(state->compression_stats().numel_before > 0, "PowerSGD compressed nothing");
+    save_reference(straight, *ddp, opt, pg.rank());
+  }), "");
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    std::shared_ptr<tdist::PowerSGDState> state;
+    auto ddp = make(99, state);
+    torch::optim::SGD opt(ddp->parameters(), torch::optim::SGDOptions(0.02).momentum(0.9));
+    tdist::ShardedCheckpointOptions c;
+    c.comm_hook_state = state;
+    tdist::load_sharded_checkpoint(prefix, pg, *ddp, &opt, c);
+    WORLD_CHECK(state->iter() == 4, "the hook's iteration: " << state->iter());
+    train(ddp, opt, pg, 4, 8);
+    expect_reference(straight, *ddp, opt, "resumed with the hook's state");
+  }), "");
+}
+
+enum class Into { fsdp, plain, ddp };
+struct Move {
+  int from, to;
+  Into into;
+};
+
+class Resharding : public ::testing::TestWithParam<Move> {};
+
+TEST_P(Resharding, LoadsTheSavedFullStateExactly) {
+  const Move m = GetParam();
+  TempDir dir;
+  const std::string prefix = dir.path() + "/ckpt", reference = dir.path() + "/full.safetensors";
+  save_at(m.from, prefix, reference);
+  const auto load_and_check = [&](const std::string& from_prefix, const std::string& what) {
+    EXPECT_EQ(run_world(m.to, [&](ProcessGroup& pg) {
+      torch::manual_seed(99);
+      auto o = wrap_options();
+      if (m.into == Into::fsdp) {
+        FSDP<Net> model(Net(&o), o);
+        torch::optim::Adam opt(model->parameters(), 0.5);
+        tdist::load_sharded_checkpoint(from_prefix, pg, *model, &opt);
+        expect_reference(reference, *model, opt, what);
+        train(model, opt, pg, 2, 3);  // and it trains on, the ranks agreeing
+        const auto head = tdist::full_state_dict(*model, false)["head.weight"];
+        at::Tensor first = head.clone();
+        pg.broadcast(first)->wait();
+        WORLD_CHECK(torch::equal(first, head), what << ": the ranks differ after a step");
+      } else if (m.into == Into::plain) {
+        Net model;
+        torch::optim::Adam opt(model->parameters(), 0.5);
+        tdist::load_sharded_checkpoint(from_prefix, pg, *model, &opt);
+        expect_reference(reference, *model, opt, what);
+      } else {
+        tdist::DistributedDataParallel<Net> ddp{Net()};
+        torch::optim::Adam opt(ddp->parameters(), 0.5);
+        tdist::load_sharded_checkpoint(from_prefix, pg, *ddp, &opt);
+        expect_reference(reference, *ddp, opt, what);
+      }
+    }), "");
+  };
+  load_and_check(prefix, "loaded from world " + std::to_string(m.from));
+  if (m.into != Into::fsdp) return;
+  // Resharded by the tool first: each rank then reads only its own file.
+  const auto r = tdist::test::run_command(kBin + "/tdist-ckpt reshard --ckpt_prefix " + prefix + " --world-size " +
+                                              std::to_string(m.to) + " --out-prefix " + prefix + "_re",
+                                          std::chrono::seconds(60));
+  ASSERT_EQ(r.status, 0) << r.output;
+  load_and_check(prefix + "_re", "resharded by tdist-ckpt");
+}
+
+const Move kMoves[] = {{2, 3, Into::fsdp}, {3, 2, Into::fsdp}, {4, 1, Into::fsdp}, {2, 1, Into::plain},
+                       {2, 2, Into::ddp}};
+std::string move_name(const ::testing::TestParamInfo<Move>& info) {
+  static const char* const kInto[] = {"fsdp", "plain", "ddp"};
+  return std::to_string(info.param.from) + "to" + std::to_string(info.param.to) + "_" +
+         kInto[static_cast<int>(info.param.into)];
+}
+INSTANTIATE_TEST_SUITE_P(Worlds, Resharding, ::testing::ValuesIn(kMoves), move_name);
+
+}  // namespace
