@@ -71,6 +71,7 @@ struct CheckpointBenchOptions {
   double size_mib = 1024;  // parameters + Adam's moments, fp32
   int layers = 8;
   std::string dir = "/tmp";
+  int repeats = 3;
   std::string json;
   std::string run_dir, result;  // set by the parent for its ranks
   void add_to(CLI::App& mode);

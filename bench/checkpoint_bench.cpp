@@ -55,15 +55,19 @@ int run_rank(const CheckpointBenchOptions& o) {
   for (auto& p : model->parameters()) p.mutable_grad() = torch::ones_like(p);
   opt.step();  // the moments exist
   const std::string prefix = o.run_dir + "/bench";
-  pg->barrier()->wait();
-  auto t = Clock::now();
-  save_sharded_checkpoint(prefix, *pg, *model, &opt);
-  const double save_s = seconds_since(t);
-  pg->barrier()->wait();
-  t = Clock::now();
-  load_sharded_checkpoint(prefix, *pg, *model, &opt);
-  pg->barrier()->wait();
-  const double load_s = seconds_since(t);
+  std::vector<double> saves, loads;
+  for (int i = 0; i < o.repeats; ++i) {
+    pg->barrier()->wait();
+    auto t = Clock::now();
+    save_sharded_checkpoint(prefix, *pg, *model, &opt);
+    saves.push_back(seconds_since(t));
+    pg->barrier()->wait();
+    t = Clock::now();
+    load_sharded_checkpoint(prefix, *pg, *model, &opt);
+    pg->barrier()->wait();
+    loads.push_back(seconds_since(t));
+  }
+  const double save_s = percentile(saves, 50), load_s = percentile(loads, 50);
   if (pg->rank() == 0) {
     std::ofstream(o.result) << nlohmann::json{{"save_s", save_s}, {"load_s", load_s}}.dump();
   }
@@ -135,22 +139,37 @@ int run_parent(const CheckpointBenchOptions& o, const std::vector<std::string>& 
   for (int r = 0; r < o.world_size; ++r) files.push_back(prefix + "_rank-" + std::to_string(r) + "-of-" +
                                                         std::to_string(o.world_size) + ".pt");
   const int64_t bytes = bytes_of(files);
-  const double copy_s = copy_seconds(files, dir + "/copy");
-  std::filesystem::remove(dir + "/copy");
-  const ToolRun base = run_tool({"inspect", "--ckpt-prefix", prefix});
-  const ToolRun cons = run_tool({"consolidate", "--ckpt-prefix", prefix, "--optimizer", "--save-path", dir + "/full.pt"});
-  const int64_t cons_bytes = static_cast<int64_t>(std::filesystem::file_size(dir + "/full.pt"));
-  std::filesystem::remove(dir + "/full.pt");
+  // Each operation o.repeats times, taking turns; the median time, the
+  // largest peak.
   const int to = o.world_size + 1;
-  const ToolRun resh = run_tool({"reshard", "--ckpt-prefix", prefix, "--world-size", std::to_string(to),
-                                 "--out-prefix", dir + "/re"});
+  std::vector<double> copies, cons_s, resh_s;
+  ToolRun cons, resh;
+  int64_t cons_bytes = 0;
+  for (int i = 0; i < o.repeats; ++i) {
+    copies.push_back(copy_seconds(files, dir + "/copy"));
+    std::filesystem::remove(dir + "/copy");
+    const ToolRun c = run_tool({"consolidate", "--ckpt-prefix", prefix, "--optimizer", "--save-path", dir + "/full.pt"});
+    cons_s.push_back(c.seconds);
+    cons.peak_rss = std::max(cons.peak_rss, c.peak_rss);
+    cons_bytes = static_cast<int64_t>(std::filesystem::file_size(dir + "/full.pt"));
+    std::filesystem::remove(dir + "/full.pt");
+    const ToolRun r = run_tool({"reshard", "--ckpt-prefix", prefix, "--world-size", std::to_string(to),
+                                "--out-prefix", dir + "/re"});
+    resh_s.push_back(r.seconds);
+    resh.peak_rss = std::max(resh.peak_rss, r.peak_rss);
+  }
+  const double copy_s = percentile(copies, 50);
+  cons.seconds = percentile(cons_s, 50);
+  resh.seconds = percentile(resh_s, 50);
+  const ToolRun base = run_tool({"--help"});  // the process alone: LibTorch loaded, nothing done
   const int64_t w = width_for(o);
   const int64_t largest = w * w * 4;
   const double copy_bps = bytes / copy_s;
-  std::printf("checkpoint: FSDP, %d Linear(%lld, %lld) units + Adam = %.1f MiB of fp32 state, world %d, in %s\n",
+  std::printf("checkpoint: FSDP, %d Linear(%lld, %lld) units + Adam = %.1f MiB of fp32 state, world %d, in %s;"
+              " medians of %d\n",
               o.layers, static_cast<long long>(w), static_cast<long long>(w), bytes / 1048576.0, o.world_size,
-              o.dir.c_str());
-  std::printf("  largest tensor %.1f MiB; a process of tdist-ckpt alone (inspect) peaks at %.1f MiB\n\n",
+              o.dir.c_str(), o.repeats);
+  std::printf("  largest tensor %.1f MiB; tdist-ckpt doing nothing (--help: LibTorch loaded) peaks at %.1f MiB\n\n",
               largest / 1048576.0, base.peak_rss / 1048576.0);
   std::printf("  %-26s %10s %10s %12s %14s\n", "operation", "seconds", "MiB/s", "x copy", "peak RSS MiB");
   JsonRows rows;
@@ -172,8 +191,11 @@ int run_parent(const CheckpointBenchOptions& o, const std::vector<std::string>& 
   row("load (all ranks)", ranks["load_s"].get<double>(), bytes, 0);
   row("consolidate --optimizer", cons.seconds, cons_bytes, cons.peak_rss);
   row(("reshard to " + std::to_string(to)).c_str(), resh.seconds, bytes, resh.peak_rss);
-  std::printf("\n  consolidate peak - largest tensor = %.1f MiB (target <= 64); over the tool's own baseline: %.1f MiB\n",
-              (cons.peak_rss - largest) / 1048576.0, (cons.peak_rss - base.peak_rss - largest) / 1048576.0);
+  std::printf("\n  consolidate: peak RSS - the LibTorch process's own - largest tensor = %.1f MiB (target <= 64)\n",
+              (cons.peak_rss - base.peak_rss - largest) / 1048576.0);
+  rows.begin_row();
+  rows.field("operation", "baseline (tdist-ckpt --help)");
+  rows.field("peak_rss_bytes", static_cast<double>(base.peak_rss));
   std::filesystem::remove_all(dir);
   return rows.finish(o.json);
 }
@@ -187,6 +209,7 @@ void CheckpointBenchOptions::add_to(CLI::App& mode) {
   mode.add_option("--size-mib", size_mib, "fp32 state: parameters + Adam's moments")->capture_default_str();
   mode.add_option("--layers", layers, "Linear layers, one FSDP unit each")->capture_default_str();
   mode.add_option("--dir", dir, "where the files go (the disk measured)")->capture_default_str();
+  mode.add_option("--repeats", repeats, "times each operation runs (the median is shown)")->capture_default_str();
   mode.add_option("--json", json, "also write the rows here")->type_name("FILE");
   mode.add_option("--run-dir", run_dir)->group("");
   mode.add_option("--result", result)->group("");

@@ -51,7 +51,7 @@ std::vector<std::string> buffer_names(const ShardedCheckpointFiles& files) { ret
 void write_pt(const ShardedCheckpointFiles& files, const std::string& path, bool optimizer) {
   checkpoint::TensorSink sink;
   const auto lazy = [&](const LogicalTensor& t) {
-    return sink.add(t.dtype, t.shape, [&files, &t] { return files.read_full(t); });
+    return sink.add(t.dtype, t.shape, [&files, &t] { return files.read_full_reused(t); });
   };
   std::vector<std::pair<std::string, PtValue>> model;
   for (const auto& t : files.model()) model.emplace_back(t.name, lazy(t));
@@ -93,7 +93,7 @@ void write_safetensors(const ShardedCheckpointFiles& files, const std::string& p
   std::vector<SafetensorsTensorInfo> infos;
   for (const auto* t : all) infos.push_back({name_of(*t), t->dtype, t->shape});
   SafetensorsWriter writer(path, infos, metadata);
-  for (const auto* t : all) writer.write(name_of(*t), files.read_full(*t));
+  for (const auto* t : all) writer.write(name_of(*t), files.read_full_reused(*t));
   writer.finish();
 }
 
@@ -263,7 +263,7 @@ void reshard_sharded_checkpoint(const std::string& ckpt_prefix, const std::strin
   // Each tensor read whole once and handed to every rank's file.
   size_t k = 0;
   const auto spread = [&](const LogicalTensor& t) {
-    const at::Tensor full = files.read_full(t);
+    const at::Tensor full = files.read_full_reused(t);
     for (int r = 0; r < world_size; ++r) {
       int64_t first = 0;
       const int64_t rows = rows_on(t, r, first);

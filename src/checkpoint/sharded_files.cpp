@@ -255,9 +255,25 @@ void ShardedCheckpointFiles::index_optimizer() {
   }
 }
 
+at::Tensor ShardedCheckpointFiles::read_full_reused(const LogicalTensor& t) const {
+  const int64_t bytes = t.bytes();
+  if (!scratch_.defined() || scratch_.numel() < bytes) scratch_ = at::empty({std::max<int64_t>(bytes, 1)}, at::kByte);
+  return read_full_into(t, at::from_blob(scratch_.data_ptr(), t.shape, at::TensorOptions().dtype(t.dtype)));
+}
+
 at::Tensor ShardedCheckpointFiles::read_full(const LogicalTensor& t) const {
-  if (!t.sharded) return reader(0).read_tensor(*t.pieces[0]);
-  at::Tensor full = at::empty(t.shape, at::TensorOptions().dtype(t.dtype));
+  return read_full_into(t, at::empty(t.shape, at::TensorOptions().dtype(t.dtype)));
+}
+
+at::Tensor ShardedCheckpointFiles::read_full_into(const LogicalTensor& t, at::Tensor full) const {
+  if (!t.sharded) {
+    const PtTensorRef& ref = *t.pieces[0];
+    if (ref.storage_offset == 0 && ref.storage_numel == numel_of(ref.sizes) && ref.sizes == t.shape) {
+      reader(0).read_storage_into(ref.storage_key, full.data_ptr(), static_cast<uint64_t>(t.bytes()));
+      return full;
+    }
+    return reader(0).read_tensor(ref);
+  }
   char* out = static_cast<char*>(full.data_ptr());
   const int64_t element = static_cast<int64_t>(c10::elementSize(t.dtype));
   int64_t at_byte = 0;

@@ -55,11 +55,16 @@ class ShardedCheckpointFiles {
   int64_t save_id() const { return save_id_; }
 
   at::Tensor read_full(const LogicalTensor& t) const;
+  // The same in one buffer this object keeps and reuses (grown to the
+  // largest tensor read): valid until the next call. For streaming tools,
+  // which then touch no fresh memory per tensor.
+  at::Tensor read_full_reused(const LogicalTensor& t) const;
   // Rows [first, first + rows) of the full tensor (a 0-d one: whole when
   // rows is 1, an empty [0] when 0).
   at::Tensor read_rows(const LogicalTensor& t, int64_t first, int64_t rows) const;
 
  private:
+  at::Tensor read_full_into(const LogicalTensor& t, at::Tensor full) const;
   void check_set();
   void index_model();
   void index_optimizer();
@@ -73,6 +78,7 @@ class ShardedCheckpointFiles {
   std::vector<LogicalTensor> model_, optimizer_;
   const PtValue* optimizer_tree_ = nullptr;
   int64_t save_id_ = 0;
+  mutable at::Tensor scratch_;  // read_full_reused's bytes
 };
 
 }  // namespace tdist::checkpoint
