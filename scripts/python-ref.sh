@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The Python packages tdist's tests check its files against, in the
-# project's .venv (the one scripts/torch2.sh uses): safetensors, pinned.
+# project's .venv (the one scripts/torch2.sh uses): safetensors, pinned, and
+# an importable torch 2.x (scripts/torch2.sh importable), whose torch.load
+# the tests run on tdist's .pt files.
 # tdist itself never needs Python; the tests use it to show that the files
 # it writes load in the Python tools people use.
 #
@@ -29,9 +31,11 @@ install() {
     echo "tdist: creating $venv" >&2
     /usr/bin/python3 -m venv "$venv"
   fi
-  have safetensors "$SAFETENSORS_VERSION" && return 0
-  echo "tdist: installing safetensors $SAFETENSORS_VERSION into $venv" >&2
-  "$py" -m pip install --quiet --disable-pip-version-check "safetensors==$SAFETENSORS_VERSION"
+  if ! have safetensors "$SAFETENSORS_VERSION"; then
+    echo "tdist: installing safetensors $SAFETENSORS_VERSION into $venv" >&2
+    "$py" -m pip install --quiet --disable-pip-version-check "safetensors==$SAFETENSORS_VERSION"
+  fi
+  VENV=$venv bash "$root/scripts/torch2.sh" importable
 }
 
 case "${1:-}" in

@@ -6,8 +6,14 @@
 #                               dependencies, plus the two CUDA runtime
 #                               libraries libtorch_cpu.so needs to load
 #                               (libcudart, libcupti: ~14 MB)
-#   scripts/torch2.sh python    also what `import torch` needs (the CUDA
-#                               libraries libtorch_cuda.so links: ~2 GB)
+#   scripts/torch2.sh importable  what `import torch` needs to load on a
+#                               machine without a GPU: the CUDA libraries
+#                               libtorch_cuda.so links that the C++ install
+#                               lacks (cufile, cuSPARSELt, NVSHMEM, NCCL, at
+#                               the wheel's pins: ~450 MB) and the pure-Python
+#                               dependencies; what the tests' torch.load needs
+#   scripts/torch2.sh python    everything torch depends on (the CUDA
+#                               libraries: ~2 GB), for the comparison scripts
 #   scripts/torch2.sh prefix    prints the LibTorch prefix (for
 #                               CMAKE_PREFIX_PATH), installing first if needed
 #   scripts/torch2.sh version   prints the pinned version
@@ -89,6 +95,30 @@ install_cpp() {
   fi
 }
 
+# The wheel's own pin of a dependency (its Requires-Dist), e.g. "==0.8.1".
+requirement_pin() {
+  "$py" - "$1" <<'EOF'
+import importlib.metadata as m, re, sys
+for r in m.requires("torch") or []:
+    g = re.match(re.escape(sys.argv[1]) + r"\s*(==\s*[0-9.]+)", r)
+    if g:
+        print(g.group(1).replace(" ", ""))
+        break
+EOF
+}
+
+install_importable() {
+  install_cpp
+  if ! "$py" -c 'import numpy, torch' >/dev/null 2>&1; then
+    log "installing what import torch==$TORCH2_VERSION needs (cufile, cuSPARSELt, NVSHMEM, NCCL: ~450 MB) into $venv"
+    pip_install "cuda-toolkit[cufile]$(cuda_toolkit_pin)" \
+      "nvidia-cusparselt-cu13$(requirement_pin nvidia-cusparselt-cu13)" \
+      "nvidia-nvshmem-cu13$(requirement_pin nvidia-nvshmem-cu13)" \
+      "nvidia-nccl-cu13$(requirement_pin nvidia-nccl-cu13)" \
+      typing_extensions sympy networkx jinja2 fsspec filelock numpy
+  fi
+}
+
 install_python() {
   install_cpp
   if ! "$py" -c 'import torch, torch.distributed' >/dev/null 2>&1; then
@@ -99,8 +129,9 @@ install_python() {
 
 case "${1:-}" in
   install) install_cpp ;;
+  importable) install_importable ;;
   python) install_python ;;
   prefix) install_cpp; site_torch ;;
   version) echo "$TORCH2_VERSION" ;;
-  *) echo "usage: $0 install|python|prefix|version" >&2; exit 2 ;;
+  *) echo "usage: $0 install|importable|python|prefix|version" >&2; exit 2 ;;
 esac

@@ -1,7 +1,7 @@
 // The checkpoint tools and the failure cases of sharded checkpoints:
 // `tdist-ckpt consolidate` (pt, safetensors, libtorch) gives the full
 // state that the plain model loads, that Python's torch.load puts into an
-// equivalent nn.Module (torch 1.13) and that the safetensors
+// equivalent nn.Module (torch 1.13 and 2.x) and that the safetensors
 // package reads; `tdist-ckpt inspect` lists it; the per-rank files load in
 // Python; a kill -9 of a rank during a save leaves the previous checkpoint
 // loadable; a missing, duplicated, truncated, corrupted, mixed or foreign
@@ -110,8 +110,8 @@ TEST_F(Tools, ConsolidateWritesTheFullStateThatEveryoneReads) {
   tdist::load_full_state_dict(*plain, c.model);
   const auto x = torch::arange(12, torch::kFloat).reshape({2, 6}) / 10;
   const at::Tensor mine = plain(x).flatten();
-  // Python (torch 1.13): load_state_dict into the nn.Module twin, the same forward.
-  for (const std::string& python : {std::string("/usr/bin/python3")}) {
+  // Python, torch 1.13 and 2.x: load_state_dict into the nn.Module twin, the same forward.
+  for (const std::string& python : {std::string("/usr/bin/python3"), kVenvPython}) {
     const auto seen = nlohmann::json::parse(run(python + " " + kCheck + " module " + out));
     const auto out_values = seen["out"].get<std::vector<float>>();
     ASSERT_EQ(out_values.size(), 6u) << python;
@@ -189,7 +189,7 @@ TEST_F(Tools, InspectAndPythonSeeThePerRankFiles) {
   }
   EXPECT_TRUE(seen);
   EXPECT_NE(run(kBin + "/tdist-ckpt inspect --ckpt-prefix " + prefix_).find("world size 2"), std::string::npos);
-  for (const std::string& python : {std::string("/usr/bin/python3")}) {
+  for (const std::string& python : {std::string("/usr/bin/python3"), kVenvPython}) {
     const auto file = nlohmann::json::parse(run(python + " " + kCheck + " rank " + prefix_ + "_rank-1-of-2.pt"));
     EXPECT_EQ(file["keys"], nlohmann::json::array({"comm_hook", "model", "optimizer", "shard_metadata", "tdist"}));
     EXPECT_EQ(file["world_size"], 2);

@@ -1,7 +1,7 @@
 // .pt files: every dtype round-trips bit for bit; nested values round-trip
 // through the pickle; the zip is the format's (64-byte aligned data, the
 // records torch.save writes, zip64 past 4 GiB or when forced); Python's
-// torch.load (1.13 in /usr/bin/python3) reads our files, and
+// torch.load (1.13 in /usr/bin/python3, 2.x in .venv) reads our files, and
 // we read torch.save's (state dicts, parameters, bf16, views sharing a
 // storage); damaged, truncated or forbidden files are CheckpointErrors
 // naming the file and the problem; an unfinished save leaves the old file.
@@ -448,10 +448,10 @@ struct Python {
 };
 
 std::vector<Python> pythons() {
-  // Debian's python3-torch (scripts/install-deps.sh installs it). The
-  // .venv's torch 2.x is there for LibTorch: installed without its CUDA
-  // runtime packages, its Python side cannot be imported here.
-  return {{"torch 1.13 (/usr/bin/python3)", "/usr/bin/python3"}};
+  // Debian's python3-torch (scripts/install-deps.sh installs it) and the
+  // .venv's torch 2.x (scripts/python-ref.sh makes it importable).
+  return {{"torch 1.13 (/usr/bin/python3)", "/usr/bin/python3"},
+          {"torch 2.x (.venv)", TDIST_SOURCE_DIR "/.venv/bin/python"}};
 }
 
 // Why this Python cannot run the checks ("" when it can).
