@@ -146,9 +146,13 @@ TEST(Safetensors, AnUnfinishedSaveLeavesTheOldFile) {
   // A process killed in the middle of a save: the same.
   const pid_t pid = fork();
   if (pid == 0) {
-    tdist::SafetensorsWriter w(path, {{"x", at::kFloat, {1 << 20}}});
-    w.write("x", torch::zeros({1 << 20}));
-    raise(SIGKILL);
+    try {
+      tdist::SafetensorsWriter w(path, {{"x", at::kFloat, {1 << 20}}});
+      w.write("x", torch::zeros({1 << 20}));
+      raise(SIGKILL);
+    } catch (...) {
+    }
+    _exit(3);  // never the test's own code after a fork
   }
   int status = 0;
   waitpid(pid, &status, 0);
@@ -178,7 +182,9 @@ std::vector<Bad> bad_files() {
   v.push_back({"duplicate key", raw_file(ok_json(R"(,"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})"), f32x2),
                "twice"});
   v.push_back({"unknown dtype", raw_file(R"({"a":{"dtype":"F33","shape":[2],"data_offsets":[0,8]}})", f32x2),
-               "unknown or unsupported dtype"});
+               "unknown dtype 'F33'"});
+  v.push_back({"odd sub-byte data", raw_file(R"({"a":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}})", "  "),
+               "not a whole number of bytes"});
   v.push_back({"negative shape", raw_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", f32x2),
                "non-negative"});
   v.push_back({"float shape", raw_file(R"({"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", f32x2),
@@ -224,6 +230,30 @@ TEST(Safetensors, EveryDamagedOrForbiddenFileIsNamed) {
     }
   }
   EXPECT_THROW(tdist::load_safetensors(dir.path() + "/missing.safetensors"), CheckpointError);
+}
+
+// The format's dtypes tdist has no tensor for (F8_E4M3, F4, C64, ...) and a
+// null __metadata__: the file opens and lists them; reading one is refused.
+TEST(Safetensors, OtherDtypesOpenAndAreRefusedWhenRead) {
+  test::TempDir dir;
+  const std::string path = dir.path() + "/f8.safetensors";
+  spit(path, raw_file(R"({"__metadata__":null,"e":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]},)"
+                      R"("f":{"dtype":"F4","shape":[2,2],"data_offsets":[4,6]},)"
+                      R"("x":{"dtype":"F32","shape":[1],"data_offsets":[6,10]}})",
+                      std::string(10, '\0')));
+  tdist::SafetensorsReader r(path);
+  ASSERT_EQ(r.tensors().size(), 3u);
+  EXPECT_EQ(r.tensors()[0].format_dtype, "F8_E4M3");
+  EXPECT_EQ(r.tensors()[0].dtype, at::ScalarType::Undefined);
+  EXPECT_EQ(r.tensors()[1].format_dtype, "F4");
+  EXPECT_TRUE(r.metadata().empty());
+  EXPECT_TRUE(torch::equal(r.read("x"), torch::zeros({1})));
+  try {
+    r.read("e");
+    ADD_FAILURE() << "an F8_E4M3 tensor was read";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("F8_E4M3"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Safetensors, AnEmptyFileOfNoTensorsIsValid) {
