@@ -183,6 +183,11 @@ Staged stage_resharded(const std::string& prefix, const ShardedCheckpointOptions
   Staged s;
   s.ddp_buckets = ddp_buckets_from(files.reader(0).root().at("tdist"));
   const std::string where = "the checkpoint " + prefix + options.suffix;
+  if (options.comm_hook_state) {
+    throw CheckpointError(where + " was saved by " + std::to_string(files.world_size()) + " ranks in another layout: " +
+                          "a comm hook's state resumes only from each rank's own file (the same world size, " +
+                          "now " + std::to_string(pg.size()) + ", and the same sharding)");
+  }
   const bool fsdp = detail::units_group(model) != nullptr;
   std::map<std::string, detail::UnitParam> units;  // by name
   for (auto& [impl, u] : checkpoint::units_of(model)) units.emplace(u.original_name, u);
@@ -220,11 +225,6 @@ Staged stage_resharded(const std::string& prefix, const ShardedCheckpointOptions
       o.state[t.param][t.field] = rows ? files.read_rows(t, u->second.first_row, u->second.rows) : files.read_full(t);
     }
     s.optimizer = std::move(o);
-  }
-  if (options.comm_hook_state) {
-    throw CheckpointError(where + " was saved by " + std::to_string(files.world_size()) +
-                          " ranks: a comm hook's state resumes only at its own world size, not " +
-                          std::to_string(pg.size()));
   }
   return s;
 }
@@ -301,6 +301,13 @@ void load_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch:
     const std::string own = checkpoint::rank_file_path(prefix, options.suffix, pg.rank(), pg.size());
     staged = stage_own(own, pg, model, optimizer != nullptr, save_id);
     if (!staged) staged = stage_resharded(prefix, options, pg, model, optimizer != nullptr, save_id);
+    if (options.comm_hook_state) {  // checked on a probe, before anything changes
+      if (staged->comm_hook.empty()) throw CheckpointError("the checkpoint holds no comm hook state");
+      PowerSGDState probe(nullptr, options.comm_hook_state->options());
+      torch::serialize::InputArchive archive;
+      archive.load_from(staged->comm_hook.data(), staged->comm_hook.size());
+      probe.load(archive);
+    }
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -329,7 +336,6 @@ void load_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch:
   }
   if (optimizer) load_sharded_optimizer_state_dict(model, *optimizer, *staged->optimizer);
   if (options.comm_hook_state) {
-    if (staged->comm_hook.empty()) throw CheckpointError(std::string(what) + ": the checkpoint holds no comm hook state");
     torch::serialize::InputArchive archive;
     archive.load_from(staged->comm_hook.data(), staged->comm_hook.size());
     options.comm_hook_state->load(archive);

@@ -159,6 +159,20 @@ TEST(ShardedCheckpoint, DdpWithAPowerSgdHookResumesBitForBit) {
     auto ddp = make(99, state);
     torch::optim::SGD opt(ddp->parameters(), torch::optim::SGDOptions(0.02).momentum(0.9));
     tdist::ShardedCheckpointOptions c;
+    // A hook state of other options is refused before anything changes.
+    tdist::PowerSGDOptions other = p;
+    other.matrix_approximation_rank = 2;
+    c.comm_hook_state = std::make_shared<tdist::PowerSGDState>(tdist::default_group(), other);
+    const auto before = tdist::full_state_dict(*ddp, false);
+    try {
+      tdist::load_sharded_checkpoint(prefix, pg, *ddp, &opt, c);
+      WORLD_CHECK(false, "a hook state of other options loaded");
+    } catch (const CheckpointError& e) {
+      WORLD_CHECK(std::string(e.what()).find("different options") != std::string::npos, e.what());
+    }
+    for (const auto& item : tdist::full_state_dict(*ddp, false)) {
+      WORLD_CHECK(torch::equal(item.value(), before[item.key()]), item.key() << " changed by a refused load");
+    }
     c.comm_hook_state = state;
     tdist::load_sharded_checkpoint(prefix, pg, *ddp, &opt, c);
     WORLD_CHECK(state->iter() == 4, "the hook's iteration: " << state->iter());
