@@ -14,9 +14,11 @@
 // group, DDP's, or any group for a plain model). A save writes each rank's
 // file to a temporary name, waits until every rank's is written and synced,
 // then renames them into place: a crash or kill before that point leaves
-// the previous checkpoint whole. Loading checks the files as a set (ranks
-// 0..w-1 each once, one world size, one save) and the model (every name and
-// shape) before it changes anything. At the saving world size each rank
+// the previous checkpoint whole. Files of another world size under the same
+// prefix (an older save's) are removed once the new ones are in place.
+// Loading checks the files as a set (ranks 0..w-1 each once, one world
+// size, one save), the model (every name and shape), the optimizer (kind,
+// groups, names, shapes) and a hook's state before it changes anything. At the saving world size each rank
 // reads only its own file; at another, each rank reads the rows it needs
 // from the files that hold them, one piece at a time.
 //
@@ -47,7 +49,9 @@ struct ShardedCheckpointOptions {
   // A PowerSGD hook's state (error feedback, Q memories, RNG), saved with
   // each rank's file and loaded back; resuming it needs the same world size.
   std::shared_ptr<PowerSGDState> comm_hook_state;
-  // How long a rank waits for the others during a save or load.
+  // How long a rank waits for the others at each step of a save or load;
+  // it includes the slowest rank's writing or reading of its file, so give
+  // large checkpoints on slow disks more.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
 };
 

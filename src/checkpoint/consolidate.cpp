@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint_tree.h"
+#include "checkpoint/file_io.h"
 #include "checkpoint/sharded_files.h"
 #include "tdist/checkpoint.h"
 #include "tdist/sharded_checkpoint.h"
@@ -164,9 +165,12 @@ void write_libtorch(const ShardedCheckpointFiles& files, const std::string& path
       };
   torch::serialize::OutputArchive archive;
   fill(root, archive, "");
-  const std::string tmp = path + ".tmp-libtorch";
-  archive.save_to(tmp);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw CheckpointError(path + ": cannot rename " + tmp + " over it");
+  checkpoint::AtomicFileWriter out(path);  // a temporary of its own, synced and renamed
+  archive.save_to([&out](const void* data, size_t n) {
+    out.write(data, n);
+    return n;
+  });
+  out.commit();
 }
 
 std::vector<int64_t> with_rows(const std::vector<int64_t>& full, int64_t rows) {
@@ -206,6 +210,7 @@ std::string consolidate_sharded_model_checkpoints(const std::string& ckpt_prefix
 void reshard_sharded_checkpoint(const std::string& ckpt_prefix, const std::string& ckpt_suffix, int world_size,
                                 const std::string& out_prefix) {
   if (world_size < 1) throw UsageError("reshard: the world size must be at least 1");
+  if (out_prefix == ckpt_prefix) throw UsageError("reshard: write to another prefix than the checkpoint's own");
   const ShardedCheckpointFiles files(ckpt_prefix, ckpt_suffix);
   const auto rows_on = [&](const LogicalTensor& t, int r, int64_t& first) {
     const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
@@ -242,8 +247,10 @@ void reshard_sharded_checkpoint(const std::string& ckpt_prefix, const std::strin
         p.shard_shape = u.sharded ? with_rows(p.shape, std::clamp<int64_t>(rows - p.first_row, 0, per)) : p.shape;
       }
     }
-    std::vector<PtValue> buffers;
+    std::vector<PtValue> buffers, modules;
     for (const auto& b : buffer_names(files)) buffers.push_back(PtValue::string(b));
+    for (const auto& m : tag_names(files, "modules")) modules.push_back(PtValue::string(m));
+    const PtValue* ddp_buckets = files.reader(0).root().at("tdist").find("ddp_buckets");
     const PtValue root = PtValue::dict(
         {{"model", PtValue::dict(std::move(model))},
          {"shard_metadata", checkpoint::metadata_value(md)},
@@ -254,7 +261,9 @@ void reshard_sharded_checkpoint(const std::string& ckpt_prefix, const std::strin
                                   {"save_id", PtValue::integer(save_id)},
                                   {"world_size", PtValue::integer(world_size)},
                                   {"rank", PtValue::integer(r)},
-                                  {"buffers", PtValue::list(std::move(buffers))}})}});
+                                  {"buffers", PtValue::list(std::move(buffers))},
+                                  {"modules", PtValue::list(std::move(modules))},
+                                  {"ddp_buckets", ddp_buckets ? *ddp_buckets : PtValue()}})}});
     writers.push_back(std::make_unique<checkpoint::PtWriter>(
         checkpoint::rank_file_path(out_prefix, ckpt_suffix, r, world_size)));
     writers.back()->begin(root);
@@ -268,7 +277,10 @@ void reshard_sharded_checkpoint(const std::string& ckpt_prefix, const std::strin
       int64_t first = 0;
       const int64_t rows = rows_on(t, r, first);
       at::Tensor part = full;
-      if (t.sharded) part = t.shape.empty() ? (rows ? full : full.reshape({1}).narrow(0, 0, 0)) : full.narrow(0, first, rows);
+      if (t.sharded) {
+        part = t.shape.empty() ? (rows ? full : full.reshape({1}).narrow(0, 0, 0))
+                               : full.narrow(0, std::min(first, t.shape[0]), rows);  // a rank of no rows may start past the end
+      }
       writers[static_cast<size_t>(r)]->write_storage(keys[static_cast<size_t>(r)][k], part);
     }
     ++k;

@@ -7,6 +7,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "checkpoint/load_checks.h"
 #include "checkpoint/model_entries.h"
 #include "checkpoint/optimizer_kinds.h"
 #include "tdist/state_dict.h"
@@ -124,7 +125,7 @@ OptimizerStateDict take(torch::nn::Module& model, torch::optim::Optimizer& opt, 
 }
 
 void put(torch::nn::Module& model, torch::optim::Optimizer& opt, const OptimizerStateDict& state, bool full,
-         const char* what) {
+         const char* what, bool apply = true) {
   const checkpoint::OptimizerKind& kind = checkpoint::kind_of(opt);
   const checkpoint::Units units = checkpoint::units_of(model);
   const auto pg = detail::units_group(model);
@@ -183,6 +184,7 @@ void put(torch::nn::Module& model, torch::optim::Optimizer& opt, const Optimizer
   for (const auto& item : state.state) {
     if (!stepped.count(item.key())) fail("the state's '" + item.key() + "' is no parameter the optimizer steps");
   }
+  if (!apply) return;
   for (size_t g = 0; g < groups.size(); ++g) {
     kind.write_options(opt.param_groups()[g].options(), state.param_groups[g].options);
   }
@@ -211,5 +213,12 @@ void load_sharded_optimizer_state_dict(torch::nn::Module& model, torch::optim::O
                                        const OptimizerStateDict& state) {
   put(model, opt, state, /*full=*/false, "load_sharded_optimizer_state_dict");
 }
+
+namespace checkpoint {
+void check_sharded_optimizer_state(torch::nn::Module& model, torch::optim::Optimizer& opt,
+                                   const OptimizerStateDict& state) {
+  put(model, opt, state, /*full=*/false, "load_sharded_optimizer_state_dict", /*apply=*/false);
+}
+}  // namespace checkpoint
 
 }  // namespace tdist

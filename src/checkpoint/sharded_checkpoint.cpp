@@ -11,8 +11,10 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <unistd.h>
 
 #include "checkpoint/checkpoint_tree.h"
+#include "checkpoint/load_checks.h"
 #include "checkpoint/model_entries.h"
 #include "checkpoint/sharded_files.h"
 
@@ -142,6 +144,10 @@ std::optional<Staged> stage_own(const std::string& path, ProcessGroup& pg, torch
   if (tag.at("kind").as_string() != "sharded" || saved.world_size != pg.size() || saved.rank != pg.rank()) {
     return std::nullopt;
   }
+  if (tag.at("format").as_int() != checkpoint::kFormatVersion) {
+    throw CheckpointError(path + ": format " + std::to_string(tag.at("format").as_int()) + ", this tdist reads " +
+                          std::to_string(checkpoint::kFormatVersion));
+  }
   // The same shards: every unit parameter with the same rows here.
   std::vector<std::tuple<std::string, std::vector<int64_t>, int64_t>> a, b;
   for (const auto& u : saved.units) {
@@ -154,7 +160,10 @@ std::optional<Staged> stage_own(const std::string& path, ProcessGroup& pg, torch
   save_id = tag.at("save_id").as_int();
   Staged s;
   s.ddp_buckets = ddp_buckets_from(tag);
-  const auto read = [&](const PtTensorRef& ref) { return reader.read_tensor(ref); };
+  const auto read = [&](const PtTensorRef& ref) {
+    checkpoint::check_whole(ref, path, "storage " + ref.storage_key);  // nothing sized by a stride of 0
+    return reader.read_tensor(ref);
+  };
   for (const auto& [name, v] : checkpoint::field(root, "model", path).entries()) {
     s.model.tensors.insert(name, read(v.as_tensor()));
   }
@@ -221,7 +230,9 @@ Staged stage_resharded(const std::string& prefix, const ShardedCheckpointOptions
     o.rank = fsdp ? pg.rank() : 0;
     for (const auto& t : files.optimizer()) {
       const auto u = units.find(t.param);
-      const bool rows = t.sharded && u != units.end() && u->second.sharded;
+      // This rank's rows of state shaped like its parameter (a whole
+      // parameter's state from a checkpoint without sharding too).
+      const bool rows = u != units.end() && u->second.sharded && t.field != "step" && t.shape == u->second.full_shape;
       o.state[t.param][t.field] = rows ? files.read_rows(t, u->second.first_row, u->second.rows) : files.read_full(t);
     }
     s.optimizer = std::move(o);
@@ -229,79 +240,132 @@ Staged stage_resharded(const std::string& prefix, const ShardedCheckpointOptions
   return s;
 }
 
+// Builds and writes (not syncs) this rank's file.
+void write_rank_file(PtWriter& writer, ProcessGroup& pg, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                     const ShardedCheckpointOptions& options, int64_t save_id) {
+  ShardedStateDict local = sharded_state_dict(model);
+  local.metadata.world_size = pg.size();
+  local.metadata.rank = pg.rank();
+  checkpoint::TensorSink sink;
+  std::vector<std::pair<std::string, PtValue>> tensors;
+  for (const auto& item : local.tensors) tensors.emplace_back(item.key(), sink.add(item.value()));
+  std::vector<PtValue> buffers, modules;
+  for (const auto& e : checkpoint::entries_of(model)) {
+    if (!e.parameter) buffers.push_back(PtValue::string(e.name));
+  }
+  for (const auto& m : checkpoint::module_names(model)) modules.push_back(PtValue::string(m));
+  PtValue opt;
+  if (optimizer) {
+    OptimizerStateDict o = sharded_optimizer_state_dict(model, *optimizer);
+    o.world_size = pg.size();
+    o.rank = pg.rank();
+    opt = checkpoint::optimizer_value(o, sink);
+  }
+  PtValue hook;
+  if (options.comm_hook_state) {
+    const std::string bytes = archive_bytes(*options.comm_hook_state);
+    at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+    std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+    hook = sink.add(t);
+  }
+  const PtValue root = PtValue::dict(
+      {{"model", PtValue::dict(std::move(tensors))},
+       {"shard_metadata", checkpoint::metadata_value(local.metadata)},
+       {"optimizer", std::move(opt)},
+       {"comm_hook", std::move(hook)},
+       {"tdist", PtValue::dict({{"format", PtValue::integer(checkpoint::kFormatVersion)},
+                                {"kind", PtValue::string("sharded")},
+                                {"save_id", PtValue::integer(save_id)},
+                                {"world_size", PtValue::integer(pg.size())},
+                                {"rank", PtValue::integer(pg.rank())},
+                                {"buffers", PtValue::list(std::move(buffers))},
+                                {"modules", PtValue::list(std::move(modules))},
+                                {"ddp_buckets", ddp_buckets_value(model)}})}});
+  sink.write(writer, root);
+}
+
+// set_bucket_indices' check, before anything changes: a permutation of
+// the DDP's parameters.
+void check_bucket_layout(detail::DataParallel& ddp, const std::vector<std::vector<size_t>>& layout) {
+  size_t n = 0;
+  for (const auto& b : ddp.bucket_indices()) n += b.size();
+  std::vector<char> seen(n, 0);
+  size_t count = 0;
+  for (const auto& b : layout) {
+    for (const size_t k : b) {
+      if (k >= n || seen[k]) throw CheckpointError("the checkpoint's DDP buckets are no layout of this model's " +
+                                                   std::to_string(n) + " parameters");
+      seen[k] = 1;
+      ++count;
+    }
+  }
+  if (count != n) throw CheckpointError("the checkpoint's DDP buckets hold " + std::to_string(count) +
+                                        " parameters, this model " + std::to_string(n));
+}
+
 }  // namespace
 
 void save_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& model,
                              torch::optim::Optimizer* optimizer, const ShardedCheckpointOptions& options) {
   const char* what = "save_sharded_checkpoint";
-  check_group(what, pg, model);
-  const std::string path = checkpoint::rank_file_path(prefix, options.suffix, pg.rank(), pg.size());
   const int64_t save_id = agreed_save_id(pg, options.timeout);
   std::optional<PtWriter> writer;
   std::string error;
   try {
-    ShardedStateDict local = sharded_state_dict(model);
-    local.metadata.world_size = pg.size();
-    local.metadata.rank = pg.rank();
-    checkpoint::TensorSink sink;
-    std::vector<std::pair<std::string, PtValue>> tensors;
-    for (const auto& item : local.tensors) tensors.emplace_back(item.key(), sink.add(item.value()));
-    std::vector<PtValue> buffers, modules;
-    for (const auto& e : checkpoint::entries_of(model)) {
-      if (!e.parameter) buffers.push_back(PtValue::string(e.name));
-    }
-    for (const auto& m : checkpoint::module_names(model)) modules.push_back(PtValue::string(m));
-    PtValue opt;
-    if (optimizer) {
-      OptimizerStateDict o = sharded_optimizer_state_dict(model, *optimizer);
-      o.world_size = pg.size();
-      o.rank = pg.rank();
-      opt = checkpoint::optimizer_value(o, sink);
-    }
-    PtValue hook;
-    if (options.comm_hook_state) {
-      const std::string bytes = archive_bytes(*options.comm_hook_state);
-      at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-      std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-      hook = sink.add(t);
-    }
-    const PtValue root = PtValue::dict(
-        {{"model", PtValue::dict(std::move(tensors))},
-         {"shard_metadata", checkpoint::metadata_value(local.metadata)},
-         {"optimizer", std::move(opt)},
-         {"comm_hook", std::move(hook)},
-         {"tdist", PtValue::dict({{"format", PtValue::integer(checkpoint::kFormatVersion)},
-                                  {"kind", PtValue::string("sharded")},
-                                  {"save_id", PtValue::integer(save_id)},
-                                  {"world_size", PtValue::integer(pg.size())},
-                                  {"rank", PtValue::integer(pg.rank())},
-                                  {"buffers", PtValue::list(std::move(buffers))},
-                                  {"modules", PtValue::list(std::move(modules))},
-                                  {"ddp_buckets", ddp_buckets_value(model)}})}});
-    writer.emplace(path);
-    sink.write(*writer, root);
+    check_group(what, pg, model);
+    writer.emplace(checkpoint::rank_file_path(prefix, options.suffix, pg.rank(), pg.size()));
+    write_rank_file(*writer, pg, model, optimizer, options, save_id);
     writer->sync();
   } catch (const std::exception& e) {
-    error = e.what();
+    error = *e.what() ? e.what() : "an error without words";
   }
   const std::string failed = first_error(what, pg, error, options.timeout);
   if (!failed.empty()) throw CheckpointError(std::string(what) + ": " + failed + " (no file was replaced)");
-  writer->commit();
+  try {
+    writer->commit();
+  } catch (const std::exception& e) {
+    error = *e.what() ? e.what() : "the rename failed";
+  }
+  const std::string renamed = first_error(what, pg, error, options.timeout);
+  if (!renamed.empty()) {
+    throw CheckpointError(std::string(what) + ": " + renamed + ", after other ranks had renamed theirs: the files " +
+                          "under " + prefix + " are from two saves now, which every load refuses; save again");
+  }
+  // Files of another world size under this prefix are an older save's:
+  // rank 0 removes them (a load refuses a prefix holding two world sizes).
+  if (pg.rank() == 0) {
+    for (const auto& f : checkpoint::find_rank_files(prefix, options.suffix)) {
+      if (f.world_size >= 0 && f.world_size != pg.size()) ::unlink(f.path.c_str());
+    }
+  }
   first_error(what, pg, "", options.timeout);  // every file in place when any rank returns
 }
 
 void load_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& model,
                              torch::optim::Optimizer* optimizer, const ShardedCheckpointOptions& options) {
   const char* what = "load_sharded_checkpoint";
-  check_group(what, pg, model);
   std::optional<Staged> staged;
   int64_t save_id = 0;
   std::string error;
+  detail::DataParallel* ddp = ddp_of(model);
   try {
+    check_group(what, pg, model);
+    std::map<int64_t, std::string> worlds;
+    for (const auto& f : checkpoint::find_rank_files(prefix, options.suffix)) {
+      if (f.world_size >= 0) worlds.emplace(f.world_size, f.path);
+    }
+    if (worlds.size() > 1) {
+      throw CheckpointError("files of different world sizes under " + prefix + ": " + worlds.begin()->second +
+                            " and " + worlds.rbegin()->second + " (remove the older save's)");
+    }
     const std::string own = checkpoint::rank_file_path(prefix, options.suffix, pg.rank(), pg.size());
     staged = stage_own(own, pg, model, optimizer != nullptr, save_id);
     if (!staged) staged = stage_resharded(prefix, options, pg, model, optimizer != nullptr, save_id);
-    if (options.comm_hook_state) {  // checked on a probe, before anything changes
+    // Every part checked before any is applied.
+    checkpoint::check_sharded_model_state(model, staged->model);
+    if (ddp && staged->ddp_buckets) check_bucket_layout(*ddp, *staged->ddp_buckets);
+    if (optimizer) checkpoint::check_sharded_optimizer_state(model, *optimizer, *staged->optimizer);
+    if (options.comm_hook_state) {  // on a probe
       if (staged->comm_hook.empty()) throw CheckpointError("the checkpoint holds no comm hook state");
       PowerSGDState probe(nullptr, options.comm_hook_state->options());
       torch::serialize::InputArchive archive;
@@ -309,7 +373,7 @@ void load_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch:
       probe.load(archive);
     }
   } catch (const std::exception& e) {
-    error = e.what();
+    error = *e.what() ? e.what() : "an error without words";
   }
   const std::string failed = first_error(what, pg, error, options.timeout);
   if (!failed.empty()) throw CheckpointError(std::string(what) + ": " + failed + " (nothing was loaded)");
@@ -326,14 +390,7 @@ void load_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch:
                           " come from different saves (one that did not finish?); nothing was loaded");
   }
   load_sharded_state_dict(model, staged->model);
-  detail::DataParallel* ddp = ddp_of(model);
-  if (ddp && staged->ddp_buckets) {
-    try {
-      ddp->set_bucket_indices(*staged->ddp_buckets);
-    } catch (const UsageError& e) {
-      throw CheckpointError(std::string(what) + ": the checkpoint's DDP buckets do not fit this model: " + e.what());
-    }
-  }
+  if (ddp && staged->ddp_buckets) ddp->set_bucket_indices(*staged->ddp_buckets);
   if (optimizer) load_sharded_optimizer_state_dict(model, *optimizer, *staged->optimizer);
   if (options.comm_hook_state) {
     torch::serialize::InputArchive archive;

@@ -56,11 +56,26 @@ std::vector<int64_t> rows_shape(const std::vector<int64_t>& full, int64_t rows) 
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
-  for (const int64_t d : shape) n *= d;
+  for (const int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) throw CheckpointError("a shape that is negative or overflows");
+  }
   return n;
 }
 
 }  // namespace
+
+void check_whole(const PtTensorRef& ref, const std::string& path, const std::string& name) {
+  bool contiguous = ref.storage_offset == 0;
+  int64_t expected = 1;
+  for (size_t d = ref.sizes.size(); contiguous && d-- > 0;) {
+    if (ref.sizes[d] < 0) contiguous = false;
+    if (ref.sizes[d] > 1 && ref.strides[d] != expected) contiguous = false;
+    if (contiguous && __builtin_mul_overflow(expected, std::max<int64_t>(ref.sizes[d], 1), &expected)) contiguous = false;
+  }
+  if (!contiguous || ref.sizes.size() != ref.strides.size() || ref.storage_numel != numel_of(ref.sizes)) {
+    throw CheckpointError(path + ": '" + name + "' is not a whole, contiguous storage (what tdist writes)");
+  }
+}
 
 int64_t LogicalTensor::bytes() const {
   return numel_of(shape) * static_cast<int64_t>(c10::elementSize(dtype));
@@ -82,35 +97,51 @@ std::string rank_file_path(const std::string& prefix, const std::string& suffix,
   return out;
 }
 
-ShardedCheckpointFiles::ShardedCheckpointFiles(const std::string& prefix, const std::string& suffix) {
-  const int stars = static_cast<int>(std::count(suffix.begin(), suffix.end(), '*'));
-  if (stars < 1 || stars > 2) {
-    throw UsageError("checkpoint suffix '" + suffix + "': give one '*' for the rank and one for the world size");
+static void check_suffix(const std::string& suffix) {
+  const size_t stars = static_cast<size_t>(std::count(suffix.begin(), suffix.end(), '*'));
+  bool ok = stars >= 1 && stars <= 2 && suffix[0] != '*';
+  for (size_t i = 0; ok && i + 1 < suffix.size(); ++i) {
+    ok = !(suffix[i] == '*' && (suffix[i + 1] == '*' || std::isdigit(static_cast<unsigned char>(suffix[i + 1]))));
   }
+  if (!ok) {
+    throw UsageError("checkpoint suffix '" + suffix + "': give one '*' for the rank and one for the world size, "
+                     "each after a character and before a non-digit (like \"_rank-*-of-*.pt\")");
+  }
+}
+
+std::vector<RankFile> find_rank_files(const std::string& prefix, const std::string& suffix) {
+  check_suffix(suffix);
   const std::string dir = directory_of(prefix), base = base_of(prefix);
-  std::map<int64_t, std::string> by_rank;
-  std::map<int64_t, std::string> worlds;  // world size -> a file saying it
+  std::vector<RankFile> out;
   if (DIR* d = ::opendir(dir.c_str())) {
     while (const dirent* e = ::readdir(d)) {
       const std::string name = e->d_name;
       if (name.compare(0, base.size(), base) != 0) continue;
       std::vector<int64_t> numbers;
       if (!match_digits(suffix, name.substr(base.size()), numbers)) continue;
-      const std::string path = dir + "/" + name;
-      const auto [it, fresh] = by_rank.emplace(numbers[0], path);
-      if (!fresh) {
-        ::closedir(d);
-        throw CheckpointError("rank " + std::to_string(numbers[0]) + " has two files: " + it->second + " and " +
-                              path);
-      }
-      if (numbers.size() > 1) worlds.emplace(numbers[1], path);
+      out.push_back({numbers[0], numbers.size() > 1 ? numbers[1] : -1, dir + "/" + name});
     }
     ::closedir(d);
   }
-  if (by_rank.empty()) throw CheckpointError("no checkpoint files " + prefix + suffix);
+  std::sort(out.begin(), out.end(), [](const RankFile& x, const RankFile& y) { return x.path < y.path; });
+  return out;
+}
+
+ShardedCheckpointFiles::ShardedCheckpointFiles(const std::string& prefix, const std::string& suffix) {
+  const std::vector<RankFile> found = find_rank_files(prefix, suffix);
+  if (found.empty()) throw CheckpointError("no checkpoint files " + prefix + suffix);
+  std::map<int64_t, std::string> worlds;  // world size -> a file saying it
+  for (const auto& f : found) {
+    if (f.world_size >= 0) worlds.emplace(f.world_size, f.path);
+  }
   if (worlds.size() > 1) {
     throw CheckpointError("files of different world sizes: " + worlds.begin()->second + " and " +
                           worlds.rbegin()->second + " (mixed checkpoints under one prefix?)");
+  }
+  std::map<int64_t, std::string> by_rank;
+  for (const auto& f : found) {
+    const auto [it, fresh] = by_rank.emplace(f.rank, f.path);
+    if (!fresh) throw CheckpointError("rank " + std::to_string(f.rank) + " has two files: " + it->second + " and " + f.path);
   }
   int64_t world = worlds.empty() ? static_cast<int64_t>(by_rank.size()) : worlds.begin()->first;
   if (world < 1) throw CheckpointError(by_rank.begin()->second + ": world size " + std::to_string(world));
@@ -156,6 +187,17 @@ void ShardedCheckpointFiles::check_set() {
         throw CheckpointError("is from another save than " + paths_[0] + " (a save that did not finish?)");
       }
       ShardMetadata md = metadata_from(field(root, "shard_metadata", path));
+      for (const auto& u : md.units) {
+        for (const auto& p : u.params) {
+          const int64_t rows = p.shape.empty() ? 1 : p.shape[0];
+          (void)numel_of(p.shape);  // negative or overflowing: refused
+          if (u.sharded && p.rows_per_rank != (rows + world - 1) / world) {
+            throw CheckpointError("'" + p.original_name + "' has " + std::to_string(p.rows_per_rank) +
+                                  " rows per rank; FSDP's layout at world " + std::to_string(world) + " has " +
+                                  std::to_string((rows + world - 1) / world));
+          }
+        }
+      }
       if (r == 0) metadata_ = md;
       bool same = md.units.size() == metadata_.units.size();
       for (size_t u = 0; same && u < md.units.size(); ++u) {
@@ -184,6 +226,9 @@ LogicalTensor ShardedCheckpointFiles::logical(const std::string& name, const std
   t.field = field_name;
   t.sharded = sharded;
   const PtTensorRef& first = per_rank[0]->as_tensor();
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    check_whole(per_rank[r]->as_tensor(), paths_[r], name);
+  }
   t.dtype = first.dtype;
   t.shape = sharded ? full_shape : first.sizes;
   if (!sharded) {
@@ -294,7 +339,8 @@ at::Tensor ShardedCheckpointFiles::read_full_into(const LogicalTensor& t, at::Te
 }
 
 at::Tensor ShardedCheckpointFiles::read_rows(const LogicalTensor& t, int64_t first, int64_t rows) const {
-  if (t.shape.empty()) return rows ? read_full(t) : at::empty({0}, at::TensorOptions().dtype(t.dtype));
+  if (rows == 0) return at::empty(rows_shape(t.shape, 0), at::TensorOptions().dtype(t.dtype));
+  if (t.shape.empty()) return read_full(t);
   if (!t.sharded) return read_full(t).narrow(0, first, rows).clone();
   at::Tensor out = at::empty(rows_shape(t.shape, rows), at::TensorOptions().dtype(t.dtype));
   int64_t start = 0;  // the piece's first row

@@ -38,6 +38,19 @@ struct LogicalTensor {
 // matches digits, the first the rank and the second (if any) the world size.
 std::string rank_file_path(const std::string& prefix, const std::string& suffix, int rank, int world_size);
 
+// Every file the prefix and suffix name, with the rank and (-1 without a
+// second '*') world size its name says. UsageError for a suffix whose '*'
+// could not be told apart from its neighbours.
+struct RankFile {
+  int64_t rank = 0, world_size = -1;
+  std::string path;
+};
+std::vector<RankFile> find_rank_files(const std::string& prefix, const std::string& suffix);
+
+// CheckpointError unless `ref` is a whole, contiguous storage from offset 0
+// (what tdist writes; the streaming readers copy storages as they are).
+void check_whole(const PtTensorRef& ref, const std::string& path, const std::string& name);
+
 class ShardedCheckpointFiles {
  public:
   ShardedCheckpointFiles(const std::string& prefix, const std::string& suffix);

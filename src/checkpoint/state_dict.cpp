@@ -11,6 +11,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "checkpoint/load_checks.h"
 #include "checkpoint/model_entries.h"
 #include "util/check.h"
 
@@ -126,8 +127,11 @@ ShardedStateDict sharded_state_dict(torch::nn::Module& model) {
   return out;
 }
 
-void load_sharded_state_dict(torch::nn::Module& model, const ShardedStateDict& state, bool strict) {
-  const std::vector<Entry> entries = entries_of(model);
+namespace {
+
+// load_sharded_state_dict's checks: the state's tensor for each entry.
+std::vector<const at::Tensor*> check_sharded(torch::nn::Module& model, const std::vector<Entry>& entries,
+                                             const ShardedStateDict& state, bool strict) {
   ShardMetadata md;
   if (detail::units_group(model)) {
     detail::settle_units(model, "load_sharded_state_dict");
@@ -139,8 +143,19 @@ void load_sharded_state_dict(torch::nn::Module& model, const ShardedStateDict& s
                           std::to_string(md.rank) + " of " + std::to_string(md.world_size) +
                           ": load it at its own world size, or go through a full state dict");
   }
-  const auto sources = match("load_sharded_state_dict", entries, state.tensors, strict,
-                             [](const Entry& e) { return e.tensor.sizes().vec(); });
+  return match("load_sharded_state_dict", entries, state.tensors, strict,
+               [](const Entry& e) { return e.tensor.sizes().vec(); });
+}
+
+}  // namespace
+
+void checkpoint::check_sharded_model_state(torch::nn::Module& model, const ShardedStateDict& state) {
+  check_sharded(model, entries_of(model), state, /*strict=*/true);
+}
+
+void load_sharded_state_dict(torch::nn::Module& model, const ShardedStateDict& state, bool strict) {
+  const std::vector<Entry> entries = entries_of(model);
+  const auto sources = check_sharded(model, entries, state, strict);
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < entries.size(); ++i) entries[i].tensor.detach().copy_(*sources[i]);
 }

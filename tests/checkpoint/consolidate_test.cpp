@@ -267,6 +267,23 @@ TEST_F(Tools, EveryBrokenCheckpointIsNamed) {
   spit(r1, slurp(other + "_rank-1-of-2.pt"));
   expect_refused(prefix_, "different saves");
   restore();
+  // Another optimizer than the one saved: refused before the model changes.
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    tdist::FullyShardedDataParallelOptions o;
+    torch::manual_seed(99);
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    const StateDict before = tdist::full_state_dict(*model, false);
+    try {
+      tdist::load_sharded_checkpoint(prefix_, pg, *model, &opt);
+      WORLD_CHECK(false, "Adam's state loaded into SGD");
+    } catch (const CheckpointError& e) {
+      WORLD_CHECK(std::string(e.what()).find("the state is Adam's, the optimizer SGD") != std::string::npos, e.what());
+    }
+    for (const auto& item : tdist::full_state_dict(*model, false)) {
+      WORLD_CHECK(torch::equal(item.value(), before[item.key()]), item.key() << " changed by a refused load");
+    }
+  }), "");
   // A checkpoint of another model: the names say so.
   EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
     tdist::FullyShardedDataParallelOptions o;

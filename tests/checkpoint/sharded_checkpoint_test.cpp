@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -231,8 +232,64 @@ TEST_P(Resharding, LoadsTheSavedFullStateExactly) {
   load_and_check(prefix + "_re", "resharded by tdist-ckpt");
 }
 
-const Move kMoves[] = {{2, 3, Into::fsdp}, {3, 2, Into::fsdp}, {4, 1, Into::fsdp}, {2, 1, Into::plain},
-                       {2, 2, Into::ddp}};
+// 2 -> 4: fc1's 5 rows leave rank 3 none, its first row past the end.
+const Move kMoves[] = {{2, 3, Into::fsdp}, {3, 2, Into::fsdp}, {4, 1, Into::fsdp}, {2, 4, Into::fsdp},
+                       {2, 1, Into::plain}, {2, 2, Into::ddp}};
+// A DDP checkpoint (whole tensors, no shard metadata) into FSDP at world 3:
+// each rank takes its rows of the model and of Adam's state.
+TEST(ShardedCheckpoint, ADdpCheckpointLoadsIntoFsdp) {
+  TempDir dir;
+  const std::string prefix = dir.path() + "/ddp", reference = dir.path() + "/full.safetensors";
+  ASSERT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    torch::manual_seed(1);
+    tdist::DistributedDataParallel<Net> ddp{Net()};
+    torch::optim::Adam opt(ddp->parameters(), 0.01);
+    train(ddp, opt, pg, 0, 2);
+    tdist::save_sharded_checkpoint(prefix, pg, *ddp, &opt);
+    save_reference(reference, *ddp, opt, pg.rank());
+  }), "");
+  EXPECT_EQ(run_world(3, [&](ProcessGroup& pg) {
+    auto o = wrap_options();
+    torch::manual_seed(99);
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::Adam opt(model->parameters(), 0.5);
+    tdist::load_sharded_checkpoint(prefix, pg, *model, &opt);
+    expect_reference(reference, *model, opt, "DDP's checkpoint in FSDP");
+  }), "");
+}
+
+// A save at another world size under the same prefix replaces the older
+// save's files; a prefix holding two world sizes is refused on load.
+TEST(ShardedCheckpoint, ASaveAtAnotherWorldSizeReplacesTheOlderFiles) {
+  TempDir dir;
+  const std::string prefix = dir.path() + "/ckpt", two = dir.path() + "/two.safetensors",
+                    three = dir.path() + "/three.safetensors";
+  save_at(2, prefix, two);
+  const std::string stale = prefix + "_rank-0-of-2.pt", kept = dir.path() + "/stale.pt";
+  std::filesystem::copy_file(stale, kept);
+  save_at(3, prefix, three);
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_FALSE(std::filesystem::exists(prefix + "_rank-1-of-2.pt"));
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {  // the world-3 save, resharded
+    auto o = wrap_options();
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::Adam opt(model->parameters(), 0.5);
+    tdist::load_sharded_checkpoint(prefix, pg, *model, &opt);
+    expect_reference(three, *model, opt, "the newer save");
+  }), "");
+  std::filesystem::copy_file(kept, stale);  // an older save's file back beside the newer ones
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    auto o = wrap_options();
+    FSDP<Net> model(Net(&o), o);
+    try {
+      tdist::load_sharded_checkpoint(prefix, pg, *model);
+      WORLD_CHECK(false, "a prefix of two world sizes loaded");
+    } catch (const CheckpointError& e) {
+      WORLD_CHECK(std::string(e.what()).find("different world sizes") != std::string::npos, e.what());
+    }
+  }), "");
+}
+
 std::string move_name(const ::testing::TestParamInfo<Move>& info) {
   static const char* const kInto[] = {"fsdp", "plain", "ddp"};
   return std::to_string(info.param.from) + "to" + std::to_string(info.param.to) + "_" +
