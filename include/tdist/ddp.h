@@ -81,6 +81,9 @@ class DataParallel {
   // the same layout on every rank.
   bool buckets_rebuilt() const;
   void set_bucket_indices(const std::vector<std::vector<size_t>>& assignment);
+  // set_bucket_indices' check alone (UsageError unless a permutation of the
+  // parameters); changes nothing.
+  void check_bucket_indices(const std::vector<std::vector<size_t>>& assignment) const;
   // Once per instance, before training; a second call raises UsageError.
   void register_comm_hook(CommHook hook);
   // The (group, hook) form for plain functions. The built-in hooks are
@@ -91,6 +94,7 @@ class DataParallel {
   struct State;  // private to src/ddp/data_parallel.cpp
 
  private:
+  void check_layout(const std::vector<std::vector<size_t>>& assignment) const;  // REQUIRES state_->mu
   std::shared_ptr<State> state_;
 };
 

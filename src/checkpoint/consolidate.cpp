@@ -173,12 +173,6 @@ void write_libtorch(const ShardedCheckpointFiles& files, const std::string& path
   out.commit();
 }
 
-std::vector<int64_t> with_rows(const std::vector<int64_t>& full, int64_t rows) {
-  if (full.empty()) return rows ? std::vector<int64_t>{} : std::vector<int64_t>{0};
-  std::vector<int64_t> s = full;
-  s[0] = rows;
-  return s;
-}
 
 }  // namespace
 
@@ -226,7 +220,7 @@ void reshard_sharded_checkpoint(const std::string& ckpt_prefix, const std::strin
     checkpoint::TensorSink sink;  // hands out the keys; the bytes are written below, in lockstep
     const auto piece = [&](const LogicalTensor& t) {
       int64_t first = 0;
-      return sink.add(t.dtype, t.sharded ? with_rows(t.shape, rows_on(t, r, first)) : t.shape, nullptr);
+      return sink.add(t.dtype, t.sharded ? checkpoint::rows_shape(t.shape, rows_on(t, r, first)) : t.shape, nullptr);
     };
     std::vector<std::pair<std::string, PtValue>> model;
     for (const auto& t : files.model()) model.emplace_back(t.name, piece(t));
@@ -244,7 +238,7 @@ void reshard_sharded_checkpoint(const std::string& ckpt_prefix, const std::strin
         p.rows_per_rank = per;
         p.first_row = u.sharded ? r * per : 0;
         p.padding_rows = u.sharded ? per * world_size - rows : 0;
-        p.shard_shape = u.sharded ? with_rows(p.shape, std::clamp<int64_t>(rows - p.first_row, 0, per)) : p.shape;
+        p.shard_shape = u.sharded ? checkpoint::rows_shape(p.shape, std::clamp<int64_t>(rows - p.first_row, 0, per)) : p.shape;
       }
     }
     std::vector<PtValue> buffers, modules;

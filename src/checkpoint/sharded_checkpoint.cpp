@@ -284,25 +284,6 @@ void write_rank_file(PtWriter& writer, ProcessGroup& pg, torch::nn::Module& mode
   sink.write(writer, root);
 }
 
-// set_bucket_indices' check, before anything changes: a permutation of
-// the DDP's parameters.
-void check_bucket_layout(detail::DataParallel& ddp, const std::vector<std::vector<size_t>>& layout) {
-  size_t n = 0;
-  for (const auto& b : ddp.bucket_indices()) n += b.size();
-  std::vector<char> seen(n, 0);
-  size_t count = 0;
-  for (const auto& b : layout) {
-    for (const size_t k : b) {
-      if (k >= n || seen[k]) throw CheckpointError("the checkpoint's DDP buckets are no layout of this model's " +
-                                                   std::to_string(n) + " parameters");
-      seen[k] = 1;
-      ++count;
-    }
-  }
-  if (count != n) throw CheckpointError("the checkpoint's DDP buckets hold " + std::to_string(count) +
-                                        " parameters, this model " + std::to_string(n));
-}
-
 }  // namespace
 
 void save_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& model,
@@ -363,7 +344,13 @@ void load_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch:
     if (!staged) staged = stage_resharded(prefix, options, pg, model, optimizer != nullptr, save_id);
     // Every part checked before any is applied.
     checkpoint::check_sharded_model_state(model, staged->model);
-    if (ddp && staged->ddp_buckets) check_bucket_layout(*ddp, *staged->ddp_buckets);
+    if (ddp && staged->ddp_buckets) {
+      try {
+        ddp->check_bucket_indices(*staged->ddp_buckets);
+      } catch (const UsageError& e) {
+        throw CheckpointError(std::string("the checkpoint's DDP buckets do not fit this model: ") + e.what());
+      }
+    }
     if (optimizer) checkpoint::check_sharded_optimizer_state(model, *optimizer, *staged->optimizer);
     if (options.comm_hook_state) {  // on a probe
       if (staged->comm_hook.empty()) throw CheckpointError("the checkpoint holds no comm hook state");

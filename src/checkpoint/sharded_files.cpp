@@ -47,12 +47,6 @@ bool match_digits(const std::string& pattern, const std::string& name, std::vect
   return n == name.size();
 }
 
-std::vector<int64_t> rows_shape(const std::vector<int64_t>& full, int64_t rows) {
-  if (full.empty()) return rows ? std::vector<int64_t>{} : std::vector<int64_t>{0};
-  std::vector<int64_t> s = full;
-  s[0] = rows;
-  return s;
-}
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -75,6 +69,13 @@ void check_whole(const PtTensorRef& ref, const std::string& path, const std::str
   if (!contiguous || ref.sizes.size() != ref.strides.size() || ref.storage_numel != numel_of(ref.sizes)) {
     throw CheckpointError(path + ": '" + name + "' is not a whole, contiguous storage (what tdist writes)");
   }
+}
+
+std::vector<int64_t> rows_shape(const std::vector<int64_t>& full, int64_t rows) {
+  if (full.empty()) return rows ? std::vector<int64_t>{} : std::vector<int64_t>{0};
+  std::vector<int64_t> s = full;
+  s[0] = rows;
+  return s;
 }
 
 int64_t LogicalTensor::bytes() const {

@@ -47,6 +47,10 @@ struct RankFile {
 };
 std::vector<RankFile> find_rank_files(const std::string& prefix, const std::string& suffix);
 
+// The shape of `rows` rows of a tensor of shape `full` (a 0-d one: [] for
+// its one row, [0] for none).
+std::vector<int64_t> rows_shape(const std::vector<int64_t>& full, int64_t rows);
+
 // CheckpointError unless `ref` is a whole, contiguous storage from offset 0
 // (what tdist writes; the streaming readers copy storages as they are).
 void check_whole(const PtTensorRef& ref, const std::string& path, const std::string& name);

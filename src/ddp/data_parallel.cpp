@@ -324,8 +324,19 @@ bool DataParallel::buckets_rebuilt() const {
   return state_->rebuild.done();
 }
 
+void DataParallel::check_bucket_indices(const std::vector<std::vector<size_t>>& assignment) const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  check_layout(assignment);
+}
+
 void DataParallel::set_bucket_indices(const std::vector<std::vector<size_t>>& assignment) {
   std::lock_guard<std::mutex> lock(state_->mu);
+  check_layout(assignment);
+  if (assignment != state_->reducer->assignment()) state_->reducer->build(assignment);
+  state_->rebuild.mark_done();
+}
+
+void DataParallel::check_layout(const std::vector<std::vector<size_t>>& assignment) const {
   std::vector<char> seen(state_->params.size(), 0);
   size_t count = 0;
   for (const auto& bucket : assignment) {
@@ -342,8 +353,6 @@ void DataParallel::set_bucket_indices(const std::vector<std::vector<size_t>>& as
     throw UsageError("DistributedDataParallel: a bucket layout of " + std::to_string(count) + " parameters for " +
                      std::to_string(seen.size()));
   }
-  if (assignment != state_->reducer->assignment()) state_->reducer->build(assignment);
-  state_->rebuild.mark_done();
 }
 
 }  // namespace tdist::detail
