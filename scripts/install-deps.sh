@@ -14,6 +14,7 @@ PACKAGES=(
   libopenblas0-openmp            # ~15x faster training than the reference BLAS
   libgloo-dev                    # the gloo backend
   libssl-dev                     # HMAC for store authentication
+  libisal-dev                    # CRC-32 of checkpoints at ~10 GB/s (zlib: ~4)
   libgtest-dev libgmock-dev      # the test framework
   dataset-fashion-mnist          # the demo's data set
   iproute2                       # network namespaces in multi-host tests

@@ -6,21 +6,46 @@
 //   tdist-ckpt reshard     --ckpt-prefix P [--ckpt-suffix S] --world-size M [--out-prefix Q]
 //   tdist-ckpt inspect     --ckpt-prefix P [--ckpt-suffix S] [--json]
 //
-// The options also take torch_xla's spellings (--ckpt_prefix, ...). Every
-// tool streams: one full tensor in memory at a time. A damaged or
-// incomplete checkpoint is an error naming the file and what is wrong
-// (exit 1); a bad command line exits 2.
+// The options also take torch_xla's spellings (--ckpt_prefix, ...). The
+// tools stream a few MiB at a time, and tdist-ckpt does not load LibTorch
+// (c10 only): its memory is what it moves. --format libtorch needs
+// LibTorch's serializer and holds the model whole; tdist-ckpt hands that to
+// tdist-ckpt-libtorch (this program built with libtdist), installed beside
+// it. A damaged or incomplete checkpoint is an error naming the file and
+// what is wrong (exit 1); a bad command line exits 2.
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "tdist/sharded_checkpoint.h"
+#include "checkpoint/tools.h"
+#include "tdist/checkpoint_tools.h"
 #include "util/cli.h"
+#if TDIST_CKPT_WITH_LIBTORCH
+#include "tdist/sharded_checkpoint.h"
+#endif
 
 namespace {
 
 using tdist::cli::both_spellings;
+
+#if !TDIST_CKPT_WITH_LIBTORCH
+// Runs tdist-ckpt-libtorch (next to this program) with the same arguments.
+[[noreturn]] void run_with_libtorch(char** argv) {
+  const std::string exe =
+      (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "tdist-ckpt-libtorch").string();
+  argv[0] = const_cast<char*>(exe.c_str());
+  execv(exe.c_str(), argv);
+  std::fprintf(stderr, "tdist-ckpt: error: --format libtorch needs %s (%s)\n", exe.c_str(), std::strerror(errno));
+  std::exit(1);
+}
+#endif
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -97,7 +122,12 @@ int main(int argc, char** argv) {
       o.format = format == "safetensors" ? tdist::CheckpointFormat::safetensors
                  : format == "libtorch"  ? tdist::CheckpointFormat::libtorch
                                          : tdist::CheckpointFormat::pt;
+#if TDIST_CKPT_WITH_LIBTORCH
       const std::string path = tdist::consolidate_sharded_model_checkpoints(prefix, suffix, save_path, o);
+#else
+      if (o.format == tdist::CheckpointFormat::libtorch) run_with_libtorch(argv);
+      const std::string path = tdist::checkpoint::consolidate_streaming(prefix, suffix, save_path, o);
+#endif
       std::printf("wrote %s\n", path.c_str());
     } else if (reshard->parsed()) {
       if (out_prefix.empty()) out_prefix = prefix + "_world-" + std::to_string(world);

@@ -54,6 +54,13 @@ class SafetensorsWriter {
 
   // The next tensor: its name, dtype and shape must be the next declared.
   void write(const std::string& name, const at::Tensor& tensor);
+  // The same from raw bytes in pieces (how the checkpoint tools stream):
+  // begin_tensor, then append exactly its byte size, then end_tensor.
+  void begin_tensor(const std::string& name);
+  void append(const void* data, size_t n);
+  void end_tensor();
+  // The tensor to be written next, or null when all are.
+  const SafetensorsTensorInfo* next_tensor() const;
   // Every tensor written: the checksums go into the header, the file is
   // synced and renamed into place.
   void finish();

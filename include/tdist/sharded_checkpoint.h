@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "tdist/checkpoint_tools.h"
 #include "tdist/errors.h"
 #include "tdist/powersgd.h"
 #include "tdist/process_group.h"
@@ -62,27 +63,6 @@ void load_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch:
                              torch::optim::Optimizer* optimizer = nullptr,
                              const ShardedCheckpointOptions& options = {});
 
-enum class CheckpointFormat {
-  pt,           // {"model": ..., "optimizer": ...}: torch.load in Python, load_consolidated_checkpoint in C++
-  safetensors,  // the model's tensors by name (with optimizer: "optimizer/<param>/<field>" too)
-  libtorch,     // torch::save's archive of the model's tensors: torch::load(module, path) (not streaming)
-};
-
-struct ConsolidateOptions {
-  CheckpointFormat format = CheckpointFormat::pt;
-  bool optimizer = false;  // also the full optimizer state, by parameter name
-};
-
-// Merges a sharded checkpoint's files into one full state dict (the names
-// of the unwrapped model, padding stripped), reading and writing one tensor
-// at a time: memory stays about the largest tensor. save_path "" means
-// ckpt_prefix + "_consolidated.pt" (".safetensors", ".libtorch.pt").
-// Returns the path written.
-std::string consolidate_sharded_model_checkpoints(const std::string& ckpt_prefix,
-                                                  const std::string& ckpt_suffix = "_rank-*-of-*.pt",
-                                                  const std::string& save_path = "",
-                                                  const ConsolidateOptions& options = {});
-
 // A consolidated .pt file (format pt) read back: load_full_state_dict and
 // load_full_optimizer_state_dict take its parts.
 struct ConsolidatedCheckpoint {
@@ -91,30 +71,5 @@ struct ConsolidatedCheckpoint {
   OptimizerStateDict optimizer;
 };
 ConsolidatedCheckpoint load_consolidated_checkpoint(const std::string& path);
-
-// Writes the checkpoint again for `world_size` ranks as FSDP lays them out
-// (rows_per_rank = ceil(rows / world_size)), model and optimizer, under
-// out_prefix with the same suffix; streaming like consolidation.
-void reshard_sharded_checkpoint(const std::string& ckpt_prefix, const std::string& ckpt_suffix, int world_size,
-                                const std::string& out_prefix);
-
-// What a sharded checkpoint holds.
-struct CheckpointTensorInfo {
-  std::string name;  // model entry, or "<param>/<field>" of the optimizer state
-  std::vector<int64_t> shape;
-  at::ScalarType dtype = at::kFloat;
-  int64_t bytes = 0;
-  bool sharded = false;
-};
-struct ShardedCheckpointInfo {
-  int world_size = 0;
-  std::vector<std::string> files;
-  std::vector<std::string> units;  // the FSDP units' prefixes ("" for the outermost)
-  std::vector<CheckpointTensorInfo> model;
-  std::string optimizer;  // its kind, or empty
-  std::vector<CheckpointTensorInfo> optimizer_state;
-};
-ShardedCheckpointInfo inspect_sharded_checkpoint(const std::string& ckpt_prefix,
-                                                 const std::string& ckpt_suffix = "_rank-*-of-*.pt");
 
 }  // namespace tdist

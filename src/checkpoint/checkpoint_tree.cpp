@@ -1,10 +1,7 @@
 // tdist's checkpoint trees: the layout is in checkpoint_tree.h.
 #include "checkpoint/checkpoint_tree.h"
 
-#include <ATen/ATen.h>
-
-#include <map>
-#include <unordered_map>
+#include <algorithm>
 
 #include "tdist/errors.h"
 
@@ -47,40 +44,27 @@ void collect(const PtValue& v, std::vector<std::string>& keys) {
 
 }  // namespace
 
-PtValue TensorSink::add(at::ScalarType dtype, std::vector<int64_t> shape, Make make) {
+PtValue StorageKeys::add(c10::ScalarType dtype, std::vector<int64_t> shape) {
   PtTensorRef ref;
-  ref.storage_key = std::to_string(pending_.size());
+  ref.storage_key = std::to_string(next_++);
   ref.dtype = dtype;
   ref.storage_numel = 1;
   for (const int64_t d : shape) ref.storage_numel *= d;
   ref.strides = contiguous_strides(shape);
   ref.sizes = std::move(shape);
-  pending_.emplace_back(ref.storage_key, std::move(make));
   return PtValue::tensor(std::move(ref));
-}
-
-PtValue TensorSink::add(const at::Tensor& t) {
-  return add(t.scalar_type(), t.sizes().vec(), [t] { return t; });
-}
-
-void TensorSink::write(PtWriter& writer, const PtValue& root) {
-  std::unordered_map<std::string, Make*> by_key;
-  for (auto& [key, make] : pending_) by_key[key] = &make;
-  const std::vector<std::string> order = tensor_keys(root);
-  writer.begin(root);
-  for (const auto& key : order) {
-    const auto it = by_key.find(key);
-    if (it == by_key.end()) throw std::logic_error("TensorSink: a tensor of another sink in the tree");
-    at::Tensor t = (*it->second)();
-    *it->second = nullptr;  // written: let go of what it holds
-    writer.write_storage(key, t);
-  }
 }
 
 std::vector<std::string> tensor_keys(const PtValue& root) {
   std::vector<std::string> keys;
   collect(root, keys);
   return keys;
+}
+
+std::string shape_string(c10::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
 }
 
 const PtValue& field(const PtValue& v, const std::string& key, const std::string& path) {
@@ -141,57 +125,12 @@ ShardMetadata metadata_from(const PtValue& v) {
   return md;
 }
 
-PtValue optimizer_value(const OptimizerStateDict& s, TensorSink& sink) {
-  std::vector<std::pair<std::string, PtValue>> state;
-  for (const auto& p : s.state) {
-    std::vector<std::pair<std::string, PtValue>> fields;
-    for (const auto& f : p.value()) fields.emplace_back(f.key(), sink.add(f.value()));
-    state.emplace_back(p.key(), PtValue::dict(std::move(fields)));
-  }
-  PtValue like = PtValue::dict({{"optimizer", PtValue::string(s.optimizer)}});
-  std::vector<PtValue> groups;
-  for (const auto& g : s.param_groups) {
-    std::vector<std::pair<std::string, PtValue>> entries;
-    for (const auto& [name, value] : g.options) entries.emplace_back(name, PtValue::floating(value));
-    std::vector<PtValue> names;
-    for (const auto& n : g.params) names.push_back(PtValue::string(n));
-    entries.emplace_back("params", PtValue::list(std::move(names)));
-    groups.push_back(PtValue::dict(std::move(entries)));
-  }
-  like.mutable_entries().emplace_back("param_groups", PtValue::list(std::move(groups)));
-  return optimizer_tree(like, PtValue::dict(std::move(state)), s.world_size, s.rank);
-}
-
 PtValue optimizer_tree(const PtValue& like, PtValue state, int world_size, int rank) {
   return PtValue::dict({{"optimizer", like.at("optimizer")},
                         {"world_size", PtValue::integer(world_size)},
                         {"rank", PtValue::integer(rank)},
                         {"state", std::move(state)},
                         {"param_groups", like.at("param_groups")}});
-}
-
-OptimizerStateDict optimizer_from(const PtValue& v, const std::function<at::Tensor(const PtTensorRef&)>& read) {
-  OptimizerStateDict s;
-  s.optimizer = v.at("optimizer").as_string();
-  s.world_size = static_cast<int>(v.at("world_size").as_int());
-  s.rank = static_cast<int>(v.at("rank").as_int());
-  for (const auto& [param, fields] : v.at("state").entries()) {
-    StateDict d;
-    for (const auto& [name, t] : fields.entries()) d.insert(name, read(t.as_tensor()));
-    s.state.insert(param, std::move(d));
-  }
-  for (const auto& g : v.at("param_groups").items()) {
-    OptimizerParamGroupState group;
-    for (const auto& [name, value] : g.entries()) {
-      if (name == "params") {
-        for (const auto& n : value.items()) group.params.push_back(n.as_string());
-      } else {
-        group.options[name] = value.as_float();
-      }
-    }
-    s.param_groups.push_back(std::move(group));
-  }
-  return s;
 }
 
 }  // namespace tdist::checkpoint

@@ -16,38 +16,33 @@
 // A consolidated file holds "model" and "optimizer" (full, by name) and
 // "tdist": {"format": 1, "kind": "consolidated"}.
 //
-// Tensors go into a tree through a TensorSink, which hands out storage keys
-// and remembers how to produce each tensor when its turn comes to be
-// written: so a writer can stream them (one in memory at a time).
+// This part needs c10 only (the checkpoint tools use it without LibTorch);
+// tensor_tree.h puts LibTorch tensors into such trees.
 #pragma once
 
-#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/ArrayRef.h>
 
-#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "checkpoint/pt_file.h"
-#include "tdist/state_dict.h"
+#include "tdist/shard_metadata.h"
 
 namespace tdist::checkpoint {
 
 constexpr int64_t kFormatVersion = 1;
 
-class TensorSink {
+// Hands out storage keys ("0", "1", ...) for tensor values of a tree
+// (contiguous, whole storages); the caller writes their bytes in the order
+// tensor_keys says.
+class StorageKeys {
  public:
-  using Make = std::function<at::Tensor()>;
-  // A tensor value of that dtype and shape whose bytes `make` will produce.
-  PtValue add(at::ScalarType dtype, std::vector<int64_t> shape, Make make);
-  // A tensor in memory.
-  PtValue add(const at::Tensor& t);
-  // Writes root (built from this sink's values) and every tensor, in the
-  // order root pickles them; finish() is the caller's.
-  void write(PtWriter& writer, const PtValue& root);
+  PtValue add(c10::ScalarType dtype, std::vector<int64_t> shape);
 
  private:
-  std::vector<std::pair<std::string, Make>> pending_;
+  int64_t next_ = 0;
 };
 
 // The storage keys of root's tensors in the order they are pickled (and
@@ -57,13 +52,12 @@ std::vector<std::string> tensor_keys(const PtValue& root);
 PtValue metadata_value(const ShardMetadata& md);
 ShardMetadata metadata_from(const PtValue& v);
 
-PtValue optimizer_value(const OptimizerStateDict& s, TensorSink& sink);
-// Everything but the tensors' bytes: the state's tensors are read with
-// `read` (given the ref).
-OptimizerStateDict optimizer_from(const PtValue& v, const std::function<at::Tensor(const PtTensorRef&)>& read);
 // An optimizer tree with other state: the same groups and kind, the state
 // from `state` (names -> fields -> values made by the sink).
 PtValue optimizer_tree(const PtValue& like, PtValue state, int world_size, int rank);
+
+// "[2, 3]", for messages.
+std::string shape_string(c10::IntArrayRef shape);
 
 // Lookups with the file in the message: "<path>: <what>".
 const PtValue& field(const PtValue& v, const std::string& key, const std::string& path);

@@ -6,6 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
+#if TDIST_HAVE_ISAL
+#include <isa-l/crc.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -125,6 +128,11 @@ void FileReader::read_at(uint64_t offset, void* out, size_t n) const {
 }
 
 uint32_t crc32(uint32_t crc, const void* data, size_t n) {
+#if TDIST_HAVE_ISAL
+  // The same CRC (gzip's, reflected), folded with carry-less multiplies:
+  // ~2.5x zlib's speed, which checkpoints spend most of their CPU on.
+  return crc32_gzip_refl(crc, static_cast<const unsigned char*>(data), n);
+#endif
   const Bytef* p = static_cast<const Bytef*>(data);
   uLong c = crc;
   while (n > 0) {

@@ -10,7 +10,8 @@
 // behind (never under the final name).
 // FileReader reads exact byte ranges; a range past the end of the file is
 // a CheckpointError naming the file ("truncated?"), never a short read.
-// CRC-32 (zlib's) is what checkpoints carry to catch corrupted bytes.
+// CRC-32 (zip's and zlib's; computed by ISA-L where it is built in, else
+// zlib) is what checkpoints carry to catch corrupted bytes.
 //
 // Errors: CheckpointError naming the file and the system's reason.
 // Threading: one thread per object.

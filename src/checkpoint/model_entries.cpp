@@ -46,10 +46,4 @@ at::Tensor rows_of(const at::Tensor& full, const detail::UnitParam& u) {
   return full.narrow(0, u.first_row, u.rows);
 }
 
-std::string shape_string(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 }  // namespace tdist::checkpoint

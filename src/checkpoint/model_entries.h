@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "checkpoint/checkpoint_tree.h"  // shape_string
 #include "tdist/fsdp.h"
 
 namespace tdist::checkpoint {
@@ -36,7 +37,5 @@ Units units_of(torch::nn::Module& model);
 // one whole on the rank holding it, an empty [0] elsewhere), the shape
 // the parameter has between iterations.
 at::Tensor rows_of(const at::Tensor& full, const detail::UnitParam& u);
-
-std::string shape_string(at::IntArrayRef shape);
 
 }  // namespace tdist::checkpoint

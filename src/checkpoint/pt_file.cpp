@@ -4,7 +4,7 @@
 // reader (file_io.h). The contract is in pt_file.h.
 #include "checkpoint/pt_file.h"
 
-#include <ATen/ATen.h>
+#include <c10/core/ScalarType.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -24,6 +24,9 @@ namespace {
 
 constexpr uint64_t kMaxPickleBytes = uint64_t{1} << 30;
 constexpr size_t kChunk = size_t{4} << 20;  // of the rest of a record read for its CRC
+// What stream_storage reads at a time: small enough to stay in the CPU's
+// cache between the read, the CRC and the consumer's write.
+constexpr size_t kStreamChunk = size_t{1} << 20;
 constexpr int kMinVersion = 1, kMaxVersion = 10;
 
 uint64_t storage_nbytes(const PtTensorRef& t) {
@@ -148,21 +151,9 @@ void PtWriter::begin(const PtValue& root) {
   w.whole_record("byteorder", "little");
 }
 
-void PtWriter::write_storage(const std::string& key, const at::Tensor& tensor) {
-  Impl& w = *impl_;
-  if (!w.begun || w.in_storage || w.next >= w.storages.size()) begin_storage(key);  // throws the right error
-  const PtTensorRef& want = w.storages[w.next];
-  if (key != want.storage_key) begin_storage(key);  // throws
-  if (!tensor.defined() || tensor.scalar_type() != want.dtype || tensor.numel() != want.storage_numel ||
-      tensor.layout() != at::kStrided) {
-    throw UsageError("PtWriter: the tensor for storage '" + key + "' is not a dense " +
-                     std::string(c10::toString(want.dtype)) + " tensor of " + std::to_string(want.storage_numel) +
-                     " elements");
-  }
-  const at::Tensor t = tensor.to(at::kCPU).contiguous();
-  begin_storage(key);
-  append(t.data_ptr(), static_cast<size_t>(storage_nbytes(want)));
-  end_storage();
+const PtTensorRef* PtWriter::next_storage() const {
+  const Impl& w = *impl_;
+  return w.next < w.storages.size() ? &w.storages[w.next] : nullptr;
 }
 
 void PtWriter::begin_storage(const std::string& key) {
@@ -278,6 +269,9 @@ struct PtReader::Impl {
         at += k;
       }
     }
+    check_crc(e, crc);
+  }
+  void check_crc(const zip::Entry& e, uint32_t crc) const {
     if (crc != e.crc) {
       fail("record '" + e.name + "' is corrupt: its CRC-32 is " + hex32(crc) + ", the directory says " + hex32(e.crc));
     }
@@ -359,20 +353,38 @@ void PtReader::read_storage_into(const std::string& key, void* out, uint64_t n) 
   impl_->read_record(impl_->record("data/" + key), out, n);
 }
 
-at::Tensor PtReader::read_tensor(const PtTensorRef& ref) const {
+void PtReader::check_storage(const PtTensorRef& ref) const { impl_->storage_record(ref); }
+
+void PtReader::read_storage(const PtTensorRef& ref, void* out) const {
   const Impl& r = *impl_;
   const zip::Entry& e = r.storage_record(ref);
-  at::Tensor storage = at::empty({ref.storage_numel}, at::TensorOptions().dtype(ref.dtype));
-  r.read_record(e, storage.data_ptr(), e.size);
-  if (ref.dtype == at::kBool) {
-    const auto* b = static_cast<const uint8_t*>(storage.data_ptr());
-    for (int64_t i = 0; i < ref.storage_numel; ++i) {
+  r.read_record(e, out, e.size);
+  if (ref.dtype == c10::kBool) {
+    const auto* b = static_cast<const uint8_t*>(out);
+    for (uint64_t i = 0; i < e.size; ++i) {
       if (b[i] > 1) r.fail("record '" + e.name + "' holds a bool other than 0 or 1");
     }
   }
-  at::Tensor t = storage.as_strided(ref.sizes, ref.strides, ref.storage_offset);
-  if (t.numel() != ref.storage_numel || !t.is_contiguous() || ref.storage_offset != 0) t = t.clone();
-  return t;
+}
+
+void PtReader::stream_storage(const PtTensorRef& ref, const ByteSink& sink) const {
+  const Impl& r = *impl_;
+  const zip::Entry& e = r.storage_record(ref);
+  std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(e.size, kStreamChunk)));
+  uint32_t crc = 0;
+  for (uint64_t at = 0; at < e.size;) {
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(e.size - at, buf.size()));
+    r.file.read_at(e.data_offset + at, buf.data(), k);
+    crc = crc32(crc, buf.data(), k);
+    if (ref.dtype == c10::kBool) {
+      for (size_t i = 0; i < k; ++i) {
+        if (static_cast<uint8_t>(buf[i]) > 1) r.fail("record '" + e.name + "' holds a bool other than 0 or 1");
+      }
+    }
+    sink(buf.data(), k);
+    at += k;
+  }
+  r.check_crc(e, crc);
 }
 
 }  // namespace tdist::checkpoint

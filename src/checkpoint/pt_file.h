@@ -32,6 +32,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -126,7 +127,10 @@ class PtWriter {
   void begin(const PtValue& root);
   // The next storage, in the order root's tensors appear (depth first, as
   // pickled): key, dtype and numel must match; contiguous (or copied).
+  // (Defined in pt_tensor.cpp, with LibTorch; the rest needs c10 only.)
   void write_storage(const std::string& key, const at::Tensor& tensor);
+  // The storage to be written next, or null when all are.
+  const PtTensorRef* next_storage() const;
   // Raw bytes of the next storage, in pieces: begin_storage, then append
   // exactly its byte size, then end_storage.
   void begin_storage(const std::string& key);
@@ -155,8 +159,20 @@ class PtReader {
 
   const PtValue& root() const;
   // The tensor (a fresh CPU tensor, requires_grad false), its record's
-  // CRC checked.
+  // CRC checked. (Defined in pt_tensor.cpp, with LibTorch.)
   at::Tensor read_tensor(const PtTensorRef& ref) const;
+  // CheckpointError unless the record of `ref` exists and holds exactly
+  // its storage (ref's numel is checked against the file before anything
+  // is allocated from it).
+  void check_storage(const PtTensorRef& ref) const;
+  // The whole storage record of `ref` (checked against it: size, and bools
+  // 0 or 1) into `out`, which holds its storage_numel elements.
+  void read_storage(const PtTensorRef& ref, void* out) const;
+  // The same handed to `sink` in order, a few MiB at a time. The CRC is
+  // checked after the last piece: until the call returns, what the sink
+  // got is unverified (keep nothing of it on an exception).
+  using ByteSink = std::function<void(const char* data, size_t n)>;
+  void stream_storage(const PtTensorRef& ref, const ByteSink& sink) const;
   // The first `n` bytes of the storage record into `out` (n at most its
   // size); the rest of the record is read through a small buffer so that
   // the CRC covers all of it. Memory: `out` and a few MiB.

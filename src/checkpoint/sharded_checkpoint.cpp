@@ -13,10 +13,11 @@
 #include <set>
 #include <unistd.h>
 
-#include "checkpoint/checkpoint_tree.h"
+#include "checkpoint/tensor_tree.h"
 #include "checkpoint/load_checks.h"
 #include "checkpoint/model_entries.h"
 #include "checkpoint/sharded_files.h"
+#include "checkpoint/sharded_tensors.h"
 
 namespace tdist {
 
@@ -215,8 +216,8 @@ Staged stage_resharded(const std::string& prefix, const ShardedCheckpointOptions
                             " there but " + checkpoint::shape_string(full) + " in the model");
     }
     s.model.tensors.insert(e.name, u != units.end() && u->second.sharded
-                                       ? files.read_rows(*it->second, u->second.first_row, u->second.rows)
-                                       : files.read_full(*it->second));
+                                       ? checkpoint::read_rows(files, *it->second, u->second.first_row, u->second.rows)
+                                       : checkpoint::read_full(files, *it->second));
   }
   for (const auto& t : files.model()) {
     if (!names.count(t.name)) throw CheckpointError(where + ": its '" + t.name + "' is not in the model");
@@ -233,7 +234,8 @@ Staged stage_resharded(const std::string& prefix, const ShardedCheckpointOptions
       // This rank's rows of state shaped like its parameter (a whole
       // parameter's state from a checkpoint without sharding too).
       const bool rows = u != units.end() && u->second.sharded && t.field != "step" && t.shape == u->second.full_shape;
-      o.state[t.param][t.field] = rows ? files.read_rows(t, u->second.first_row, u->second.rows) : files.read_full(t);
+      o.state[t.param][t.field] = rows ? checkpoint::read_rows(files, t, u->second.first_row, u->second.rows)
+                                         : checkpoint::read_full(files, t);
     }
     s.optimizer = std::move(o);
   }

@@ -2,7 +2,6 @@
 // sharded_files.h.
 #include "checkpoint/sharded_files.h"
 
-#include <ATen/ATen.h>
 #include <dirent.h>
 
 #include <algorithm>
@@ -12,7 +11,6 @@
 #include <set>
 
 #include "checkpoint/checkpoint_tree.h"
-#include "checkpoint/model_entries.h"
 #include "tdist/errors.h"
 
 namespace tdist::checkpoint {
@@ -301,61 +299,11 @@ void ShardedCheckpointFiles::index_optimizer() {
   }
 }
 
-at::Tensor ShardedCheckpointFiles::read_full_reused(const LogicalTensor& t) const {
-  const int64_t bytes = t.bytes();
-  if (!scratch_.defined() || scratch_.numel() < bytes) scratch_ = at::empty({std::max<int64_t>(bytes, 1)}, at::kByte);
-  return read_full_into(t, at::from_blob(scratch_.data_ptr(), t.shape, at::TensorOptions().dtype(t.dtype)));
-}
-
-at::Tensor ShardedCheckpointFiles::read_full(const LogicalTensor& t) const {
-  return read_full_into(t, at::empty(t.shape, at::TensorOptions().dtype(t.dtype)));
-}
-
-at::Tensor ShardedCheckpointFiles::read_full_into(const LogicalTensor& t, at::Tensor full) const {
-  if (!t.sharded) {
-    const PtTensorRef& ref = *t.pieces[0];
-    if (ref.storage_offset == 0 && ref.storage_numel == numel_of(ref.sizes) && ref.sizes == t.shape) {
-      reader(0).read_storage_into(ref.storage_key, full.data_ptr(), static_cast<uint64_t>(t.bytes()));
-      return full;
-    }
-    return reader(0).read_tensor(ref);
+void ShardedCheckpointFiles::stream_full(const LogicalTensor& t, const PtReader::ByteSink& sink) const {
+  // Every piece is a whole storage (check_whole), rank 0's rows first.
+  for (size_t r = 0; r < t.pieces.size(); ++r) {
+    if (numel_of(t.pieces[r]->sizes) > 0) reader(static_cast<int>(r)).stream_storage(*t.pieces[r], sink);
   }
-  char* out = static_cast<char*>(full.data_ptr());
-  const int64_t element = static_cast<int64_t>(c10::elementSize(t.dtype));
-  int64_t at_byte = 0;
-  for (int r = 0; r < world_size(); ++r) {
-    const PtTensorRef& ref = *t.pieces[static_cast<size_t>(r)];
-    const int64_t n = numel_of(ref.sizes);
-    if (n == 0) continue;
-    const bool plain = ref.storage_offset == 0 && ref.storage_numel == n;
-    if (plain) {
-      reader(r).read_storage_into(ref.storage_key, out + at_byte, static_cast<uint64_t>(n * element));
-    } else {
-      at::Tensor piece = reader(r).read_tensor(ref).contiguous();
-      std::memcpy(out + at_byte, piece.data_ptr(), static_cast<size_t>(n * element));
-    }
-    at_byte += n * element;
-  }
-  return full;
-}
-
-at::Tensor ShardedCheckpointFiles::read_rows(const LogicalTensor& t, int64_t first, int64_t rows) const {
-  if (rows == 0) return at::empty(rows_shape(t.shape, 0), at::TensorOptions().dtype(t.dtype));
-  if (t.shape.empty()) return read_full(t);
-  if (!t.sharded) return read_full(t).narrow(0, first, rows).clone();
-  at::Tensor out = at::empty(rows_shape(t.shape, rows), at::TensorOptions().dtype(t.dtype));
-  int64_t start = 0;  // the piece's first row
-  for (int r = 0; r < world_size(); ++r) {
-    const PtTensorRef& ref = *t.pieces[static_cast<size_t>(r)];
-    const int64_t n = ref.sizes[0];
-    const int64_t lo = std::max(first, start), hi = std::min(first + rows, start + n);
-    if (lo < hi) {
-      const at::Tensor piece = reader(r).read_tensor(ref);
-      out.narrow(0, lo - first, hi - lo).copy_(piece.narrow(0, lo - start, hi - lo));
-    }
-    start += n;
-  }
-  return out;
 }
 
 }  // namespace tdist::checkpoint

@@ -5,20 +5,21 @@
 // rank's piece in memory besides the result.
 //
 // Only the directories and pickles are read when the set is opened; the
-// tensors' bytes when asked for (their CRC checked then).
+// tensors' bytes when asked for (their CRC checked then). Needs c10 only;
+// sharded_tensors.h reads the tensors into LibTorch tensors.
 //
 // Errors: CheckpointError naming the file and the problem.
 // Threading: one thread per object.
 #pragma once
 
-#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "checkpoint/pt_file.h"
-#include "tdist/state_dict.h"
+#include "tdist/shard_metadata.h"
 
 namespace tdist::checkpoint {
 
@@ -71,17 +72,13 @@ class ShardedCheckpointFiles {
   const PtReader& reader(int rank) const { return *readers_[static_cast<size_t>(rank)]; }
   int64_t save_id() const { return save_id_; }
 
-  at::Tensor read_full(const LogicalTensor& t) const;
-  // The same in one buffer this object keeps and reuses (grown to the
-  // largest tensor read): valid until the next call. For streaming tools,
-  // which then touch no fresh memory per tensor.
-  at::Tensor read_full_reused(const LogicalTensor& t) const;
-  // Rows [first, first + rows) of the full tensor (a 0-d one: whole when
-  // rows is 1, an empty [0] when 0).
-  at::Tensor read_rows(const LogicalTensor& t, int64_t first, int64_t rows) const;
+  // The full tensor's bytes, in order (rank 0's piece first), handed to
+  // `sink` a few MiB at a time; each piece's CRC is checked after its last
+  // byte is handed over, so until the call returns what the sink got is
+  // unverified (keep nothing of it on an exception).
+  void stream_full(const LogicalTensor& t, const PtReader::ByteSink& sink) const;
 
  private:
-  at::Tensor read_full_into(const LogicalTensor& t, at::Tensor full) const;
   void check_set();
   void index_model();
   void index_optimizer();
@@ -95,7 +92,6 @@ class ShardedCheckpointFiles {
   std::vector<LogicalTensor> model_, optimizer_;
   const PtValue* optimizer_tree_ = nullptr;
   int64_t save_id_ = 0;
-  mutable at::Tensor scratch_;  // read_full_reused's bytes
 };
 
 }  // namespace tdist::checkpoint

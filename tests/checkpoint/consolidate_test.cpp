@@ -353,4 +353,59 @@ TEST_F(Tools, AKillDuringASaveLeavesThePreviousCheckpoint) {
   EXPECT_NO_THROW(tdist::consolidate_sharded_model_checkpoints(prefix_, "_rank-*-of-*.pt", dir_.path() + "/c.pt"));
 }
 
+// The streaming tools hand a record's bytes on before its CRC is known; a
+// corrupt record must still leave nothing behind: no output under its
+// name, no temporary file. (The libtorch format reads each tensor whole
+// before writing anything; and Net's module "in" keeps it from this model.)
+TEST_F(Tools, ACorruptRecordFailsEveryToolAndLeavesNoOutput) {
+  const std::string r1 = prefix_ + "_rank-1-of-2.pt";
+  std::string bytes = slurp(r1);
+  // The last byte before the local header that follows the largest
+  // stretch between two storage records' names (before the zip's central
+  // directory): the last byte of tensor data.
+  const size_t directory = bytes.find(std::string("PK\x01\x02", 4));
+  size_t best_at = 0, best_len = 0;
+  for (size_t at = bytes.find("/data/"); at < directory;) {
+    const size_t next = bytes.find("/data/", at + 1);
+    if (next >= directory) break;
+    if (next - at > best_len) best_at = at, best_len = next - at;
+    at = next;
+  }
+  ASSERT_GT(best_len, 0u);
+  const size_t next_header = bytes.rfind(std::string("PK\x03\x04", 4), best_at + best_len);
+  ASSERT_GT(next_header, best_at);
+  bytes[next_header - 1] ^= 0x01;
+  spit(r1, bytes);
+  const std::vector<std::string> commands = {
+      "consolidate --ckpt-prefix " + prefix_ + " --optimizer --save-path " + dir_.path() + "/out.pt",
+      "consolidate --ckpt-prefix " + prefix_ + " --format safetensors --save-path " + dir_.path() + "/out.st",
+      "reshard --ckpt-prefix " + prefix_ + " --world-size 3 --out-prefix " + dir_.path() + "/re"};
+  for (const auto& c : commands) {
+    const auto r = test::run_command(kBin + "/tdist-ckpt " + c + " 2>&1", std::chrono::seconds(60));
+    EXPECT_FALSE(test::exited_ok(r.status)) << c;
+    EXPECT_NE(r.output.find(r1 + ": record"), std::string::npos) << c << ": " << r.output;
+    EXPECT_NE(r.output.find("is corrupt"), std::string::npos) << c << ": " << r.output;
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(dir_.path())) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_TRUE(name.rfind("ckpt_rank-", 0) == 0 || name == "full.safetensors") << "left behind: " << name;
+  }
+}
+
+// tdist-ckpt streams without LibTorch (its memory is what it moves): it
+// must not link libtorch_cpu; tdist-ckpt-libtorch, which it runs for the
+// libtorch format, does.
+TEST(ToolsLinking, TdistCkptLoadsC10ButNotLibTorch) {
+  const auto needed = [](const std::string& exe) {
+    const auto r = test::run_command("readelf -d " + exe + " 2>&1", std::chrono::seconds(30));
+    if (!test::exited_ok(r.status)) throw std::runtime_error("readelf failed: " + r.output);
+    return r.output;
+  };
+  const std::string plain = needed(kBin + "/tdist-ckpt"), with = needed(kBin + "/tdist-ckpt-libtorch");
+  EXPECT_NE(plain.find("[libc10"), std::string::npos) << plain;
+  EXPECT_EQ(plain.find("libtorch"), std::string::npos) << plain;
+  EXPECT_EQ(plain.find("libtdist"), std::string::npos) << plain;
+  EXPECT_NE(with.find("libtdist"), std::string::npos) << with;
+}
+
 }  // namespace

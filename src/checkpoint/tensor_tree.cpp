@@ -1,0 +1,79 @@
+// tdist's checkpoint trees with LibTorch tensors in them: tensor_tree.h.
+#include "checkpoint/tensor_tree.h"
+
+#include <ATen/ATen.h>
+
+#include <unordered_map>
+
+namespace tdist::checkpoint {
+
+PtValue TensorSink::add(at::ScalarType dtype, std::vector<int64_t> shape, Make make) {
+  PtValue v = keys_.add(dtype, std::move(shape));
+  pending_.emplace_back(v.as_tensor().storage_key, std::move(make));
+  return v;
+}
+
+PtValue TensorSink::add(const at::Tensor& t) {
+  return add(t.scalar_type(), t.sizes().vec(), [t] { return t; });
+}
+
+void TensorSink::write(PtWriter& writer, const PtValue& root) {
+  std::unordered_map<std::string, Make*> by_key;
+  for (auto& [key, make] : pending_) by_key[key] = &make;
+  const std::vector<std::string> order = tensor_keys(root);
+  writer.begin(root);
+  for (const auto& key : order) {
+    const auto it = by_key.find(key);
+    if (it == by_key.end()) throw std::logic_error("TensorSink: a tensor of another sink in the tree");
+    at::Tensor t = (*it->second)();
+    *it->second = nullptr;  // written: let go of what it holds
+    writer.write_storage(key, t);
+  }
+}
+
+PtValue optimizer_value(const OptimizerStateDict& s, TensorSink& sink) {
+  std::vector<std::pair<std::string, PtValue>> state;
+  for (const auto& p : s.state) {
+    std::vector<std::pair<std::string, PtValue>> fields;
+    for (const auto& f : p.value()) fields.emplace_back(f.key(), sink.add(f.value()));
+    state.emplace_back(p.key(), PtValue::dict(std::move(fields)));
+  }
+  PtValue like = PtValue::dict({{"optimizer", PtValue::string(s.optimizer)}});
+  std::vector<PtValue> groups;
+  for (const auto& g : s.param_groups) {
+    std::vector<std::pair<std::string, PtValue>> entries;
+    for (const auto& [name, value] : g.options) entries.emplace_back(name, PtValue::floating(value));
+    std::vector<PtValue> names;
+    for (const auto& n : g.params) names.push_back(PtValue::string(n));
+    entries.emplace_back("params", PtValue::list(std::move(names)));
+    groups.push_back(PtValue::dict(std::move(entries)));
+  }
+  like.mutable_entries().emplace_back("param_groups", PtValue::list(std::move(groups)));
+  return optimizer_tree(like, PtValue::dict(std::move(state)), s.world_size, s.rank);
+}
+
+OptimizerStateDict optimizer_from(const PtValue& v, const std::function<at::Tensor(const PtTensorRef&)>& read) {
+  OptimizerStateDict s;
+  s.optimizer = v.at("optimizer").as_string();
+  s.world_size = static_cast<int>(v.at("world_size").as_int());
+  s.rank = static_cast<int>(v.at("rank").as_int());
+  for (const auto& [param, fields] : v.at("state").entries()) {
+    StateDict d;
+    for (const auto& [name, t] : fields.entries()) d.insert(name, read(t.as_tensor()));
+    s.state.insert(param, std::move(d));
+  }
+  for (const auto& g : v.at("param_groups").items()) {
+    OptimizerParamGroupState group;
+    for (const auto& [name, value] : g.entries()) {
+      if (name == "params") {
+        for (const auto& n : value.items()) group.params.push_back(n.as_string());
+      } else {
+        group.options[name] = value.as_float();
+      }
+    }
+    s.param_groups.push_back(std::move(group));
+  }
+  return s;
+}
+
+}  // namespace tdist::checkpoint

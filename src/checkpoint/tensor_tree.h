@@ -1,0 +1,42 @@
+// LibTorch tensors into and out of tdist's checkpoint trees
+// (checkpoint_tree.h has the layout).
+//
+// Tensors go into a tree through a TensorSink, which hands out storage keys
+// and remembers how to produce each tensor when its turn comes to be
+// written: so a writer can stream them (one in memory at a time).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "checkpoint/checkpoint_tree.h"
+#include "tdist/state_dict.h"
+
+namespace tdist::checkpoint {
+
+class TensorSink {
+ public:
+  using Make = std::function<at::Tensor()>;
+  // A tensor value of that dtype and shape whose bytes `make` will produce.
+  PtValue add(at::ScalarType dtype, std::vector<int64_t> shape, Make make);
+  // A tensor in memory.
+  PtValue add(const at::Tensor& t);
+  // Writes root (built from this sink's values) and every tensor, in the
+  // order root pickles them; finish() is the caller's.
+  void write(PtWriter& writer, const PtValue& root);
+
+ private:
+  StorageKeys keys_;
+  std::vector<std::pair<std::string, Make>> pending_;
+};
+
+PtValue optimizer_value(const OptimizerStateDict& s, TensorSink& sink);
+// Everything but the tensors' bytes: the state's tensors are read with
+// `read` (given the ref).
+OptimizerStateDict optimizer_from(const PtValue& v, const std::function<at::Tensor(const PtTensorRef&)>& read);
+
+}  // namespace tdist::checkpoint

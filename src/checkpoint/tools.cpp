@@ -1,0 +1,258 @@
+// The checkpoint tools that stream (tools.h, include/tdist/checkpoint_tools.h):
+// consolidation into pt or safetensors, resharding, inspection. The bytes
+// go from the ranks' files to the output a chunk at a time (1 MiB, which
+// stays in the CPU's cache between the read, the CRC check and the write):
+// memory does not grow with the model or its largest tensor. Each output
+// is renamed into place only after every input record's CRC has matched.
+#include "checkpoint/tools.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <random>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint_tree.h"
+#include "checkpoint/pt_file.h"
+#include "tdist/checkpoint.h"
+#include "tdist/errors.h"
+
+namespace tdist::checkpoint {
+
+namespace {
+
+// The optimizer state of `tensors` grouped by parameter: {param: {field: value}}.
+PtValue state_tree(const std::vector<LogicalTensor>& tensors, const std::function<PtValue(const LogicalTensor&)>& value) {
+  std::vector<std::pair<std::string, PtValue>> params;
+  for (const auto& t : tensors) {
+    if (params.empty() || params.back().first != t.param) params.emplace_back(t.param, PtValue::dict({}));
+    params.back().second.mutable_entries().emplace_back(t.field, value(t));
+  }
+  return PtValue::dict(std::move(params));
+}
+
+void write_pt(const ShardedCheckpointFiles& files, const std::string& path, bool optimizer) {
+  StorageKeys keys;
+  std::unordered_map<std::string, const LogicalTensor*> by_key;
+  const auto value = [&](const LogicalTensor& t) {
+    PtValue v = keys.add(t.dtype, t.shape);
+    by_key[v.as_tensor().storage_key] = &t;
+    return v;
+  };
+  std::vector<std::pair<std::string, PtValue>> model;
+  for (const auto& t : files.model()) model.emplace_back(t.name, value(t));
+  PtValue opt;
+  if (optimizer) opt = optimizer_tree(files.optimizer_tree(), state_tree(files.optimizer(), value), 1, 0);
+  const PtValue root = PtValue::dict({{"model", PtValue::dict(std::move(model))},
+                                      {"optimizer", std::move(opt)},
+                                      {"tdist", PtValue::dict({{"format", PtValue::integer(kFormatVersion)},
+                                                               {"kind", PtValue::string("consolidated")}})}});
+  PtWriter writer(path);
+  writer.begin(root);
+  for (const auto& key : tensor_keys(root)) {
+    writer.begin_storage(key);
+    files.stream_full(*by_key.at(key), [&writer](const char* data, size_t n) { writer.append(data, n); });
+    writer.end_storage();
+  }
+  writer.finish();
+}
+
+void write_safetensors(const ShardedCheckpointFiles& files, const std::string& path, bool optimizer) {
+  std::vector<const LogicalTensor*> all;
+  for (const auto& t : files.model()) all.push_back(&t);
+  std::map<std::string, std::string> metadata{{"format", "pt"}};
+  if (optimizer) {
+    for (const auto& t : files.optimizer()) all.push_back(&t);
+    // The groups' options and parameter names, as JSON.
+    nlohmann::json groups = nlohmann::json::array();
+    for (const auto& g : files.optimizer_tree().at("param_groups").items()) {
+      nlohmann::json group;
+      for (const auto& [name, v] : g.entries()) {
+        if (name == "params") {
+          group["params"] = nlohmann::json::array();
+          for (const auto& n : v.items()) group["params"].push_back(n.as_string());
+        } else {
+          group[name] = v.as_float();
+        }
+      }
+      groups.push_back(group);
+    }
+    metadata["tdist.optimizer"] = files.optimizer_tree().at("optimizer").as_string();
+    metadata["tdist.param_groups"] = groups.dump();
+  }
+  const auto name_of = [](const LogicalTensor& t) { return t.field.empty() ? t.name : "optimizer/" + t.name; };
+  std::vector<SafetensorsTensorInfo> infos;
+  for (const auto* t : all) infos.push_back({name_of(*t), t->dtype, t->shape});
+  SafetensorsWriter writer(path, infos, metadata);
+  for (const auto* t : all) {
+    writer.begin_tensor(name_of(*t));
+    files.stream_full(*t, [&writer](const char* data, size_t n) { writer.append(data, n); });
+    writer.end_tensor();
+  }
+  writer.finish();
+}
+
+}  // namespace
+
+std::vector<std::string> tag_names(const ShardedCheckpointFiles& files, const char* key) {
+  std::vector<std::string> out;
+  if (const PtValue* b = files.reader(0).root().at("tdist").find(key)) {
+    for (const auto& n : b->items()) out.push_back(n.as_string());
+  }
+  return out;
+}
+
+std::string default_consolidated_path(const std::string& ckpt_prefix, CheckpointFormat format) {
+  switch (format) {
+    case CheckpointFormat::pt: return ckpt_prefix + "_consolidated.pt";
+    case CheckpointFormat::safetensors: return ckpt_prefix + "_consolidated.safetensors";
+    case CheckpointFormat::libtorch: return ckpt_prefix + "_consolidated.libtorch.pt";
+  }
+  throw UsageError("consolidate: an unknown format");
+}
+
+std::string consolidate_streaming(const std::string& ckpt_prefix, const std::string& ckpt_suffix,
+                                  const std::string& save_path, const ConsolidateOptions& options) {
+  if (options.format == CheckpointFormat::libtorch) {
+    throw UsageError("consolidate: the libtorch format needs LibTorch (libtdist's "
+                     "consolidate_sharded_model_checkpoints, or tdist-ckpt, which hands it to tdist-ckpt-libtorch)");
+  }
+  const ShardedCheckpointFiles files(ckpt_prefix, ckpt_suffix);
+  if (options.optimizer && !files.has_optimizer()) {
+    throw CheckpointError("the checkpoint " + ckpt_prefix + ckpt_suffix + " holds no optimizer state");
+  }
+  const std::string path = save_path.empty() ? default_consolidated_path(ckpt_prefix, options.format) : save_path;
+  if (options.format == CheckpointFormat::pt) {
+    write_pt(files, path, options.optimizer);
+  } else {
+    write_safetensors(files, path, options.optimizer);
+  }
+  return path;
+}
+
+}  // namespace tdist::checkpoint
+
+namespace tdist {
+
+using checkpoint::LogicalTensor;
+using checkpoint::PtValue;
+using checkpoint::ShardedCheckpointFiles;
+
+void reshard_sharded_checkpoint(const std::string& ckpt_prefix, const std::string& ckpt_suffix, int world_size,
+                                const std::string& out_prefix) {
+  if (world_size < 1) throw UsageError("reshard: the world size must be at least 1");
+  if (out_prefix == ckpt_prefix) throw UsageError("reshard: write to another prefix than the checkpoint's own");
+  const ShardedCheckpointFiles files(ckpt_prefix, ckpt_suffix);
+  const auto rows_on = [&](const LogicalTensor& t, int r, int64_t& first) {
+    const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+    const int64_t per = (rows + world_size - 1) / world_size;
+    first = r * per;
+    return std::clamp<int64_t>(rows - first, 0, per);
+  };
+  std::random_device rd;
+  const int64_t save_id = static_cast<int64_t>((static_cast<uint64_t>(rd()) << 31) ^ rd()) & INT64_MAX;
+  std::vector<std::unique_ptr<checkpoint::PtWriter>> writers;
+  std::vector<std::vector<std::string>> keys;  // per rank: storage keys in writing order
+  for (int r = 0; r < world_size; ++r) {
+    checkpoint::StorageKeys sink;  // the bytes are written below, in lockstep
+    const auto piece = [&](const LogicalTensor& t) {
+      int64_t first = 0;
+      return sink.add(t.dtype, t.sharded ? checkpoint::rows_shape(t.shape, rows_on(t, r, first)) : t.shape);
+    };
+    std::vector<std::pair<std::string, PtValue>> model;
+    for (const auto& t : files.model()) model.emplace_back(t.name, piece(t));
+    PtValue opt;
+    if (files.has_optimizer()) {
+      opt = checkpoint::optimizer_tree(files.optimizer_tree(), checkpoint::state_tree(files.optimizer(), piece),
+                                       world_size, r);
+    }
+    ShardMetadata md = files.metadata();
+    md.world_size = world_size;
+    md.rank = r;
+    for (auto& u : md.units) {
+      for (auto& p : u.params) {
+        const int64_t rows = p.shape.empty() ? 1 : p.shape[0];
+        const int64_t per = u.sharded ? (rows + world_size - 1) / world_size : rows;
+        p.rows_per_rank = per;
+        p.first_row = u.sharded ? r * per : 0;
+        p.padding_rows = u.sharded ? per * world_size - rows : 0;
+        p.shard_shape = u.sharded ? checkpoint::rows_shape(p.shape, std::clamp<int64_t>(rows - p.first_row, 0, per)) : p.shape;
+      }
+    }
+    std::vector<PtValue> buffers, modules;
+    for (const auto& b : checkpoint::tag_names(files, "buffers")) buffers.push_back(PtValue::string(b));
+    for (const auto& m : checkpoint::tag_names(files, "modules")) modules.push_back(PtValue::string(m));
+    const PtValue* ddp_buckets = files.reader(0).root().at("tdist").find("ddp_buckets");
+    const PtValue root = PtValue::dict(
+        {{"model", PtValue::dict(std::move(model))},
+         {"shard_metadata", checkpoint::metadata_value(md)},
+         {"optimizer", std::move(opt)},
+         {"comm_hook", PtValue()},
+         {"tdist", PtValue::dict({{"format", PtValue::integer(checkpoint::kFormatVersion)},
+                                  {"kind", PtValue::string("sharded")},
+                                  {"save_id", PtValue::integer(save_id)},
+                                  {"world_size", PtValue::integer(world_size)},
+                                  {"rank", PtValue::integer(r)},
+                                  {"buffers", PtValue::list(std::move(buffers))},
+                                  {"modules", PtValue::list(std::move(modules))},
+                                  {"ddp_buckets", ddp_buckets ? *ddp_buckets : PtValue()}})}});
+    writers.push_back(std::make_unique<checkpoint::PtWriter>(
+        checkpoint::rank_file_path(out_prefix, ckpt_suffix, r, world_size)));
+    writers.back()->begin(root);
+    keys.push_back(checkpoint::tensor_keys(root));
+  }
+  // Each tensor streamed once, in order: rank r's file takes the bytes of
+  // its rows (all of them for a tensor that is not sharded).
+  size_t k = 0;
+  const auto spread = [&](const LogicalTensor& t) {
+    const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+    const int64_t row_bytes = rows > 0 ? t.bytes() / rows : 0;
+    std::vector<std::pair<int64_t, int64_t>> range(static_cast<size_t>(world_size));  // [begin, end) bytes
+    for (int r = 0; r < world_size; ++r) {
+      int64_t first = 0;
+      const int64_t n = rows_on(t, r, first);
+      range[static_cast<size_t>(r)] = t.sharded ? std::make_pair(first * row_bytes, (first + n) * row_bytes)
+                                                : std::make_pair(int64_t{0}, t.bytes());
+      writers[static_cast<size_t>(r)]->begin_storage(keys[static_cast<size_t>(r)][k]);
+    }
+    int64_t at = 0;
+    files.stream_full(t, [&](const char* data, size_t n) {
+      const int64_t end = at + static_cast<int64_t>(n);
+      for (int r = 0; r < world_size; ++r) {
+        const auto [lo, hi] = range[static_cast<size_t>(r)];
+        const int64_t from = std::max(lo, at), to = std::min(hi, end);
+        if (from < to) writers[static_cast<size_t>(r)]->append(data + (from - at), static_cast<size_t>(to - from));
+      }
+      at = end;
+    });
+    for (auto& w : writers) w->end_storage();
+    ++k;
+  };
+  for (const auto& t : files.model()) spread(t);
+  if (files.has_optimizer()) {
+    for (const auto& t : files.optimizer()) spread(t);
+  }
+  for (auto& w : writers) w->sync();
+  for (auto& w : writers) w->commit();
+}
+
+ShardedCheckpointInfo inspect_sharded_checkpoint(const std::string& ckpt_prefix, const std::string& ckpt_suffix) {
+  const ShardedCheckpointFiles files(ckpt_prefix, ckpt_suffix);
+  ShardedCheckpointInfo info;
+  info.world_size = files.world_size();
+  info.files = files.paths();
+  for (const auto& u : files.metadata().units) info.units.push_back(u.prefix);
+  const auto describe = [](const LogicalTensor& t) {
+    return CheckpointTensorInfo{t.name, t.shape, t.dtype, t.bytes(), t.sharded};
+  };
+  for (const auto& t : files.model()) info.model.push_back(describe(t));
+  if (files.has_optimizer()) {
+    info.optimizer = files.optimizer_tree().at("optimizer").as_string();
+    for (const auto& t : files.optimizer()) info.optimizer_state.push_back(describe(t));
+  }
+  return info;
+}
+
+}  // namespace tdist
