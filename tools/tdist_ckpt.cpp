@@ -13,12 +13,18 @@
 // tdist-ckpt-libtorch (this program built with libtdist), installed beside
 // it. A damaged or incomplete checkpoint is an error naming the file and
 // what is wrong (exit 1); a bad command line exits 2.
+//
+// TDIST_CKPT_PEAK_RSS_FILE=F: at exit, writes the process's peak resident
+// memory (VmHWM, kB) to F. tdist-bench reads it: the rusage a parent gets
+// for a child it forked counts the parent's own pages, copied at the fork.
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -34,6 +40,16 @@
 namespace {
 
 using tdist::cli::both_spellings;
+
+// TDIST_CKPT_PEAK_RSS_FILE: this process's VmHWM, in kB, into that file.
+void report_peak_rss() {
+  const char* path = std::getenv("TDIST_CKPT_PEAK_RSS_FILE");
+  if (!path || !*path) return;
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) std::ofstream(path) << std::stoll(line.substr(6)) << "\n";
+  }
+}
 
 #if !TDIST_CKPT_WITH_LIBTORCH
 // Runs tdist-ckpt-libtorch (next to this program) with the same arguments.
@@ -89,6 +105,7 @@ void print_info(const tdist::ShardedCheckpointInfo& info, bool json) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::atexit(report_peak_rss);
   CLI::App app{"tdist-ckpt: consolidate, reshard or inspect a sharded checkpoint", "tdist-ckpt"};
   app.require_subcommand(1);
   std::string prefix, suffix = "_rank-*-of-*.pt", save_path, format = "pt", out_prefix;
