@@ -26,13 +26,13 @@ namespace {
   throw CheckpointError(path + ": " + what + (errno ? std::string(" (") + std::strerror(errno) + ")" : ""));
 }
 
+}  // namespace
+
 std::string directory_of(const std::string& path) {
   const size_t slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
   return slash == 0 ? "/" : path.substr(0, slash);
 }
-
-}  // namespace
 
 AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
   static std::atomic<uint64_t> counter{0};

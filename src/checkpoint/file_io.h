@@ -66,6 +66,9 @@ class FileReader {
   uint64_t size_ = 0;
 };
 
+// The directory part of a path: "." without a '/', "/" for "/x".
+std::string directory_of(const std::string& path);
+
 // CRC-32 of n bytes, continuing from `crc` (0 to start).
 uint32_t crc32(uint32_t crc, const void* data, size_t n);
 

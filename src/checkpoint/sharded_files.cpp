@@ -11,16 +11,12 @@
 #include <set>
 
 #include "checkpoint/checkpoint_tree.h"
+#include "checkpoint/file_io.h"
 #include "tdist/errors.h"
 
 namespace tdist::checkpoint {
 
 namespace {
-
-std::string directory_of(const std::string& prefix) {
-  const size_t slash = prefix.rfind('/');
-  return slash == std::string::npos ? "." : (slash == 0 ? "/" : prefix.substr(0, slash));
-}
 
 std::string base_of(const std::string& prefix) {
   const size_t slash = prefix.rfind('/');
