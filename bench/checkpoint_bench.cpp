@@ -16,6 +16,7 @@
 
 #include <torch/torch.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -127,13 +128,16 @@ ToolRun run_tool(const std::vector<std::string>& args) {
   const auto deadline = Clock::now() + std::chrono::minutes(10);
   int status = 0;
   rusage ru{};
-  while (wait4(pid, &status, WNOHANG, &ru) == 0) {
+  for (;;) {
+    const pid_t done = wait4(pid, &status, WNOHANG, &ru);
+    if (done == pid) break;
+    if (done < 0 && errno != EINTR) throw std::runtime_error("wait4 for tdist-ckpt failed");
     if (Clock::now() > deadline) {
       ::kill(pid, SIGKILL);
       wait4(pid, &status, 0, &ru);
       throw std::runtime_error("tdist-ckpt " + args[0] + " ran past 10 minutes: killed");
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error("tdist-ckpt " + args[0] + " failed");
   const double seconds = seconds_since(t);

@@ -2,13 +2,16 @@
 // consolidation into one full state dict, resharding to another world
 // size, inspection. Declared apart from the rest of the checkpoint API
 // because the tools need no LibTorch (only c10's dtypes): tdist-ckpt runs
-// them in a process of a few MiB, whose memory follows the data it moves.
+// them in a process of a few MiB whatever the model. (Here, in libtdist,
+// consolidate_sharded_model_checkpoints also writes the libtorch format,
+// which needs LibTorch; tdist-ckpt calls the streaming part directly and
+// runs tdist-ckpt-libtorch for that one.)
 //
 //   tdist::consolidate_sharded_model_checkpoints("ckpt/step100", "_rank-*-of-*.pt", "full.pt");
 //   tdist::reshard_sharded_checkpoint("ckpt/step100", "_rank-*-of-*.pt", 4, "ckpt/step100_world-4");
 //
-// Each streams: the bytes go from the ranks' files to the output a few MiB
-// at a time, every record's CRC checked; nothing is renamed into place
+// Each streams: the bytes go from the ranks' files to the output in 1 MiB
+// chunks, every record's CRC checked; nothing is renamed into place
 // until all of it has been read and checked.
 //
 // Errors: CheckpointError naming the file and the problem; UsageError for

@@ -231,6 +231,8 @@ struct PtReader::Impl {
   std::string archive;
   std::map<std::string, zip::Entry> records;  // by name under the archive folder
   PtValue root;
+  mutable std::unique_ptr<char[]> stream_buffer;  // stream_storage's
+  mutable size_t stream_buffer_bytes = 0;
 
   explicit Impl(const std::string& path) : file(path) {}
 
@@ -370,18 +372,30 @@ void PtReader::read_storage(const PtTensorRef& ref, void* out) const {
 void PtReader::stream_storage(const PtTensorRef& ref, const ByteSink& sink) const {
   const Impl& r = *impl_;
   const zip::Entry& e = r.storage_record(ref);
-  std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(e.size, kStreamChunk)));
+  // One buffer per reader, grown once (not zero-filled per record: many
+  // records are small optimizer states).
+  if (r.stream_buffer_bytes < std::min<uint64_t>(e.size, kStreamChunk)) {
+    r.stream_buffer_bytes = static_cast<size_t>(std::min<uint64_t>(e.size, kStreamChunk));
+    r.stream_buffer.reset(new char[r.stream_buffer_bytes]);
+  }
+  char* buf = r.stream_buffer.get();
   uint32_t crc = 0;
   for (uint64_t at = 0; at < e.size;) {
-    const size_t k = static_cast<size_t>(std::min<uint64_t>(e.size - at, buf.size()));
-    r.file.read_at(e.data_offset + at, buf.data(), k);
-    crc = crc32(crc, buf.data(), k);
-    if (ref.dtype == c10::kBool) {
-      for (size_t i = 0; i < k; ++i) {
-        if (static_cast<uint8_t>(buf[i]) > 1) r.fail("record '" + e.name + "' holds a bool other than 0 or 1");
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(e.size - at, r.stream_buffer_bytes));
+    r.file.read_at(e.data_offset + at, buf, k);
+    crc = crc32(crc, buf, k);
+    if (ref.dtype == c10::kBool && std::any_of(buf, buf + k, [](char c) { return static_cast<uint8_t>(c) > 1; })) {
+      // A corrupt record says so first, as read_storage does.
+      for (uint64_t rest = at + k; rest < e.size;) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(e.size - rest, r.stream_buffer_bytes));
+        r.file.read_at(e.data_offset + rest, buf, n);
+        crc = crc32(crc, buf, n);
+        rest += n;
       }
+      r.check_crc(e, crc);
+      r.fail("record '" + e.name + "' holds a bool other than 0 or 1");
     }
-    sink(buf.data(), k);
+    sink(buf, k);
     at += k;
   }
   r.check_crc(e, crc);

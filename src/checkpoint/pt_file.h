@@ -168,7 +168,7 @@ class PtReader {
   // The whole storage record of `ref` (checked against it: size, and bools
   // 0 or 1) into `out`, which holds its storage_numel elements.
   void read_storage(const PtTensorRef& ref, void* out) const;
-  // The same handed to `sink` in order, a few MiB at a time. The CRC is
+  // The same handed to `sink` in order, 1 MiB at a time. The CRC is
   // checked after the last piece: until the call returns, what the sink
   // got is unverified (keep nothing of it on an exception).
   using ByteSink = std::function<void(const char* data, size_t n)>;

@@ -1,8 +1,8 @@
 // The files of one sharded checkpoint, read together: found by prefix and
 // suffix pattern, checked as a set (ranks 0..w-1 each once, one world size,
 // one save, consistent metadata), and each logical tensor (a model entry,
-// an optimizer state field) read whole or by rows, streaming: at most one
-// rank's piece in memory besides the result.
+// an optimizer state field) streamed in order, 1 MiB at a time, from the
+// ranks' pieces (stream_full).
 //
 // Only the directories and pickles are read when the set is opened; the
 // tensors' bytes when asked for (their CRC checked then). Needs c10 only;
@@ -73,7 +73,7 @@ class ShardedCheckpointFiles {
   int64_t save_id() const { return save_id_; }
 
   // The full tensor's bytes, in order (rank 0's piece first), handed to
-  // `sink` a few MiB at a time; each piece's CRC is checked after its last
+  // `sink` 1 MiB at a time; each piece's CRC is checked after its last
   // byte is handed over, so until the call returns what the sink got is
   // unverified (keep nothing of it on an exception).
   void stream_full(const LogicalTensor& t, const PtReader::ByteSink& sink) const;

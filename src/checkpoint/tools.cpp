@@ -154,12 +154,18 @@ void reshard_sharded_checkpoint(const std::string& ckpt_prefix, const std::strin
   std::random_device rd;
   const int64_t save_id = static_cast<int64_t>((static_cast<uint64_t>(rd()) << 31) ^ rd()) & INT64_MAX;
   std::vector<std::unique_ptr<checkpoint::PtWriter>> writers;
-  std::vector<std::vector<std::string>> keys;  // per rank: storage keys in writing order
+  // Per rank: each tensor's storage key, in the order spread() goes below
+  // (model, then optimizer state); PtWriter refuses any other order than
+  // the pickle's, so a tree built otherwise fails loudly, never swaps bytes.
+  std::vector<std::vector<std::string>> keys;
   for (int r = 0; r < world_size; ++r) {
     checkpoint::StorageKeys sink;  // the bytes are written below, in lockstep
+    keys.emplace_back();
     const auto piece = [&](const LogicalTensor& t) {
       int64_t first = 0;
-      return sink.add(t.dtype, t.sharded ? checkpoint::rows_shape(t.shape, rows_on(t, r, first)) : t.shape);
+      PtValue v = sink.add(t.dtype, t.sharded ? checkpoint::rows_shape(t.shape, rows_on(t, r, first)) : t.shape);
+      keys.back().push_back(v.as_tensor().storage_key);
+      return v;
     };
     std::vector<std::pair<std::string, PtValue>> model;
     for (const auto& t : files.model()) model.emplace_back(t.name, piece(t));
@@ -201,7 +207,6 @@ void reshard_sharded_checkpoint(const std::string& ckpt_prefix, const std::strin
     writers.push_back(std::make_unique<checkpoint::PtWriter>(
         checkpoint::rank_file_path(out_prefix, ckpt_suffix, r, world_size)));
     writers.back()->begin(root);
-    keys.push_back(checkpoint::tensor_keys(root));
   }
   // Each tensor streamed once, in order: rank r's file takes the bytes of
   // its rows (all of them for a tensor that is not sharded).
