@@ -231,8 +231,6 @@ struct PtReader::Impl {
   std::string archive;
   std::map<std::string, zip::Entry> records;  // by name under the archive folder
   PtValue root;
-  mutable std::unique_ptr<char[]> stream_buffer;  // stream_storage's
-  mutable size_t stream_buffer_bytes = 0;
 
   explicit Impl(const std::string& path) : file(path) {}
 
@@ -372,22 +370,20 @@ void PtReader::read_storage(const PtTensorRef& ref, void* out) const {
 void PtReader::stream_storage(const PtTensorRef& ref, const ByteSink& sink) const {
   const Impl& r = *impl_;
   const zip::Entry& e = r.storage_record(ref);
-  // One buffer per reader, grown once (not zero-filled per record: many
-  // records are small optimizer states).
-  if (r.stream_buffer_bytes < std::min<uint64_t>(e.size, kStreamChunk)) {
-    r.stream_buffer_bytes = static_cast<size_t>(std::min<uint64_t>(e.size, kStreamChunk));
-    r.stream_buffer.reset(new char[r.stream_buffer_bytes]);
-  }
-  char* buf = r.stream_buffer.get();
+  // Not zero-filled (many records are small optimizer states), and not
+  // kept: a checkpoint of many ranks has a reader per rank.
+  const size_t chunk = static_cast<size_t>(std::min<uint64_t>(e.size, kStreamChunk));
+  const std::unique_ptr<char[]> buffer(new char[std::max<size_t>(chunk, 1)]);
+  char* buf = buffer.get();
   uint32_t crc = 0;
   for (uint64_t at = 0; at < e.size;) {
-    const size_t k = static_cast<size_t>(std::min<uint64_t>(e.size - at, r.stream_buffer_bytes));
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(e.size - at, chunk));
     r.file.read_at(e.data_offset + at, buf, k);
     crc = crc32(crc, buf, k);
     if (ref.dtype == c10::kBool && std::any_of(buf, buf + k, [](char c) { return static_cast<uint8_t>(c) > 1; })) {
       // A corrupt record says so first, as read_storage does.
       for (uint64_t rest = at + k; rest < e.size;) {
-        const size_t n = static_cast<size_t>(std::min<uint64_t>(e.size - rest, r.stream_buffer_bytes));
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(e.size - rest, chunk));
         r.file.read_at(e.data_offset + rest, buf, n);
         crc = crc32(crc, buf, n);
         rest += n;
