@@ -67,9 +67,9 @@ std::string shape_string(c10::IntArrayRef s) {
   return out + "]";
 }
 
-const PtValue& field(const PtValue& v, const std::string& key, const std::string& path) {
+const PtValue& field(const PtValue& v, std::string_view key, const std::string& path) {
   try {
-    return v.at(key);
+    return v.at(std::string(key));
   } catch (const CheckpointError& e) {
     throw CheckpointError(path + ": " + e.what() + " (not a tdist checkpoint, or another version's?)");
   }

@@ -24,6 +24,7 @@
 #include <c10/util/ArrayRef.h>
 
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -60,6 +61,9 @@ PtValue optimizer_tree(const PtValue& like, PtValue state, int world_size, int r
 std::string shape_string(c10::IntArrayRef shape);
 
 // Lookups with the file in the message: "<path>: <what>".
-const PtValue& field(const PtValue& v, const std::string& key, const std::string& path);
+// (The key is a string_view: a std::string made from a literal would be a
+// temporary, which GCC 13's -Wdangling-reference takes for what the result
+// refers to.)
+const PtValue& field(const PtValue& v, std::string_view key, const std::string& path);
 
 }  // namespace tdist::checkpoint
