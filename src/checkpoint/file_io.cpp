@@ -132,7 +132,7 @@ uint32_t crc32(uint32_t crc, const void* data, size_t n) {
   // The same CRC (gzip's, reflected), folded with carry-less multiplies:
   // ~2.5x zlib's speed, which checkpoints spend most of their CPU on.
   return crc32_gzip_refl(crc, static_cast<const unsigned char*>(data), n);
-#endif
+#else
   const Bytef* p = static_cast<const Bytef*>(data);
   uLong c = crc;
   while (n > 0) {
@@ -142,6 +142,7 @@ uint32_t crc32(uint32_t crc, const void* data, size_t n) {
     n -= chunk;
   }
   return static_cast<uint32_t>(c);
+#endif
 }
 
 }  // namespace tdist::checkpoint

@@ -376,25 +376,18 @@ void PtReader::stream_storage(const PtTensorRef& ref, const ByteSink& sink) cons
   const std::unique_ptr<char[]> buffer(new char[std::max<size_t>(chunk, 1)]);
   char* buf = buffer.get();
   uint32_t crc = 0;
+  bool bad_bool = false;  // the sink gets nothing from there on
   for (uint64_t at = 0; at < e.size;) {
     const size_t k = static_cast<size_t>(std::min<uint64_t>(e.size - at, chunk));
     r.file.read_at(e.data_offset + at, buf, k);
     crc = crc32(crc, buf, k);
-    if (ref.dtype == c10::kBool && std::any_of(buf, buf + k, [](char c) { return static_cast<uint8_t>(c) > 1; })) {
-      // A corrupt record says so first, as read_storage does.
-      for (uint64_t rest = at + k; rest < e.size;) {
-        const size_t n = static_cast<size_t>(std::min<uint64_t>(e.size - rest, chunk));
-        r.file.read_at(e.data_offset + rest, buf, n);
-        crc = crc32(crc, buf, n);
-        rest += n;
-      }
-      r.check_crc(e, crc);
-      r.fail("record '" + e.name + "' holds a bool other than 0 or 1");
-    }
-    sink(buf, k);
+    bad_bool = bad_bool || (ref.dtype == c10::kBool &&
+                            std::any_of(buf, buf + k, [](char c) { return static_cast<uint8_t>(c) > 1; }));
+    if (!bad_bool) sink(buf, k);
     at += k;
   }
-  r.check_crc(e, crc);
+  r.check_crc(e, crc);  // a corrupt record says so first, as read_storage does
+  if (bad_bool) r.fail("record '" + e.name + "' holds a bool other than 0 or 1");
 }
 
 }  // namespace tdist::checkpoint

@@ -4,19 +4,18 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <cstring>
 
 namespace tdist::checkpoint {
 
 at::Tensor read_full(const ShardedCheckpointFiles& files, const LogicalTensor& t) {
-  // The shape was checked against every piece's record when the files were opened.
+  // The shape was checked against every piece's record when the files were
+  // opened; each piece (a whole storage) is read straight into its place.
   at::Tensor full = at::empty(t.shape, at::TensorOptions().dtype(t.dtype));
   char* out = static_cast<char*>(full.data_ptr());
-  int64_t at_byte = 0;
-  files.stream_full(t, [&](const char* data, size_t n) {
-    std::memcpy(out + at_byte, data, n);
-    at_byte += static_cast<int64_t>(n);
-  });
+  for (size_t r = 0; r < t.pieces.size(); ++r) {
+    files.reader(static_cast<int>(r)).read_storage(*t.pieces[r], out);
+    out += t.pieces[r]->storage_numel * static_cast<int64_t>(full.element_size());
+  }
   return full;
 }
 

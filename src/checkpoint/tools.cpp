@@ -145,9 +145,11 @@ void reshard_sharded_checkpoint(const std::string& ckpt_prefix, const std::strin
   if (world_size < 1) throw UsageError("reshard: the world size must be at least 1");
   if (out_prefix == ckpt_prefix) throw UsageError("reshard: write to another prefix than the checkpoint's own");
   const ShardedCheckpointFiles files(ckpt_prefix, ckpt_suffix);
+  // FSDP's layout: every rank ceil(rows / world_size) rows, the last ones fewer or none.
+  const auto per_rank = [&](int64_t rows) { return (rows + world_size - 1) / world_size; };
   const auto rows_on = [&](const LogicalTensor& t, int r, int64_t& first) {
     const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
-    const int64_t per = (rows + world_size - 1) / world_size;
+    const int64_t per = per_rank(rows);
     first = r * per;
     return std::clamp<int64_t>(rows - first, 0, per);
   };
@@ -180,7 +182,7 @@ void reshard_sharded_checkpoint(const std::string& ckpt_prefix, const std::strin
     for (auto& u : md.units) {
       for (auto& p : u.params) {
         const int64_t rows = p.shape.empty() ? 1 : p.shape[0];
-        const int64_t per = u.sharded ? (rows + world_size - 1) / world_size : rows;
+        const int64_t per = u.sharded ? per_rank(rows) : rows;
         p.rows_per_rank = per;
         p.first_row = u.sharded ? r * per : 0;
         p.padding_rows = u.sharded ? per * world_size - rows : 0;
