@@ -29,6 +29,7 @@ struct CollectivesBenchOptions {
   double step_factor = 4;
   std::string dtype = "float32";
   double seconds = 0.25;
+  bool symmetric = false;
   std::string json;
   // Set by the parent for its ranks: the machine's memcpy bandwidth.
   double memcpy_one = 0, memcpy_all = 0;

@@ -7,10 +7,14 @@
 // Spawns its own ranks on this host (or runs as one rank under tdist-run,
 // when RANK and WORLD_SIZE are set). First it measures this machine's memcpy
 // bandwidth, on one core and on all cores at once, so the figures read as a
-// fraction of what memory can do; then, per op and size: bytes, count, dtype,
-// redop, time (µs), algbw, busbw (as nccl-tests defines them), busbw over the
-// all-core memcpy bandwidth, and #wrong (elements that differ from the
-// expected result in a checked run).
+// fraction of what memory can do (the model is in collective_model.h); then,
+// per op (one, a comma-separated list, or all) and size: bytes, count,
+// dtype, redop, the median and 99th-percentile time of one op (µs; each op
+// timed alone, the slowest rank's time), algbw and busbw of the median (as
+// nccl-tests defines them), the busbw the memory model allows, the fraction
+// of it reached, and #wrong (elements that differ from the expected result in
+// a checked run). --symmetric puts the buffers in symmetric memory
+// (ProcessGroup::empty_symmetric).
 #include <ATen/ATen.h>
 #include <unistd.h>
 
@@ -20,6 +24,7 @@
 #include <thread>
 
 #include "bench/bench_common.h"
+#include "bench/collective_model.h"
 #include "tdist/tdist.h"
 #include "util/cli.h"
 #include "util/env.h"
@@ -69,15 +74,6 @@ double memcpy_gbps_all(int threads) {
   return sum;
 }
 
-struct OpSpec {
-  std::string name;
-  double bus_factor(int n) const {
-    if (name == "all_reduce") return 2.0 * (n - 1) / n;
-    if (name == "all_gather" || name == "reduce_scatter" || name == "all_to_all") return double(n - 1) / n;
-    return 1.0;  // broadcast, reduce
-  }
-};
-
 const std::vector<std::string> kOps = {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"};
 
 at::ScalarType parse_dtype(const std::string& s) {
@@ -96,19 +92,21 @@ struct Buffers {
   at::Tensor in, out;
 };
 
-Buffers make_buffers(const std::string& op, int64_t count, int n, at::ScalarType t) {
+Buffers make_buffers(ProcessGroup& pg, const std::string& op, int64_t count, at::ScalarType t, bool symmetric) {
+  const int n = pg.size();
+  auto make = [&](int64_t len) { return symmetric ? pg.empty_symmetric({len}, t) : at::empty({len}, t); };
   Buffers b;
   if (op == "all_gather") {
-    b.in = at::empty({count / n}, t);
-    b.out = at::empty({count / n * n}, t);
+    b.in = make(count / n);
+    b.out = make(count / n * n);
   } else if (op == "reduce_scatter") {
-    b.in = at::empty({count / n * n}, t);
-    b.out = at::empty({count / n}, t);
+    b.in = make(count / n * n);
+    b.out = make(count / n);
   } else if (op == "all_to_all") {
-    b.in = at::empty({count / n * n}, t);
-    b.out = at::empty({count / n * n}, t);
+    b.in = make(count / n * n);
+    b.out = make(count / n * n);
   } else {
-    b.in = at::empty({count}, t);
+    b.in = make(count);
   }
   return b;
 }
@@ -162,6 +160,34 @@ int64_t check(ProcessGroup& pg, const std::string& op, Buffers& b) {
   return got.ne(want).sum().item<int64_t>();
 }
 
+std::vector<std::string> parse_ops(const std::string& arg) {
+  if (arg == "all") return kOps;
+  std::vector<std::string> ops;
+  size_t at = 0;
+  while (at <= arg.size()) {
+    const size_t comma = std::min(arg.find(',', at), arg.size());
+    const std::string op = arg.substr(at, comma - at);
+    if (std::find(kOps.begin(), kOps.end(), op) == kOps.end()) throw UsageError("tdist-bench: unknown --op '" + op + "'");
+    ops.push_back(op);
+    at = comma + 1;
+  }
+  return ops;
+}
+
+// Per-op times on this rank, then element-wise the slowest rank's.
+std::vector<double> timed_samples(ProcessGroup& pg, const std::string& op, Buffers& b, int iters) {
+  at::Tensor t = at::empty({iters}, at::kDouble);
+  double* s = t.data_ptr<double>();
+  pg.barrier()->wait();
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = Clock::now();
+    launch(pg, op, b)->wait();
+    s[i] = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  pg.all_reduce(t, {ReduceOp::MAX})->wait();
+  return std::vector<double>(s, s + iters);
+}
+
 int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
   InitOptions io;
   io.backend = o.backend;
@@ -174,31 +200,31 @@ int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
   const size_t min_bytes = std::max(parse_bytes(o.min_bytes), es);
   const size_t max_bytes = parse_bytes(o.max_bytes);
   const double step = o.step_factor;
-  const double seconds = o.seconds;
   if (step < 2) throw UsageError("tdist-bench: --step-factor must be at least 2");
-  std::vector<std::string> ops;
-  const std::string& op_arg = o.op;
-  if (op_arg == "all") ops = kOps;
-  else ops = {op_arg};
-  for (const auto& op : ops) {
-    if (std::find(kOps.begin(), kOps.end(), op) == kOps.end()) throw UsageError("tdist-bench: unknown --op " + op);
-  }
+  const std::vector<std::string> ops = parse_ops(o.op);
   double mem_one = o.memcpy_one, mem_all = o.memcpy_all;
+  const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   if (rank == 0 && mem_all == 0) {  // run by an outside launcher: measure here
     mem_one = memcpy_gbps_one();
-    mem_all = memcpy_gbps_all(static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+    mem_all = memcpy_gbps_all(cores);
+  }
+  const double copy_rate = usable_copy_rate(world, cores, mem_one, mem_all);
+  const bool symmetric = o.symmetric && pg->has_symmetric_memory();
+  if (o.symmetric && !symmetric && rank == 0) {
+    std::printf("# (backend %s has no symmetric memory: ordinary tensors)\n", pg->backend_name().c_str());
   }
 
   JsonRows json;
   for (const auto& op : ops) {
     if (rank == 0) {
-      std::printf("\n# %s, backend %s, world size %d, %s\n", op.c_str(), pg->backend_name().c_str(), world,
-                  c10::toString(dtype));
-      std::printf("%12s %12s %9s %7s %11s %9s %9s %9s %7s\n", "size(B)", "count", "type", "redop", "time(us)",
-                  "algbw", "busbw", "bus/mem", "#wrong");
+      std::printf("\n# %s, backend %s, world size %d, %s, %s tensors; ceiling: %.3g x S bytes of memory traffic at "
+                  "%.2f GB/s copied\n",
+                  op.c_str(), pg->backend_name().c_str(), world, c10::toString(dtype),
+                  symmetric ? "symmetric" : "ordinary", traffic_per_byte(op, world), copy_rate);
+      std::printf("%12s %12s %9s %7s %11s %11s %9s %9s %9s %8s %7s\n", "size(B)", "count", "type", "redop",
+                  "time(us)", "p99(us)", "algbw", "busbw", "ceiling", "of ceil", "#wrong");
       std::fflush(stdout);
     }
-    const OpSpec spec{op};
     for (double bytes_d = static_cast<double>(min_bytes); bytes_d <= static_cast<double>(max_bytes) * 1.0001;
          bytes_d *= step) {
       // Counts divisible by the world size, for the sharded ops.
@@ -206,43 +232,41 @@ int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
       if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") count = count / world * world;
       if (count == 0) continue;
       const size_t bytes = static_cast<size_t>(count) * es;
-      Buffers b = make_buffers(op, count, world, dtype);
+      Buffers b = make_buffers(*pg, op, count, dtype, symmetric);
       const int64_t wrong = check(*pg, op, b);
-      // Warm up, then agree on an iteration count that fills `seconds`.
+      // Warm up, then agree on an iteration count that fills o.seconds.
       for (int i = 0; i < 3; ++i) launch(*pg, op, b)->wait();
-      auto t0 = Clock::now();
-      launch(*pg, op, b)->wait();
-      at::Tensor est = at::tensor({std::chrono::duration<double>(Clock::now() - t0).count()}, at::kDouble);
-      pg->all_reduce(est, {ReduceOp::MAX})->wait();
-      const int iters = static_cast<int>(std::clamp(seconds / std::max(est.item<double>(), 1e-7), 5.0, 20000.0));
-      pg->barrier()->wait();
-      t0 = Clock::now();
-      std::shared_ptr<Work> last;
-      for (int i = 0; i < iters; ++i) last = launch(*pg, op, b);
-      last->wait();
-      at::Tensor took = at::tensor({std::chrono::duration<double>(Clock::now() - t0).count() / iters}, at::kDouble);
-      pg->all_reduce(took, {ReduceOp::MAX})->wait();
+      const std::vector<double> est = timed_samples(*pg, op, b, 3);
+      const int iters =
+          static_cast<int>(std::clamp(o.seconds / std::max(percentile(est, 50), 1e-7), 20.0, 20000.0));
+      const std::vector<double> samples = timed_samples(*pg, op, b, iters);
       at::Tensor wrong_t = at::tensor({wrong}, at::kLong);
       pg->all_reduce(wrong_t)->wait();
       if (rank == 0) {
-        const double us = took.item<double>() * 1e6;
-        const double algbw = bytes / (us * 1e-6) / 1e9;
-        const double busbw = algbw * spec.bus_factor(world);
+        const double med = percentile(samples, 50), p99 = percentile(samples, 99);
+        const double algbw = bytes / med / 1e9;
+        const double busbw = algbw * bus_factor(op, world);
+        const double ceiling = ceiling_busbw(op, world, copy_rate);
+        const double of_ceiling = ceiling > 0 ? busbw / ceiling : 0.0;
         const bool reduces = op == "all_reduce" || op == "reduce" || op == "reduce_scatter";
-        std::printf("%12zu %12lld %9s %7s %11.2f %9.2f %9.2f %9.2f %7lld\n", bytes, static_cast<long long>(count),
-                    c10::toString(dtype), reduces ? "sum" : "none", us, algbw, busbw,
-                    mem_all > 0 ? busbw / mem_all : 0.0, static_cast<long long>(wrong_t.item<int64_t>()));
+        std::printf("%12zu %12lld %9s %7s %11.2f %11.2f %9.2f %9.2f %9.2f %8.2f %7lld\n", bytes,
+                    static_cast<long long>(count), c10::toString(dtype), reduces ? "sum" : "none", med * 1e6,
+                    p99 * 1e6, algbw, busbw, ceiling, of_ceiling, static_cast<long long>(wrong_t.item<int64_t>()));
         std::fflush(stdout);
         json.begin_row();
         json.field("op", op);
         json.field("backend", pg->backend_name());
         json.field("world_size", world);
         json.field("dtype", std::string(c10::toString(dtype)));
+        json.field("symmetric", symmetric ? 1.0 : 0.0);
         json.field("bytes", static_cast<double>(bytes));
-        json.field("time_us", us);
+        json.field("time_us", med * 1e6);
+        json.field("p99_us", p99 * 1e6);
+        json.field("iters", iters);
         json.field("algbw_GBps", algbw);
         json.field("busbw_GBps", busbw);
-        json.field("busbw_over_memcpy", mem_all > 0 ? busbw / mem_all : 0.0);
+        json.field("ceiling_busbw_GBps", ceiling);
+        json.field("of_ceiling", of_ceiling);
         json.field("memcpy_one_core_GBps", mem_one);
         json.field("memcpy_all_cores_GBps", mem_all);
         json.field("wrong", static_cast<double>(wrong_t.item<int64_t>()));
@@ -260,8 +284,10 @@ void CollectivesBenchOptions::add_to(CLI::App& mode) {
   mode.add_option("--backend", backend, "shm, gloo, mpi or another registered one")->capture_default_str();
   mode.add_option(both_spellings("world-size"), world_size, "ranks, started here")->check(CLI::Range(1, 256))
       ->capture_default_str();
-  mode.add_option("--op", op, "all_reduce, broadcast, reduce, all_gather, reduce_scatter, all_to_all, or all")
+  mode.add_option("--op", op,
+                  "all_reduce, broadcast, reduce, all_gather, reduce_scatter, all_to_all, a comma-separated list, or all")
       ->capture_default_str();
+  mode.add_flag("--symmetric", symmetric, "buffers in symmetric memory (ProcessGroup::empty_symmetric)");
   mode.add_option(both_spellings("min-bytes"), min_bytes, "smallest size (K, M, G: powers of 1024)")
       ->capture_default_str();
   mode.add_option(both_spellings("max-bytes"), max_bytes, "largest size")->capture_default_str();

@@ -2,7 +2,7 @@
 // The contract is in task_queue.h.
 #include "process_group/task_queue.h"
 
-#include <immintrin.h>
+#include <sched.h>
 
 #include "tdist/errors.h"
 
@@ -111,7 +111,7 @@ void TaskQueue::run() {
       const auto spin_end = std::chrono::steady_clock::now() + kWorkerSpin;
       for (int i = 0; queued_.load(std::memory_order_acquire) == 0; ++i) {
         if ((i & 63) == 0 && std::chrono::steady_clock::now() >= spin_end) break;
-        _mm_pause();
+        sched_yield();
       }
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return !running_ && (!queue_.empty() || stopping_); });

@@ -1,6 +1,6 @@
 // Work: completion, waiting (inline run, timeouts), then() and chain().
 // The contract is in include/tdist/process_group.h.
-#include <immintrin.h>
+#include <sched.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -67,7 +67,7 @@ void Work::wait() {
   const auto spin_end = std::chrono::steady_clock::now() + kSpin;
   for (int i = 0; !is_completed(); ++i) {
     if ((i & 63) == 0 && std::chrono::steady_clock::now() >= spin_end) break;
-    _mm_pause();
+    sched_yield();
   }
   std::unique_lock<std::mutex> lock(state_->mu);
   state_->done_cv.wait(lock, [&] { return state_->done.load(); });
