@@ -1,25 +1,34 @@
 #!/usr/bin/env bash
-# All-reduce side by side, in one session: tdist's shm backend, tdist's gloo
-# backend, PyTorch's Gloo under both PyTorch versions (1.13: Debian's
-# python3-torch; 2.x: the venv of scripts/torch2.sh) and OpenMPI (when
-# installed), float32 SUM at world size 2 over the same sizes. Prints each
-# tool's table, then one summary table; writes everything as JSON to OUT_DIR
-# (tdist-shm.json, tdist-gloo.json, torch-gloo.json, torch2-gloo.json,
-# openmpi.json).
-#   [MAX_BYTES=64M] [TORCH1_PYTHON=/usr/bin/python3] [TORCH2_PYTHON=<repo>/.venv/bin/python]
+# Collectives side by side, interleaved: REPEATS rounds (3 by default), each
+# running tdist's shm backend, tdist's gloo backend, OpenMPI (when
+# installed) and PyTorch's Gloo under both PyTorch versions (1.13: Debian's
+# python3-torch; 2.x: the venv of scripts/torch2.sh) one after the other,
+# so that a noisy spell on a shared machine hits all of them alike. float32,
+# SUM, world size WORLD (2), OPS (all_reduce,reduce_scatter,all_gather), every
+# op timed call by call. The summary gives, per op and size, the median over
+# the rounds of each tool's median time (and of tdist shm's p99), busbw, and
+# tdist shm's busbw as a multiple of the others'; tdist shm's "of ceil" is
+# its fraction of the memory-model ceiling (bench/collective_model.h)
+# measured in the same round. Everything is kept as JSON in OUT_DIR
+# (<tool>-<round>.json).
+#   [REPEATS=3] [WORLD=2] [OPS=...] [MAX_BYTES=64M] [SECONDS_PER_ROW=0.25]
+#   [TORCH1_PYTHON=/usr/bin/python3] [TORCH2_PYTHON=<repo>/.venv/bin/python]
 #     bench/compare_collectives.sh [BUILD_DIR=build] [OUT_DIR=BUILD_DIR/bench]
 # A PyTorch whose interpreter cannot import torch.distributed with Gloo is
-# left out, with one line saying why; one whose run fails is left out of the
-# table too, and the script then exits non-zero after printing it.
+# left out, with one line saying why, as is an op its Gloo lacks; a run that
+# fails is left out of the table too, and the script then exits non-zero.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 build=${1:-build}
 out=${2:-$build/bench}
 mkdir -p "$out"
+repeats=${REPEATS:-3}
+world=${WORLD:-2}
+ops=${OPS:-all_reduce,reduce_scatter,all_gather}
 max_bytes=${MAX_BYTES:-64M}
-sizes=(--min-bytes 4 --max-bytes "$max_bytes" --step-factor 4)
-world=2
+seconds=${SECONDS_PER_ROW:-0.25}
+sizes=(--min-bytes 4 --max-bytes "$max_bytes" --step-factor 4 --seconds "$seconds")
 torch1_python=${TORCH1_PYTHON:-/usr/bin/python3}
 torch2_python=${TORCH2_PYTHON:-$root/.venv/bin/python}
 failed=0
@@ -36,64 +45,96 @@ bytes() {  # 64M -> 67108864 (K, M, G: powers of 1024, as tdist-bench reads them
 # shellcheck source=bench/reference_common.sh
 source "$here/reference_common.sh"
 
-"$build/bin/tdist-bench" collectives --backend shm --world-size $world "${sizes[@]}" --json "$out/tdist-shm.json"
-"$build/bin/tdist-bench" collectives --backend gloo --world-size $world "${sizes[@]}" --json "$out/tdist-gloo.json"
-
-run_reference "PyTorch 1.13 Gloo" "$torch1_python" "apt-get install python3-torch" "$out/torch-gloo.json" \
-  "$here/torch_collectives_reference.py" --world-size $world "${sizes[@]}"
-run_reference "PyTorch 2.x Gloo" "$torch2_python" "bash scripts/torch2.sh python installs it" "$out/torch2-gloo.json" \
-  "$here/torch_collectives_reference.py" --world-size $world "${sizes[@]}"
-
+have_mpi=0
 if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
-  mpicc -O2 -o "$out/mpi_allreduce_reference" "$here/mpi_allreduce_reference.c"
-  mpirun --allow-run-as-root --oversubscribe -np $world "$out/mpi_allreduce_reference" 4 "$(bytes "$max_bytes")" 4 0.25 \
-    "$out/openmpi.json"
+  mpicc -O2 -o "$out/mpi_collectives_reference" "$here/mpi_collectives_reference.c"
+  have_mpi=1
 else
   echo "# (OpenMPI not installed: no MPI reference; apt-get install openmpi-bin libopenmpi-dev)"
-  rm -f "$out/openmpi.json"
 fi
 
-# One row per size: time (us) and busbw (GB/s) of each, and tdist shm's
-# busbw as a multiple of the others'.
-extract() {  # file -> "bytes time busbw" lines
-  [ -f "$1" ] || return 0
-  grep -o '"bytes": [0-9.e+]*\|"time_us": [0-9.e+-]*\|"busbw_GBps": [0-9.e+-]*' "$1" |
-    awk -F': ' '{v[NR%3]=$2} NR%3==0 {printf "%d %s %s\n", v[1], v[2], v[0]}'
+tools=(tdist-shm tdist-gloo openmpi torch-gloo torch2-gloo)
+for f in "${tools[@]}"; do rm -f "$out/$f"-*.json; done
+for ((r = 1; r <= repeats; r++)); do
+  echo "#### round $r of $repeats"
+  "$build/bin/tdist-bench" collectives --backend shm --world-size "$world" --op "$ops" "${sizes[@]}" \
+    --json "$out/tdist-shm-$r.json" || failed=1
+  if [ $have_mpi = 1 ]; then
+    mpirun --allow-run-as-root --oversubscribe -np "$world" "$out/mpi_collectives_reference" "$ops" 4 \
+      "$(bytes "$max_bytes")" 4 "$seconds" "$out/openmpi-$r.json" || failed=1
+  fi
+  "$build/bin/tdist-bench" collectives --backend gloo --world-size "$world" --op "$ops" "${sizes[@]}" \
+    --json "$out/tdist-gloo-$r.json" || failed=1
+  run_reference "PyTorch 1.13 Gloo" "$torch1_python" "apt-get install python3-torch" "$out/torch-gloo-$r.json" \
+    "$here/torch_collectives_reference.py" --world-size "$world" --op "$ops" "${sizes[@]}"
+  run_reference "PyTorch 2.x Gloo" "$torch2_python" "bash scripts/torch2.sh python installs it" \
+    "$out/torch2-gloo-$r.json" "$here/torch_collectives_reference.py" --world-size "$world" --op "$ops" "${sizes[@]}"
+done
+
+# "tool op bytes time p99 busbw of_ceiling" lines from every round's JSON.
+rows() {
+  local tool=$1 f
+  for f in "$out/$tool"-*.json; do
+    [ -f "$f" ] || continue
+    grep -o '"op": "[a-z_]*"\|"bytes": [0-9.e+]*\|"time_us": [0-9.e+-]*\|"p99_us": [0-9.e+-]*\|"busbw_GBps": [0-9.e+-]*\|"of_ceiling": [0-9.e+-]*' "$f" |
+      sed 's/"op": "\(.*\)"/op \1/; s/"\([a-z_0-9A-Z]*\)": /\1 /' |
+      awk -v tool="$tool" '
+        function emit() { if (op != "") printf "%s %s %d %s %s %s %s\n", tool, op, b, t, p, bw, c }
+        $1 == "op" { emit(); op = $2; c = "-" }
+        $1 == "bytes" { b = $2 } $1 == "time_us" { t = $2 } $1 == "p99_us" { p = $2 }
+        $1 == "busbw_GBps" { bw = $2 } $1 == "of_ceiling" { c = $2 }
+        END { emit() }'
+  done
 }
-torch_version() {  # file default -> major.minor of the torch_version its rows record
+for f in "${tools[@]}"; do rows "$f"; done > "$out/all-rows.txt"
+
+torch_version() {  # tool default -> major.minor of the torch_version its rows record
   local v=""
-  [ -f "$1" ] && v=$(grep -o '"torch_version": "[^"]*"' "$1" | head -n 1 | sed 's/.*: "\([0-9]*\.[0-9]*\).*/\1/')
+  v=$(cat "$out/$1"-*.json 2>/dev/null | grep -o '"torch_version": "[^"]*"' | head -n 1 |
+      sed 's/.*: "\([0-9]*\.[0-9]*\).*/\1/') || true
   echo "${v:-$2}"
 }
-tsvs=()
-for f in tdist-shm tdist-gloo torch-gloo torch2-gloo openmpi; do
-  extract "$out/$f.json" > "$out/$f.tsv"
-  tsvs+=("$out/$f.tsv")
-done
 echo
-echo "# all_reduce float32, world size $world: time (us) / busbw (GB/s); last columns: tdist shm busbw as a multiple"
-echo "# (x torch: of PyTorch $(torch_version "$out/torch-gloo.json" 1.13)'s Gloo, x torch2: of PyTorch $(torch_version "$out/torch2-gloo.json" 2.x)'s)"
-# Files are read in BEGIN with getline, so that an empty one (a reference
-# left out) keeps its column.
-awk -v h3="torch $(torch_version "$out/torch-gloo.json" 1.13) gloo" \
-    -v h4="torch $(torch_version "$out/torch2-gloo.json" 2.x) gloo" '
-  function ratio(f, s) {  # tdist shm busbw / file f busbw at size s
-    return sprintf(((f, s) in b && b[f, s] > 0) ? " %9.1f" : " %9s", ((f, s) in b && b[f, s] > 0) ? b[1, s] / b[f, s] : "-")
+echo "# world size $world, float32, medians over $repeats interleaved rounds: time (us) / busbw (GB/s);"
+echo "# tdist shm also p99 (us) and its fraction of the memory ceiling; last columns: tdist shm busbw as a"
+echo "# multiple of OpenMPI's, PyTorch $(torch_version torch-gloo 1.13)'s Gloo and PyTorch $(torch_version torch2-gloo 2.x)'s Gloo"
+awk '
+  function median(key,    n, i, j, v, tmp) {
+    n = split(vals[key], v, " ")
+    for (i = 2; i <= n; i++) for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) { tmp = v[j]; v[j] = v[j - 1]; v[j - 1] = tmp }
+    return n == 0 ? "" : (n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2)
   }
-  BEGIN {
-    for (f = 1; f < ARGC; f++)
-      while ((getline line < ARGV[f]) > 0) {
-        split(line, a, " ")
-        t[f, a[1]] = a[2]; b[f, a[1]] = a[3]
-        if (f == 1) order[++n] = a[1]
-      }
-    printf "%12s %20s %20s %20s %20s %20s %9s %9s %9s\n", "size(B)", "tdist shm", "tdist gloo", h3, h4, "openmpi",
-           "x torch", "x torch2", "x mpi"
+  function add(key, x) { vals[key] = (key in vals) ? vals[key] " " x : x }
+  {
+    k = $1 SUBSEP $2 SUBSEP $3
+    add(k SUBSEP "t", $4); add(k SUBSEP "p", $5); add(k SUBSEP "b", $6); if ($7 != "-") add(k SUBSEP "c", $7)
+    if (!(($2, $3) in seen)) { seen[$2, $3] = 1; order[++n] = $2 SUBSEP $3 }
+    have[$1, $2, $3] = 1
+  }
+  function cell(tool, op, s,    k) {
+    k = tool SUBSEP op SUBSEP s
+    return (tool, op, s) in have ? sprintf("  %9.1f / %6.2f", median(k SUBSEP "t"), median(k SUBSEP "b")) : sprintf("  %9s / %6s", "-", "-")
+  }
+  function ratio(tool, op, s,    k, o) {
+    if (!((tool, op, s) in have) || !(("tdist-shm", op, s) in have)) return sprintf(" %7s", "-")
+    o = median(tool SUBSEP op SUBSEP s SUBSEP "b")
+    return o > 0 ? sprintf(" %7.1f", median("tdist-shm" SUBSEP op SUBSEP s SUBSEP "b") / o) : sprintf(" %7s", "-")
+  }
+  END {
+    last = ""
     for (i = 1; i <= n; i++) {
-      s = order[i]
-      line = sprintf("%12d", s)
-      for (f = 1; f <= 5; f++) line = line sprintf(((f, s) in t) ? "  %9.1f / %7.2f" : "  %9s / %7s", ((f, s) in t) ? t[f, s] : "-", ((f, s) in t) ? b[f, s] : "-")
-      print line ratio(3, s) ratio(4, s) ratio(5, s)
+      split(order[i], a, SUBSEP); op = a[1]; s = a[2]
+      if (op != last) {
+        printf "\n## %s\n%12s %18s %9s %7s %18s %18s %18s %18s %7s %7s %7s\n", op, "size(B)", "tdist shm", "p99", "of ceil",
+               "openmpi", "tdist gloo", "torch1 gloo", "torch2 gloo", "x mpi", "x torch1", "x torch2"
+        last = op
+      }
+      k = "tdist-shm" SUBSEP op SUBSEP s
+      line = sprintf("%12d", s) cell("tdist-shm", op, s)
+      line = line sprintf(" %9s", ("tdist-shm", op, s) in have ? sprintf("%.1f", median(k SUBSEP "p")) : "-")
+      line = line sprintf(" %7s", (k SUBSEP "c") in vals ? sprintf("%.2f", median(k SUBSEP "c")) : "-")
+      line = line cell("openmpi", op, s) cell("tdist-gloo", op, s) cell("torch-gloo", op, s) cell("torch2-gloo", op, s)
+      print line ratio("openmpi", op, s) ratio("torch-gloo", op, s) ratio("torch2-gloo", op, s)
     }
-  }' "${tsvs[@]}"
+  }' "$out/all-rows.txt"
 exit $failed
