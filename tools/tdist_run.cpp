@@ -202,6 +202,9 @@ int run_once(const Options& o, int port, std::vector<Child>& kids) {
   kids.clear();
   for (int r = 0; r < o.nproc; ++r) kids.push_back(spawn(o, r, port));
   int first_failure = -1;
+  int candidate = -1;  // the first failure seen, until it settles
+  constexpr auto kSettle = std::chrono::milliseconds(300);
+  std::chrono::steady_clock::time_point settle_at{};
   bool terminating = false;
   std::chrono::steady_clock::time_point kill_at{}, term_at{};
   size_t open_pipes = kids.size();
@@ -239,6 +242,11 @@ int run_once(const Options& o, int port, std::vector<Child>& kids) {
         }
       }
     }
+    // Which rank failed first: when a rank is killed, its peers notice
+    // within milliseconds and exit with an error, sometimes before the
+    // killed one can be reaped (its teardown takes longer). So a failure
+    // by exit code is held for kSettle, and a rank killed by a signal
+    // within that time is named instead.
     for (auto& k : kids) {
       if (k.exited) continue;
       int status = 0;
@@ -246,14 +254,23 @@ int run_once(const Options& o, int port, std::vector<Child>& kids) {
         k.exited = true;
         k.status = status;
         --running;
-        if (failed(status) && first_failure < 0) {
-          first_failure = static_cast<int>(&k - kids.data());
+        if (!failed(status) || first_failure >= 0) continue;
+        const int idx = static_cast<int>(&k - kids.data());
+        if (candidate < 0) {
+          candidate = idx;
+          settle_at = std::chrono::steady_clock::now() + kSettle;
           term_at = std::chrono::steady_clock::now() +
                     std::chrono::milliseconds(static_cast<int64_t>(o.peer_wait_s * 1000));
+        } else if (WIFSIGNALED(status) && !WIFSIGNALED(kids[candidate].status)) {
+          candidate = idx;
         }
       }
     }
-    if (first_failure >= 0 && !terminating && running > 0 && std::chrono::steady_clock::now() >= term_at) {
+    if (first_failure < 0 && candidate >= 0 &&
+        (WIFSIGNALED(kids[candidate].status) || running == 0 || std::chrono::steady_clock::now() >= settle_at)) {
+      first_failure = candidate;
+    }
+    if (candidate >= 0 && !terminating && running > 0 && std::chrono::steady_clock::now() >= term_at) {
       for (auto& other : kids) if (!other.exited) signal_rank(other, SIGTERM);
       terminating = true;
       kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
@@ -273,7 +290,7 @@ int run_once(const Options& o, int port, std::vector<Child>& kids) {
     }
     kill(-k.pid, SIGKILL);  // anything the rank left running in its group
   }
-  return first_failure;
+  return first_failure >= 0 ? first_failure : candidate;
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
-// TaskQueue: the worker loop, the inline run and the continuation order.
-// The contract is in task_queue.h.
+// TaskQueue: the worker and watcher loops, the inline run and the
+// continuation order. The contract, and who runs an op, are in
+// task_queue.h.
 #include "process_group/task_queue.h"
 
+#include <pthread.h>
 #include <sched.h>
 
 #include "tdist/errors.h"
@@ -10,20 +12,29 @@ namespace tdist::detail {
 
 namespace {
 
+using SteadyClock = std::chrono::steady_clock;
+
 // The queue whose tasks this thread runs right now: its worker thread, or a
 // thread that runs a task inline while waiting for it (null elsewhere).
 thread_local const void* current_queue = nullptr;
 
-// After finishing an op, the worker polls for the next one this long before
-// sleeping: back-to-back collectives then need no wake-up. It yields the
-// core at every turn (ranks may outnumber cores).
-constexpr auto kWorkerSpin = std::chrono::microseconds(30);
+// How long a fresh op is left to a thread that may wait for it (and run it
+// inline) before the worker gets it: far longer than the step from queuing
+// an op to waiting for it, short against anything an asynchronous op
+// overlaps with.
+constexpr auto kGrace = std::chrono::microseconds(20);
+
+// How long after the last sign of activity (an op queued, or one running)
+// the watcher keeps polling before it sleeps. It polls at SCHED_IDLE, so
+// polling takes only time no other thread wants.
+constexpr auto kWatch = std::chrono::milliseconds(1);
 
 }  // namespace
 
 TaskQueue::TaskQueue(std::string group_name) : group_name_(std::move(group_name)) {
   gate_->queue = this;
   worker_ = std::thread([this] { run(); });
+  watcher_ = std::thread([this] { watch(); });
 }
 
 TaskQueue::~TaskQueue() { stop(); }
@@ -38,25 +49,37 @@ void TaskQueue::stop() {
     stopping_ = true;
   }
   cv_.notify_all();
+  watch_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  if (watcher_.joinable()) watcher_.join();
 }
 
 std::shared_ptr<Work> TaskQueue::enqueue(const char* name, Milliseconds timeout, TaskBody body) {
   auto work = std::make_shared<Work>();
   work->set_runner([g = gate_, w = work.get()] { return run_inline(g, w); });
+  bool wake_worker = false, wake_watcher = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) throw UsageError(std::string(name) + ": the process group '" + group_name_ + "' is shut down");
     work->set_info(next_seq_++, name);  // under the lock: chains enqueue from the worker too
+    Task task{work, timeout, std::move(body), SteadyClock::now(), false};
     if (current_queue == this) {
-      queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(continuations_++),
-                    Task{work, timeout, std::move(body)});
+      task.for_worker = true;
+      queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(continuations_++), std::move(task));
     } else {
-      queue_.push_back(Task{work, timeout, std::move(body)});
+      task.for_worker = running_ || !queue_.empty();
+      queue_.push_back(std::move(task));
     }
     queued_.fetch_add(1, std::memory_order_release);
+    activity_.fetch_add(1, std::memory_order_release);
+    // The worker when it can take the task at once; else the watcher, which
+    // hands the task over after its grace period (only a sleeping one
+    // needs waking: a polling one sees the count).
+    wake_worker = worker_asleep_ && worker_may_take_locked();
+    wake_watcher = watcher_asleep_ && !queue_.front().for_worker;
   }
-  cv_.notify_one();
+  if (wake_worker) cv_.notify_one();
+  if (wake_watcher) watch_cv_.notify_one();
   return work;
 }
 
@@ -67,6 +90,10 @@ TaskQueue::Task TaskQueue::pop_front_locked() {
   queued_.fetch_sub(1, std::memory_order_relaxed);
   running_ = true;
   return task;
+}
+
+bool TaskQueue::worker_may_take_locked() const {
+  return !running_ && !queue_.empty() && (queue_.front().for_worker || stopping_);
 }
 
 // Work::wait's way in: runs w's task on this thread if it is next, nothing
@@ -81,17 +108,21 @@ bool TaskQueue::run_inline(const std::shared_ptr<Gate>& gate, const Work* w) {
     if (self.running_ || self.queue_.empty() || self.queue_.front().work.get() != w) return false;
     task = self.pop_front_locked();
   }
+  self.activity_.fetch_add(1, std::memory_order_release);
   // Callbacks of the task run here too: what they queue goes first, as on
   // the worker.
   const void* outer = current_queue;
   current_queue = &self;
   execute(task);
   current_queue = outer;
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(self.mu_);
     self.running_ = false;
+    // What was queued meanwhile went to the worker.
+    wake = self.worker_asleep_ && self.worker_may_take_locked();
   }
-  self.cv_.notify_all();
+  if (wake) self.cv_.notify_one();
   return true;
 }
 
@@ -106,22 +137,64 @@ void TaskQueue::execute(Task& task) {
 
 void TaskQueue::run() {
   current_queue = this;
+  pthread_setname_np(pthread_self(), "tdist-worker");  // for top -H, perf, gdb
   for (;;) {
     Task task;
     {
-      const auto spin_end = std::chrono::steady_clock::now() + kWorkerSpin;
-      while (queued_.load(std::memory_order_acquire) == 0) {
-        if (std::chrono::steady_clock::now() >= spin_end) break;
-        sched_yield();
-      }
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return !running_ && (!queue_.empty() || stopping_); });
+      worker_asleep_ = true;
+      cv_.wait(lock, [&] { return worker_may_take_locked() || (stopping_ && queue_.empty() && !running_); });
+      worker_asleep_ = false;
       if (queue_.empty()) return;  // stopping, and everything queued has run
       task = pop_front_locked();
     }
     execute(task);
     std::lock_guard<std::mutex> lock(mu_);
     running_ = false;
+  }
+}
+
+void TaskQueue::watch() {
+  pthread_setname_np(pthread_self(), "tdist-watcher");
+  sched_param idle{};
+  (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);  // refused: polls at normal priority
+  uint64_t seen = activity_.load(std::memory_order_acquire);
+  auto active_until = SteadyClock::now() + kWatch;
+  for (;;) {
+    const auto now = SteadyClock::now();
+    if (queued_.load(std::memory_order_acquire) > 0 && !running_.load(std::memory_order_acquire)) {
+      bool wake = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!running_ && !queue_.empty() && !queue_.front().for_worker && now - queue_.front().queued_at >= kGrace) {
+          queue_.front().for_worker = true;
+          wake = worker_asleep_;
+        }
+      }
+      if (wake) cv_.notify_one();
+    }
+    const uint64_t a = activity_.load(std::memory_order_acquire);
+    if (a != seen || running_.load(std::memory_order_acquire)) {
+      seen = a;
+      active_until = now + kWatch;
+    }
+    if (now < active_until) {
+      sched_yield();
+      continue;
+    }
+    // Quiet: sleep until a fresh op arrives (or until stopped).
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stopping_) return;
+    if (!queue_.empty() && !queue_.front().for_worker) {
+      active_until = SteadyClock::now() + kWatch;
+      continue;
+    }
+    watcher_asleep_ = true;
+    watch_cv_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !queue_.front().for_worker); });
+    watcher_asleep_ = false;
+    if (stopping_) return;
+    seen = activity_.load(std::memory_order_acquire);
+    active_until = SteadyClock::now() + kWatch;
   }
 }
 

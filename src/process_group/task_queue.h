@@ -1,9 +1,30 @@
 // TaskQueue: a process group's ops, run one at a time in queue order, on
 // the group's worker thread or inline on a thread that waits for the op at
-// the front of an idle queue (Work::wait's shortcut: it saves waking the
-// worker and being woken by it).
+// the front of an idle queue (Work::wait's shortcut).
 //
-// Owns: the worker thread, the queue of tasks, and the gate through which
+// Who runs an op: the thread that queues an op and waits for it at once
+// (the common synchronous call) runs it itself, with no other thread
+// involved. Every hand-over between threads that ends in a sleep costs a
+// wake-up (~15 us on a VM when the waker is on another core: an IPI through
+// the hypervisor), and a second runnable thread per rank lets the scheduler
+// put two ranks' busy threads on one core while the other core runs only
+// pollers (the runs "stuck at 30-60 us per op" of issue 18). So:
+// - A fresh op (queued while nothing ran or waited in the queue) is left
+//   for a grace period (kGrace, task_queue.cpp) to a thread that may wait
+//   for it. Past that it is handed to the worker. An op queued behind
+//   another, or by a callback on this queue's own thread, goes to the
+//   worker at once (its caller could not have run it then).
+// - The worker sleeps on the queue's condition variable until an op is
+//   handed to it; it never polls.
+// - A watcher thread at SCHED_IDLE (it runs only on a core that has
+//   nothing else to run, and counts as idle to the scheduler's balancing)
+//   hands fresh ops over when their grace runs out. It polls with
+//   sched_yield while the queue has been active in the last kWatch, so
+//   that a fresh op needs no wake-up; after that it sleeps, and the next
+//   fresh op wakes it. Where SCHED_IDLE is refused, it polls at normal
+//   priority.
+//
+// Owns: the worker and watcher threads, the queue of tasks, and the gate through which
 // a waiting Work reaches the queue (the Work holds it; stop() closes it).
 // Order: tasks run in enqueue order, except that a task queued from a
 // callback running on this queue's own thread (the next step of a hook's
@@ -18,6 +39,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -56,6 +78,11 @@ class TaskQueue {
     std::shared_ptr<Work> work;
     Milliseconds timeout;
     TaskBody body;
+    std::chrono::steady_clock::time_point queued_at;
+    // Handed to the worker: queued where its caller could not run it at
+    // once (behind another task, or from this queue's thread), or left
+    // unclaimed past its grace period (the watcher hands it over).
+    bool for_worker = false;
   };
   struct Gate {
     std::mutex mu;  // held while a task runs inline
@@ -66,22 +93,32 @@ class TaskQueue {
   static void execute(Task& task);
   // Takes the front task; REQUIRES mu_, a task queued and none running.
   Task pop_front_locked();
+  // Whether the worker may take the front task now; REQUIRES mu_.
+  bool worker_may_take_locked() const;
   void run();
+  // The watcher's loop (see above).
+  void watch();
 
   const std::string group_name_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> queue_;
   uint64_t next_seq_ = 0;
-  // A task is running (on the worker, or inline): one at a time.
-  bool running_ = false;
+  // A task is running (on the worker, or inline): one at a time. Written
+  // under mu_; the worker's poll reads it without.
+  std::atomic<bool> running_{false};
   // How many continuations (tasks queued from this queue's thread) lead
   // the queue; they run before anything queued by other threads.
   size_t continuations_ = 0;
-  std::atomic<size_t> queued_{0};  // the worker polls it before sleeping
+  std::atomic<size_t> queued_{0};      // the watcher polls it
+  std::atomic<uint64_t> activity_{0};  // bumped by every enqueue and inline run
+  bool worker_asleep_ = false;   // on cv_; under mu_
+  bool watcher_asleep_ = false;  // on watch_cv_; under mu_
+  std::condition_variable watch_cv_;
   bool stopping_ = false;
   std::shared_ptr<Gate> gate_ = std::make_shared<Gate>();
   std::thread worker_;
+  std::thread watcher_;
 };
 
 }  // namespace tdist::detail

@@ -55,21 +55,21 @@ std::vector<at::Tensor> Work::result() const {
 
 namespace {
 
-// Collectives on small tensors finish in microseconds: poll that long before
-// paying for a sleep and a wake-up (tens of microseconds on a busy VM). The
-// poll yields the core at every turn, so that the thread running the op
-// (the group's worker, maybe on this very core when ranks outnumber cores)
-// gets it. (Polling longer, 200 us, made runs stuck at ~60 us per op more
-// frequent on the 2-core VM, not less.)
+// An op running on another thread (the group's worker) may finish within
+// microseconds: poll that long before paying for a sleep and a wake-up
+// (~15 us on a VM when the waker is on another core). The poll yields the
+// core at every turn, so that the thread running the op (maybe on this very
+// core when ranks outnumber cores) gets it.
 constexpr auto kSpin = std::chrono::microseconds(30);
 
 }  // namespace
 
 void Work::wait() {
-  // The op may not have started: then this thread can run it itself.
-  if (!is_completed() && state_->run_here) state_->run_here();
+  // While the op has not started, this thread may run it itself (its queue
+  // says whether it is next); it retries while an op ahead of it runs.
   const auto spin_end = std::chrono::steady_clock::now() + kSpin;
   while (!is_completed()) {
+    if (state_->run_here && state_->run_here()) continue;
     if (std::chrono::steady_clock::now() >= spin_end) break;
     sched_yield();
   }

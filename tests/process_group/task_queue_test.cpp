@@ -1,0 +1,165 @@
+// TaskQueue, the queue every process group runs its ops on: who runs an op
+// (the waiting thread for a synchronous call, the worker for one nobody
+// waits for), order, stop, and that a quiet queue has no runnable thread.
+#include "process_group/task_queue.h"
+
+#include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using tdist::detail::TaskQueue;
+using namespace std::chrono_literals;
+
+std::string thread_name() {
+  char name[32] = {};
+  pthread_getname_np(pthread_self(), name, sizeof name);
+  return name;
+}
+
+// Each of this process's threads named `comm`: tid, and state letter from
+// /proc/self/task/<tid>/stat.
+std::vector<std::pair<int, char>> threads_named(const std::string& comm) {
+  std::vector<std::pair<int, char>> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream c(e.path() / "comm");
+    std::string name;
+    std::getline(c, name);
+    if (name != comm) continue;
+    std::ifstream s(e.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(s)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(')');
+    out.emplace_back(std::stoi(e.path().filename().string()), stat.at(close + 2));
+  }
+  return out;
+}
+
+bool wait_for(const std::function<bool()>& cond, std::chrono::milliseconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(100us);
+  }
+  return true;
+}
+
+TEST(TaskQueue, AnOpNobodyWaitsForRunsOnTheWorker) {
+  TaskQueue q("test");
+  std::promise<std::string> ran_on;
+  auto w = q.enqueue("op", 10s, [&](tdist::comm::Deadline) {
+    ran_on.set_value(thread_name());
+    return std::vector<at::Tensor>{};
+  });
+  ASSERT_TRUE(wait_for([&] { return w->is_completed(); }, 5000ms));
+  EXPECT_EQ(ran_on.get_future().get(), "tdist-worker");
+}
+
+TEST(TaskQueue, WaitingAtOnceRunsTheOpOnTheWaitingThread) {
+  // The synchronous call: no hand-over to another thread. (The worker takes
+  // an op left unclaimed for 20 us, so a test thread preempted between
+  // enqueue and wait may lose one now and then; most must run here.)
+  TaskQueue q("test");
+  int here = 0;
+  const auto me = std::this_thread::get_id();
+  for (int i = 0; i < 200; ++i) {
+    std::thread::id ran;
+    q.enqueue("op", 10s, [&](tdist::comm::Deadline) {
+       ran = std::this_thread::get_id();
+       return std::vector<at::Tensor>{};
+     })->wait();
+    here += ran == me;
+  }
+  EXPECT_GE(here, 150);
+}
+
+TEST(TaskQueue, AnOpQueuedBehindARunningOneGoesToTheWorker) {
+  TaskQueue q("test");
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  std::atomic<bool> first_started{false};
+  auto first = q.enqueue("first", 10s, [&](tdist::comm::Deadline) {
+    first_started = true;
+    released.wait();
+    return std::vector<at::Tensor>{};
+  });
+  ASSERT_TRUE(wait_for([&] { return first_started.load(); }, 5000ms));
+  std::string second_on;
+  auto second = q.enqueue("second", 10s, [&](tdist::comm::Deadline) {
+    second_on = thread_name();
+    return std::vector<at::Tensor>{};
+  });
+  release.set_value();
+  ASSERT_TRUE(wait_for([&] { return second->is_completed(); }, 5000ms));
+  EXPECT_TRUE(first->is_completed());
+  EXPECT_EQ(second_on, "tdist-worker");
+}
+
+TEST(TaskQueue, OpsRunInQueueOrderWhoeverRunsThem) {
+  TaskQueue q("test");
+  std::vector<int> order;
+  std::vector<std::shared_ptr<tdist::Work>> works;
+  for (int i = 0; i < 300; ++i) {
+    works.push_back(q.enqueue("op", 10s, [&order, i](tdist::comm::Deadline) {
+      order.push_back(i);  // one task at a time: no race
+      return std::vector<at::Tensor>{};
+    }));
+    if (i % 3 == 0) works.back()->wait();
+    if (i % 7 == 0) std::this_thread::sleep_for(50us);
+  }
+  for (auto& w : works) w->wait();
+  ASSERT_EQ(order.size(), 300u);
+  for (int i = 0; i < 300; ++i) EXPECT_EQ(order[i], i);
+}
+
+TEST(TaskQueue, StopRunsWhatIsQueued) {
+  std::vector<std::shared_ptr<tdist::Work>> works;
+  std::atomic<int> ran{0};
+  {
+    TaskQueue q("test");
+    for (int i = 0; i < 20; ++i) {
+      works.push_back(q.enqueue("op", 10s, [&](tdist::comm::Deadline) {
+        ++ran;
+        return std::vector<at::Tensor>{};
+      }));
+    }
+    q.stop();
+    EXPECT_THROW(q.enqueue("late", 10s, [](tdist::comm::Deadline) { return std::vector<at::Tensor>{}; }),
+                 tdist::UsageError);
+  }
+  EXPECT_EQ(ran.load(), 20);
+  for (auto& w : works) EXPECT_TRUE(w->is_success());
+}
+
+TEST(TaskQueue, TheWatcherPollsAtIdlePriorityAndAQuietQueueSleeps) {
+  TaskQueue q("test");
+  for (int i = 0; i < 10; ++i) q.enqueue("op", 10s, [](tdist::comm::Deadline) { return std::vector<at::Tensor>{}; })->wait();
+  const auto watchers = threads_named("tdist-watcher");
+  ASSERT_EQ(watchers.size(), 1u);
+  // Any user may lower a thread to SCHED_IDLE (only a seccomp filter could
+  // refuse). SCHED_IDLE threads count as idle to the scheduler, so a
+  // polling watcher never keeps two ranks' busy threads on one core.
+  EXPECT_EQ(sched_getscheduler(watchers[0].first), SCHED_IDLE);
+  // Quiet for far longer than the watcher's 1 ms: nothing of the queue is
+  // runnable (no core is burnt while the ranks compute).
+  auto all_asleep = [] {
+    for (const char* name : {"tdist-watcher", "tdist-worker"}) {
+      for (auto [tid, state] : threads_named(name)) {
+        if (state != 'S') return false;
+      }
+    }
+    return true;
+  };
+  EXPECT_TRUE(wait_for(all_asleep, 2000ms));
+}
+
+}  // namespace
