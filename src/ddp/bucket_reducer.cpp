@@ -2,6 +2,8 @@
 // The contract (ownership, threading, lifetime) is in bucket_reducer.h.
 #include "ddp/bucket_reducer.h"
 
+#include "process_group/async_ops.h"
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -133,6 +135,7 @@ void BucketReducer::mark_ready(size_t i, bool has_grad) {
 
 void BucketReducer::launch(size_t index) {
   Bucket& b = buckets_[index];
+  const detail::AsyncOpsScope async;  // backward goes on: the worker runs them
   if (direct_mode()) {
     b.work = launch_direct(b);
     return;

@@ -7,6 +7,7 @@
 
 #include <exception>
 
+#include "process_group/async_ops.h"
 #include "tdist/errors.h"
 #include "util/check.h"
 
@@ -302,6 +303,7 @@ void ShardedUnit::start_reduce() {
   TDIST_CHECK(!reduce_.has_value());
   if (!has_trainable_) return;
   at::NoGradGuard no_grad;
+  const detail::AsyncOpsScope async;  // backward goes on: the worker runs them
   set_aside_shard_grads();  // a unit whose backward never ran still takes part
   Reduce r;
   if (!sharded_) {

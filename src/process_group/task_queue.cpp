@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include "process_group/async_ops.h"
 #include "tdist/errors.h"
 
 namespace tdist::detail {
@@ -29,7 +30,14 @@ constexpr auto kGrace = std::chrono::microseconds(20);
 // polling takes only time no other thread wants.
 constexpr auto kWatch = std::chrono::milliseconds(1);
 
+// Set while an AsyncOpsScope lives on this thread.
+thread_local bool async_ops = false;
+
 }  // namespace
+
+AsyncOpsScope::AsyncOpsScope() : outer_(async_ops) { async_ops = true; }
+AsyncOpsScope::~AsyncOpsScope() { async_ops = outer_; }
+bool AsyncOpsScope::active() { return async_ops; }
 
 TaskQueue::TaskQueue(std::string group_name) : group_name_(std::move(group_name)) {
   gate_->queue = this;
@@ -67,7 +75,7 @@ std::shared_ptr<Work> TaskQueue::enqueue(const char* name, Milliseconds timeout,
       task.for_worker = true;
       queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(continuations_++), std::move(task));
     } else {
-      task.for_worker = running_ || !queue_.empty();
+      task.for_worker = async_ops || running_ || !queue_.empty();
       queue_.push_back(std::move(task));
     }
     queued_.fetch_add(1, std::memory_order_release);
@@ -155,9 +163,9 @@ void TaskQueue::run() {
 }
 
 void TaskQueue::watch() {
-  pthread_setname_np(pthread_self(), "tdist-watcher");
   sched_param idle{};
   (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);  // refused: polls at normal priority
+  pthread_setname_np(pthread_self(), "tdist-watcher");
   uint64_t seen = activity_.load(std::memory_order_acquire);
   auto active_until = SteadyClock::now() + kWatch;
   for (;;) {

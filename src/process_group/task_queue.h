@@ -12,8 +12,9 @@
 // - A fresh op (queued while nothing ran or waited in the queue) is left
 //   for a grace period (kGrace, task_queue.cpp) to a thread that may wait
 //   for it. Past that it is handed to the worker. An op queued behind
-//   another, or by a callback on this queue's own thread, goes to the
-//   worker at once (its caller could not have run it then).
+//   another, by a callback on this queue's own thread, or inside an
+//   AsyncOpsScope (async_ops.h: DDP's buckets, FSDP's prefetches) goes to
+//   the worker at once (its caller could not, or will not, run it then).
 // - The worker sleeps on the queue's condition variable until an op is
 //   handed to it; it never polls.
 // - A watcher thread at SCHED_IDLE (it runs only on a core that has

@@ -143,8 +143,9 @@ TEST(TaskQueue, StopRunsWhatIsQueued) {
 TEST(TaskQueue, TheWatcherPollsAtIdlePriorityAndAQuietQueueSleeps) {
   TaskQueue q("test");
   for (int i = 0; i < 10; ++i) q.enqueue("op", 10s, [](tdist::comm::Deadline) { return std::vector<at::Tensor>{}; })->wait();
+  // (The watcher names itself once its priority is set.)
+  ASSERT_TRUE(wait_for([] { return threads_named("tdist-watcher").size() == 1; }, 5000ms));
   const auto watchers = threads_named("tdist-watcher");
-  ASSERT_EQ(watchers.size(), 1u);
   // Any user may lower a thread to SCHED_IDLE (only a seccomp filter could
   // refuse). SCHED_IDLE threads count as idle to the scheduler, so a
   // polling watcher never keeps two ranks' busy threads on one core.
