@@ -24,6 +24,7 @@
 
 namespace tdist::comm::shm {
 
+class CmaChannel;
 class SymmetricAllReduce;
 
 // Elements narrowed at a time into a stack buffer (reduce passes with a
@@ -48,9 +49,12 @@ void all_reduce_small(Rounds& rounds, const PieceWalker& walk, DataType t, DataT
 // r-th segment of every chunk, one barrier per chunk plus one to drain.
 // With sym (all_reduce only, planned for these pieces) the op may continue
 // in place as sym->run() when every rank has the same key.
+// With cma (all_reduce of one contiguous piece, wire == t) it may go
+// single-copy as cma_all_reduce when every rank offers.
 // reduce_scatter_gather.cpp.
 void reduce_scatter_gather(Rounds& rounds, const PieceWalker& walk, DataType t, DataType wire, ReduceOp op,
-                           const OpDesc& desc, int root, Deadline d, SymmetricAllReduce* sym = nullptr);
+                           const OpDesc& desc, int root, Deadline d, SymmetricAllReduce* sym = nullptr,
+                           CmaChannel* cma = nullptr);
 
 // root's bytes into every rank's buf, a round per round_bytes. broadcast.cpp.
 void broadcast(Rounds& rounds, void* buf, size_t bytes, int root, const OpDesc& desc, Deadline d);
@@ -58,18 +62,29 @@ void broadcast(Rounds& rounds, void* buf, size_t bytes, int root, const OpDesc& 
 // Every rank's bytes into out (size() * bytes, rank r's at r * bytes) on
 // root, or on every rank when root < 0 (all_gather). in may alias
 // out + rank() * bytes. sym_in (all_gather only): in's span when it lies in
-// a symmetric block. gather.cpp.
+// a symmetric block. cma (all_gather only): single-copy when every rank
+// offers. gather.cpp.
 void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, const OpDesc& desc, Deadline d,
-            const SymSpan& sym_in = {});
+            const SymSpan& sym_in = {}, CmaChannel* cma = nullptr);
 
 // root's in (size() * bytes) dealt out, bytes to each rank's out.
 // scatter.cpp.
 void scatter(Rounds& rounds, const void* in, void* out, size_t bytes, int root, const OpDesc& desc, Deadline d);
 
 // in holds size() * count elements; out receives this rank's count, reduced.
-// sym_in: in's span when it lies in a symmetric block. reduce_scatter.cpp.
+// sym_in: in's span when it lies in a symmetric block; cma: single-copy
+// when every rank offers. reduce_scatter.cpp.
 void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, DataType t, ReduceOp op,
-                    const OpDesc& desc, Deadline d, const SymSpan& sym_in = {});
+                    const OpDesc& desc, Deadline d, const SymSpan& sym_in = {}, CmaChannel* cma = nullptr);
+
+// The single-copy versions (cma.h), run once agree_on_path chose them;
+// each ends with a barrier. cma_collectives.cpp.
+void cma_all_reduce(Rounds& rounds, CmaChannel& cma, void* buf, size_t count, DataType t, ReduceOp op,
+                    const OpDesc& desc, Deadline d);
+void cma_reduce_scatter(Rounds& rounds, CmaChannel& cma, const void* in, void* out, size_t count, DataType t,
+                        ReduceOp op, const OpDesc& desc, Deadline d);
+void cma_all_gather(Rounds& rounds, CmaChannel& cma, const void* in, void* out, size_t bytes, const OpDesc& desc,
+                    Deadline d);
 
 // Backend::all_to_all; a first round swaps the sizes, and senders and
 // receivers that disagree raise CollectiveMismatchError. all_to_all.cpp.

@@ -1,16 +1,18 @@
 // gather and all_gather: every rank posts a round_bytes chunk of its input
 // per round; after the barrier root (or everyone) copies all of them out.
 // An all_gather whose inputs are symmetric on every rank reads them
-// straight from the ranks' copies instead (symmetric_span.h).
+// straight from the ranks' copies instead (symmetric_span.h); a large one
+// on ordinary tensors may go single-copy (cma.h).
 #include <algorithm>
 
 #include "comm/shm/algorithms.h"
+#include "comm/shm/path.h"
 #include "util/bytes.h"
 
 namespace tdist::comm::shm::algo {
 
 void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, const OpDesc& desc, Deadline d,
-            const SymSpan& sym_in) {
+            const SymSpan& sym_in, CmaChannel* cma) {
   const size_t chunk = rounds.round_bytes();
   const size_t n_rounds = Rounds::count_for(bytes, chunk);
   const auto* src = static_cast<const uint8_t*>(in);
@@ -20,7 +22,13 @@ void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, c
     const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
     detail::copy_bytes(rounds.mine(), src + off, len);
   };
-  if (agree_on_symmetric(rounds, sym_in, desc, d, [&] { post(0); })) {
+  PathOffer offer{sym_in ? sym_in.key : nullptr, cma, cma && root < 0 && cma->offers(bytes * rounds.size()), in, out};
+  const Path path = agree_on_path(rounds, offer, desc, d, [&] { post(0); });
+  if (path == Path::kSingleCopy) {
+    cma_all_gather(rounds, *cma, in, out, bytes, desc, d);
+    return;
+  }
+  if (path == Path::kSymmetric) {
     // Every rank's input, straight from its copy; then nobody may change
     // an input until all have read it.
     for (int r = 0; r < rounds.size(); ++r) {

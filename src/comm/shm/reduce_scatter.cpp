@@ -2,18 +2,20 @@
 // next piece of that rank's share; after the barrier each reduces its own
 // share from every rank's piece (its own straight from its input). With
 // inputs symmetric on every rank, each rank reduces its share straight
-// from the ranks' copies (symmetric_span.h).
+// from the ranks' copies (symmetric_span.h); a large one on ordinary
+// tensors may go single-copy (cma.h).
 #include <algorithm>
 #include <vector>
 
 #include "comm/reduce.h"
 #include "comm/shm/algorithms.h"
+#include "comm/shm/path.h"
 #include "util/bytes.h"
 
 namespace tdist::comm::shm::algo {
 
 void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, DataType t, ReduceOp op,
-                    const OpDesc& desc, Deadline d, const SymSpan& sym_in) {
+                    const OpDesc& desc, Deadline d, const SymSpan& sym_in, CmaChannel* cma) {
   const int n = rounds.size(), me = rounds.rank();
   const size_t es = dtype_size(t);
   const size_t piece = std::max<size_t>(1, rounds.round_bytes() / n / kAlign * kAlign / es);  // elements
@@ -27,7 +29,13 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
       if (r != me) detail::copy_bytes(rounds.mine() + r * piece * es, src + (r * count + off) * es, len * es);
     }
   };
-  if (agree_on_symmetric(rounds, sym_in, desc, d, [&] { post(0); })) {
+  PathOffer offer{sym_in ? sym_in.key : nullptr, cma, cma && cma->offers(count * n * es), in, out};
+  const Path path = agree_on_path(rounds, offer, desc, d, [&] { post(0); });
+  if (path == Path::kSingleCopy) {
+    cma_reduce_scatter(rounds, *cma, in, out, count, t, op, desc, d);
+    return;
+  }
+  if (path == Path::kSymmetric) {
     // This rank's share of every rank's input, straight from its copy.
     for (int r = 0; r < n; ++r) inputs[r] = sym_in.on(r) + me * count * es;
     reduce_many(dst, inputs.data(), n, count, t, op, n);

@@ -7,23 +7,24 @@
 // the next round's buffer) and copies the others' reduced segments of chunk
 // j-1 into its output. One barrier per chunk, plus one to drain.
 //
-// An all_reduce (root < 0) publishes its symmetric key with its descriptor:
-// when every rank's key is the same non-zero one, the op continues as
-// SymmetricAllReduce::run (in place, symmetric_allreduce.h); when some rank
-// has one and another not, everyone posts chunk 0 again (the ranks with a
-// key skipped it) and passes one more barrier before the staging path.
+// An all_reduce (root < 0) publishes its symmetric key and its single-copy
+// offer with its descriptor (agree_on_path, path.h): when every rank's key
+// is the same non-zero one, the op continues as SymmetricAllReduce::run (in
+// place, symmetric_allreduce.h); when every rank offered, as cma_all_reduce
+// (cma.h); else on the staging path.
 #include <algorithm>
 #include <utility>
 #include <vector>
 
 #include "comm/reduce.h"
 #include "comm/shm/algorithms.h"
+#include "comm/shm/path.h"
 #include "comm/shm/symmetric_allreduce.h"
 
 namespace tdist::comm::shm::algo {
 
 void reduce_scatter_gather(Rounds& rounds, const PieceWalker& walk, DataType t, DataType wire, ReduceOp op,
-                           const OpDesc& desc, int root, Deadline d, SymmetricAllReduce* sym) {
+                           const OpDesc& desc, int root, Deadline d, SymmetricAllReduce* sym, CmaChannel* cma) {
   const int n = rounds.size(), me = rounds.rank();
   const size_t es = dtype_size(t), ws = dtype_size(wire);
   const size_t count = walk.count();
@@ -58,30 +59,26 @@ void reduce_scatter_gather(Rounds& rounds, const PieceWalker& walk, DataType t, 
       });
     }
   };
-  const uint64_t* sym_key = sym ? sym->key() : nullptr;
-  const bool have_key = sym_key && (sym_key[0] | sym_key[1]) != 0;
-  {
-    uint64_t* published = rounds.sym_key_slot();
-    published[0] = have_key ? sym_key[0] : 0;
-    published[1] = have_key ? sym_key[1] : 0;
+  // One contiguous piece, carried as is: it may go single-copy.
+  uint8_t* whole = nullptr;
+  if (cma && root < 0 && wire == t) {
+    int pieces = 0;
+    walk.for_each(0, count, [&](uint8_t* p, size_t, size_t) {
+      whole = p;
+      ++pieces;
+    });
+    if (pieces != 1) whole = nullptr;
   }
-  if (!have_key) post(0);
-  rounds.first_barrier(desc, d);
-  {
-    bool all_same = true, any_key = false;
-    for (int r = 0; r < n; ++r) {
-      const uint64_t* k = rounds.sym_key_of(r);
-      any_key = any_key || (k[0] | k[1]) != 0;
-      all_same = all_same && have_key && k[0] == sym_key[0] && k[1] == sym_key[1];
-    }
-    if (all_same) {
-      sym->run(rounds, count, t, wire, op, desc, d);
-      return;
-    }
-    if (any_key) {
-      post(0);
-      rounds.barrier_round(desc, d);
-    }
+  const uint64_t* sym_key = sym ? sym->key() : nullptr;
+  const PathOffer offer{sym_key, cma, whole && cma->offers(count * es), whole, whole};
+  const Path path = agree_on_path(rounds, offer, desc, d, [&] { post(0); });
+  if (path == Path::kSymmetric) {
+    sym->run(rounds, count, t, wire, op, desc, d);
+    return;
+  }
+  if (path == Path::kSingleCopy) {
+    cma_all_reduce(rounds, *cma, whole, count, t, op, desc, d);
+    return;
   }
   for (size_t j = 0; j <= chunks; ++j) {
     if (j > 0) {

@@ -70,6 +70,11 @@ class Rounds {
   // rank r's key as published for the round that just completed.
   uint64_t* sym_key_slot() const { return seg_.slot(rank_)->sym_key[g_ % 2]; }
   const uint64_t* sym_key_of(int r) const { return seg_.slot(r)->sym_key[(g_ - 1) % 2]; }
+  // The same for the single-copy offer (cma.h).
+  CmaOffer* cma_slot() const { return &seg_.slot(rank_)->cma[g_ % 2]; }
+  const CmaOffer& cma_of(int r) const { return seg_.slot(r)->cma[(g_ - 1) % 2]; }
+  // Rank r's pid, as it recorded it when it attached.
+  int pid_of(int r) const { return seg_.slot(r)->pid.load(); }
 
  private:
   const GroupSegment& seg_;

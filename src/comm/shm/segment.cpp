@@ -23,7 +23,7 @@ namespace tdist::comm::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x316d737473696474ull;  // "tdistsm1"
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 
 }  // namespace
 

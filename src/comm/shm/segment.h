@@ -56,6 +56,17 @@ struct Header {
   char abort_reason[1024];
 };
 
+// What a rank publishes with an op's first round about single-copy
+// transfers (cma.h): whether it offers to take part, where its buffers lie
+// in its own address space, and (in the probe round) whether it could reach
+// every other rank.
+struct CmaOffer {
+  uint64_t in = 0;
+  uint64_t out = 0;
+  uint32_t offered = 0;  // 1: this rank offers
+  uint32_t probe = 0;    // 1: it reached everyone; 2: it could not
+};
+
 struct alignas(kAlign) Slot {
   std::atomic<uint64_t> round;  // barriers passed
   std::atomic<int32_t> pid;
@@ -64,6 +75,8 @@ struct alignas(kAlign) Slot {
   // With desc: the key of the symmetric buffers an all_reduce was given
   // (0: none), by round parity.
   uint64_t sym_key[2][2];
+  // With desc: the rank's single-copy offer, by round parity.
+  CmaOffer cma[2];
 };
 
 struct alignas(kAlign) Ring {

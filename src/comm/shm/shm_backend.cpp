@@ -10,6 +10,9 @@
 //   symmetric.h            symmetric blocks and their registry
 //   symmetric_allreduce.h  the in-place all_reduce over them
 //   rings.h                send/recv through a ring per pair of ranks
+//   cma.h                  single-copy transfers between the ranks' memory
+//   path.h                 which path an op takes (symmetric, single-copy,
+//                          staged), agreed with its first round
 //
 // ShmBackend checks arguments, gives each op its descriptor (and so its
 // sequence number), picks the algorithm and delegates; it holds no protocol
@@ -23,6 +26,7 @@
 
 #include "comm/reduce.h"
 #include "comm/shm/algorithms.h"
+#include "comm/shm/cma.h"
 #include "comm/shm/rings.h"
 #include "comm/shm/rounds.h"
 #include "comm/shm/segment.h"
@@ -93,7 +97,7 @@ class ShmBackend final : public Backend {
   void all_gather(const void* in, void* out, size_t bytes, Deadline d) override {
     algo::gather(rounds_, in, out, bytes, -1,
                  rounds_.make_desc(OpKind::kAllGather, DataType::kUInt8, ReduceOp::kSum, -1, bytes), d,
-                 SymSpan::find(*sym_, in, bytes, rank()));
+                 SymSpan::find(*sym_, in, bytes, rank()), cma());
   }
 
   void gather(const void* in, void* out, size_t bytes, int root, Deadline d) override {
@@ -112,7 +116,7 @@ class ShmBackend final : public Backend {
     check_reduction(t, op);
     algo::reduce_scatter(rounds_, in, out, count, t, op,
                          rounds_.make_desc(OpKind::kReduceScatter, t, op, -1, count), d,
-                         SymSpan::find(*sym_, in, count * size() * dtype_size(t), rank()));
+                         SymSpan::find(*sym_, in, count * size() * dtype_size(t), rank()), cma());
   }
 
   void all_to_all(const void* in, const std::vector<size_t>& send_bytes, const std::vector<size_t>& send_offsets,
@@ -151,6 +155,9 @@ class ShmBackend final : public Backend {
   }
 
  private:
+  // Single-copy transfers, for groups of more than one rank.
+  CmaChannel* cma() { return size() > 1 ? &cma_ : nullptr; }
+
   void check_root(int root) const {
     if (root < 0 || root >= size()) {
       throw UsageError("root " + std::to_string(root) + " is not a rank of this group of " + std::to_string(size()));
@@ -171,7 +178,7 @@ class ShmBackend final : public Backend {
       return;
     }
     sym_reduce_.plan(pieces, es, rank());
-    algo::reduce_scatter_gather(rounds_, walk, t, wire, op, desc, /*root=*/-1, d, &sym_reduce_);
+    algo::reduce_scatter_gather(rounds_, walk, t, wire, op, desc, /*root=*/-1, d, &sym_reduce_, cma());
   }
 
   BackendContext ctx_;  // held for the group's lifetime (its store with it)
@@ -182,6 +189,7 @@ class ShmBackend final : public Backend {
   PointToPoint p2p_;
   std::shared_ptr<SymRegistry> sym_ = std::make_shared<SymRegistry>();
   SymmetricAllReduce sym_reduce_{sym_};
+  CmaChannel cma_{opt_.cma_bytes};
 };
 
 }  // namespace
@@ -203,6 +211,7 @@ ShmOptions ShmOptions::from_env() {
   o.spin = std::chrono::microseconds(read("TDIST_SHM_SPIN_US", 0, 10'000'000, o.spin.count()));
   o.yield = std::chrono::microseconds(read("TDIST_SHM_YIELD_US", 0, 10'000'000, o.yield.count()));
   o.symmetric = read("TDIST_SHM_SYMMETRIC", 0, 1, o.symmetric ? 1 : 0) != 0;
+  o.cma_bytes = static_cast<size_t>(read("TDIST_SHM_CMA_BYTES", 0, int64_t(1) << 50, int64_t(o.cma_bytes)));
   return o;
 }
 

@@ -32,8 +32,13 @@ struct ShmOptions {
   // none, and DDP keeps its buckets in ordinary memory). Every rank of a
   // group must agree.
   bool symmetric = true;
+  // all_reduce, reduce_scatter and all_gather of ordinary tensors whose
+  // largest buffer has at least this many bytes go single-copy through
+  // process_vm_readv/writev when every rank can reach every other (cma.h);
+  // 0: never.
+  size_t cma_bytes = 256 * 1024;
   // Read from TDIST_SHM_ROUND_BYTES, TDIST_SHM_SMALL_BYTES, TDIST_SHM_SPIN_US,
-  // TDIST_SHM_YIELD_US, TDIST_SHM_SYMMETRIC (0 or 1).
+  // TDIST_SHM_YIELD_US, TDIST_SHM_SYMMETRIC (0 or 1), TDIST_SHM_CMA_BYTES.
   static ShmOptions from_env();
 };
 

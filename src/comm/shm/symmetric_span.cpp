@@ -1,5 +1,5 @@
-// SymSpan: finding the block, hashing the key, the agreement. The contract
-// is in symmetric_span.h.
+// SymSpan: finding the block, hashing the key. The contract is in
+// symmetric_span.h.
 #include "comm/shm/symmetric_span.h"
 
 namespace tdist::comm::shm {
@@ -19,29 +19,6 @@ SymSpan SymSpan::find(const SymRegistry& registry, const void* p, size_t bytes, 
   s.key[0] = h0;
   s.key[1] = h1 | 1;  // never {0, 0}
   return s;
-}
-
-bool agree_on_symmetric(Rounds& rounds, const SymSpan& span, const OpDesc& desc, Deadline d,
-                        const std::function<void()>& post_round0) {
-  uint64_t* published = rounds.sym_key_slot();
-  published[0] = span.key[0];
-  published[1] = span.key[1];
-  if (!span) post_round0();
-  rounds.first_barrier(desc, d);
-  bool all_same = static_cast<bool>(span), any_key = false;
-  for (int r = 0; r < rounds.size(); ++r) {
-    const uint64_t* k = rounds.sym_key_of(r);
-    any_key = any_key || (k[0] | k[1]) != 0;
-    all_same = all_same && k[0] == span.key[0] && k[1] == span.key[1];
-  }
-  if (all_same) return true;
-  if (any_key) {
-    // Some rank skipped round 0: everyone posts it (again, into this
-    // round's buffer) and passes one more barrier.
-    post_round0();
-    rounds.barrier_round(desc, d);
-  }
-  return false;
 }
 
 }  // namespace tdist::comm::shm

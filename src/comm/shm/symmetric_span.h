@@ -7,18 +7,17 @@
 // byte instead of two, and one barrier at each end instead of one per
 // round); reduce_scatter reads this rank's share from every rank's input
 // and reduces it into the output. Both need every rank's buffer at the same
-// offset of the same block: agree() compares keys published with the op's
-// first round; ranks that disagree (one passed an ordinary tensor) all
-// take the staging path.
+// offset of the same block: agree_on_path (path.h) compares keys published
+// with the op's first round; ranks that disagree (one passed an ordinary
+// tensor) all take another path.
 //
-// Contract: find() never blocks; agree() is collective and raises as
-// Rounds does. The block must stay alive until the op returns (the
-// caller's tensors hold it). Used by the collective thread only.
+// Contract: find() never blocks. The block must stay alive until the op
+// returns (the caller's tensors hold it). Used by the collective thread
+// only.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 
 #include "comm/shm/rounds.h"
 #include "comm/shm/symmetric.h"
@@ -35,13 +34,5 @@ struct SymSpan {
   explicit operator bool() const { return block != nullptr; }
   const uint8_t* on(int r) const { return block->copies[r] + offset; }
 };
-
-// Publishes span's key (zeros for none) with the op's first round and
-// passes its first barrier. Returns true when every rank has the same key:
-// the op goes on over the copies and must end with a barrier_round.
-// Otherwise returns false with the staging path's round 0 posted
-// (post_round0, which writes into rounds.mine()) and its barrier passed.
-bool agree_on_symmetric(Rounds& rounds, const SymSpan& span, const OpDesc& desc, Deadline d,
-                        const std::function<void()>& post_round0);
 
 }  // namespace tdist::comm::shm

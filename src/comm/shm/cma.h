@@ -1,0 +1,85 @@
+// Single-copy transfers between the ranks' own memory: Linux cross-memory
+// attach (process_vm_readv / process_vm_writev), as tensorpipe's CMA channel
+// and OpenMPI's shared-memory transport use it.
+//
+// The staging path copies every byte twice (into the segment, out of it);
+// with CMA a rank reads a peer's input, or writes into a peer's output,
+// directly: the kernel copies once. The large all_reduce, reduce_scatter
+// and all_gather on ordinary tensors use it (cma_collectives.cpp).
+//
+// Whether an op goes single-copy is decided by every rank together, with
+// the op's first round (agree_on_path, path.h): each rank offers (the op is
+// large enough, and the group has not found CMA refused) and publishes its
+// buffers' addresses. The first time every rank offers, each one probes
+// every peer with a one-byte read and one more round tells everyone whether
+// all probes passed (CMA can be refused: another user's process, Yama's
+// ptrace_scope, a seccomp filter such as Docker's default one). The answer
+// holds for the group's lifetime; a group that was refused takes the
+// staging path from then on and never offers again.
+//
+// Contract: one per backend, used by its collective thread only (it keeps
+// the peers' addresses for the op at hand and a scratch buffer); not
+// thread-safe. read/write raise through the group's Waiter (aborting the
+// group) when a transfer fails: PeerFailureError when the peer is gone.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/backend.h"
+#include "comm/shm/rounds.h"
+
+namespace tdist::comm::shm {
+
+class CmaChannel {
+ public:
+  // min_bytes: the smallest op (in bytes of its largest buffer) that goes
+  // single-copy; 0 turns CMA off.
+  explicit CmaChannel(size_t min_bytes);
+
+  // Whether this rank offers single-copy for an op whose largest buffer has
+  // `bytes`.
+  bool offers(size_t bytes) const { return min_bytes_ > 0 && bytes >= min_bytes_ && state_ != State::kRefused; }
+
+  // Publishes this rank's offer for the op in the current round (before
+  // its first barrier).
+  void publish(Rounds& rounds, bool offer, const void* in, const void* out) const;
+  // After the first barrier: records every rank's addresses and returns how
+  // many ranks offered.
+  int take_offers(const Rounds& rounds);
+  // Collective, when every rank offered: probes the peers the first time
+  // (one more barrier round) and returns whether the group may go
+  // single-copy (the same answer on every rank).
+  bool confirm(Rounds& rounds, const OpDesc& desc, Deadline d);
+
+  // Rank r's buffers for the op, as it published them.
+  uint64_t in_of(int r) const { return in_[r]; }
+  uint64_t out_of(int r) const { return out_[r]; }
+
+  // Copies bytes from rank r's remote address into local / from local to
+  // rank r's remote address. `what` names the op for the error.
+  void read(Rounds& rounds, int r, void* local, uint64_t remote, size_t bytes, const std::string& what);
+  void write(Rounds& rounds, int r, const void* local, uint64_t remote, size_t bytes, const std::string& what);
+
+  // A scratch buffer of at least `bytes`, 64-byte aligned, kept between
+  // calls.
+  uint8_t* scratch(size_t bytes);
+
+  // Bytes moved per call: large enough to amortise the system call and the
+  // page pinning, small enough that what a rank just read is still in its
+  // cache when it reduces or forwards it.
+  static constexpr size_t kChunkBytes = 256 * 1024;
+
+ private:
+  enum class State { kUnknown, kWorks, kRefused };
+  [[noreturn]] void fail(Rounds& rounds, int r, const char* call, int err, const std::string& what);
+
+  size_t min_bytes_;
+  State state_ = State::kUnknown;
+  std::vector<uint64_t> in_, out_;
+  std::vector<uint8_t> scratch_;
+};
+
+}  // namespace tdist::comm::shm

@@ -1,0 +1,106 @@
+// The single-copy collectives (cma.h), once agree_on_path chose them: every
+// rank moves its own part straight between its memory and the peers', a
+// chunk at a time (CmaChannel::kChunkBytes), and one closing barrier tells
+// everyone that all transfers into their buffers are done and nobody reads
+// theirs any more.
+//
+// - all_reduce (in place): rank r owns share r of the buffer. Per chunk of
+//   it, it reads the peers' chunk into scratch, reduces all n inputs in
+//   rank order into its own buffer, and writes the result into every
+//   peer's buffer at the same place. Only rank r reads or writes share r
+//   of anyone's buffer, so nothing races; every element is reduced once,
+//   so every rank gets the same bits. Memory traffic: each input read once,
+//   each output written once (the model's 2nS).
+// - reduce_scatter: rank r reads share r of every peer's input, reduces it
+//   with its own into its output.
+// - all_gather: rank r writes its input into slot r of every rank's output
+//   (the chunk read once, written n times).
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "comm/reduce.h"
+#include "comm/shm/algorithms.h"
+#include "comm/shm/cma.h"
+#include "util/bytes.h"
+
+namespace tdist::comm::shm::algo {
+
+namespace {
+
+// Elements per transfer, in whole cache lines.
+size_t chunk_elems(size_t es) { return std::max<size_t>(kAlign / es, CmaChannel::kChunkBytes / es); }
+
+// Reduces count elements of this rank's `mine` (at element `at` of the
+// share every rank reads from `remote(q)`) with every peer's: scratch holds
+// one chunk per peer; the result goes to out.
+template <typename Remote>
+void reduce_from_peers(Rounds& rounds, CmaChannel& cma, const uint8_t* mine, uint8_t* out, size_t count,
+                       DataType t, ReduceOp op, Remote&& remote, const std::string& what) {
+  const int n = rounds.size(), me = rounds.rank();
+  const size_t es = dtype_size(t), step = chunk_elems(es);
+  uint8_t* scratch = cma.scratch(static_cast<size_t>(n) * step * es);
+  std::vector<const void*> inputs(n);
+  for (size_t at = 0; at < count; at += step) {
+    const size_t k = std::min(step, count - at);
+    for (int q = 0; q < n; ++q) {
+      if (q == me) {
+        inputs[q] = mine + at * es;
+        continue;
+      }
+      uint8_t* buf = scratch + static_cast<size_t>(q) * step * es;
+      cma.read(rounds, q, buf, remote(q) + at * es, k * es, what);
+      inputs[q] = buf;
+    }
+    reduce_many(out + at * es, inputs.data(), n, k, t, op, n);
+  }
+}
+
+}  // namespace
+
+void cma_all_reduce(Rounds& rounds, CmaChannel& cma, void* buf, size_t count, DataType t, ReduceOp op,
+                    const OpDesc& desc, Deadline d) {
+  const int n = rounds.size(), me = rounds.rank();
+  const size_t es = dtype_size(t), line = std::max<size_t>(1, kAlign / es);
+  const size_t per = ((count + n - 1) / n + line - 1) / line * line;
+  const size_t begin = std::min(count, me * per), len = std::min(count, begin + per) - begin;
+  const std::string what = describe(desc);
+  auto* mine = static_cast<uint8_t*>(buf) + begin * es;
+  const size_t step = chunk_elems(es);
+  for (size_t at = 0; at < len; at += step) {
+    const size_t k = std::min(step, len - at);
+    reduce_from_peers(rounds, cma, mine + at * es, mine + at * es, k, t, op,
+                      [&](int q) { return cma.in_of(q) + (begin + at) * es; }, what);
+    for (int q = 0; q < n; ++q) {
+      if (q != me) cma.write(rounds, q, mine + at * es, cma.in_of(q) + (begin + at) * es, k * es, what);
+    }
+  }
+  rounds.barrier_round(desc, d);
+}
+
+void cma_reduce_scatter(Rounds& rounds, CmaChannel& cma, const void* in, void* out, size_t count, DataType t,
+                        ReduceOp op, const OpDesc& desc, Deadline d) {
+  const size_t es = dtype_size(t);
+  const size_t share = static_cast<size_t>(rounds.rank()) * count * es;
+  reduce_from_peers(rounds, cma, static_cast<const uint8_t*>(in) + share, static_cast<uint8_t*>(out), count, t, op,
+                    [&](int q) { return cma.in_of(q) + share; }, describe(desc));
+  rounds.barrier_round(desc, d);
+}
+
+void cma_all_gather(Rounds& rounds, CmaChannel& cma, const void* in, void* out, size_t bytes, const OpDesc& desc,
+                    Deadline d) {
+  const int n = rounds.size(), me = rounds.rank();
+  const std::string what = describe(desc);
+  const auto* src = static_cast<const uint8_t*>(in);
+  uint8_t* own = static_cast<uint8_t*>(out) + static_cast<size_t>(me) * bytes;
+  for (size_t at = 0; at < bytes; at += CmaChannel::kChunkBytes) {
+    const size_t k = std::min(CmaChannel::kChunkBytes, bytes - at);
+    if (own != src) detail::copy_bytes(own + at, src + at, k);
+    for (int q = 0; q < n; ++q) {
+      if (q != me) cma.write(rounds, q, src + at, cma.out_of(q) + static_cast<size_t>(me) * bytes + at, k, what);
+    }
+  }
+  rounds.barrier_round(desc, d);
+}
+
+}  // namespace tdist::comm::shm::algo

@@ -1,0 +1,42 @@
+// Which path an op takes, decided by every rank together with the op's
+// first round: in place over symmetric memory (symmetric_span.h,
+// symmetric_allreduce.h), single-copy through CMA (cma.h), or through the
+// staging buffers (rounds.h).
+//
+// Each rank publishes its symmetric key (zeros: none) and its single-copy
+// offer with the op's descriptor, posts the staging path's round 0 unless
+// it has a key or an offer, and passes the first barrier. Then, the same on
+// every rank: symmetric when every rank has the same non-zero key; else
+// single-copy when every rank offered and CMA works between them (the
+// first such op probes, with one more barrier round); else staged, and
+// when some rank skipped round 0, everyone posts it (again) and passes one
+// more barrier.
+//
+// Contract: collective; raises as Rounds does (CollectiveMismatchError from
+// the first barrier included). After kSymmetric and kSingleCopy the op must
+// end with a barrier_round; after kStaged, round 0 is posted and its
+// barrier passed.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "comm/shm/cma.h"
+#include "comm/shm/rounds.h"
+
+namespace tdist::comm::shm {
+
+enum class Path { kStaged, kSymmetric, kSingleCopy };
+
+struct PathOffer {
+  const uint64_t* sym_key = nullptr;  // {0, 0} or null: none
+  CmaChannel* cma = nullptr;          // null: no single-copy
+  bool cma_offer = false;             // this rank offers (cma->offers(...))
+  const void* in = nullptr;           // the op's buffers, for the offer
+  const void* out = nullptr;
+};
+
+Path agree_on_path(Rounds& rounds, const PathOffer& offer, const OpDesc& desc, Deadline d,
+                   const std::function<void()>& post_round0);
+
+}  // namespace tdist::comm::shm

@@ -1,0 +1,190 @@
+// Single-copy collectives (cma.h, cma_collectives.cpp) and the agreement on
+// an op's path (path.h), with ranks as threads: process_vm_readv/writev on
+// the process's own pid move bytes as they do between processes. Results
+// against sums computed here, for every dtype width, uneven shares and
+// 1-4 ranks; ranks that do not all offer, or cannot all reach each other,
+// take the staging path together; a failed transfer names the peer.
+#include <gtest/gtest.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+#include "comm/shm/algorithms.h"
+#include "comm/shm/cma.h"
+#include "comm/shm/path.h"
+#include "tdist/errors.h"
+#include "tests/comm/shm/threads.h"
+#include "tests/util/process.h"
+
+using namespace tdist::comm;
+using namespace tdist::comm::shm;
+using namespace tdist::test::shm;
+
+namespace {
+
+// The value rank r holds at element i: small integers, so that sums are
+// exact in every type and the expected result is easy to state.
+template <typename T>
+T value(int r, size_t i) {
+  return static_cast<T>((i * 7 + static_cast<size_t>(r) * 3) % 11);
+}
+
+template <typename T>
+void all_three_ops(int size, size_t count, DataType t) {
+  GroupOptions o;
+  o.size = size;
+  auto errors = run_group(o, [&](Member& m) {
+    Rounds& rounds = m.rounds;
+    CmaChannel cma(1);  // every op offers
+    const int me = rounds.rank(), n = rounds.size();
+    // all_reduce, in place
+    std::vector<T> buf(count);
+    for (size_t i = 0; i < count; ++i) buf[i] = value<T>(me, i);
+    OpDesc desc = rounds.make_desc(OpKind::kAllReduce, t, ReduceOp::kSum, -1, count);
+    Path path = agree_on_path(rounds, PathOffer{nullptr, &cma, true, buf.data(), buf.data()}, desc, in(10s),
+                              [] { FAIL() << "an offering rank posts no round 0"; });
+    ASSERT_EQ(path, Path::kSingleCopy);
+    algo::cma_all_reduce(rounds, cma, buf.data(), count, t, ReduceOp::kSum, desc, in(10s));
+    for (size_t i = 0; i < count; ++i) {
+      T want = 0;
+      for (int r = 0; r < n; ++r) want += value<T>(r, i);
+      ASSERT_EQ(buf[i], want) << "all_reduce element " << i << " of " << count << " on rank " << me;
+    }
+    // reduce_scatter: n * count in, count out
+    std::vector<T> rin(count * n), rout(count, T(99));
+    for (size_t i = 0; i < rin.size(); ++i) rin[i] = value<T>(me, i);
+    desc = rounds.make_desc(OpKind::kReduceScatter, t, ReduceOp::kSum, -1, count);
+    path = agree_on_path(rounds, PathOffer{nullptr, &cma, true, rin.data(), rout.data()}, desc, in(10s), [] {});
+    ASSERT_EQ(path, Path::kSingleCopy);
+    algo::cma_reduce_scatter(rounds, cma, rin.data(), rout.data(), count, t, ReduceOp::kSum, desc, in(10s));
+    for (size_t i = 0; i < count; ++i) {
+      T want = 0;
+      for (int r = 0; r < n; ++r) want += value<T>(r, me * count + i);
+      ASSERT_EQ(rout[i], want) << "reduce_scatter element " << i << " on rank " << me;
+    }
+    // all_gather: count in, n * count out
+    std::vector<T> gin(count), gout(count * n, T(99));
+    for (size_t i = 0; i < count; ++i) gin[i] = value<T>(me, i);
+    desc = rounds.make_desc(OpKind::kAllGather, DataType::kUInt8, ReduceOp::kSum, -1, count * sizeof(T));
+    path = agree_on_path(rounds, PathOffer{nullptr, &cma, true, gin.data(), gout.data()}, desc, in(10s), [] {});
+    ASSERT_EQ(path, Path::kSingleCopy);
+    algo::cma_all_gather(rounds, cma, gin.data(), gout.data(), count * sizeof(T), desc, in(10s));
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(gout[r * count + i], value<T>(r, i)) << "all_gather slot " << r << " element " << i;
+      }
+    }
+  });
+  for (int r = 0; r < size; ++r) EXPECT_EQ(message(errors[r]), "") << "size " << size << ", rank " << r;
+}
+
+TEST(ShmCma, AllReduceReduceScatterAndAllGatherGiveTheExactResults) {
+  // Counts below, at and past one chunk (256 KiB), shares that do not
+  // divide evenly, and a share smaller than a cache line.
+  for (int size : {1, 2, 3, 4}) {
+    for (size_t count : {size_t(1), size_t(7), size_t(1001), size_t(65536), size_t(200'003)}) {
+      all_three_ops<float>(size, count, DataType::kFloat32);
+      all_three_ops<int64_t>(size, count, DataType::kInt64);
+      all_three_ops<uint8_t>(size, count, DataType::kUInt8);
+    }
+  }
+}
+
+TEST(ShmCma, AGroupWhereOneRankDoesNotOfferStagesTogether) {
+  GroupOptions o;
+  o.size = 3;
+  auto errors = run_group(o, [&](Member& m) {
+    Rounds& rounds = m.rounds;
+    CmaChannel cma(1);
+    int posted = 0;
+    std::vector<float> buf(100, 1.0f);
+    for (int op = 0; op < 3; ++op) {
+      const OpDesc desc = rounds.make_desc(OpKind::kAllReduce, DataType::kFloat32, ReduceOp::kSum, -1, 100);
+      const bool offer = rounds.rank() != 1;
+      const Path path = agree_on_path(rounds, PathOffer{nullptr, &cma, offer, buf.data(), buf.data()}, desc,
+                                      in(10s), [&] { ++posted; });
+      ASSERT_EQ(path, Path::kStaged);
+      rounds.barrier_round(desc, in(10s));  // the rest of the op, as a staged one would
+    }
+    // Rank 1 posted round 0 before the first barrier, as a staging rank
+    // does; then, since some rank skipped it, everyone posted it into the
+    // next round's buffer.
+    ASSERT_EQ(posted, rounds.rank() == 1 ? 6 : 3);
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(message(errors[r]), "") << "rank " << r;
+}
+
+// Makes process_vm_readv/writev fail with EPERM on the calling thread (as a
+// container's seccomp profile does for the whole process).
+void refuse_cross_memory_attach() {
+  sock_filter code[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 2, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_writev, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+  };
+  sock_fprog prog{static_cast<unsigned short>(sizeof code / sizeof code[0]), code};
+  ASSERT_EQ(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+  ASSERT_EQ(syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog), 0);
+  char a = 1, b = 0;
+  iovec l{&b, 1}, r{&a, 1};
+  ASSERT_EQ(process_vm_readv(getpid(), &l, 1, &r, 1, 0), -1);
+  ASSERT_EQ(errno, EPERM);
+}
+
+TEST(ShmCma, WhenOneRankCannotReachTheOthersTheGroupStagesForGood) {
+  GroupOptions o;
+  o.size = 3;
+  auto errors = run_group(o, [&](Member& m) {
+    Rounds& rounds = m.rounds;
+    if (rounds.rank() == 2) refuse_cross_memory_attach();
+    CmaChannel cma(1);
+    std::vector<float> buf(100, 1.0f);
+    for (int op = 0; op < 3; ++op) {
+      ASSERT_TRUE(cma.offers(400) || op > 0) << "offers until the probe fails";
+      const OpDesc desc = rounds.make_desc(OpKind::kAllReduce, DataType::kFloat32, ReduceOp::kSum, -1, 100);
+      const Path path = agree_on_path(rounds, PathOffer{nullptr, &cma, cma.offers(400), buf.data(), buf.data()},
+                                      desc, in(10s), [] {});
+      ASSERT_EQ(path, Path::kStaged) << "op " << op;
+      rounds.barrier_round(desc, in(10s));
+      // Ranks 0 and 1 could reach rank 2, but the group agreed: nobody
+      // offers again.
+      ASSERT_FALSE(cma.offers(400)) << "op " << op;
+    }
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(message(errors[r]), "") << "rank " << r;
+}
+
+TEST(ShmCma, ATransferThatFailsNamesThePeerAndAbortsTheGroup) {
+  GroupOptions o;
+  o.size = 2;
+  const pid_t gone = tdist::test::fork_child([] { return 0; });
+  ASSERT_TRUE(tdist::test::exited_ok(tdist::test::wait_child(gone, std::chrono::seconds(10))));  // reaped: no such process
+  auto errors = run_group(o, [&](Member& m) {
+    Rounds& rounds = m.rounds;
+    CmaChannel cma(1);
+    std::vector<float> buf(100, 1.0f);
+    const OpDesc desc = rounds.make_desc(OpKind::kAllReduce, DataType::kFloat32, ReduceOp::kSum, -1, 100);
+    ASSERT_EQ(agree_on_path(rounds, PathOffer{nullptr, &cma, true, buf.data(), buf.data()}, desc, in(10s), [] {}),
+              Path::kSingleCopy);
+    if (rounds.rank() == 0) {
+      m.segment.slot(1)->pid.store(gone);  // as if rank 1 had died
+      cma.read(rounds, 1, buf.data(), cma.in_of(1), 400, "all_reduce #0");
+    }
+    rounds.barrier_round(desc, in(10s));
+  });
+  EXPECT_TRUE(raised<tdist::PeerFailureError>(errors[0])) << message(errors[0]);
+  EXPECT_TRUE(contains(message(errors[0]), "all_reduce #0: process_vm_readv with rank 1 failed")) << message(errors[0]);
+  EXPECT_NE(message(errors[1]), "");  // the group was aborted under it
+}
+
+}  // namespace
