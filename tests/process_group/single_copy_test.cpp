@@ -5,10 +5,6 @@
 // stays correct. (The conformance suite in collectives_test runs every op
 // and size both ways.)
 #include <gtest/gtest.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -18,6 +14,7 @@
 
 #include <ATen/ATen.h>
 
+#include "tests/util/seccomp.h"
 #include "tests/util/world.h"
 
 using tdist::ProcessGroup;
@@ -79,28 +76,9 @@ TEST(SingleCopy, AGroupWhereOneRankTurnsItOffStagesTogether) {
   }), "");
 }
 
-// Installs, on every thread of this process, a seccomp filter that makes
-// process_vm_readv/writev fail with EPERM: what Docker's default profile
-// does to a container without CAP_SYS_PTRACE.
-void refuse_cross_memory_attach() {
-  sock_filter code[] = {
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 2, 0),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_writev, 1, 0),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
-  };
-  sock_fprog prog{static_cast<unsigned short>(sizeof code / sizeof code[0]), code};
-  WORLD_CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0, "PR_SET_NO_NEW_PRIVS");
-  WORLD_CHECK(syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &prog) == 0, "seccomp");
-  char a = 1, b = 0;
-  iovec l{&b, 1}, rem{&a, 1};
-  WORLD_CHECK(process_vm_readv(getpid(), &l, 1, &rem, 1, 0) == -1 && errno == EPERM, "the filter holds");
-}
-
 TEST(SingleCopy, WhereOneRankMayNotUseCrossMemoryAttachTheGroupStagesTogether) {
   EXPECT_EQ(run_world(3, [](ProcessGroup& pg) {
-    if (pg.rank() == 2) refuse_cross_memory_attach();
+    if (pg.rank() == 2) tdist::test::refuse_cross_memory_attach(/*every_thread=*/true);
     auto g = pg.new_group({0, 1, 2});
     for (int i = 0; i < 2; ++i) large_ops_are_exact(*g);
   }), "");

@@ -5,10 +5,6 @@
 // 1-4 ranks; ranks that do not all offer, or cannot all reach each other,
 // take the staging path together; a failed transfer names the peer.
 #include <gtest/gtest.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -23,6 +19,7 @@
 #include "tdist/errors.h"
 #include "tests/comm/shm/threads.h"
 #include "tests/util/process.h"
+#include "tests/util/seccomp.h"
 
 using namespace tdist::comm;
 using namespace tdist::comm::shm;
@@ -122,31 +119,12 @@ TEST(ShmCma, AGroupWhereOneRankDoesNotOfferStagesTogether) {
   for (int r = 0; r < 3; ++r) EXPECT_EQ(message(errors[r]), "") << "rank " << r;
 }
 
-// Makes process_vm_readv/writev fail with EPERM on the calling thread (as a
-// container's seccomp profile does for the whole process).
-void refuse_cross_memory_attach() {
-  sock_filter code[] = {
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 2, 0),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_writev, 1, 0),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
-  };
-  sock_fprog prog{static_cast<unsigned short>(sizeof code / sizeof code[0]), code};
-  ASSERT_EQ(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
-  ASSERT_EQ(syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog), 0);
-  char a = 1, b = 0;
-  iovec l{&b, 1}, r{&a, 1};
-  ASSERT_EQ(process_vm_readv(getpid(), &l, 1, &r, 1, 0), -1);
-  ASSERT_EQ(errno, EPERM);
-}
-
 TEST(ShmCma, WhenOneRankCannotReachTheOthersTheGroupStagesForGood) {
   GroupOptions o;
   o.size = 3;
   auto errors = run_group(o, [&](Member& m) {
     Rounds& rounds = m.rounds;
-    if (rounds.rank() == 2) refuse_cross_memory_attach();
+    if (rounds.rank() == 2) tdist::test::refuse_cross_memory_attach(/*every_thread=*/false);
     CmaChannel cma(1);
     std::vector<float> buf(100, 1.0f);
     for (int op = 0; op < 3; ++op) {
