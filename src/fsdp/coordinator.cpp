@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/engine.h>
 
 #include "fsdp/fsdp_state.h"
+#include "process_group/async_ops.h"
 
 namespace tdist::detail {
 
@@ -99,7 +100,10 @@ void Coordinator::pre_backward(FsdpState& s) {
   s.unit->finish_unshard();
   if (s.options.backward_prefetch == BackwardPrefetch::BACKWARD_PRE && s.order_index > 0) {
     FsdpState& next = *order_[s.order_index - 1];
-    if (!next.prepared) next.unit->start_unshard();
+    if (!next.prepared) {
+      const detail::AsyncOpsScope async;  // a prefetch: the worker runs it while this unit computes
+      next.unit->start_unshard();
+    }
   }
 }
 

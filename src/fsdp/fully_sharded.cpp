@@ -16,6 +16,7 @@
 #include "fsdp/auto_wrap.h"
 #include "fsdp/coordinator.h"
 #include "fsdp/fsdp_state.h"
+#include "process_group/async_ops.h"
 #include "tdist/errors.h"
 #include "tdist/fsdp.h"
 
@@ -280,7 +281,10 @@ void FullyShardedCore::begin_forward() {
     if (at::GradMode::is_enabled() || phase == CheckpointPhase::kForward) active->record_forward(s);
     s.unit->finish_unshard();
     if (s.options.forward_prefetch) {
-      if (FsdpState* next = active->next_in_last_forward(s)) next->unit->start_unshard();
+      if (FsdpState* next = active->next_in_last_forward(s)) {
+        const detail::AsyncOpsScope async;  // a prefetch: the worker runs it while this unit computes
+        next->unit->start_unshard();
+      }
     }
   } catch (...) {
     abort_forward();

@@ -16,7 +16,10 @@
 //   AsyncOpsScope (async_ops.h: DDP's buckets, FSDP's prefetches) goes to
 //   the worker at once (its caller could not, or will not, run it then).
 // - The worker sleeps on the queue's condition variable until an op is
-//   handed to it; it never polls.
+//   handed to it; it never polls. While the group has been busy lately it
+//   also wakes every few milliseconds on its own timer and takes a fresh
+//   op whose grace has run out (the watcher below runs only on an idle
+//   core, and while the ranks compute there may be none).
 // - A watcher thread at SCHED_IDLE (it runs only on a core that has
 //   nothing else to run, and counts as idle to the scheduler's balancing)
 //   hands fresh ops over when their grace runs out. It polls with
@@ -96,6 +99,9 @@ class TaskQueue {
   Task pop_front_locked();
   // Whether the worker may take the front task now; REQUIRES mu_.
   bool worker_may_take_locked() const;
+  // Hands the front task to the worker if nobody claimed it within its
+  // grace period; whether it did. REQUIRES mu_.
+  bool hand_over_expired_locked(std::chrono::steady_clock::time_point now);
   void run();
   // The watcher's loop (see above).
   void watch();
@@ -114,6 +120,7 @@ class TaskQueue {
   std::atomic<size_t> queued_{0};      // the watcher polls it
   std::atomic<uint64_t> activity_{0};  // bumped by every enqueue and inline run
   bool worker_asleep_ = false;   // on cv_; under mu_
+  bool worker_ticking_ = false;  // asleep with a timeout (the group is busy); under mu_
   bool watcher_asleep_ = false;  // on watch_cv_; under mu_
   std::condition_variable watch_cv_;
   bool stopping_ = false;

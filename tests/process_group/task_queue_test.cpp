@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -62,6 +63,30 @@ TEST(TaskQueue, AnOpNobodyWaitsForRunsOnTheWorker) {
   });
   ASSERT_TRUE(wait_for([&] { return w->is_completed(); }, 5000ms));
   EXPECT_EQ(ran_on.get_future().get(), "tdist-worker");
+}
+
+TEST(TaskQueue, AnOpNobodyWaitsForRunsWhileEveryCoreIsBusy) {
+  // The idle-priority watcher gets no time while every core computes; the
+  // worker's own tick must still start the op within milliseconds.
+  TaskQueue q("test");
+  q.enqueue("warm", 10s, [](tdist::comm::Deadline) { return std::vector<at::Tensor>{}; })->wait();  // busy lately
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> busy;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  for (unsigned i = 0; i < cores; ++i) {
+    busy.emplace_back([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+      }
+    });
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto w = q.enqueue("op", 10s, [](tdist::comm::Deadline) { return std::vector<at::Tensor>{}; });
+  const bool done = wait_for([&] { return w->is_completed(); }, 2000ms);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  stop = true;
+  for (auto& t : busy) t.join();
+  ASSERT_TRUE(done);
+  EXPECT_LT(took, 200ms);
 }
 
 TEST(TaskQueue, WaitingAtOnceRunsTheOpOnTheWaitingThread) {
