@@ -6,6 +6,8 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
+
 #include "process_group/async_ops.h"
 #include "tdist/errors.h"
 
@@ -31,11 +33,18 @@ constexpr auto kGrace = std::chrono::microseconds(20);
 constexpr auto kWatch = std::chrono::milliseconds(1);
 
 // While the group has been busy in the last kActive, the sleeping worker
-// wakes every kWorkerTick to hand itself fresh ops past their grace: the
+// wakes on its own timer to hand itself fresh ops past their grace: the
 // watcher's idle priority may get no time at all while the ranks compute.
-// (A timed wake costs ~26 us of CPU on the 2-core VM: ~1.3 % of a core.)
-constexpr auto kWorkerTick = std::chrono::milliseconds(2);
-constexpr auto kActive = std::chrono::milliseconds(200);
+// The period is kTickMin after an op had to be handed over (asynchronous
+// use, where the tick decides how soon such an op starts), and doubles up
+// to kTickMax at each wake that finds nothing to take once no op was handed
+// over for kKeepTick (synchronous use, where every wake is a small
+// disturbance, ~26 us of CPU on the 2-core VM, felt in the tail of small
+// ops). It starts at kTickMax.
+constexpr auto kTickMin = std::chrono::milliseconds(2);
+constexpr auto kTickMax = std::chrono::milliseconds(64);
+constexpr auto kKeepTick = std::chrono::seconds(1);
+constexpr auto kActive = std::chrono::seconds(1);
 
 // Set while an AsyncOpsScope lives on this thread.
 thread_local bool async_ops = false;
@@ -155,6 +164,8 @@ void TaskQueue::execute(Task& task) {
 bool TaskQueue::hand_over_expired_locked(SteadyClock::time_point now) {
   if (running_ || queue_.empty() || queue_.front().for_worker || now - queue_.front().queued_at < kGrace) return false;
   queue_.front().for_worker = true;
+  tick_ = kTickMin;
+  last_hand_over_ = now;
   return true;
 }
 
@@ -172,9 +183,9 @@ void TaskQueue::run() {
                (stopping_ && queue_.empty() && !running_);
       };
       while (!done()) {
-        // While the group is busy, wake up every kWorkerTick on this
-        // thread's own timer: a fresh op is taken within that even when
-        // the cores are too busy for the idle-priority watcher to run.
+        // While the group is busy, wake up on this thread's own timer: a
+        // fresh op is taken within tick_ even when the cores are too busy
+        // for the idle-priority watcher to run.
         const auto now = SteadyClock::now();
         const uint64_t a = activity_.load(std::memory_order_acquire);
         if (a != seen) {
@@ -183,10 +194,11 @@ void TaskQueue::run() {
         }
         worker_asleep_ = true;
         worker_ticking_ = now < active_until;
-        if (worker_ticking_) {
-          cv_.wait_until(lock, now + kWorkerTick);
-        } else {
+        if (!worker_ticking_) {
           cv_.wait(lock);
+        } else if (cv_.wait_until(lock, now + tick_) == std::cv_status::timeout && !done() &&
+                   SteadyClock::now() - last_hand_over_ > kKeepTick) {
+          tick_ = std::min<std::chrono::microseconds>(tick_ * 2, kTickMax);
         }
         worker_asleep_ = worker_ticking_ = false;
       }

@@ -17,9 +17,11 @@
 //   the worker at once (its caller could not, or will not, run it then).
 // - The worker sleeps on the queue's condition variable until an op is
 //   handed to it; it never polls. While the group has been busy lately it
-//   also wakes every few milliseconds on its own timer and takes a fresh
-//   op whose grace has run out (the watcher below runs only on an idle
-//   core, and while the ranks compute there may be none).
+//   also wakes on its own timer (every 2 ms while ops have had to be handed
+//   over in the last second, else every 64 ms) and takes a fresh op whose
+//   grace has run out:
+//   the watcher below runs only on an idle core, and while the ranks
+//   compute there may be none.
 // - A watcher thread at SCHED_IDLE (it runs only on a core that has
 //   nothing else to run, and counts as idle to the scheduler's balancing)
 //   hands fresh ops over when their grace runs out. It polls with
@@ -121,6 +123,8 @@ class TaskQueue {
   std::atomic<uint64_t> activity_{0};  // bumped by every enqueue and inline run
   bool worker_asleep_ = false;   // on cv_; under mu_
   bool worker_ticking_ = false;  // asleep with a timeout (the group is busy); under mu_
+  std::chrono::microseconds tick_{64000};  // the worker's timeout then; under mu_
+  std::chrono::steady_clock::time_point last_hand_over_{};  // under mu_
   bool watcher_asleep_ = false;  // on watch_cv_; under mu_
   std::condition_variable watch_cv_;
   bool stopping_ = false;
