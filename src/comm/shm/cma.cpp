@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string>
 
 #include "comm/shm/waiter.h"
 
@@ -43,18 +44,14 @@ void CmaChannel::publish(Rounds& rounds, bool offer, const void* in, const void*
   o->probe = 0;
 }
 
-int CmaChannel::take_offers(const Rounds& rounds) {
+void CmaChannel::take_offers(const Rounds& rounds) {
   const int n = rounds.size();
-  in_.assign(n, 0);
-  out_.assign(n, 0);
-  int offered = 0;
+  in_.resize(n);
+  out_.resize(n);
   for (int r = 0; r < n; ++r) {
-    const CmaOffer& o = rounds.cma_of(r);
-    in_[r] = o.in;
-    out_[r] = o.out;
-    offered += o.offered == 1;
+    in_[r] = rounds.cma_of(r).in;
+    out_[r] = rounds.cma_of(r).out;
   }
-  return offered;
 }
 
 bool CmaChannel::confirm(Rounds& rounds, const OpDesc& desc, Deadline d) {

@@ -46,9 +46,9 @@ class CmaChannel {
   // Publishes this rank's offer for the op in the current round (before
   // its first barrier).
   void publish(Rounds& rounds, bool offer, const void* in, const void* out) const;
-  // After the first barrier: records every rank's addresses and returns how
-  // many ranks offered.
-  int take_offers(const Rounds& rounds);
+  // After the first barrier, when every rank offered: records every rank's
+  // addresses.
+  void take_offers(const Rounds& rounds);
   // Collective, when every rank offered: probes the peers the first time
   // (one more barrier round) and returns whether the group may go
   // single-copy (the same answer on every rank).

@@ -31,12 +31,13 @@ namespace {
 // Elements per transfer, in whole cache lines.
 size_t chunk_elems(size_t es) { return std::max<size_t>(kAlign / es, CmaChannel::kChunkBytes / es); }
 
-// Reduces count elements of this rank's `mine` (at element `at` of the
-// share every rank reads from `remote(q)`) with every peer's: scratch holds
-// one chunk per peer; the result goes to out.
-template <typename Remote>
+// Reduces count elements of this rank's `mine` with every peer's share,
+// read chunk by chunk from remote(q) (the peer's address of `mine`'s first
+// element) into scratch, one chunk per peer, in rank order into out; then
+// calls after_chunk(at, k) for the elements just reduced.
+template <typename Remote, typename AfterChunk>
 void reduce_from_peers(Rounds& rounds, CmaChannel& cma, const uint8_t* mine, uint8_t* out, size_t count,
-                       DataType t, ReduceOp op, Remote&& remote, const std::string& what) {
+                       DataType t, ReduceOp op, const std::string& what, Remote&& remote, AfterChunk&& after_chunk) {
   const int n = rounds.size(), me = rounds.rank();
   const size_t es = dtype_size(t), step = chunk_elems(es);
   uint8_t* scratch = cma.scratch(static_cast<size_t>(n) * step * es);
@@ -53,6 +54,7 @@ void reduce_from_peers(Rounds& rounds, CmaChannel& cma, const uint8_t* mine, uin
       inputs[q] = buf;
     }
     reduce_many(out + at * es, inputs.data(), n, k, t, op, n);
+    after_chunk(at, k);
   }
 }
 
@@ -64,26 +66,22 @@ void cma_all_reduce(Rounds& rounds, CmaChannel& cma, void* buf, size_t count, Da
   const size_t es = dtype_size(t), line = std::max<size_t>(1, kAlign / es);
   const size_t per = ((count + n - 1) / n + line - 1) / line * line;
   const size_t begin = std::min(count, me * per), len = std::min(count, begin + per) - begin;
-  const std::string what = describe(desc);
   auto* mine = static_cast<uint8_t*>(buf) + begin * es;
-  const size_t step = chunk_elems(es);
-  for (size_t at = 0; at < len; at += step) {
-    const size_t k = std::min(step, len - at);
-    reduce_from_peers(rounds, cma, mine + at * es, mine + at * es, k, t, op,
-                      [&](int q) { return cma.in_of(q) + (begin + at) * es; }, what);
-    for (int q = 0; q < n; ++q) {
-      if (q != me) cma.write(rounds, q, mine + at * es, cma.in_of(q) + (begin + at) * es, k * es, what);
-    }
-  }
+  const std::string what = describe(desc);
+  reduce_from_peers(rounds, cma, mine, mine, len, t, op, what, [&](int q) { return cma.in_of(q) + begin * es; },
+                    [&](size_t at, size_t k) {
+                      for (int q = 0; q < n; ++q) {
+                        if (q != me) cma.write(rounds, q, mine + at * es, cma.in_of(q) + (begin + at) * es, k * es, what);
+                      }
+                    });
   rounds.barrier_round(desc, d);
 }
 
 void cma_reduce_scatter(Rounds& rounds, CmaChannel& cma, const void* in, void* out, size_t count, DataType t,
                         ReduceOp op, const OpDesc& desc, Deadline d) {
-  const size_t es = dtype_size(t);
-  const size_t share = static_cast<size_t>(rounds.rank()) * count * es;
+  const size_t share = static_cast<size_t>(rounds.rank()) * count * dtype_size(t);
   reduce_from_peers(rounds, cma, static_cast<const uint8_t*>(in) + share, static_cast<uint8_t*>(out), count, t, op,
-                    [&](int q) { return cma.in_of(q) + share; }, describe(desc));
+                    describe(desc), [&](int q) { return cma.in_of(q) + share; }, [](size_t, size_t) {});
   rounds.barrier_round(desc, d);
 }
 

@@ -24,12 +24,12 @@ Path agree_on_path(Rounds& rounds, const PathOffer& offer, const OpDesc& desc, D
   }
   if (all_same) return Path::kSymmetric;
   int offers = 0;
-  if (offer.cma) {
-    offers = offer.cma->take_offers(rounds);
-  } else {
-    for (int r = 0; r < rounds.size(); ++r) offers += rounds.cma_of(r).offered == 1;
+  for (int r = 0; r < rounds.size(); ++r) offers += rounds.cma_of(r).offered == 1;
+  // Every rank offering includes this one, so offer.cma is set.
+  if (offers == rounds.size()) {
+    offer.cma->take_offers(rounds);
+    if (offer.cma->confirm(rounds, desc, d)) return Path::kSingleCopy;
   }
-  if (offers == rounds.size() && offer.cma->confirm(rounds, desc, d)) return Path::kSingleCopy;
   if (any_key || offers > 0) {
     // Some rank skipped round 0: everyone posts it (again, into this
     // round's buffer) and passes one more barrier.
