@@ -15,9 +15,6 @@ class AsyncOpsScope {
   AsyncOpsScope(const AsyncOpsScope&) = delete;
   AsyncOpsScope& operator=(const AsyncOpsScope&) = delete;
 
-  // Whether this thread is inside a scope.
-  static bool active();
-
  private:
   bool outer_;
 };

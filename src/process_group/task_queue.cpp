@@ -53,7 +53,6 @@ thread_local bool async_ops = false;
 
 AsyncOpsScope::AsyncOpsScope() : outer_(async_ops) { async_ops = true; }
 AsyncOpsScope::~AsyncOpsScope() { async_ops = outer_; }
-bool AsyncOpsScope::active() { return async_ops; }
 
 TaskQueue::TaskQueue(std::string group_name) : group_name_(std::move(group_name)) {
   gate_->queue = this;
