@@ -1,11 +1,19 @@
 // tdist-run: starts one process per local rank, torchrun-style.
 //
 //   tdist-run --nproc-per-node N [--nnodes M --node-rank R] [--master-addr A]
-//             [--master-port P] [--max-restarts K] [--] program [args...]
+//             [--master-port P] [--max-restarts K] [--token-file F | --no-token]
+//             [--] program [args...]
 //
 // Sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 // MASTER_ADDR, MASTER_PORT and (unless set) OMP_NUM_THREADS. Every output
-// line of a rank is prefixed with "[rank N]: ". When a rank fails, the others
+// line of a rank is prefixed with "[rank N]: ".
+//
+// The job's store token (see store/auth.h): a single-node job gets a fresh
+// random one per start, handed to the ranks in TDIST_STORE_TOKEN (the
+// environment, which only the user can read; never a command line, which
+// `ps` shows everyone). --token-file, or TDIST_STORE_TOKEN /
+// TDIST_STORE_TOKEN_FILE already set, give one instead; a multi-node job
+// needs one of those (every node must hold the same) or --no-token. When a rank fails, the others
 // get SIGTERM, then SIGKILL after a grace period, and tdist-run exits
 // non-zero after a summary naming the rank and how it ended.
 #include <fcntl.h>
@@ -23,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "store/auth.h"
 #include "store/socket.h"
 #include "util/cli.h"
 #include "util/env.h"
@@ -44,7 +53,16 @@ struct Options {
   // exit on their own (reporting the error in their own words) before
   // they are sent SIGTERM.
   double peer_wait_s = 3.0;
+  std::string token_file;
+  bool no_token = false;
   std::vector<std::string> argv;
+};
+
+// What the ranks get for TDIST_STORE_TOKEN: kKeep leaves the environment's
+// TDIST_STORE_TOKEN / TDIST_STORE_TOKEN_FILE as they are.
+struct TokenPlan {
+  enum Kind { kGenerate, kGiven, kKeep, kNone } kind = kGenerate;
+  std::string token;  // kGiven
 };
 
 struct Child {
@@ -96,6 +114,11 @@ Options parse(int argc, char** argv) {
                  "between SIGTERM and SIGKILL for the ranks left after a failure")->type_name("S")->default_str("5");
   app.add_option(tdist::cli::both_spellings("peer-wait-seconds"), v["peer-wait-seconds"],
                  "after a failure, how long the other ranks get to exit on their own")->type_name("S")->default_str("3");
+  app.add_option(tdist::cli::both_spellings("token-file"), o.token_file,
+                 "the job's store token, in a file only you can read (the same on every node); default: a "
+                 "fresh random token for a single-node job")->type_name("FILE");
+  app.add_flag(tdist::cli::both_spellings("no-token"), o.no_token,
+               "start the ranks without a store token: anyone who reaches the store's port can join the job");
   tdist::cli::parse_or_exit(app, argc, argv);
   o.nproc = int_arg("--nproc-per-node", v["nproc-per-node"], 1, 4096);
   o.nnodes = int_arg("--nnodes", v["nnodes"], 1, 1 << 20);
@@ -115,7 +138,35 @@ Options parse(int argc, char** argv) {
   if (o.argv.empty()) usage("no program given");
   if (o.node_rank >= o.nnodes) usage("--node-rank must be below --nnodes");
   if (o.nnodes > 1 && o.master_port == 0) usage("--master-port is required with --nnodes > 1");
+  if (o.no_token && !o.token_file.empty()) usage("--token-file and --no-token contradict each other");
   return o;
+}
+
+bool env_set(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v;
+}
+
+TokenPlan plan_token(const Options& o) {
+  TokenPlan p;
+  try {
+    if (o.no_token) {
+      p.kind = TokenPlan::kNone;
+    } else if (!o.token_file.empty()) {
+      p.kind = TokenPlan::kGiven;
+      p.token = tdist::detail::read_token_file(o.token_file);
+    } else if (env_set("TDIST_STORE_TOKEN") || env_set("TDIST_STORE_TOKEN_FILE")) {
+      p.kind = TokenPlan::kKeep;
+      (void)tdist::detail::resolve_token(std::nullopt);  // a bad token file fails here, once
+    } else if (o.nnodes > 1) {
+      usage("a multi-node job needs a store token every node shares: pass --token-file FILE (the same secret on "
+            "every node, mode 600) or set TDIST_STORE_TOKEN; or pass --no-token to run without one (then anyone "
+            "who can reach the master's port can join the job)");
+    }
+  } catch (const tdist::UsageError& e) {
+    usage(e.what());
+  }
+  return p;
 }
 
 void emit(Child& c, const char* data, size_t n, bool final) {
@@ -146,7 +197,7 @@ std::string describe(int status) {
 
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
-Child spawn(const Options& o, int local_rank, int port) {
+Child spawn(const Options& o, int local_rank, int port, const TokenPlan& token) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
     std::perror("tdist-run: pipe");
@@ -173,6 +224,13 @@ Child spawn(const Options& o, int local_rank, int port) {
     set("GROUP_RANK", std::to_string(o.node_rank));
     set("MASTER_ADDR", o.master_addr);
     set("MASTER_PORT", std::to_string(port));
+    if (token.kind == TokenPlan::kGiven || token.kind == TokenPlan::kGenerate) {
+      set("TDIST_STORE_TOKEN", token.token);
+      unsetenv("TDIST_STORE_TOKEN_FILE");
+    } else if (token.kind == TokenPlan::kNone) {
+      unsetenv("TDIST_STORE_TOKEN");
+      unsetenv("TDIST_STORE_TOKEN_FILE");
+    }
     if (!std::getenv("OMP_NUM_THREADS")) {
       long cores = sysconf(_SC_NPROCESSORS_ONLN);
       set("OMP_NUM_THREADS", std::to_string(std::max<long>(1, cores / o.nproc)));
@@ -198,9 +256,12 @@ void signal_rank(const Child& c, int sig) {
 
 // Runs one generation of the job; returns the index of the first rank that
 // failed, or -1 if all succeeded.
-int run_once(const Options& o, int port, std::vector<Child>& kids) {
+int run_once(const Options& o, int port, TokenPlan token, std::vector<Child>& kids) {
   kids.clear();
-  for (int r = 0; r < o.nproc; ++r) kids.push_back(spawn(o, r, port));
+  // A fresh token per start: ranks left over from an earlier start cannot
+  // join this one.
+  if (token.kind == TokenPlan::kGenerate) token.token = tdist::detail::generate_token();
+  for (int r = 0; r < o.nproc; ++r) kids.push_back(spawn(o, r, port, token));
   int first_failure = -1;
   int candidate = -1;  // the first failure seen, until it settles
   constexpr auto kSettle = std::chrono::milliseconds(300);
@@ -302,9 +363,10 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   const int port = o.master_port ? o.master_port : tdist::detail::find_free_port();
+  const TokenPlan token = plan_token(o);
   std::vector<Child> kids;
   for (int attempt = 0;; ++attempt) {
-    int failure = run_once(o, port, kids);
+    int failure = run_once(o, port, token, kids);
     if (g_signal) {  // forwarded to every rank; report it as our own end
       std::fprintf(stderr, "tdist-run: stopped by signal %d (%s), forwarded to every rank\n", static_cast<int>(g_signal),
                    strsignal(g_signal));

@@ -2,11 +2,15 @@
 // should not host it. Serves until SIGINT/SIGTERM.
 //
 //   tdist-store-server [--host ADDR] [--port PORT]
-// The token comes from TDIST_STORE_TOKEN. Prints "listening on PORT" once ready.
+// Listens on loopback unless --host says otherwise ("*": every interface).
+// The token comes from TDIST_STORE_TOKEN or TDIST_STORE_TOKEN_FILE; without
+// one it warns that anyone reaching the port can use the store. Prints
+// "listening on PORT" once ready.
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -17,7 +21,7 @@ int main(int argc, char** argv) {
   tdist::TCPStoreServerOptions options;
   CLI::App app{"A standalone TCPStore server; serves until SIGINT/SIGTERM. The token comes from TDIST_STORE_TOKEN.",
                "tdist-store-server"};
-  app.add_option("--host", options.host, "address to listen on")->type_name("ADDR")->capture_default_str();
+  app.add_option("--host", options.host, "address to listen on ('*': every interface)")->type_name("ADDR")->capture_default_str();
   app.add_option("--port", options.port, "port to listen on (0: any free one)")->type_name("PORT")
       ->capture_default_str();
   tdist::cli::parse_or_exit(app, argc, argv);
@@ -28,6 +32,14 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);  // the server thread inherits the mask
   try {
     tdist::TCPStoreServer server(options);
+    const char* token = std::getenv("TDIST_STORE_TOKEN");
+    const char* token_file = std::getenv("TDIST_STORE_TOKEN_FILE");
+    if (!(token && *token) && !(token_file && *token_file)) {
+      std::fprintf(stderr,
+                   "tdist-store-server: warning: no TDIST_STORE_TOKEN or TDIST_STORE_TOKEN_FILE; any process that "
+                   "reaches %s:%u can read and write this store\n",
+                   options.host.c_str(), server.port());
+    }
     std::printf("listening on %u\n", server.port());
     std::fflush(stdout);
     int sig = 0;

@@ -197,10 +197,20 @@ struct TCPStoreLimits {
   size_t max_connections = 8192;
   // Replies queued for a client that does not read them.
   size_t max_pending_reply_bytes = 512u << 20;
+  // A client that has not authenticated yet (when the server has a token)
+  // may send at most this many bytes, must finish the handshake within
+  // handshake_timeout, and is one of at most max_handshaking such clients:
+  // past that the oldest is dropped, so idle or flooding connections cannot
+  // keep the job's ranks out.
+  size_t max_handshake_bytes = 4096;
+  Milliseconds handshake_timeout{10000};
+  size_t max_handshaking = 128;
 };
 
 struct TCPStoreServerOptions {
-  std::string host = "0.0.0.0";  // address to bind
+  // Address to listen on: loopback unless told otherwise; "*" or "0.0.0.0"
+  // for every interface.
+  std::string host = "127.0.0.1";
   uint16_t port = 0;              // 0: pick a free port
   // Shared secret. When non-empty, a client must prove it holds the same
   // token (HMAC-SHA256 challenge-response; the token never crosses the
@@ -221,6 +231,9 @@ class TCPStoreServer {
   uint16_t port() const;
   // Clients that completed the handshake since the server started.
   int64_t num_clients_joined() const;
+  // The last few clients refused for a wrong or missing token, each as
+  // "<address> (<how the client described itself>)". Also logged to stderr.
+  std::vector<std::string> refused_clients() const;
   // Blocks until num_clients_joined() >= n; TimeoutError otherwise.
   void wait_for_clients(int64_t n, Milliseconds timeout) const;
   void stop();
@@ -245,6 +258,15 @@ struct TCPStoreOptions {
   // See TCPStoreServerOptions::token; a client uses the same rule.
   std::optional<std::string> token;
   TCPStoreLimits limits;  // for the server, when is_server
+  // With is_server: the address the server listens on. Default: the
+  // TDIST_STORE_BIND environment variable if set, else `host` itself (the
+  // address the other ranks connect to), so a job whose master address is
+  // loopback is reachable from this machine only. "*" listens on every
+  // interface.
+  std::optional<std::string> bind_address;
+  // How this client describes itself to the server (as "rank 3"); the
+  // server names it when it refuses the client's token.
+  std::string client_name;
 };
 
 // On the master (is_server), the server lives exactly as long as this

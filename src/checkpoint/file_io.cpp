@@ -39,7 +39,7 @@ AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
   tmp_ = path_ + ".tmp-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
   errno = 0;
   // A name of its own: never an existing file, never through a link.
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd_ < 0) fail(path_, "cannot create " + tmp_);
 }
 

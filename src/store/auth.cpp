@@ -5,9 +5,17 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cctype>
 #include <cstdlib>
+#include <cstring>
 
 #include "store/wire.h"
+#include "util/private_file.h"
 
 namespace tdist::detail {
 
@@ -31,8 +39,55 @@ Bytes hmac(const std::string& token, const std::string& label, const Bytes& a, c
 
 std::string resolve_token(const std::optional<std::string>& explicit_token) {
   if (explicit_token) return *explicit_token;
-  const char* env = std::getenv("TDIST_STORE_TOKEN");
-  return env ? std::string(env) : std::string();
+  if (const char* env = std::getenv("TDIST_STORE_TOKEN"); env && *env) return env;
+  if (const char* file = std::getenv("TDIST_STORE_TOKEN_FILE"); file && *file) return read_token_file(file);
+  return {};
+}
+
+std::string read_token_file(const std::string& path) {
+  const std::string what = "token file '" + path + "'";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) throw UsageError("cannot open the " + what + ": " + std::strerror(errno));
+  struct stat st {};
+  std::string text;
+  try {
+    if (fstat(fd, &st) != 0) throw UsageError("cannot stat the " + what + ": " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) throw UsageError("the " + what + " is not a regular file");
+    if (const std::string why = why_not_private(fd); !why.empty()) {
+      throw UsageError("the " + what + " " + why + ": a job's token must be readable by its user alone "
+                       "(chmod 600 the file, and make a new token if others could read it)");
+    }
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw UsageError("cannot read the " + what + ": " + std::strerror(errno));
+      if (n == 0) break;
+      text.append(buf, static_cast<size_t>(n));
+      if (text.size() > (1u << 16)) throw UsageError("the " + what + " is over 64 KiB; a token is one line");
+    }
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  if (text.empty()) throw UsageError("the " + what + " is empty");
+  return text;
+}
+
+std::string generate_token() {
+  unsigned char raw[32];
+  if (RAND_bytes(raw, sizeof raw) != 1) {
+    throw StoreError("cannot make a job token: OpenSSL could not produce random bytes");
+  }
+  static const char* digits = "0123456789abcdef";
+  std::string hex;
+  for (unsigned char b : raw) {
+    hex.push_back(digits[b >> 4]);
+    hex.push_back(digits[b & 15]);
+  }
+  return hex;
 }
 
 Bytes random_nonce() {

@@ -193,10 +193,18 @@ FileStore::FileStore(std::string path, Milliseconds timeout)
   // our lock, we hold a dead inode: reopen until the locked file is the one
   // the path names.
   for (;;) {
-    int fd = open(state_->path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    // Private to this user: the file holds the job's rendezvous.
+    int fd = open(state_->path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
       throw StoreError("FileStore: cannot open '" + state_->path + "': " + detail::errno_string(errno));
     }
+    struct stat owner;
+    if (fstat(fd, &owner) == 0 && owner.st_uid != geteuid()) {
+      close(fd);
+      throw StoreError("FileStore: '" + state_->path + "' belongs to uid " + std::to_string(owner.st_uid) +
+                       ", not to this user; refusing a store someone else can write. Use a path of your own");
+    }
+    if (fstat(fd, &owner) == 0 && (owner.st_mode & 077) != 0) fchmod(fd, 0600);  // left by an older tdist
     state_->fd = fd;
     state_->lock_file();
     struct stat by_fd, by_path;

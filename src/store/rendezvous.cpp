@@ -161,7 +161,13 @@ RendezvousResult rendezvous(const RendezvousOptions& o) {
       so.is_server = m.rank == 0;
       so.num_workers = m.world_size;
       so.timeout = o.timeout;
-      r.store = std::make_shared<TCPStore>(m.host, so);
+      so.client_name = "rank " + std::to_string(m.rank) + ", pid " + std::to_string(getpid());
+      try {
+        r.store = std::make_shared<TCPStore>(m.host, so);
+      } catch (const StoreError& e) {
+        throw StoreError("rendezvous: rank " + std::to_string(m.rank) + " cannot join the store at " + m.host + ":" +
+                         std::to_string(m.port) + ": " + e.what());
+      }
     }
   }
 
@@ -191,9 +197,13 @@ RendezvousResult rendezvous(const RendezvousOptions& o) {
         missing += (missing.empty() ? "" : ", ") + std::to_string(i);
       }
     }
+    std::string refused;
+    if (auto* tcp = dynamic_cast<TCPStore*>(r.store.get()); tcp && tcp->server()) {
+      for (const auto& who : tcp->server()->refused_clients()) refused += "; refused: " + who;
+    }
     throw TimeoutError("rendezvous: rank " + std::to_string(r.rank) + " waited " +
                        detail::format_duration_ms(o.timeout.count()) + " but rank(s) " + missing +
-                       " of " + std::to_string(r.world_size) + " never joined");
+                       " of " + std::to_string(r.world_size) + " never joined" + refused);
   }
   return r;
 }

@@ -95,7 +95,13 @@ Fd listen_tcp(const std::string& host, uint16_t port, uint16_t* bound_port) {
   if (!fd.valid()) {
     throw NetworkError("cannot listen on " + endpoint(host.empty() ? "*" : host, port) + ": " +
                        errno_string(last_err) +
-                       (last_err == EADDRINUSE ? ". Another process uses this port; pick another MASTER_PORT" : ""));
+                       (last_err == EADDRINUSE ? ". Another process, perhaps another job's store, uses this port; "
+                                                 "pick another MASTER_PORT"
+                        : last_err == EADDRNOTAVAIL
+                            ? ". That is not an address of this machine: give the address of this machine that "
+                              "the other ranks reach, or set TDIST_STORE_BIND to the address to listen on ('*' "
+                              "for every interface)"
+                            : ""));
   }
   sockaddr_storage addr{};
   socklen_t len = sizeof addr;
@@ -155,7 +161,8 @@ Fd connect_tcp(const std::string& host, uint16_t port, Deadline deadline) {
     if (now >= deadline) {
       throw TimeoutError("could not connect to the TCPStore server at " + endpoint(host, port) +
                          " before the timeout (last error: " + last_error +
-                         "). Is the master rank running, and are MASTER_ADDR/MASTER_PORT right?");
+                         "). Is the master rank running, and are MASTER_ADDR/MASTER_PORT right? (The master's "
+                         "store listens only on the address MASTER_ADDR names; see TDIST_STORE_BIND)");
     }
     std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
     pause = std::min(pause * 2, std::chrono::milliseconds(1000));

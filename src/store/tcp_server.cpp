@@ -6,6 +6,14 @@
 // passes; every other connection keeps being served. A bad frame, an
 // oversized request, a failed handshake or a client that stops reading its
 // replies closes that one connection.
+//
+// With a token, a connection is untrusted until it authenticates: it may
+// send only a few small frames (TCPStoreLimits::max_handshake_bytes), must
+// authenticate within handshake_timeout, and at most max_handshaking such
+// connections are kept (the oldest goes first). A refused client is
+// logged, with its address and how it described itself.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -13,7 +21,9 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -45,6 +55,7 @@ struct Waiter {
 struct Conn {
   detail::Fd fd;
   uint64_t id = 0;
+  std::string peer;    // the client's address, for the refusal log
   std::string in;      // bytes received, not yet parsed
   std::string out;     // bytes to send
   size_t out_pos = 0;
@@ -55,6 +66,16 @@ struct Conn {
   std::optional<Waiter> waiting;
   uint64_t wait_seq = 0;
 };
+
+// A client's self-description, made safe to print.
+std::string printable(const Bytes& b) {
+  std::string s;
+  for (size_t i = 0; i < b.size() && i < 200; ++i) {
+    const char ch = static_cast<char>(b[i]);
+    s.push_back(ch >= 32 && ch < 127 ? ch : '?');
+  }
+  return s;
+}
 
 Message reply(Status s) {
   Message m;
@@ -67,6 +88,36 @@ Message error_reply(const std::string& what) {
   m.values.push_back(to_bytes(what));
   return m;
 }
+
+std::string address_of(const sockaddr_storage& a) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  uint16_t port = 0;
+  if (a.ss_family == AF_INET) {
+    const auto& v4 = reinterpret_cast<const sockaddr_in&>(a);
+    inet_ntop(AF_INET, &v4.sin_addr, text, sizeof text);
+    port = ntohs(v4.sin_port);
+    return std::string(text) + ":" + std::to_string(port);
+  }
+  if (a.ss_family == AF_INET6) {
+    const auto& v6 = reinterpret_cast<const sockaddr_in6&>(a);
+    inet_ntop(AF_INET6, &v6.sin6_addr, text, sizeof text);
+    port = ntohs(v6.sin6_port);
+  }
+  return "[" + std::string(text) + "]:" + std::to_string(port);
+}
+
+// What an unauthenticated client may send: one auth frame, small.
+TCPStoreLimits handshake_limits(const TCPStoreLimits& l) {
+  TCPStoreLimits h = l;
+  h.max_key_bytes = 256;
+  h.max_value_bytes = l.max_handshake_bytes;
+  h.max_keys_per_request = 4;
+  return h;
+}
+
+// Refusals logged to stderr before the log goes quiet (all are counted).
+constexpr int kLoggedRefusals = 20;
+constexpr size_t kKeptRefusals = 16;
 
 }  // namespace
 
@@ -86,6 +137,14 @@ struct TCPStoreServer::Impl {
   std::unordered_map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> waiters_by_key;
   std::multimap<Clock::time_point, std::pair<uint64_t, uint64_t>> deadlines;
   uint64_t next_id = 1;
+  // Connections still to authenticate, oldest first, with their deadlines.
+  std::map<uint64_t, Clock::time_point> handshaking;
+  TCPStoreLimits pre_auth_limits;
+  int64_t refusals = 0;
+
+  // Shared with refused_clients().
+  mutable std::mutex refused_mu;
+  std::deque<std::string> refused;
 
   // Shared with wait_for_clients().
   mutable std::mutex joined_mu;
@@ -108,6 +167,7 @@ struct TCPStoreServer::Impl {
   }
 
   void close_conn(uint64_t id) {
+    handshaking.erase(id);
     auto it = conns.find(id);
     if (it == conns.end()) return;
     epoll_ctl(epoll_fd.get(), EPOLL_CTL_DEL, it->second->fd.get(), nullptr);
@@ -163,9 +223,27 @@ struct TCPStoreServer::Impl {
     send(c, error_reply(why));
   }
 
+  // Logs and remembers a client refused for its token.
+  void note_refused(const Conn& c, const std::string& who, const std::string& why) {
+    const std::string entry = c.peer + (who.empty() ? "" : " (" + who + ")");
+    {
+      std::lock_guard<std::mutex> lock(refused_mu);
+      refused.push_back(entry + ": " + why);
+      if (refused.size() > kKeptRefusals) refused.pop_front();
+    }
+    if (++refusals <= kLoggedRefusals) {
+      std::fprintf(stderr, "tdist TCPStore server on port %u: refused %s: %s%s\n", static_cast<unsigned>(port),
+                   entry.c_str(), why.c_str(),
+                   refusals == kLoggedRefusals ? " (further refusals are not logged)" : "");
+    }
+  }
+
   void accept_all() {
     for (;;) {
-      int fd = ::accept4(listen_fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      sockaddr_storage addr{};
+      socklen_t addr_len = sizeof addr;
+      int fd = ::accept4(listen_fd.get(), reinterpret_cast<sockaddr*>(&addr), &addr_len,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         return;  // EAGAIN, or out of descriptors: try again on the next event
@@ -174,6 +252,7 @@ struct TCPStoreServer::Impl {
       auto c = std::make_unique<Conn>();
       c->fd.reset(fd);
       c->id = next_id++;
+      c->peer = address_of(addr);
       Conn& conn = *c;
       conns.emplace(conn.id, std::move(c));
       epoll_set(conn, true);
@@ -188,6 +267,9 @@ struct TCPStoreServer::Impl {
         hello.number |= wire::kHelloAuthRequired;
         conn.server_nonce = detail::random_nonce();
         hello.values.push_back(conn.server_nonce);
+        handshaking.emplace(conn.id, Clock::now() + options.limits.handshake_timeout);
+        if (handshaking.size() > options.limits.max_handshaking) close_conn(handshaking.begin()->first);
+        if (!conns.count(conn.id)) continue;
       } else {
         conn.authed = true;
         note_joined();
@@ -210,6 +292,10 @@ struct TCPStoreServer::Impl {
       close_conn(c.id);
       return;
     }
+    if (!c.authed && c.in.size() > options.limits.max_handshake_bytes) {
+      refuse(c, "TCPStore server: too much data before authenticating");
+      return;
+    }
     // An honest client sends nothing while it waits for a reply; bytes piling
     // up behind a parked request are a misbehaving client.
     if (c.waiting && c.in.size() > options.limits.max_value_bytes + (size_t(16) << 20)) {
@@ -226,7 +312,8 @@ struct TCPStoreServer::Impl {
     while (!c.waiting && !c.close_after_flush) {
       Message m;
       auto r = wire::parse_frame(reinterpret_cast<const uint8_t*>(c.in.data()) + pos,
-                                 c.in.size() - pos, options.limits, /*is_request=*/true, &m);
+                                 c.in.size() - pos, c.authed ? options.limits : pre_auth_limits,
+                                 /*is_request=*/true, &m);
       if (r.status == wire::ParseStatus::kNeedMore) break;
       if (r.status == wire::ParseStatus::kBad) {
         refuse(c, "TCPStore server: bad request: " + r.error);
@@ -244,14 +331,21 @@ struct TCPStoreServer::Impl {
     const Op op = static_cast<Op>(m.kind);
     if (!c.authed) {
       if (op != Op::kAuth) {
-        refuse(c, "TCPStore server: authentication required (set TDIST_STORE_TOKEN)");
+        note_refused(c, "", std::string("sent '") + wire::op_name(m.kind) + "' without authenticating");
+        refuse(c, "TCPStore server: authentication required: this store belongs to a job with a token "
+                  "(TDIST_STORE_TOKEN); is another job using the same port?");
         return false;
       }
       const Bytes& client_nonce = m.values[0];
       if (!detail::macs_equal(m.values[1], detail::client_mac(token, c.server_nonce, client_nonce))) {
-        refuse(c, "TCPStore server: authentication failed: wrong TDIST_STORE_TOKEN");
+        const std::string who = m.values.size() > 2 ? printable(m.values[2]) : std::string();
+        note_refused(c, who, "wrong token (a process of another job on the same port, or one started with "
+                             "another TDIST_STORE_TOKEN)");
+        refuse(c, "TCPStore server: authentication failed: this store belongs to another job, or the token "
+                  "(TDIST_STORE_TOKEN) differs from the job's");
         return false;
       }
+      handshaking.erase(c.id);
       c.authed = true;
       note_joined();
       Message ok = reply(Status::kOk);
@@ -360,8 +454,14 @@ struct TCPStoreServer::Impl {
       deadlines.erase(deadlines.begin());
       if (Conn* c = waiting_conn(id, seq)) finish_wait(*c, true);
     }
-    if (deadlines.empty()) return -1;
-    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadlines.begin()->first - now).count();
+    // Handshakes that ran out of time (deadlines grow with the id, so the
+    // oldest is first).
+    while (!handshaking.empty() && handshaking.begin()->second <= now) close_conn(handshaking.begin()->first);
+    std::optional<Clock::time_point> next;
+    if (!deadlines.empty()) next = deadlines.begin()->first;
+    if (!handshaking.empty() && (!next || handshaking.begin()->second < *next)) next = handshaking.begin()->second;
+    if (!next) return -1;
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(*next - now).count();
     return static_cast<int>(std::min<int64_t>(ms + 1, 60'000));
   }
 
@@ -397,6 +497,7 @@ struct TCPStoreServer::Impl {
 TCPStoreServer::TCPStoreServer(TCPStoreServerOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
   impl_->token = detail::resolve_token(impl_->options.token);
+  impl_->pre_auth_limits = handshake_limits(impl_->options.limits);
   std::string host = impl_->options.host;
   if (host == "0.0.0.0" || host == "*") host.clear();
   impl_->listen_fd = detail::listen_tcp(host, impl_->options.port, &impl_->port);
@@ -433,13 +534,20 @@ int64_t TCPStoreServer::num_clients_joined() const {
   return impl_->joined;
 }
 
+std::vector<std::string> TCPStoreServer::refused_clients() const {
+  std::lock_guard<std::mutex> lock(impl_->refused_mu);
+  return {impl_->refused.begin(), impl_->refused.end()};
+}
+
 void TCPStoreServer::wait_for_clients(int64_t n, Milliseconds timeout) const {
   std::unique_lock<std::mutex> lock(impl_->joined_mu);
   if (!impl_->joined_cv.wait_for(lock, timeout, [&] { return impl_->joined >= n; })) {
+    std::string refused;
+    for (const auto& who : refused_clients()) refused += "; refused: " + who;
     throw TimeoutError("TCPStore server on port " + std::to_string(impl_->port) + ": only " +
                        std::to_string(impl_->joined) + " of " + std::to_string(n) +
                        " workers connected within " + detail::format_duration_ms(timeout.count()) +
-                       ". Did every rank start, with the same MASTER_ADDR and MASTER_PORT?");
+                       ". Did every rank start, with the same MASTER_ADDR and MASTER_PORT?" + refused);
   }
 }
 

@@ -1,6 +1,7 @@
 // TCPStore: a client connection to a TCPStoreServer (and, on the master, the
 // server itself). One request is in flight per connection; a mutex serialises
 // the threads that share a TCPStore object.
+#include <cstdlib>
 #include <mutex>
 
 #include "store/auth.h"
@@ -29,6 +30,7 @@ struct TCPStore::Impl {
   std::string host;
   uint16_t port = 0;
   std::string token;
+  std::string client_name;
   std::unique_ptr<TCPStoreServer> server;
   std::mutex mu;
   detail::Fd fd;        // invalid when not connected
@@ -82,7 +84,9 @@ struct TCPStore::Impl {
       const bool server_wants_auth = (hello.number & wire::kHelloAuthRequired) != 0;
       if (server_wants_auth && token.empty()) {
         throw StoreError("TCPStore: the server at " + where() +
-                         " requires authentication; set TDIST_STORE_TOKEN to the job's token");
+                         " requires a token and this process has none: it belongs to a job started with one "
+                         "(tdist-run gives every job its own), perhaps another job on the same port. Set "
+                         "TDIST_STORE_TOKEN or TDIST_STORE_TOKEN_FILE to the job's token");
       }
       if (!server_wants_auth && !token.empty()) {
         throw StoreError("TCPStore: TDIST_STORE_TOKEN is set but the server at " + where() +
@@ -96,6 +100,7 @@ struct TCPStore::Impl {
         auth.kind = static_cast<uint8_t>(Op::kAuth);
         Bytes client_nonce = detail::random_nonce();
         auth.values = {client_nonce, detail::client_mac(token, hello.values[0], client_nonce)};
+        if (!client_name.empty()) auth.values.push_back(to_bytes(client_name.substr(0, 200)));
         std::string frame;
         wire::encode_frame(auth, &frame);
         detail::send_all(fd.get(), frame.data(), frame.size(), deadline);
@@ -146,6 +151,7 @@ TCPStore::TCPStore(std::string host, TCPStoreOptions options)
   impl_->host = std::move(host);
   impl_->port = options.port;
   impl_->token = detail::resolve_token(options.token);
+  impl_->client_name = options.client_name;
   // Replies may carry up to a whole multi_get; be generous, but bounded.
   impl_->reply_limits.max_value_bytes = size_t(4) << 30;
   impl_->reply_limits.max_keys_per_request = size_t(1) << 24;
@@ -154,6 +160,9 @@ TCPStore::TCPStore(std::string host, TCPStoreOptions options)
   }
   if (options.is_server) {
     TCPStoreServerOptions so;
+    so.host = impl_->host;
+    if (const char* bind = std::getenv("TDIST_STORE_BIND"); bind && *bind) so.host = bind;
+    if (options.bind_address) so.host = *options.bind_address;
     so.port = options.port;
     so.token = impl_->token;
     so.limits = options.limits;

@@ -76,7 +76,7 @@ bool counts_fit(Op op, size_t keys, size_t values) {
     case Op::kNumKeys: return keys == 0 && values == 0;
     case Op::kMultiSet: return keys >= 1 && values == keys;
     case Op::kPing: return keys == 0 && values == 0;
-    case Op::kAuth: return keys == 0 && values == 2;
+    case Op::kAuth: return keys == 0 && (values == 2 || values == 3);
   }
   return false;
 }

@@ -33,7 +33,7 @@ enum class Op : uint8_t {
   kNumKeys = 8,     // -> number
   kMultiSet = 9,    // keys, values (same count)
   kPing = 10,       // -> number = kProtocolVersion
-  kAuth = 11,       // values = {client_nonce, client_mac} -> values = {server_mac}
+  kAuth = 11,       // values = {client_nonce, client_mac[, who]} -> values = {server_mac}
 };
 
 enum class Status : uint8_t {

@@ -268,6 +268,14 @@ TEST(ShardedCheckpoint, ASaveAtAnotherWorldSizeReplacesTheOlderFiles) {
   const std::string stale = prefix + "_rank-0-of-2.pt", kept = dir.path() + "/stale.pt";
   std::filesystem::copy_file(stale, kept);
   save_at(3, prefix, three);
+  // Checkpoint files are their user's alone.
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    if (e.path().string().rfind(prefix, 0) != 0) continue;
+    const auto perms = std::filesystem::status(e.path()).permissions();
+    EXPECT_EQ(perms & (std::filesystem::perms::group_all | std::filesystem::perms::others_all),
+              std::filesystem::perms::none)
+        << e.path();
+  }
   EXPECT_FALSE(std::filesystem::exists(stale));
   EXPECT_FALSE(std::filesystem::exists(prefix + "_rank-1-of-2.pt"));
   EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {  // the world-3 save, resharded

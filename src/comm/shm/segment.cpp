@@ -17,6 +17,7 @@
 #include "comm/shm/process_info.h"
 #include "comm/shm/shm_backend.h"
 #include "util/env.h"
+#include "util/private_file.h"
 
 namespace tdist::comm::shm {
 
@@ -120,6 +121,11 @@ void GroupSegment::attach(const BackendContext& ctx) {
                     detail::errno_string(errno) + ". Are all ranks of this group on one host? Use the gloo backend across hosts");
       }
       struct stat st;
+      if (const std::string why = detail::why_not_private(fd); !why.empty()) {
+        close(fd);
+        throw Error("shm backend: segment " + name + " " + why +
+                    "; a job's shared memory is its user's alone, so this rank refuses to attach");
+      }
       if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != total_) {
         close(fd);
         throw Error("shm backend: segment " + name + " has an unexpected size; ranks disagree on the group size or buffer settings (TDIST_SHM_*)");

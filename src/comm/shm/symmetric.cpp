@@ -13,6 +13,7 @@
 #include "comm/shm/algorithms.h"
 #include "comm/shm/segment.h"
 #include "util/env.h"
+#include "util/private_file.h"
 
 namespace tdist::comm::shm {
 
@@ -95,6 +96,13 @@ std::shared_ptr<void> allocate_symmetric_block(Rounds& rounds, const std::shared
         if (r == me) continue;
         const std::string peer_name(all[r].text);
         const int fd = shm_open(peer_name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+        const std::string not_private = fd < 0 ? std::string() : detail::why_not_private(fd);
+        if (!not_private.empty()) {
+          close(fd);
+          err = "rank " + std::to_string(waiter.global(r)) + "'s " + peer_name + " " + not_private +
+                "; refusing to map it";
+          break;
+        }
         void* p = fd < 0 ? MAP_FAILED : map_and_close(fd, mapped);
         if (p == MAP_FAILED) {
           err = "cannot map rank " + std::to_string(waiter.global(r)) + "'s " + peer_name + ": " +
