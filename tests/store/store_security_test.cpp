@@ -13,7 +13,6 @@
 
 #include <chrono>
 #include <fstream>
-#include <regex>
 #include <thread>
 
 #include "store/auth.h"
@@ -78,6 +77,10 @@ std::pair<std::string, bool> drain(int fd) {
     if (n < 0) return {all, errno == ECONNRESET};
     all.append(buf, static_cast<size_t>(n));
   }
+}
+
+bool is_hex64(const std::string& s) {
+  return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
 
 bool closed_by_server(int fd) {
@@ -205,8 +208,8 @@ TEST(StoreSecurity, ARefusedClientIsNamedAndToldWhy) {
   }
   const auto refused = server.refused_clients();
   ASSERT_EQ(refused.size(), 1u);  // the tokenless client gave up before sending anything
-  EXPECT_TRUE(std::regex_search(refused[0], std::regex("^127\\.0\\.0\\.1:\\d+ \\(rank 3, pid 4242\\): wrong token")))
-      << refused[0];
+  EXPECT_EQ(refused[0].rfind("127.0.0.1:", 0), 0u) << refused[0];
+  EXPECT_NE(refused[0].find(" (rank 3, pid 4242): wrong token"), std::string::npos) << refused[0];
   EXPECT_EQ(server.num_clients_joined(), 0);
 }
 
@@ -239,7 +242,7 @@ TEST(StoreSecurity, TokenFilesMustBePrivate) {
 
 TEST(StoreSecurity, GeneratedTokensAreLongAndFresh) {
   const std::string a = tdist::detail::generate_token(), b = tdist::detail::generate_token();
-  EXPECT_TRUE(std::regex_match(a, std::regex("[0-9a-f]{64}"))) << a;
+  EXPECT_TRUE(is_hex64(a)) << a;
   EXPECT_NE(a, b);
 }
 

@@ -12,7 +12,6 @@
 #include <dirent.h>
 
 #include <fstream>
-#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -39,14 +38,25 @@ void write_file(const std::string& path, const std::string& text, mode_t mode) {
   chmod(path.c_str(), mode);
 }
 
-// The values of every "T=..." line.
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+// The values of every "T=..." a rank printed.
 std::vector<std::string> tokens_in(const std::string& output) {
   std::vector<std::string> out;
-  std::regex re("T=([^\\s]*)");
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), re); it != std::sregex_iterator(); ++it) {
-    out.push_back((*it)[1]);
+  for (const auto& line : lines_of(output)) {
+    const size_t at = line.find("]: T=");
+    if (at != std::string::npos) out.push_back(line.substr(at + 5));
   }
   return out;
+}
+
+bool is_hex64(const std::string& s) {
+  return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
 
 // Processes whose command line contains `needle`.
@@ -71,7 +81,7 @@ TEST(TdistRunSecurity, EveryJobGetsItsOwnTokenThroughTheEnvironment) {
   ASSERT_EQ(ta.size(), 2u) << a.output;
   ASSERT_EQ(tb.size(), 2u) << b.output;
   EXPECT_EQ(ta[0], ta[1]) << "the ranks of one job share its token";
-  EXPECT_TRUE(std::regex_match(ta[0], std::regex("[0-9a-f]{64}"))) << ta[0];
+  EXPECT_TRUE(is_hex64(ta[0])) << ta[0];
   EXPECT_NE(ta[0], tb[0]) << "two jobs got the same token";
 }
 
@@ -141,12 +151,15 @@ TEST(TdistRunSecurity, ASingleNodeJobListensOnLoopbackAndHidesItsToken) {
   // Every socket of every rank is on loopback: the store's listener, the
   // store connections, Gloo's connections (Gloo's listeners are gone once
   // the group has formed).
-  std::regex socket_re("\\[rank (\\d)\\]: (listen|socket) (\\S+)");
   int listens[2] = {0, 0}, sockets[2] = {0, 0};
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), socket_re); it != std::sregex_iterator(); ++it) {
-    const std::string addr = (*it)[3];
-    const int rank = std::stoi((*it)[1]);
-    ++((*it)[2] == "listen" ? listens : sockets)[rank];
+  for (const auto& line : lines_of(out)) {
+    // "[rank R]: listen ADDR:PORT" or "[rank R]: socket ADDR:PORT"
+    if (line.size() < 18 || line.rfind("[rank ", 0) != 0) continue;
+    const int rank = line[6] - '0';
+    const std::string what = line.substr(10, 7);
+    if (what != "listen " && what != "socket ") continue;
+    const std::string addr = line.substr(17);
+    ++(what == "listen " ? listens : sockets)[rank];
     EXPECT_TRUE(addr.rfind("127.0.0.1:", 0) == 0 || addr.rfind("::1:", 0) == 0 ||
                 addr.rfind("::ffff:127.0.0.1:", 0) == 0)
         << "rank " << rank << " has a socket on " << addr << "\n" << out;
