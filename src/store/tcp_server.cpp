@@ -284,6 +284,7 @@ struct TCPStoreServer::Impl {
       ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, MSG_DONTWAIT);
       if (n > 0) {
         c.in.append(buf, static_cast<size_t>(n));
+        if (!c.authed && c.in.size() > options.limits.max_handshake_bytes) break;  // refused below
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
