@@ -162,11 +162,15 @@ RendezvousResult rendezvous(const RendezvousOptions& o) {
       so.num_workers = m.world_size;
       so.timeout = o.timeout;
       so.client_name = "rank " + std::to_string(m.rank) + ", pid " + std::to_string(getpid());
+      const std::string who = "rendezvous: rank " + std::to_string(m.rank) +
+                              (so.is_server ? " cannot host" : " cannot join") + " the store at " + m.host + ":" +
+                              std::to_string(m.port) + ": ";
       try {
         r.store = std::make_shared<TCPStore>(m.host, so);
-      } catch (const StoreError& e) {
-        throw StoreError("rendezvous: rank " + std::to_string(m.rank) + " cannot join the store at " + m.host + ":" +
-                         std::to_string(m.port) + ": " + e.what());
+      } catch (const StoreError& e) {  // refused: another job's store, a wrong token
+        throw StoreError(who + e.what());
+      } catch (const NetworkError& e) {  // the port is taken, the address is not ours
+        throw NetworkError(who + e.what());
       }
     }
   }
