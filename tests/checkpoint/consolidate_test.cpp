@@ -8,6 +8,7 @@
 // file is a CheckpointError naming the file, and the model is unchanged.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -304,12 +305,17 @@ TEST_F(Tools, EveryBrokenCheckpointIsNamed) {
   }), "");
 }
 
-// Rank 1 is killed (SIGKILL, from inside, the moment its temporary file
-// exists) in the middle of the second save; rank 0's save fails without
-// replacing its file, and the first checkpoint loads whole.
+void kill_self(int) { ::kill(::getpid(), SIGKILL); }
+
+// Rank 1 is killed (SIGKILL, from inside) in the middle of the second save:
+// a file-size limit of 4 KiB stops its first write past that into its
+// temporary file with SIGXFSZ, whose handler kills the process, so the kill
+// lands there every time however the machine schedules. Rank 0's save fails
+// without replacing its file, and the first checkpoint loads whole.
 TEST_F(Tools, AKillDuringASaveLeavesThePreviousCheckpoint) {
   const std::string r1 = prefix_ + "_rank-1-of-2.pt";
   const std::string before0 = slurp(prefix_ + "_rank-0-of-2.pt"), before1 = slurp(r1);
+  ASSERT_GT(before1.size(), 4096u) << "rank 1's file must outgrow the limit below";
   test::WorldOptions w;
   w.final_barrier = false;
   w.timeout = std::chrono::seconds(5);
@@ -319,15 +325,9 @@ TEST_F(Tools, AKillDuringASaveLeavesThePreviousCheckpoint) {
     FSDP<Net> model(Net(&o), o);
     torch::optim::Adam opt(model->parameters(), 0.01);
     if (pg.rank() == 1) {
-      const std::string dir = dir_.path(), tmp = "ckpt_rank-1-of-2.pt.tmp-" + std::to_string(getpid()) + "-";
-      std::thread([dir, tmp] {
-        for (;;) {
-          for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-            if (entry.path().filename().string().rfind(tmp, 0) == 0) ::kill(::getpid(), SIGKILL);
-          }
-          std::this_thread::sleep_for(std::chrono::microseconds(200));
-        }
-      }).detach();
+      ::signal(SIGXFSZ, kill_self);
+      const rlimit limit{4096, 4096};
+      ::setrlimit(RLIMIT_FSIZE, &limit);
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(500));  // rank 1 writes first
     }
