@@ -2,19 +2,30 @@
 // dead one whose pid was reused. The contract is in process_info.h.
 #include "comm/shm/process_info.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cerrno>
-#include <fstream>
-#include <iterator>
 #include <sstream>
 #include <string>
 
 namespace tdist::comm::shm {
 
 uint64_t process_start_time(int pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  // Plain reads: a process that exits between the open and the read makes
+  // read() fail with ESRCH, which std::ifstream would raise as an exception.
+  const int fd = ::open(("/proc/" + std::to_string(pid) + "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  std::string s;
+  char buf[1024];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    s.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
   const size_t close = s.rfind(')');
   if (close == std::string::npos) return 0;
   std::istringstream rest(s.substr(close + 2));

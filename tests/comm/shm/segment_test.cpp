@@ -4,10 +4,13 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <set>
+#include <thread>
 
 #include "comm/shm/process_info.h"
 #include "comm/shm/segment.h"
@@ -69,6 +72,31 @@ TEST(ProcessInfo, TellsTheLivingFromTheDead) {
   EXPECT_EQ(process_start_time(getpid()), process_start_time(getpid()));
   const pid_t dead = dead_pid();
   EXPECT_EQ(process_start_time(dead), 0u);
+}
+
+// A peer that is reaped while its /proc entry is being read (read() then
+// fails with ESRCH) is "not there", never an exception.
+TEST(ProcessInfo, NeverThrowsForAProcessReapedWhileItIsRead) {
+  for (int i = 0; i < 200; ++i) {
+    const pid_t child = fork();
+    if (child == 0) _exit(0);
+    std::atomic<bool> reaped{false};
+    std::thread reaper([&] {
+      waitpid(child, nullptr, 0);
+      reaped = true;
+    });
+    bool threw = false;
+    while (!reaped && !threw) {
+      try {
+        process_start_time(child);
+      } catch (const std::exception& e) {
+        threw = true;
+        ADD_FAILURE() << "process_start_time threw: " << e.what();
+      }
+    }
+    reaper.join();
+    if (threw) return;
+  }
 }
 
 TEST(Sweep, RemovesTheSegmentsOfDeadProcessesOnly) {
