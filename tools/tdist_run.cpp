@@ -6,16 +6,16 @@
 //
 // Sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 // MASTER_ADDR, MASTER_PORT and (unless set) OMP_NUM_THREADS. Every output
-// line of a rank is prefixed with "[rank N]: ".
+// line of a rank is prefixed with "[rank N]: ". When a rank fails, the others
+// get SIGTERM, then SIGKILL after a grace period, and tdist-run exits
+// non-zero after a summary naming the rank and how it ended.
 //
 // The job's store token (see store/auth.h): a single-node job gets a fresh
 // random one per start, handed to the ranks in TDIST_STORE_TOKEN (the
 // environment, which only the user can read; never a command line, which
 // `ps` shows everyone). --token-file, or TDIST_STORE_TOKEN /
 // TDIST_STORE_TOKEN_FILE already set, give one instead; a multi-node job
-// needs one of those (every node must hold the same) or --no-token. When a rank fails, the others
-// get SIGTERM, then SIGKILL after a grace period, and tdist-run exits
-// non-zero after a summary naming the rank and how it ended.
+// needs one of those (every node must hold the same) or --no-token.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>

@@ -10,10 +10,10 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "store/auth.h"
 #include "tdist/store.h"
 #include "util/cli.h"
 
@@ -31,10 +31,9 @@ int main(int argc, char** argv) {
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);  // the server thread inherits the mask
   try {
+    options.token = tdist::detail::resolve_token(std::nullopt);  // the library's rule, resolved once
     tdist::TCPStoreServer server(options);
-    const char* token = std::getenv("TDIST_STORE_TOKEN");
-    const char* token_file = std::getenv("TDIST_STORE_TOKEN_FILE");
-    if (!(token && *token) && !(token_file && *token_file)) {
+    if (options.token->empty()) {
       std::fprintf(stderr,
                    "tdist-store-server: warning: no TDIST_STORE_TOKEN or TDIST_STORE_TOKEN_FILE; any process that "
                    "reaches %s:%u can read and write this store\n",

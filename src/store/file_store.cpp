@@ -199,12 +199,14 @@ FileStore::FileStore(std::string path, Milliseconds timeout)
       throw StoreError("FileStore: cannot open '" + state_->path + "': " + detail::errno_string(errno));
     }
     struct stat owner;
-    if (fstat(fd, &owner) == 0 && owner.st_uid != geteuid()) {
-      close(fd);
-      throw StoreError("FileStore: '" + state_->path + "' belongs to uid " + std::to_string(owner.st_uid) +
-                       ", not to this user; refusing a store someone else can write. Use a path of your own");
+    if (fstat(fd, &owner) == 0) {
+      if (owner.st_uid != geteuid()) {
+        close(fd);
+        throw StoreError("FileStore: '" + state_->path + "' belongs to uid " + std::to_string(owner.st_uid) +
+                         ", not to this user; refusing a store someone else can write. Use a path of your own");
+      }
+      if (owner.st_mode & 077) fchmod(fd, 0600);  // left by an older tdist
     }
-    if (fstat(fd, &owner) == 0 && (owner.st_mode & 077) != 0) fchmod(fd, 0600);  // left by an older tdist
     state_->fd = fd;
     state_->lock_file();
     struct stat by_fd, by_path;

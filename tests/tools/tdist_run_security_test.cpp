@@ -72,6 +72,16 @@ std::vector<std::string> command_lines_with(const std::string& needle) {
   return found;
 }
 
+// Runs a job in the background: a child process that runs `command` and
+// writes its output to `log` once it ends, exiting 0 if the job did.
+pid_t start_job(const std::string& command, const std::string& log) {
+  return test::fork_child([command, log] {
+    auto r = test::run_command(command, 90s);
+    std::ofstream(log) << r.output;
+    return test::exited_ok(r.status) ? 0 : 1;
+  });
+}
+
 TEST(TdistRunSecurity, EveryJobGetsItsOwnTokenThroughTheEnvironment) {
   const std::string cmd = kRun + " --nproc-per-node 2 sh -c 'echo T=$TDIST_STORE_TOKEN'";
   auto a = test::run_command(cmd, 30s), b = test::run_command(cmd, 30s);
@@ -128,13 +138,8 @@ TEST(TdistRunSecurity, AMultiNodeJobNeedsATokenOrAnExplicitOptOut) {
 TEST(TdistRunSecurity, ASingleNodeJobListensOnLoopbackAndHidesItsToken) {
   test::TempDir dir;
   const std::string token_file = dir.path() + "/seen-token", log = dir.path() + "/job.log";
-  const pid_t job = test::fork_child([&] {
-    auto r = test::run_command(kRun + " --nproc-per-node 2 " + kProbe + " --backend gloo --hold 3 --token-out " +
-                                   token_file,
-                               90s);
-    std::ofstream(log) << r.output;
-    return test::exited_ok(r.status) ? 0 : 1;
-  });
+  const pid_t job =
+      start_job(kRun + " --nproc-per-node 2 " + kProbe + " --backend gloo --hold 3 --token-out " + token_file, log);
   std::string token;
   for (int i = 0; i < 600 && token.empty(); ++i) {
     std::this_thread::sleep_for(50ms);
@@ -179,13 +184,9 @@ TEST(TdistRunSecurity, ASecondJobOnTheSamePortFailsFastWhileTheFirstFinishes) {
   test::TempDir dir;
   const std::string port = std::to_string(tdist::detail::find_free_port());
   const std::string first_log = dir.path() + "/first.log";
-  const pid_t first = test::fork_child([&] {
-    auto r = test::run_command(kRun + " --nproc-per-node 2 --master-port " + port + " " + kProbe +
-                                   " --backend gloo --hold 4",
-                               90s);
-    std::ofstream(first_log) << r.output;
-    return test::exited_ok(r.status) ? 0 : 1;
-  });
+  const pid_t first =
+      start_job(kRun + " --nproc-per-node 2 --master-port " + port + " " + kProbe + " --backend gloo --hold 4",
+                first_log);
   // Wait until the first job has formed (its store is up); its output is
   // only written at the end, so probe the port.
   bool up = false;
