@@ -44,6 +44,7 @@ struct DdpBenchOptions {
   std::string variants;  // empty: all
   double bucket_cap_mb = 25;
   std::optional<double> first_bucket_cap_mb;  // default: min(1, bucket_cap_mb)
+  std::string device = "cpu";  // or "cuda": every rank on cuda:0 (DDP's device_id)
   std::string json;
   void add_to(CLI::App& mode);
 };

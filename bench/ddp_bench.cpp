@@ -35,6 +35,7 @@
 #include "tdist/tdist.h"
 #include "util/cli.h"
 #include "util/torch_compat.h"
+#include "util/torch_cuda_loader.h"
 
 namespace tdist::bench {
 
@@ -58,9 +59,11 @@ const std::vector<std::string> kVariants = {"local",         "ddp_allreduce", "d
                                             "ddp_noop",      "status_quo",    "ddp_allreduce_view", "ddp_fp16_view",
                                             "ddp_bf16_view", "local_all",     "ddp_allreduce_staged"};
 
-Mlp make_model() {
+Mlp make_model(c10::Device device) {
   torch::manual_seed(0);
-  return Mlp();
+  Mlp m;
+  m->to(device);
+  return m;
 }
 
 // One variant's training step, built once and run in every round.
@@ -68,12 +71,16 @@ struct Variant {
   std::string name;
   bool everyone = true;  // false: only rank 0 steps (local)
   std::function<void()> step;  // owns the model, optimizer and DDP it drives
+  c10::Device device = c10::kCPU;
 };
 
 Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Tensor& x, const torch::Tensor& y,
                      double bucket_cap_mb, double first_bucket_cap_mb) {
+  const c10::Device device = x.device();
+  auto make_model = [device] { return ::tdist::bench::make_model(device); };
   Variant v;
   v.name = name;
+  v.device = device;
   const auto sgd = [](std::vector<torch::Tensor> ps) {
     return std::make_shared<torch::optim::SGD>(std::move(ps), torch::optim::SGDOptions(0.01).momentum(0.9));
   };
@@ -126,6 +133,7 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
     }
     o.bucket_cap_mb = bucket_cap_mb;
     o.first_bucket_cap_mb = first_bucket_cap_mb;
+    if (device.is_cuda()) o.device_id = device;
     if (hook.size() > 5 && hook.compare(hook.size() - 5, 5, "_view") == 0) {
       o.gradient_as_bucket_view = true;
       hook.resize(hook.size() - 5);
@@ -162,6 +170,9 @@ double run_round(ProcessGroup& pg, Variant& v, int steps) {
   if (v.everyone || pg.rank() == 0) {
     const auto t0 = Clock::now();
     for (int i = 0; i < steps; ++i) v.step();
+    // On a GPU the steps only queued their kernels: wait for them (a copy to
+    // the host waits for the default stream, where they run).
+    if (v.device.is_cuda()) (void)at::zeros({1}, at::TensorOptions(v.device)).item<float>();
     ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
   }
   at::Tensor t = at::tensor({ms}, at::kDouble);
@@ -197,9 +208,12 @@ int run_rank(const DdpBenchOptions& o, int rank, int world) {
   std::vector<std::string> variants = split_commas(o.variants);
   if (variants.empty()) variants = kVariants;
 
+  c10::Device device(o.device);
+  if (device.is_cuda() && !device.has_index()) device = c10::Device(c10::kCUDA, 0);
+  if (device.is_cuda()) detail::load_torch_cuda();
   torch::manual_seed(1000 + rank);
-  const torch::Tensor x = torch::randn({64, 784});
-  const torch::Tensor y = torch::randint(0, 10, {64}, torch::kLong);
+  const torch::Tensor x = torch::randn({64, 784}).to(device);
+  const torch::Tensor y = torch::randint(0, 10, {64}, torch::kLong).to(device);
 
   std::vector<Variant> built;
   for (const auto& v : variants) built.push_back(make_variant(*pg, v, x, y, bucket_cap_mb, first_bucket_cap_mb));
@@ -232,9 +246,9 @@ int run_rank(const DdpBenchOptions& o, int rank, int world) {
     return median(r);
   };
   std::printf("\n# DDP step time: MLP 784-1024-1024-10, batch 64 per rank, SGD, 1 thread per rank, backend %s, "
-              "world size %d\n# %d rounds of %d steps (each round: the slowest rank's mean); ms/step: the median "
+              "world size %d, device %s\n# %d rounds of %d steps (each round: the slowest rank's mean); ms/step: the median "
               "round;\n# x local: the median over rounds of the round's ratio to local's round in the same turn\n",
-              pg->backend_name().c_str(), world, rounds, steps);
+              pg->backend_name().c_str(), world, device.str().c_str(), rounds, steps);
   std::printf("%-20s %10s %9s %9s   %s\n", "variant", "ms/step", "best", "x local", "rounds (ms/step)");
   JsonRows json;
   for (const auto& v : variants) {
@@ -251,6 +265,7 @@ int run_rank(const DdpBenchOptions& o, int rank, int world) {
     json.field("variant", v);
     json.field("world_size", world);
     json.field("backend", pg->backend_name());
+    json.field("device", device.str());
     json.field("ms_per_step", ms);
     json.field("best_ms_per_step", best);
     json.field("ratio_vs_local", ratio(v));
@@ -273,6 +288,7 @@ void DdpBenchOptions::add_to(CLI::App& mode) {
   mode.add_option(both_spellings("bucket-cap-mb"), bucket_cap_mb, "DDP's bucket_cap_mb")->capture_default_str();
   mode.add_option(both_spellings("first-bucket-cap-mb"), first_bucket_cap_mb,
                   "the first bucket's cap (default: min(1, bucket cap))");
+  mode.add_option("--device", device, "cpu, or cuda (every rank on cuda:0)")->capture_default_str();
   mode.add_option("--json", json, "also write the rows here")->type_name("FILE");
 }
 

@@ -38,9 +38,18 @@ VARIANTS = ["local", "ddp_allreduce", "ddp_fp16", "ddp_bf16", "ddp_noop", "statu
             "ddp_allreduce_view", "ddp_fp16_view", "ddp_bf16_view", "local_all"]
 
 
+DEVICE = torch.device("cpu")  # --device: every rank on cuda:0 with cuda
+
+
 def make_model():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                         nn.Linear(1024, 10)).to(DEVICE)
+
+
+def sync():  # a step on the GPU has only queued its kernels
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def noop_hook(_, bucket):
@@ -81,7 +90,8 @@ def make_variant(name, x, y, world, set_to_none):
     hook = name[4:]
     view = hook.endswith("_view")
     hook = hook[:-5] if view else hook
-    ddp = DDP(make_model(), gradient_as_bucket_view=view)
+    ddp = DDP(make_model(), gradient_as_bucket_view=view,
+              device_ids=[DEVICE.index] if DEVICE.type == "cuda" else None)
     hooks = {"allreduce": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
              "bf16": default_hooks.bf16_compress_hook, "noop": noop_hook}
     ddp.register_comm_hook(None, hooks[hook])
@@ -95,12 +105,16 @@ def make_variant(name, x, y, world, set_to_none):
 
 
 def rank_main(rank, world, port, args, out):
+    global DEVICE
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    DEVICE = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    if DEVICE.type == "cuda":
+        torch.cuda.set_device(DEVICE)
+    dist.init_process_group(args.backend, rank=rank, world_size=world)
     torch.manual_seed(1000 + rank)
-    x = torch.randn(64, 784)
-    y = torch.randint(0, 10, (64,))
+    x = torch.randn(64, 784).to(DEVICE)
+    y = torch.randint(0, 10, (64,)).to(DEVICE)
     built, unavailable = [], {}
     for name in args.variants:
         try:
@@ -128,8 +142,9 @@ def rank_main(rank, world, port, args, out):
                 t0 = time.perf_counter()
                 for _ in range(args.steps):
                     step()
+                sync()
                 ms = (time.perf_counter() - t0) * 1e3 / args.steps
-            t = torch.tensor([ms], dtype=torch.float64)
+            t = torch.tensor([ms], dtype=torch.float64, device=DEVICE if args.backend == "nccl" else "cpu")
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             times[name].append(t.item())
     if rank == 0:
@@ -146,6 +161,8 @@ def main():
     ap.add_argument("--zero-grad", choices=["zero", "none"], default="zero",
                     help="zero: optimizer.zero_grad(set_to_none=False), as tdist-bench ddp on LibTorch 1.13; "
                          "none: set_to_none=True")
+    ap.add_argument("--backend", default="gloo", help="gloo, or nccl (with --device cuda)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: every rank on cuda:0")
     ap.add_argument("--json")
     args = ap.parse_args()
     args.variants = [v for v in args.variants.split(",") if v]
@@ -163,7 +180,7 @@ def main():
             return 0.0
         return median([a / b for a, b in zip(times[v], times["local"])])
 
-    print(f"\n# PyTorch {torch.__version__} DDP step time (Gloo): MLP 784-1024-1024-10, batch 64 per rank, SGD, "
+    print(f"\n# PyTorch {torch.__version__} DDP step time ({args.backend}, device {args.device}): MLP 784-1024-1024-10, batch 64 per rank, SGD, "
           f"1 thread per rank, world size {args.world_size}, zero_grad(set_to_none={args.zero_grad == 'none'})\n"
           f"# {args.rounds} rounds of {args.steps} steps (each round: the slowest rank's mean); ms/step: the median "
           f"round; x local: the median of per-turn ratios")
@@ -175,7 +192,7 @@ def main():
             continue
         ms = median(times[v])
         print(f"{v:<20} {ms:>10.2f} {min(times[v]):>9.2f} {ratio(v):>9.2f}")
-        rows.append(dict(variant=v, world_size=args.world_size, backend="torch-gloo", ms_per_step=ms,
+        rows.append(dict(variant=v, world_size=args.world_size, backend="torch-" + args.backend, device=args.device, ms_per_step=ms,
                          best_ms_per_step=min(times[v]), ratio_vs_local=ratio(v), torch_version=torch.__version__,
                          zero_grad_set_to_none=args.zero_grad == "none"))
     if args.json:

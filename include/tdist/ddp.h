@@ -19,6 +19,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -47,6 +48,13 @@ struct DistributedDataParallelOptions {
   // parameters no rank used; later ones need no graph walk and no extra
   // all-reduce. Reentrant backward (activation checkpointing) is not supported.
   bool static_graph = false;
+  // The device the module trains on, as PyTorch's device_ids=[i]: the
+  // module is moved there (module->to) before its parameters are
+  // broadcast. Unset: where its parameters are. All of them must be on one
+  // device; for CUDA, one device per process. Buckets and comm hooks then
+  // work on that device, and every backend serves it (nccl natively,
+  // shm/gloo/mpi through pinned host memory).
+  std::optional<c10::Device> device_id = std::nullopt;
 };
 
 namespace detail {

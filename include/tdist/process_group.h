@@ -88,6 +88,12 @@ class Work : public std::enable_shared_from_this<Work> {
   // For process groups: how wait() may run the op on the waiting thread
   // (returns whether it did). Set before the work is handed out.
   void set_runner(std::function<bool()> run_here);
+  // For ops on CUDA tensors: run by wait() once the op has completed, and
+  // before then()/chain() run their function, on that thread. It makes the
+  // thread's current stream wait for the op's end on the GPU, and raises an
+  // error the backend found after the op was queued. Set before the work is
+  // handed out.
+  void set_device_wait(std::function<void()> device_wait);
 
   struct State;  // private to work.cpp
 

@@ -20,7 +20,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <atomic>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -115,6 +118,31 @@ struct BackendContext {
   std::string master_addr;
 };
 
+// Errors a backend finds after a call has returned: one that queues GPU
+// work (nccl) learns of a failed or timed-out op in its watchdog. The first
+// error is kept; every later call of the backend, and every Work waited on
+// after it, raises it.
+class AsyncErrors {
+ public:
+  void set(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (first_) return;
+    first_ = std::move(e);
+    failed_.store(true, std::memory_order_release);
+  }
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  void rethrow_if_failed() const {
+    if (!failed()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    std::rethrow_exception(first_);
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::exception_ptr first_;
+  std::atomic<bool> failed_{false};
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -122,6 +150,9 @@ class Backend {
   // Whether buffers may live in CUDA memory (a nccl backend would say yes);
   // otherwise the process group accepts CPU tensors only.
   virtual bool supports_cuda() const { return false; }
+  // Where errors found after a call returned are kept (nullptr: the backend
+  // reports every error from the call itself).
+  virtual std::shared_ptr<AsyncErrors> async_errors() const { return nullptr; }
   int rank() const { return rank_; }
   int size() const { return size_; }
 

@@ -24,6 +24,11 @@ void add_builtin_backends(std::map<std::string, BackendFactory>& factories) {
       {"gloo", "libtdist_gloo.so", "_ZN4gloo10allgathervERNS_17AllgathervOptionsE", "libgloo",
        "LibTorch 2.x's libtorch_cpu carries its own Gloo"});
 #endif
+#if TDIST_WITH_NCCL
+  // A plugin: libtdist must load where no CUDA library is installed.
+  factories["nccl"] = plugin_backend_factory(
+      {"nccl", "libtdist_nccl.so", "ncclGetVersion", "libnccl", "a LibTorch that links NCCL statically"});
+#endif
 #if TDIST_WITH_MPI
   factories["mpi"] = [](const BackendContext& ctx) { return mpi_backend::make_mpi_backend(ctx); };
 #endif

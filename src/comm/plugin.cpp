@@ -36,15 +36,6 @@ std::string global_definer(const std::string& symbol) {
   return info.dli_fname;
 }
 
-// The directory of the object this code is in (libtdist.so).
-std::string own_directory() {
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&plugin_backend_factory), &info) == 0 || info.dli_fname == nullptr) return "";
-  const std::string path = info.dli_fname;
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "." : path.substr(0, slash);
-}
-
 class PluginLoader {
  public:
   explicit PluginLoader(PluginSpec spec) : spec_(std::move(spec)) {}
@@ -71,18 +62,8 @@ class PluginLoader {
 #ifdef RTLD_DEEPBIND
     if (isolate && !kSanitized) flags |= RTLD_DEEPBIND;
 #endif
-    // Next to libtdist first (build tree and installed tree alike), then
-    // the loader's own search (RPATH, LD_LIBRARY_PATH).
     std::string tried;
-    void* handle = nullptr;
-    const std::string dir = own_directory();
-    for (const std::string& path : {dir.empty() ? std::string() : dir + "/" + spec_.file, spec_.file}) {
-      if (path.empty()) continue;
-      handle = dlopen(path.c_str(), flags);
-      if (handle != nullptr) break;
-      const char* why = dlerror();
-      tried += "\n  " + path + ": " + (why ? why : "not found");
-    }
+    void* handle = open_beside_libtdist(spec_.file, flags, &tried);
     if (handle == nullptr) {
       throw Error(what + " is built as the plugin " + spec_.file + ", which could not be loaded:" + tried +
                   "\nInstall it next to libtdist (cmake --install does), or use another backend (shm, mpi).");
@@ -118,6 +99,27 @@ class PluginLoader {
 };
 
 }  // namespace
+
+std::string libtdist_directory() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&plugin_backend_factory), &info) == 0 || info.dli_fname == nullptr) return "";
+  const std::string path = info.dli_fname;
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+void* open_beside_libtdist(const std::string& file, int flags, std::string* tried) {
+  // Next to libtdist first (build tree and installed tree alike), then the
+  // loader's own search (RPATH, LD_LIBRARY_PATH).
+  const std::string dir = libtdist_directory();
+  for (const std::string& path : {dir.empty() ? std::string() : dir + "/" + file, file}) {
+    if (path.empty()) continue;
+    if (void* handle = dlopen(path.c_str(), flags)) return handle;
+    const char* why = dlerror();
+    if (tried) *tried += "\n  " + path + ": " + (why ? why : "not found");
+  }
+  return nullptr;
+}
 
 BackendFactory plugin_backend_factory(PluginSpec spec) {
   auto loader = std::make_shared<PluginLoader>(std::move(spec));

@@ -56,4 +56,10 @@ struct PluginSpec {
 // tdist::Error from the factory, each time it is called.
 BackendFactory plugin_backend_factory(PluginSpec spec);
 
+// The directory of libtdist.so itself.
+std::string libtdist_directory();
+// dlopen(file) next to libtdist first, then by the loader's search; on
+// failure nullptr, with a line per path tried appended to *tried.
+void* open_beside_libtdist(const std::string& file, int flags, std::string* tried);
+
 }  // namespace tdist::comm

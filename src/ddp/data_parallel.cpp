@@ -233,10 +233,18 @@ DataParallel::DataParallel(torch::nn::Module& module, DistributedDataParallelOpt
   }
   auto pg = options.process_group ? options.process_group : default_group();
   if (!pg) throw UsageError("DistributedDataParallel: call init_process_group first, or pass a process_group");
+  if (options.device_id) module.to(*options.device_id);
   state_ = std::make_shared<State>(std::move(pg), std::move(options));
   State& s = *state_;
+  std::optional<c10::Device> device;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
+    if (!device) device = item.value().device();
+    if (item.value().device() != *device) {
+      throw UsageError("DistributedDataParallel: parameter '" + item.key() + "' is on " + item.value().device().str() +
+                       " but '" + s.names.at(0) + "' is on " + device->str() +
+                       "; a module trains on one device (pass device_id to move it there)");
+    }
     s.names.push_back(item.key());
     s.params.push_back(item.value());
   }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "process_group/device_runtime.h"
 #include "process_group/fingerprint.h"
 #include "process_group/task_queue.h"
 #include "process_group/tensor_util.h"
@@ -39,6 +40,12 @@ struct ProcessGroup::Impl {
   std::optional<detail::FingerprintCheck> fingerprints;  // TDIST_DEBUG=detail
   mutable std::mutex counts_mu;  // enqueue may run on any thread
   std::map<std::string, CollectiveCount> counts;
+  // CUDA ops (device_runtime.h), made at the group's first one: the group's
+  // stream on its device and, when the backend moves host memory only, the
+  // staging backend over it (destroyed before `backend`).
+  std::mutex device_mu;
+  std::unique_ptr<detail::DeviceQueue> device_queue;
+  std::unique_ptr<comm::Backend> staged;
   std::unique_ptr<detail::TaskQueue> queue;  // last: started once the rest is set
 
   void start() { queue = std::make_unique<detail::TaskQueue>(group_name); }
@@ -53,8 +60,12 @@ struct ProcessGroup::Impl {
     int64_t input_bytes = 0;
     int64_t output_bytes = 0;
   };
+  // `device`: where the op's tensors live (op_device); for a CUDA device the
+  // body runs in the group's DeviceQueue scope, ordered after what the
+  // caller queued on its current stream.
   std::shared_ptr<Work> enqueue(const char* name, Traffic traffic, const std::optional<Milliseconds>& t,
-                                detail::TaskBody body, std::string fingerprint = "") {
+                                detail::TaskBody body, std::string fingerprint = "",
+                                const std::optional<c10::Device>& device = std::nullopt) {
     if (fingerprints && !fingerprint.empty()) {
       body = [this, fp = std::move(fingerprint), inner = std::move(body)](comm::Deadline d) {
         fingerprints->check(fp, d);
@@ -63,7 +74,29 @@ struct ProcessGroup::Impl {
     }
     const Milliseconds to = t.value_or(timeout);
     if (to.count() <= 0) throw UsageError(std::string(name) + ": the timeout must be positive");
+    std::shared_ptr<detail::DeviceEvent> ready;
+    detail::DeviceQueue* dq = nullptr;
+    auto end = std::make_shared<std::shared_ptr<detail::DeviceEvent>>();
+    if (device) {
+      dq = device_queue_for(*device, name);
+      ready = detail::cuda_runtime(name).record_current(*device);
+      // A backend on host memory has the data in place when the body ends;
+      // one that queues GPU work leaves the wait to the consumer's stream.
+      const bool host_wait = !backend->supports_cuda();
+      body = [dq, ready, end, host_wait, inner = std::move(body)](comm::Deadline d) {
+        auto scope = dq->enter(*ready);
+        auto result = inner(d);
+        *end = scope->finish(host_wait);
+        return result;
+      };
+    }
     auto work = queue->enqueue(name, to, std::move(body));
+    if (device) {
+      work->set_device_wait([end, errors = backend->async_errors()] {
+        if (*end) (*end)->block_current();
+        if (errors) errors->rethrow_if_failed();
+      });
+    }
     std::lock_guard<std::mutex> lock(counts_mu);
     CollectiveCount& c = counts[name];
     ++c.calls;
@@ -72,9 +105,50 @@ struct ProcessGroup::Impl {
     return work;
   }
 
-  comm::DataType check(const at::Tensor& t, const char* op, const char* what = "tensor") const {
-    return detail::check_tensor(t, op, what, backend->supports_cuda());
+  // The device of an op's tensors: nullopt for the CPU. UsageError when
+  // they are on different devices, or on another CUDA device than the
+  // group's earlier ops.
+  std::optional<c10::Device> op_device(const char* op, const std::vector<at::Tensor>& tensors) const {
+    std::optional<c10::Device> dev;
+    for (const auto& t : tensors) {
+      if (!t.defined()) continue;
+      if (!dev) {
+        dev = t.device();
+      } else if (*dev != t.device()) {
+        throw UsageError(std::string(op) + ": tensors on " + dev->str() + " and " + t.device().str() +
+                         "; one op's tensors must be on one device");
+      }
+    }
+    if (dev && dev->is_cpu()) return std::nullopt;
+    return dev;
   }
+
+  // The backend an op on `device` calls: the group's own, or for CUDA
+  // tensors on a backend of host memory, the staging one.
+  comm::Backend* backend_for(const std::optional<c10::Device>& device, const char* op) {
+    if (!device || backend->supports_cuda()) return backend.get();
+    std::lock_guard<std::mutex> lock(device_mu);
+    if (!staged) staged = detail::cuda_runtime(op).stage(*backend);
+    return staged.get();
+  }
+
+  detail::DeviceQueue* device_queue_for(c10::Device device, const char* op) {
+    std::lock_guard<std::mutex> lock(device_mu);
+    if (!device_queue) device_queue = detail::cuda_runtime(op).make_queue(device);
+    if (device_queue->device() != device) {
+      throw UsageError(std::string(op) + ": group '" + group_name + "' runs its CUDA ops on " +
+                       device_queue->device().str() + ", not " + device.str() +
+                       "; use one device per process (c10::cuda::set_device(local_rank))");
+    }
+    return device_queue.get();
+  }
+
+  comm::DataType check(const at::Tensor& t, const char* op, const char* what = "tensor") const {
+    return detail::check_tensor(t, op, what, allows_cuda());
+  }
+  // CUDA tensors: on the backend itself, or staged through host memory
+  // when tdist was built with its CUDA plugin.
+  bool allows_cuda() const { return backend->supports_cuda() || detail::cuda_support_built(); }
 
   // Point-to-point and root arguments are group ranks.
   void check_rank(int r, const char* op, const char* what) const {

@@ -39,6 +39,16 @@ std::string shape_of(const at::Tensor& t) {
 
 const char* reduce_name(ReduceOp op) { return comm::reduce_op_name(to_comm(op)); }
 
+// A list of tensors and one more, for op_device.
+std::vector<at::Tensor> with(std::vector<at::Tensor> list, const at::Tensor& one) {
+  list.push_back(one);
+  return list;
+}
+std::vector<at::Tensor> with(std::vector<at::Tensor> list, const std::vector<at::Tensor>& more) {
+  list.insert(list.end(), more.begin(), more.end());
+  return list;
+}
+
 // Bytes, for collective_counts.
 int64_t nb(const at::Tensor& t) { return static_cast<int64_t>(t.nbytes()); }
 int64_t total_bytes(const std::vector<at::Tensor>& ts) {
@@ -85,7 +95,8 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(const at::Tensor& tensor, const A
   const auto op = to_comm(o.op);
   const auto wire = wire_type(o, dt, "all_reduce");
   comm::check_reduction(wire, op);
-  comm::Backend* b = impl_->backend.get();
+  const auto dev = impl_->op_device("all_reduce", {tensor});
+  comm::Backend* b = impl_->backend_for(dev, "all_reduce");
   const int64_t wire_bytes = tensor.numel() * static_cast<int64_t>(comm::dtype_size(wire));
   const Impl::Traffic traffic{wire_bytes, wire_bytes};
   return impl_->enqueue("all_reduce", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
@@ -96,7 +107,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(const at::Tensor& tensor, const A
                                  op, d);
     }
     return {tensor};
-  }, "all_reduce " + shape_of(tensor) + wire_note(dt, wire) + " " + reduce_name(o.op));
+  }, "all_reduce " + shape_of(tensor) + wire_note(dt, wire) + " " + reduce_name(o.op), dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::all_reduce_coalesced(const std::vector<at::Tensor>& tensors,
@@ -113,7 +124,8 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_coalesced(const std::vector<at::T
   const auto op = to_comm(o.op);
   const auto wire = wire_type(o, dt, "all_reduce_coalesced");
   comm::check_reduction(wire, op);
-  comm::Backend* b = impl_->backend.get();
+  const auto dev = impl_->op_device("all_reduce_coalesced", tensors);
+  comm::Backend* b = impl_->backend_for(dev, "all_reduce_coalesced");
   const int64_t wire_bytes = total * static_cast<int64_t>(comm::dtype_size(wire));
   const Impl::Traffic traffic{wire_bytes, wire_bytes};
   return impl_->enqueue("all_reduce_coalesced", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
@@ -123,7 +135,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_coalesced(const std::vector<at::T
     b->all_reduce_coalesced_as(pieces, dt, wire, op, d);  // wire == dt: a plain all_reduce_coalesced
     return tensors;
   }, "all_reduce_coalesced " + std::string(c10::toString(tensors[0].scalar_type())) + " x " +
-         std::to_string(total) + wire_note(dt, wire) + " " + reduce_name(o.op));
+         std::to_string(total) + wire_note(dt, wire) + " " + reduce_name(o.op), dev);
 }
 
 // ---- accounting ------------------------------------------------------------------
@@ -188,12 +200,13 @@ at::Tensor ProcessGroup::empty_symmetric(at::IntArrayRef sizes, at::ScalarType d
 std::shared_ptr<Work> ProcessGroup::broadcast(const at::Tensor& tensor, const BroadcastOptions& o) {
   impl_->check(tensor, "broadcast");
   impl_->check_rank(o.root, "broadcast", "root");
-  comm::Backend* b = impl_->backend.get();
+  const auto dev = impl_->op_device("broadcast", {tensor});
+  comm::Backend* b = impl_->backend_for(dev, "broadcast");
   const Impl::Traffic traffic{nb(tensor), nb(tensor)};
   return impl_->enqueue("broadcast", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->broadcast(tensor.data_ptr(), tensor.nbytes(), o.root, d);
     return {tensor};
-  }, "broadcast " + shape_of(tensor) + " root " + std::to_string(o.root));
+  }, "broadcast " + shape_of(tensor) + " root " + std::to_string(o.root), dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce(const at::Tensor& tensor, const ReduceOptions& o) {
@@ -201,12 +214,13 @@ std::shared_ptr<Work> ProcessGroup::reduce(const at::Tensor& tensor, const Reduc
   impl_->check_rank(o.root, "reduce", "root");
   const auto op = to_comm(o.op);
   comm::check_reduction(dt, op);
-  comm::Backend* b = impl_->backend.get();
+  const auto dev = impl_->op_device("reduce", {tensor});
+  comm::Backend* b = impl_->backend_for(dev, "reduce");
   const Impl::Traffic traffic{nb(tensor), rank() == o.root ? nb(tensor) : 0};
   return impl_->enqueue("reduce", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->reduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), dt, op, o.root, d);
     return {tensor};
-  }, "reduce " + shape_of(tensor) + " " + reduce_name(o.op) + " root " + std::to_string(o.root));
+  }, "reduce " + shape_of(tensor) + " " + reduce_name(o.op) + " root " + std::to_string(o.root), dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input,
@@ -215,26 +229,28 @@ std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const at::Tensor& out
   impl_->check(output, "all_gather_into_tensor", "output");
   detail::check_same_dtype(output, input, "all_gather_into_tensor");
   detail::check_numel(output, input.numel() * size(), "all_gather_into_tensor", "output");
-  comm::Backend* b = impl_->backend.get();
+  const auto dev = impl_->op_device("all_gather_into_tensor", {input, output});
+  comm::Backend* b = impl_->backend_for(dev, "all_gather_into_tensor");
   const Impl::Traffic traffic{nb(input), nb(output)};
   return impl_->enqueue("all_gather_into_tensor", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->all_gather(input.data_ptr(), output.data_ptr(), input.nbytes(), d);
     return {output};
-  }, "all_gather " + shape_of(input));
+  }, "all_gather " + shape_of(input), dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
                                                const CollectiveOptions& o) {
   impl_->check(input, "all_gather", "input");
-  detail::check_list(outputs, size(), input, "all_gather", "outputs", impl_->backend->supports_cuda());
-  comm::Backend* b = impl_->backend.get();
+  detail::check_list(outputs, size(), input, "all_gather", "outputs", impl_->allows_cuda());
+  const auto dev = impl_->op_device("all_gather", with(outputs, input));
+  comm::Backend* b = impl_->backend_for(dev, "all_gather");
   const Impl::Traffic traffic{nb(input), nb(input) * size()};
   return impl_->enqueue("all_gather", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor flat = at::empty({input.numel() * static_cast<int64_t>(outputs.size())}, input.options());
     b->all_gather(input.data_ptr(), flat.data_ptr(), input.nbytes(), d);
     detail::unflatten_into(flat, outputs);
     return outputs;
-  }, "all_gather " + shape_of(input));
+  }, "all_gather " + shape_of(input), dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
@@ -245,27 +261,29 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const at::Tensor& outp
   detail::check_numel(input, output.numel() * size(), "reduce_scatter_tensor", "input");
   const auto op = to_comm(o.op);
   comm::check_reduction(dt, op);
-  comm::Backend* b = impl_->backend.get();
+  const auto dev = impl_->op_device("reduce_scatter_tensor", {input, output});
+  comm::Backend* b = impl_->backend_for(dev, "reduce_scatter_tensor");
   const Impl::Traffic traffic{nb(input), nb(output)};
   return impl_->enqueue("reduce_scatter_tensor", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->reduce_scatter(input.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()), dt, op, d);
     return {output};
-  }, "reduce_scatter " + shape_of(output) + " " + reduce_name(o.op));
+  }, "reduce_scatter " + shape_of(output) + " " + reduce_name(o.op), dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
                                                    const ReduceScatterOptions& o) {
   const auto dt = impl_->check(output, "reduce_scatter", "output");
-  detail::check_list(inputs, size(), output, "reduce_scatter", "inputs", impl_->backend->supports_cuda());
+  detail::check_list(inputs, size(), output, "reduce_scatter", "inputs", impl_->allows_cuda());
   const auto op = to_comm(o.op);
   comm::check_reduction(dt, op);
-  comm::Backend* b = impl_->backend.get();
+  const auto dev = impl_->op_device("reduce_scatter", with(inputs, output));
+  comm::Backend* b = impl_->backend_for(dev, "reduce_scatter");
   const Impl::Traffic traffic{nb(output) * size(), nb(output)};
   return impl_->enqueue("reduce_scatter", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor flat = detail::flatten(inputs);
     b->reduce_scatter(flat.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()), dt, op, d);
     return {output};
-  }, "reduce_scatter " + shape_of(output) + " " + reduce_name(o.op));
+  }, "reduce_scatter " + shape_of(output) + " " + reduce_name(o.op), dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
@@ -274,11 +292,12 @@ std::shared_ptr<Work> ProcessGroup::gather(const std::vector<at::Tensor>& output
   impl_->check_rank(o.root, "gather", "root");
   const bool is_root = rank() == o.root;
   if (is_root) {
-    detail::check_list(outputs, size(), input, "gather", "outputs", impl_->backend->supports_cuda());
+    detail::check_list(outputs, size(), input, "gather", "outputs", impl_->allows_cuda());
   } else if (!outputs.empty()) {
     throw UsageError("gather: outputs must be empty on non-root rank " + std::to_string(rank()));
   }
-  comm::Backend* b = impl_->backend.get();
+  const auto dev = impl_->op_device("gather", with(outputs, input));
+  comm::Backend* b = impl_->backend_for(dev, "gather");
   const int world = size();
   const Impl::Traffic traffic{nb(input), is_root ? nb(input) * world : 0};
   return impl_->enqueue("gather", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
@@ -286,7 +305,7 @@ std::shared_ptr<Work> ProcessGroup::gather(const std::vector<at::Tensor>& output
     b->gather(input.data_ptr(), is_root ? flat.data_ptr() : nullptr, input.nbytes(), o.root, d);
     if (is_root) detail::unflatten_into(flat, outputs);
     return outputs;
-  }, "gather " + shape_of(input) + " root " + std::to_string(o.root));
+  }, "gather " + shape_of(input) + " root " + std::to_string(o.root), dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
@@ -295,17 +314,18 @@ std::shared_ptr<Work> ProcessGroup::scatter(const at::Tensor& output, const std:
   impl_->check_rank(o.root, "scatter", "root");
   const bool is_root = rank() == o.root;
   if (is_root) {
-    detail::check_list(inputs, size(), output, "scatter", "inputs", impl_->backend->supports_cuda());
+    detail::check_list(inputs, size(), output, "scatter", "inputs", impl_->allows_cuda());
   } else if (!inputs.empty()) {
     throw UsageError("scatter: inputs must be empty on non-root rank " + std::to_string(rank()));
   }
-  comm::Backend* b = impl_->backend.get();
+  const auto dev = impl_->op_device("scatter", with(inputs, output));
+  comm::Backend* b = impl_->backend_for(dev, "scatter");
   const Impl::Traffic traffic{is_root ? nb(output) * size() : 0, nb(output)};
   return impl_->enqueue("scatter", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor flat = is_root ? detail::flatten(inputs) : at::Tensor();
     b->scatter(is_root ? flat.data_ptr() : nullptr, output.data_ptr(), output.nbytes(), o.root, d);
     return {output};
-  }, "scatter " + shape_of(output) + " root " + std::to_string(o.root));
+  }, "scatter " + shape_of(output) + " root " + std::to_string(o.root), dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::all_to_all_single(const at::Tensor& output, const at::Tensor& input,
@@ -317,12 +337,13 @@ std::shared_ptr<Work> ProcessGroup::all_to_all_single(const at::Tensor& output, 
   detail::check_same_dtype(output, input, "all_to_all_single");
   auto send = detail::split_bytes(input, input_split_sizes, size(), "all_to_all_single", "input");
   auto recv = detail::split_bytes(output, output_split_sizes, size(), "all_to_all_single", "output");
-  comm::Backend* b = impl_->backend.get();
+  const auto dev = impl_->op_device("all_to_all_single", {input, output});
+  comm::Backend* b = impl_->backend_for(dev, "all_to_all_single");
   const Impl::Traffic traffic{nb(input), nb(output)};
   return impl_->enqueue("all_to_all_single", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->all_to_all(input.data_ptr(), send.bytes, send.offsets, output.data_ptr(), recv.bytes, recv.offsets, d);
     return {output};
-  }, std::string("all_to_all ") + c10::toString(input.scalar_type()));
+  }, std::string("all_to_all ") + c10::toString(input.scalar_type()), dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<at::Tensor>& outputs,
@@ -336,7 +357,8 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<at::Tensor>& ou
     impl_->check(t, "all_to_all", "outputs[i]");
     detail::check_same_dtype(t, inputs[0], "all_to_all");
   }
-  comm::Backend* b = impl_->backend.get();
+  const auto dev = impl_->op_device("all_to_all", with(outputs, inputs));
+  comm::Backend* b = impl_->backend_for(dev, "all_to_all");
   const Impl::Traffic traffic{total_bytes(inputs), total_bytes(outputs)};
   return impl_->enqueue("all_to_all", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor in = detail::flatten(inputs);
@@ -353,13 +375,11 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<at::Tensor>& ou
       recv_off.push_back(off);
       off += t.nbytes();
     }
-    at::Tensor out = at::empty({static_cast<int64_t>(off)}, at::TensorOptions().dtype(at::kByte));
+    at::Tensor out = at::empty({static_cast<int64_t>(off)}, outputs[0].options().dtype(at::kByte));
     b->all_to_all(in.data_ptr(), send_bytes, send_off, out.data_ptr(), recv_bytes, recv_off, d);
-    for (size_t r = 0; r < outputs.size(); ++r) {
-      detail::copy_bytes(outputs[r].data_ptr(), static_cast<uint8_t*>(out.data_ptr()) + recv_off[r], recv_bytes[r]);
-    }
+    detail::unflatten_into(out, outputs);
     return outputs;
-  }, std::string("all_to_all ") + c10::toString(inputs[0].scalar_type()));
+  }, std::string("all_to_all ") + c10::toString(inputs[0].scalar_type()), dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::barrier(const CollectiveOptions& o) {
@@ -374,24 +394,26 @@ std::shared_ptr<Work> ProcessGroup::send(const at::Tensor& tensor, int dst, int 
   impl_->check(tensor, "send");
   impl_->check_rank(dst, "send", "destination");
   if (dst == rank()) throw UsageError("send: rank " + std::to_string(dst) + " cannot send to itself");
-  comm::Backend* b = impl_->backend.get();
+  const auto dev = impl_->op_device("send", {tensor});
+  comm::Backend* b = impl_->backend_for(dev, "send");
   const Impl::Traffic traffic{nb(tensor), 0};
   return impl_->enqueue("send", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->send(tensor.data_ptr(), tensor.nbytes(), dst, tag, d);
     return {tensor};
-  });
+  }, "", dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::recv(const at::Tensor& tensor, int src, int tag, const CollectiveOptions& o) {
   impl_->check(tensor, "recv");
   impl_->check_rank(src, "recv", "source");
   if (src == rank()) throw UsageError("recv: rank " + std::to_string(src) + " cannot receive from itself");
-  comm::Backend* b = impl_->backend.get();
+  const auto dev = impl_->op_device("recv", {tensor});
+  comm::Backend* b = impl_->backend_for(dev, "recv");
   const Impl::Traffic traffic{0, nb(tensor)};
   return impl_->enqueue("recv", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->recv(tensor.data_ptr(), tensor.nbytes(), src, tag, d);
     return {tensor};
-  });
+  }, "", dev);
 }
 
 }  // namespace tdist

@@ -85,6 +85,11 @@ void check_list(const std::vector<at::Tensor>& list, int n, const at::Tensor& li
 }
 
 at::Tensor flatten(const std::vector<at::Tensor>& list) {
+  if (!list.at(0).device().is_cpu()) {  // on the current stream
+    std::vector<at::Tensor> flat;
+    for (const auto& t : list) flat.push_back(t.reshape({-1}));
+    return at::cat(flat);
+  }
   int64_t total = 0;
   for (const auto& t : list) total += t.numel();
   at::Tensor flat = at::empty({total}, list.at(0).options());
@@ -97,6 +102,16 @@ at::Tensor flatten(const std::vector<at::Tensor>& list) {
 }
 
 void unflatten_into(const at::Tensor& flat, const std::vector<at::Tensor>& outs) {
+  if (!flat.device().is_cpu()) {  // on the current stream
+    const at::Tensor bytes = flat.view({-1}).view(at::kByte);
+    int64_t off = 0;
+    for (const auto& t : outs) {
+      const auto n = static_cast<int64_t>(t.nbytes());
+      if (n > 0) t.view({-1}).view(at::kByte).copy_(bytes.narrow(0, off, n));
+      off += n;
+    }
+    return;
+  }
   size_t off = 0;
   for (const auto& t : outs) {
     detail::copy_bytes(t.data_ptr(), static_cast<const uint8_t*>(flat.data_ptr()) + off, t.nbytes());

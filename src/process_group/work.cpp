@@ -21,6 +21,7 @@ struct Work::State {
   uint64_t seq = 0;
   std::string op_name = "work";
   std::function<bool()> run_here;  // set before the work is shared
+  std::function<void()> device_wait;  // likewise
 };
 
 Work::Work() : state_(std::make_unique<State>()) {}
@@ -31,6 +32,7 @@ void Work::set_info(uint64_t seq, std::string op_name) {
   state_->op_name = std::move(op_name);
 }
 void Work::set_runner(std::function<bool()> run_here) { state_->run_here = std::move(run_here); }
+void Work::set_device_wait(std::function<void()> device_wait) { state_->device_wait = std::move(device_wait); }
 
 uint64_t Work::seq() const { return state_->seq; }
 const std::string& Work::op_name() const { return state_->op_name; }
@@ -76,6 +78,8 @@ void Work::wait() {
   std::unique_lock<std::mutex> lock(state_->mu);
   state_->done_cv.wait(lock, [&] { return state_->done.load(); });
   if (state_->error) std::rethrow_exception(state_->error);
+  lock.unlock();
+  if (state_->device_wait) state_->device_wait();
 }
 
 void Work::wait(Milliseconds timeout) {
@@ -85,6 +89,8 @@ void Work::wait(Milliseconds timeout) {
                        " did not complete within " + detail::format_duration_ms(timeout.count()));
   }
   if (state_->error) std::rethrow_exception(state_->error);
+  lock.unlock();
+  if (state_->device_wait) state_->device_wait();
 }
 
 namespace {
@@ -134,6 +140,7 @@ std::shared_ptr<Work> Work::chain(std::function<std::shared_ptr<Work>(Work&)> fn
     }
     std::shared_ptr<Work> inner;
     try {
+      if (self->state_->device_wait) self->state_->device_wait();
       inner = fn(*self);
       if (!inner) throw UsageError("Work::chain: the function returned no Work");
     } catch (...) {
@@ -170,6 +177,7 @@ std::shared_ptr<Work> Work::then(std::function<std::vector<at::Tensor>(Work&)> f
       return;
     }
     try {
+      if (self->state_->device_wait) self->state_->device_wait();
       next->mark_completed(fn(*self));
     } catch (...) {
       next->mark_failed(std::current_exception());

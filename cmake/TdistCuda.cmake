@@ -1,0 +1,69 @@
+# CUDA and NCCL for tdist's plugins. Sets TDIST_WITH_CUDA / TDIST_WITH_NCCL
+# to ON or OFF, NCCL_INCLUDE_DIR and NCCL_LIBRARY, and defines
+# tdist_cuda_plugin(target).
+#
+# CUDA comes with a CUDA LibTorch: its c10_cuda target links the toolkit's
+# cudart. NCCL is looked for beside the torch package (the nvidia-nccl-cu*
+# wheel that a pip-installed torch depends on), then in the system.
+
+if(TDIST_WITH_CUDA STREQUAL "AUTO")
+  if(TARGET c10_cuda AND Torch_VERSION VERSION_GREATER_EQUAL 2.0)
+    set(TDIST_WITH_CUDA ON)
+  else()
+    set(TDIST_WITH_CUDA OFF)
+  endif()
+elseif(TDIST_WITH_CUDA AND NOT TARGET c10_cuda)
+  message(FATAL_ERROR "tdist: TDIST_WITH_CUDA=ON needs a CUDA build of LibTorch (no c10_cuda target in ${Torch_DIR})")
+endif()
+if(TDIST_WITH_CUDA)
+  set(TDIST_WITH_CUDA ON)
+  message(STATUS "tdist: building the CUDA plugin (libtdist_cuda.so)")
+else()
+  set(TDIST_WITH_CUDA OFF)
+endif()
+
+if(NOT TDIST_WITH_CUDA)
+  if(TDIST_WITH_NCCL AND NOT TDIST_WITH_NCCL STREQUAL "AUTO")
+    message(FATAL_ERROR "tdist: TDIST_WITH_NCCL=ON needs CUDA (TDIST_WITH_CUDA)")
+  endif()
+  set(TDIST_WITH_NCCL OFF)
+else()
+  # site-packages/torch/share/cmake/Torch -> site-packages
+  get_filename_component(_tdist_site "${Torch_DIR}/../../../.." ABSOLUTE)
+  # The wheel beside torch first (the NCCL torch itself loads), then
+  # NCCL_ROOT, then the system and the CUDA toolkit.
+  find_path(NCCL_INCLUDE_DIR nccl.h PATHS "${_tdist_site}/nvidia/nccl/include" NO_DEFAULT_PATH)
+  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 PATHS "${_tdist_site}/nvidia/nccl/lib" NO_DEFAULT_PATH)
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ENV NCCL_ROOT ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
+  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ENV NCCL_ROOT PATH_SUFFIXES lib lib64)
+  set(_tdist_nccl_found FALSE)
+  if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+    set(_tdist_nccl_found TRUE)
+  endif()
+  if(TDIST_WITH_NCCL STREQUAL "AUTO")
+    set(TDIST_WITH_NCCL ${_tdist_nccl_found})
+  elseif(TDIST_WITH_NCCL AND NOT _tdist_nccl_found)
+    message(FATAL_ERROR "tdist: TDIST_WITH_NCCL=ON but nccl.h/libnccl were not found (set NCCL_ROOT, or install "
+                        "the nvidia-nccl-cu* wheel beside torch)")
+  endif()
+  if(TDIST_WITH_NCCL)
+    set(TDIST_WITH_NCCL ON)
+    message(STATUS "tdist: building the nccl backend (${NCCL_LIBRARY})")
+  else()
+    set(TDIST_WITH_NCCL OFF)
+  endif()
+endif()
+
+# A plugin of CUDA code: tdist's sources and the comm layer (from libtdist's
+# file, as the gloo plugin), c10_cuda and the CUDA runtime.
+function(tdist_cuda_plugin target)
+  target_include_directories(${target} PRIVATE ${CMAKE_SOURCE_DIR}/src ${CMAKE_SOURCE_DIR}/include
+                                               ${CMAKE_BINARY_DIR}/generated)
+  foreach(dir IN LISTS TORCH_INCLUDE_DIRS)
+    target_include_directories(${target} SYSTEM PRIVATE ${dir})
+  endforeach()
+  add_dependencies(${target} tdist)
+  target_link_libraries(${target} PRIVATE $<TARGET_FILE:tdist> c10_cuda c10 Threads::Threads)
+  set_target_properties(${target} PROPERTIES INSTALL_RPATH "\$ORIGIN;${TDIST_TORCH_RPATH}")
+  install(TARGETS ${target} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endfunction()

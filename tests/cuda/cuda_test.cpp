@@ -1,0 +1,355 @@
+// CUDA tensors on every backend, the nccl backend, and DDP on a GPU. Needs
+// a GPU: it is built with the CUDA plugin but registered with ctest only
+// under -DTDIST_GPU_TESTS=ON (CI has no GPU); docs/cuda.md says where it
+// ran. Ranks are forked processes sharing GPU 0 (shm, gloo); nccl runs at
+// world size 1, since NCCL refuses two ranks on one GPU (that refusal is
+// tested too).
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "comm/backend.h"
+#include "tdist/ddp.h"
+#include "tdist/powersgd.h"
+#include "tests/process_group/conformance.h"
+#include "tests/util/world.h"
+#include "util/torch_cuda_loader.h"
+
+namespace {
+
+using tdist::ProcessGroup;
+using tdist::ReduceOp;
+using tdist::test::run_world;
+using tdist::test::WorldOptions;
+namespace conf = tdist::test::conformance;
+
+const c10::Device kGpu(c10::kCUDA, 0);
+
+at::Tensor gpu(const at::Tensor& t) { return t.to(kGpu); }
+
+#define GPU_EQUAL(got, want, what) EQUAL_OR_THROW((got).cpu(), (want).cpu(), what)
+
+// Every op on CUDA tensors, checked against the CPU conformance values.
+void every_op_on_cuda(ProcessGroup& pg) {
+  tdist::detail::load_torch_cuda();
+  const int n = pg.size(), r = pg.rank();
+  for (auto t : conf::kAllTypes) {
+    for (auto op : {ReduceOp::SUM, ReduceOp::MAX}) {
+      for (int64_t size : {int64_t(0), int64_t(1), int64_t(1001), int64_t(300'007)}) {
+        at::Tensor x = gpu(conf::input_for(r, n, size, t, op));
+        pg.all_reduce(x, {op})->wait();
+        GPU_EQUAL(x, conf::expected_for(n, size, t, op), "all_reduce " << conf::name(t) << " x " << size);
+      }
+    }
+  }
+  {  // coalesced, and float32 carried as bfloat16
+    std::vector<at::Tensor> ts = {gpu(conf::input(r, 5, at::kFloat, ReduceOp::SUM)),
+                                  gpu(conf::input(r, 70'001, at::kFloat, ReduceOp::SUM))};
+    pg.all_reduce_coalesced(ts, {ReduceOp::SUM})->wait();
+    GPU_EQUAL(ts[1], conf::expected(n, 70'001, at::kFloat, ReduceOp::SUM), "all_reduce_coalesced");
+    at::Tensor w = gpu(conf::input(r, 4097, at::kFloat, ReduceOp::SUM));
+    tdist::AllreduceOptions o;
+    o.wire_dtype = at::kBFloat16;
+    pg.all_reduce(w, o)->wait();
+    GPU_EQUAL(w, conf::expected(n, 4097, at::kFloat, ReduceOp::SUM), "all_reduce as bfloat16");
+  }
+  for (int root = 0; root < n; ++root) {
+    at::Tensor b = gpu(conf::input(r, 99'999, at::kHalf, ReduceOp::SUM));
+    pg.broadcast(b, {root})->wait();
+    GPU_EQUAL(b, conf::input(root, 99'999, at::kHalf, ReduceOp::SUM), "broadcast root " << root);
+    at::Tensor x = gpu(conf::input(r, 1234, at::kLong, ReduceOp::SUM));
+    pg.reduce(x, {root, ReduceOp::SUM})->wait();
+    if (r == root) GPU_EQUAL(x, conf::expected(n, 1234, at::kLong, ReduceOp::SUM), "reduce root " << root);
+    // gather / scatter
+    at::Tensor in = gpu(conf::input(r, 777, at::kFloat, ReduceOp::SUM));
+    std::vector<at::Tensor> outs;
+    if (r == root) for (int i = 0; i < n; ++i) outs.push_back(at::full({777}, -1.0f, at::TensorOptions(kGpu)));
+    pg.gather(outs, in, {root})->wait();
+    if (r == root) {
+      for (int i = 0; i < n; ++i) GPU_EQUAL(outs[i], conf::input(i, 777, at::kFloat, ReduceOp::SUM), "gather " << i);
+    }
+    std::vector<at::Tensor> ins;
+    if (r == root) for (int i = 0; i < n; ++i) ins.push_back(gpu(conf::input(50 + i, 333, at::kFloat, ReduceOp::SUM)));
+    at::Tensor got = at::zeros({333}, at::TensorOptions(kGpu));
+    pg.scatter(got, ins, {root})->wait();
+    GPU_EQUAL(got, conf::input(50 + r, 333, at::kFloat, ReduceOp::SUM), "scatter to " << r);
+  }
+  {  // all_gather, both forms
+    at::Tensor x = gpu(conf::input(r, 20'003, at::kFloat, ReduceOp::SUM));
+    std::vector<at::Tensor> outs;
+    for (int i = 0; i < n; ++i) outs.push_back(at::empty({20'003}, x.options()));
+    pg.all_gather(outs, x)->wait();
+    at::Tensor flat = at::empty({20'003 * n}, x.options());
+    pg.all_gather_into_tensor(flat, x)->wait();
+    for (int i = 0; i < n; ++i) {
+      GPU_EQUAL(outs[i], conf::input(i, 20'003, at::kFloat, ReduceOp::SUM), "all_gather " << i);
+      GPU_EQUAL(flat.slice(0, i * 20'003, (i + 1) * 20'003), conf::input(i, 20'003, at::kFloat, ReduceOp::SUM),
+                "all_gather_into_tensor " << i);
+    }
+  }
+  {  // reduce_scatter, both forms
+    std::vector<at::Tensor> blocks;
+    for (int b = 0; b < n; ++b) blocks.push_back(gpu(conf::input(r + 10 * b, 5001, at::kBFloat16, ReduceOp::SUM)));
+    at::Tensor out1 = at::empty({5001}, blocks[0].options());
+    pg.reduce_scatter(out1, blocks, {ReduceOp::SUM})->wait();
+    at::Tensor out2 = at::empty({5001}, blocks[0].options());
+    pg.reduce_scatter_tensor(out2, at::cat(blocks), {ReduceOp::SUM})->wait();
+    at::Tensor want = conf::input(10 * r, 5001, at::kBFloat16, ReduceOp::SUM).to(at::kDouble);
+    for (int q = 1; q < n; ++q) want = want + conf::input(q + 10 * r, 5001, at::kBFloat16, ReduceOp::SUM).to(at::kDouble);
+    GPU_EQUAL(out1, want.to(at::kBFloat16), "reduce_scatter");
+    GPU_EQUAL(out2, want.to(at::kBFloat16), "reduce_scatter_tensor");
+  }
+  {  // all_to_all, single and list forms
+    at::Tensor in = at::empty({3 * n, 5}, at::kLong);
+    for (int d = 0; d < n; ++d) in.slice(0, 3 * d, 3 * d + 3).fill_(r * 100 + d);
+    at::Tensor out = at::empty({3 * n, 5}, at::TensorOptions(kGpu).dtype(at::kLong));
+    pg.all_to_all_single(out, gpu(in))->wait();
+    at::Tensor outc = out.cpu();
+    for (int s = 0; s < n; ++s) {
+      WORLD_CHECK(outc.slice(0, 3 * s, 3 * s + 3).eq(s * 100 + r).all().item<bool>(), "all_to_all_single from " << s);
+    }
+    std::vector<at::Tensor> ins, outs;
+    for (int d = 0; d < n; ++d) {
+      ins.push_back(at::full({d + 1}, r * 10 + d, at::TensorOptions(kGpu).dtype(at::kInt)));
+      outs.push_back(at::zeros({r + 1}, at::TensorOptions(kGpu).dtype(at::kInt)));
+    }
+    pg.all_to_all(outs, ins)->wait();
+    for (int s = 0; s < n; ++s) {
+      WORLD_CHECK(outs[s].cpu().eq(s * 10 + r).all().item<bool>(), "all_to_all list from " << s);
+    }
+  }
+  if (n >= 2) {  // send / recv in a ring
+    at::Tensor mine = gpu(conf::input(r, 4096, at::kFloat, ReduceOp::SUM));
+    at::Tensor got = at::zeros({4096}, mine.options());
+    auto s = pg.send(mine, (r + 1) % n, 7);
+    pg.recv(got, (r + n - 1) % n, 7)->wait();
+    s->wait();
+    GPU_EQUAL(got, conf::input((r + n - 1) % n, 4096, at::kFloat, ReduceOp::SUM), "recv");
+  }
+  pg.barrier()->wait();
+}
+
+// The collective waits for its producer on another stream, and its
+// consumer on that stream sees the result, with no host synchronisation
+// in between: a long kernel (matmuls) precedes the write of the input.
+void stream_ordering(ProcessGroup& pg) {
+  tdist::detail::load_torch_cuda();
+  const int n = pg.size(), r = pg.rank();
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
+  c10::cuda::CUDAStreamGuard guard(side);
+  at::Tensor big = at::randn({4096, 4096}, at::TensorOptions(kGpu));
+  for (int round = 0; round < 5; ++round) {
+    at::Tensor x = at::zeros({1 << 20}, at::TensorOptions(kGpu));
+    at::Tensor slow = big;
+    for (int k = 0; k < 8; ++k) slow = at::mm(slow, big).tanh_();  // tens of ms on the side stream
+    x.add_(slow.sum().mul(0)).fill_(static_cast<float>(r + 1 + round));  // written after the matmuls
+    auto w = pg.all_reduce(x);
+    w->wait();  // the side stream waits for the op's end; the host need not
+    at::Tensor y = x * 2;  // the consumer, queued on the side stream
+    const float want = 2.0f * static_cast<float>(n * (n + 1) / 2 + n * round);
+    WORLD_CHECK(y.eq(want).all().item<bool>(), "round " << round << ": got " << y[0].item<float>() << " want " << want);
+  }
+}
+
+// Rank 0 passes CPU tensors, the others CUDA tensors: staging is invisible
+// to the other ranks.
+void mixed_cpu_and_cuda(ProcessGroup& pg) {
+  tdist::detail::load_torch_cuda();
+  const int n = pg.size(), r = pg.rank();
+  at::Tensor x = conf::input(r, 100'003, at::kFloat, ReduceOp::SUM);
+  if (r != 0) x = gpu(x);
+  pg.all_reduce(x)->wait();
+  GPU_EQUAL(x, conf::expected(n, 100'003, at::kFloat, ReduceOp::SUM), "mixed all_reduce");
+}
+
+class CudaCollectives : public ::testing::TestWithParam<std::string> {
+ protected:
+  void run(int world, void (*fn)(ProcessGroup&)) {
+    WorldOptions o;
+    o.backend = GetParam();
+    o.limit = std::chrono::milliseconds(240'000);
+    EXPECT_EQ(run_world(world, fn, o), "");
+  }
+};
+
+TEST_P(CudaCollectives, EveryOpWorld2) { run(2, every_op_on_cuda); }
+TEST_P(CudaCollectives, EveryOpWorld3) { run(3, every_op_on_cuda); }
+TEST_P(CudaCollectives, StreamOrdering) { run(2, stream_ordering); }
+TEST_P(CudaCollectives, MixedCpuAndCudaRanks) { run(2, mixed_cpu_and_cuda); }
+INSTANTIATE_TEST_SUITE_P(HostBackends, CudaCollectives, ::testing::Values("shm", "gloo"));
+
+// ---- nccl ---------------------------------------------------------------------
+
+TEST(Nccl, EveryOpAtWorldSize1) {
+  WorldOptions o;
+  o.backend = "nccl";
+  EXPECT_EQ(run_world(1, every_op_on_cuda, o), "");
+  EXPECT_EQ(run_world(1, stream_ordering, o), "");
+}
+
+TEST(Nccl, CpuTensorsGoThroughDeviceMemory) {
+  WorldOptions o;
+  o.backend = "nccl";
+  EXPECT_EQ(run_world(1, [](ProcessGroup& pg) {
+    tdist::detail::load_torch_cuda();
+    at::Tensor x = at::arange(1000, at::kFloat);
+    pg.all_reduce(x, {ReduceOp::MAX})->wait();
+    WORLD_CHECK(at::equal(x, at::arange(1000, at::kFloat)), "cpu all_reduce through nccl");
+    std::vector<at::Tensor> outs = {at::zeros({3}, at::kLong)};
+    pg.all_gather(outs, at::full({3}, 7, at::kLong))->wait();
+    WORLD_CHECK(outs[0].eq(7).all().item<bool>(), "cpu all_gather through nccl");
+  }, o), "");
+}
+
+TEST(Nccl, RefusesWhatNcclLacksByName) {
+  WorldOptions o;
+  o.backend = "nccl";
+  EXPECT_EQ(run_world(1, [](ProcessGroup& pg) {
+    tdist::detail::load_torch_cuda();
+    at::Tensor x = at::ones({4}, at::TensorOptions(kGpu).dtype(at::kInt));
+    try {
+      pg.all_reduce(x, {ReduceOp::BXOR})->wait();
+      WORLD_CHECK(false, "BXOR on nccl did not raise");
+    } catch (const tdist::UsageError& e) {
+      WORLD_CHECK(std::string(e.what()).find("no BXOR") != std::string::npos, e.what());
+    }
+  }, o), "");
+}
+
+// NCCL refuses two ranks on one GPU; the error names the rank and the
+// communicator instead of hanging.
+TEST(Nccl, TwoRanksOnOneGpuFailWithANamedError) {
+  WorldOptions o;
+  o.backend = "nccl";
+  o.timeout = std::chrono::milliseconds(30'000);
+  const std::string out = run_world(2, [](ProcessGroup&) {}, o);
+  std::fprintf(stderr, "[ two ranks on one GPU ] %s\n", out.c_str());
+  EXPECT_NE(out.find("communicator"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank"), std::string::npos) << out;
+}
+
+// A receive that no one sends to hangs on the GPU; the watchdog aborts the
+// communicator at the deadline and the error names the op and the rank.
+TEST(Nccl, WatchdogAbortsAHungReceive) {
+  WorldOptions o;
+  o.backend = "nccl";
+  EXPECT_EQ(run_world(1, [](ProcessGroup& pg) {
+    tdist::detail::load_torch_cuda();
+    auto store = std::make_shared<tdist::HashStore>();
+    tdist::comm::BackendContext ctx;
+    ctx.store = store;
+    ctx.group_name = "hung";
+    ctx.timeout = std::chrono::milliseconds(20'000);
+    auto b = tdist::comm::create_backend("nccl", ctx);
+    at::Tensor x = at::zeros({16}, at::TensorOptions(kGpu));
+    const auto t0 = std::chrono::steady_clock::now();
+    b->recv(x.data_ptr(), x.nbytes(), 0, 0, t0 + std::chrono::milliseconds(1500));  // self, never sent
+    auto errors = b->async_errors();
+    while (!errors->failed() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    WORLD_CHECK(errors->failed(), "no error after " << s << " s");
+    WORLD_CHECK(s > 1.4 && s < 10, "aborted after " << s << " s, deadline 1.5 s");
+    try {
+      errors->rethrow_if_failed();
+    } catch (const tdist::TimeoutError& e) {
+      const std::string m = e.what();
+      WORLD_CHECK(m.find("recv") != std::string::npos && m.find("rank 0") != std::string::npos, m);
+      std::fprintf(stderr, "[ watchdog ] %s\n", m.c_str());
+    }
+    // The stream is free again: the aborted kernel no longer blocks it.
+    c10::cuda::getCurrentCUDAStream(0).synchronize();
+    try {
+      b->barrier(std::chrono::steady_clock::now() + std::chrono::seconds(5));
+      WORLD_CHECK(false, "a call after the abort did not raise");
+    } catch (const tdist::TimeoutError&) {
+    }
+    (void)pg;
+  }, o), "");
+}
+
+// ---- DDP on the GPU against DDP on the CPU -----------------------------------
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() : a(register_module("a", torch::nn::Linear(64, 128))), b(register_module("b", torch::nn::Linear(128, 10))) {}
+  torch::Tensor forward(torch::Tensor x) { return b(torch::relu(a(x))); }
+  torch::nn::Linear a, b;
+};
+TORCH_MODULE(Net);
+
+enum class Hook { kNone, kFp16, kPowerSgd };
+
+// Trains the same model with DDP on the CPU and on cuda:0 for a few steps;
+// the parameters must agree to float32 rounding.
+void ddp_parity(ProcessGroup& pg, Hook hook) {
+  tdist::detail::load_torch_cuda();
+  auto pgs = std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {});
+  std::vector<std::vector<at::Tensor>> finals;
+  for (c10::Device dev : {c10::Device(c10::kCPU), kGpu}) {
+    torch::manual_seed(0);
+    Net net;
+    tdist::DistributedDataParallelOptions o;
+    o.process_group = pgs;
+    o.bucket_cap_mb = 0.02;  // several buckets
+    o.first_bucket_cap_mb = 0.01;
+    if (dev.is_cuda()) o.device_id = dev;
+    tdist::DistributedDataParallel<Net> ddp(net, o);
+    if (hook == Hook::kFp16) ddp->register_comm_hook(pgs, tdist::fp16_compress_hook);
+    std::shared_ptr<tdist::PowerSGDState> psgd;
+    if (hook == Hook::kPowerSgd) {
+      tdist::PowerSGDOptions po;
+      po.matrix_approximation_rank = 2;
+      po.start_powerSGD_iter = 2;
+      psgd = std::make_shared<tdist::PowerSGDState>(pgs, po);
+      ddp->register_comm_hook(psgd, tdist::powerSGD_hook);
+    }
+    torch::optim::SGD opt(ddp->parameters(), 0.05);
+    for (int step = 0; step < 6; ++step) {
+      torch::manual_seed(100 + 10 * pg.rank() + step);
+      at::Tensor x = torch::randn({32, 64}).to(dev);
+      at::Tensor y = torch::randint(0, 10, {32}, at::kLong).to(dev);
+      opt.zero_grad();
+      torch::nn::functional::cross_entropy(ddp(x), y).backward();
+      opt.step();
+    }
+    std::vector<at::Tensor> ps;
+    for (const auto& p : ddp->parameters()) {
+      WORLD_CHECK(p.device() == dev, "parameter on " << p.device() << ", not " << dev);
+      ps.push_back(p.detach().cpu());
+    }
+    finals.push_back(ps);
+  }
+  const double tol = hook == Hook::kNone ? 1e-5 : 2e-3;
+  for (size_t i = 0; i < finals[0].size(); ++i) {
+    const double diff = (finals[0][i] - finals[1][i]).abs().max().item<double>();
+    WORLD_CHECK(diff < tol, "parameter " << i << " differs by " << diff << " between CPU and CUDA");
+  }
+}
+
+class CudaDdp : public ::testing::TestWithParam<std::tuple<std::string, int>> {
+ protected:
+  void run(Hook hook) {
+    WorldOptions o;
+    o.backend = std::get<0>(GetParam());
+    o.limit = std::chrono::milliseconds(240'000);
+    static Hook h;
+    h = hook;
+    EXPECT_EQ(run_world(std::get<1>(GetParam()), [](ProcessGroup& pg) { ddp_parity(pg, h); }, o), "");
+  }
+};
+
+TEST_P(CudaDdp, MatchesCpu) { run(Hook::kNone); }
+TEST_P(CudaDdp, Fp16HookMatchesCpu) { run(Hook::kFp16); }
+TEST_P(CudaDdp, PowerSgdMatchesCpu) { run(Hook::kPowerSgd); }
+INSTANTIATE_TEST_SUITE_P(Backends, CudaDdp,
+                         ::testing::Values(std::make_tuple("shm", 2), std::make_tuple("gloo", 2),
+                                           std::make_tuple("nccl", 1)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_world" + std::to_string(std::get<1>(info.param));
+                         });
+
+}  // namespace
