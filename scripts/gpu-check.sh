@@ -21,30 +21,40 @@ export LD_LIBRARY_PATH="$lib:$site/torch/lib:$nvlibs${LD_LIBRARY_PATH:-}"
   $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'
   ldd "$bin/cuda_test" | grep -E "not found|torch|c10|cudart" || true
   ldd "$lib/libtdist_nccl.so" | grep -E "not found|nccl" || true
-} 2>&1 | tee "$out/env.txt"
+} 2>&1 | tee -a "$out/log.txt"
 
 run() {  # name, timeout, command...
   local name=$1 t=$2
   shift 2
-  echo "=== $name" | tee -a "$out/summary.txt"
   local t0=$SECONDS
-  timeout "$t" "$@" > "$out/$name.log" 2>&1
+  timeout "$t" "$@" > "$out/run.log" 2>&1
   local rc=$?
-  echo "=== $name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$out/summary.txt"
-  tail -n 25 "$out/$name.log"
+  { echo "=== $name: rc=$rc in $((SECONDS - t0)) s"; cat "$out/run.log"; } >> "$out/log.txt"
+  echo "=== $name: rc=$rc in $((SECONDS - t0)) s" >> "$out/summary.txt"
+  rm -f "$out/run.log"
 }
 
-run nccl_test 120 "$bin/nccl_test"
-run cuda_test 300 "$bin/cuda_test" --gtest_output="xml:$out/cuda_test.xml"
+# PARTS: which of tests, bench (tdist's and PyTorch's) to run; BENCH: the
+# tdist configurations to benchmark ("backend world", comma-separated),
+# TORCH_BENCH PyTorch's (empty: none).
+parts=${PARTS:-tests bench}
+if [[ " $parts " == *" tests "* ]]; then
+  run nccl_test 120 "$bin/nccl_test"
+  run cuda_test 300 "$bin/cuda_test" ${CUDA_TEST_ARGS:-}
+fi
 variants=local,ddp_allreduce,ddp_fp16,ddp_allreduce_view
-for cfg in "nccl 1" "shm 2" "gloo 2"; do
+IFS=, read -ra cfgs <<< "${BENCH:-nccl 1,shm 2,gloo 2}"
+[[ " $parts " == *" bench "* ]] || cfgs=()
+for cfg in "${cfgs[@]}"; do
   set -- $cfg
   run "bench_tdist_$1_$2" 150 "$bin/tdist-bench" ddp --device cuda --backend "$1" --world-size "$2" \
       --steps 20 --rounds 5 --variants "$variants" --json "$out/bench_tdist_$1_$2.json"
 done
-for cfg in "nccl 1" "gloo 2"; do
+IFS=, read -ra cfgs <<< "${TORCH_BENCH-nccl 1,gloo 2}"
+[[ " $parts " == *" bench "* ]] || cfgs=()
+for cfg in "${cfgs[@]}"; do
   set -- $cfg
   run "bench_torch_$1_$2" 150 $py bench/torch_ddp_reference.py --device cuda --backend "$1" --world-size "$2" \
       --steps 20 --rounds 5 --variants "$variants" --json "$out/bench_torch_$1_$2.json"
 done
-cat "$out/summary.txt"
+grep -E "^\[  FAILED|^\[ (rank|watchdog)|^=== |^[a-z_]+ +[0-9.]+ +[0-9.]+" "$out/log.txt"

@@ -136,7 +136,9 @@ struct PowerSGDAccess {
   static at::Tensor random(PowerSGDState& s, at::IntArrayRef sizes, const at::TensorOptions& o) {
     std::lock_guard<std::mutex> lock(s.mu_);
     auto gen = at::make_generator<at::CPUGeneratorImpl>(s.rng_());
-    return at::randn(sizes, gen, o);
+    // Drawn on the CPU (the generator's device) and moved: the same Q on
+    // every rank and every device.
+    return at::randn(sizes, gen, o.device(at::kCPU)).to(o.device());
   }
 
   static void fell_back(PowerSGDState& s, size_t bucket, int64_t iter) {

@@ -10,12 +10,15 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <mutex>
 #include <deque>
 #include <thread>
 
 #include "cuda/cuda_check.h"
 #include "nccl/nccl_types.h"
+#include "process_group/device_runtime.h"
 #include "tdist/errors.h"
+#include "util/torch_cuda_loader.h"
 
 namespace tdist::nccl {
 
@@ -48,9 +51,18 @@ class NcclBackend final : public comm::Backend {
                                           : std::string("0 devices")) +
                        "); the nccl backend needs one GPU per rank. Use gloo or shm for CPU tensors.");
     }
-    device_ = c10::cuda::current_device();
+    // c10's streams need LibTorch's CUDA part; a program that makes CUDA
+    // tensors has it loaded, one that has not made any yet may not.
+    detail::load_torch_cuda();
+    try {
+      device_ = c10::cuda::current_device();
+      c10::cuda::CUDAGuard guard(device_);
+      own_stream_ = c10::cuda::getStreamFromPool(false, device_).stream();
+    } catch (const c10::Error& e) {
+      throw UsageError("nccl: rank " + std::to_string(global_rank_) + " cannot use its CUDA device: " +
+                       e.what_without_backtrace());
+    }
     c10::cuda::CUDAGuard guard(device_);
-    own_stream_ = c10::cuda::getStreamFromPool(false, device_).stream();
     const ncclUniqueId id = exchange_unique_id(*ctx.store, "nccl_unique_id", rank(), ctx.timeout);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
@@ -63,7 +75,7 @@ class NcclBackend final : public comm::Backend {
     try {
       settle("creating the communicator", d);
     } catch (...) {
-      ncclCommAbort(comm_);
+      if (!aborted_) ncclCommAbort(comm_);  // settle's failure aborted it already
       comm_ = nullptr;
       throw;
     }
@@ -77,6 +89,10 @@ class NcclBackend final : public comm::Backend {
     }
     cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
+    if (aborted_) {  // the communicator is gone already
+      for (auto& p : pending_) cudaEventDestroy(p.event);
+      return;
+    }
     if (comm_ == nullptr) return;
     // Ops still pending when the group goes: wait for them, within reason,
     // before freeing; else abort.
@@ -136,7 +152,7 @@ class NcclBackend final : public comm::Backend {
       if (first) break;
     }
     if (first == nullptr) return;
-    if (!on_device(first)) return Backend::all_reduce_coalesced_as(pieces, t, wire, op, d);  // packs on the host
+    if (detail::current_op_device() < 0) return Backend::all_reduce_coalesced_as(pieces, t, wire, op, d);  // host
     const auto device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_));
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
     const at::ScalarType narrow = wire == DataType::kFloat16 ? at::kHalf : at::kBFloat16;
@@ -311,16 +327,6 @@ class NcclBackend final : public comm::Backend {
     return "rank " + std::to_string(global_rank_) + " (group '" + group_ + "', cuda:" + std::to_string(device_) + ")";
   }
 
-  static bool on_device(const void* p) {
-    if (p == nullptr) return false;
-    cudaPointerAttributes a{};
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-  }
-
   void* scratch(void*& buf, size_t& cap, size_t bytes) {
     if (bytes <= cap) return buf;
     c10::cuda::CUDAGuard guard(device_);
@@ -342,13 +348,12 @@ class NcclBackend final : public comm::Backend {
   template <typename Launch>
   void run(const std::vector<Buf>& bufs, const std::string& what, Deadline d, Launch&& fn) {
     errors_->rethrow_if_failed();
-    bool host = false;
-    for (const auto& b : bufs) {
-      if (b.data != nullptr && b.bytes > 0) {
-        host = !on_device(b.data);
-        break;
-      }
-    }
+    size_t any = 0;
+    for (const auto& b : bufs) any += b.bytes;
+    if (any == 0) return;  // an empty op on every rank: nothing to move
+    // ProcessGroup runs an op on CUDA tensors inside its device scope; any
+    // other op's buffers are host memory.
+    const bool host = detail::current_op_device() < 0;
     std::vector<void*> p;
     if (!host) {
       for (const auto& b : bufs) p.push_back(b.data);
@@ -386,6 +391,8 @@ class NcclBackend final : public comm::Backend {
   // Makes an NCCL call (or group) and waits until NCCL has queued it.
   template <typename Call>
   void launch(const std::string& what, Deadline d, cudaStream_t s, Call&& call) {
+    std::lock_guard<std::recursive_mutex> in_nccl(nccl_mu_);
+    errors_->rethrow_if_failed();
     ++seq_;
     const ncclResult_t r = call(s);
     if (r != ncclSuccess && r != ncclInProgress) {
@@ -404,6 +411,7 @@ class NcclBackend final : public comm::Backend {
       const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
       if (r != ncclSuccess) state = r;
       if (state == ncclSuccess) return;
+      errors_->rethrow_if_failed();  // the watchdog's: it aborts once this call lets go of the communicator
       if (state != ncclInProgress) {
         auto e = std::make_exception_ptr(
             NetworkError("nccl: " + what + " failed on " + where() + ": " + describe(state)));
@@ -452,6 +460,9 @@ class NcclBackend final : public comm::Backend {
 
   void fail(std::exception_ptr e) {
     errors_->set(e);
+    // Not while another thread is inside an NCCL call on the communicator
+    // (abort frees it); such a call sees the error and returns first.
+    std::lock_guard<std::recursive_mutex> no_call(nccl_mu_);
     std::lock_guard<std::mutex> lock(abort_mu_);
     if (aborted_ || comm_ == nullptr) return;
     aborted_ = true;
@@ -459,7 +470,9 @@ class NcclBackend final : public comm::Backend {
   }
 
   void watch() {
-    c10::cuda::CUDAGuard guard(device_);
+    // The CUDA runtime's own call: c10's guard would restore the device when
+    // the thread ends, which may be after LibTorch's CUDA part is gone.
+    cudaSetDevice(device_);
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
       cv_.wait_for(lock, std::chrono::milliseconds(pending_.empty() ? 100 : 1));
@@ -509,6 +522,7 @@ class NcclBackend final : public comm::Backend {
   uint64_t seq_ = 0;
   std::shared_ptr<comm::AsyncErrors> errors_;
 
+  std::recursive_mutex nccl_mu_;  // held across an NCCL call and its settling; abort takes it
   std::mutex abort_mu_;  // one abort
   std::atomic<bool> aborted_{false};
   std::mutex mu_;

@@ -14,6 +14,14 @@ namespace tdist::detail {
 
 bool cuda_support_built() { return TDIST_WITH_CUDA != 0; }
 
+namespace {
+thread_local int op_device = -1;
+}  // namespace
+
+int current_op_device() { return op_device; }
+OpDeviceScope::OpDeviceScope(int device) : outer_(op_device) { op_device = device; }
+OpDeviceScope::~OpDeviceScope() { op_device = outer_; }
+
 DeviceRuntime& cuda_runtime(const char* op) {
   static std::once_flag once;
   static DeviceRuntime* runtime = nullptr;

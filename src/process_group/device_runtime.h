@@ -70,6 +70,22 @@ class DeviceRuntime {
   virtual std::unique_ptr<comm::Backend> stage(comm::Backend& inner) = 0;
 };
 
+// The CUDA device index of the op whose body runs on this thread now (set
+// by ProcessGroup around a body on CUDA tensors), or -1: a backend that
+// serves both (nccl) so knows where an op's buffers are without asking the
+// driver about pointers.
+int current_op_device();
+class OpDeviceScope {
+ public:
+  explicit OpDeviceScope(int device);
+  ~OpDeviceScope();
+  OpDeviceScope(const OpDeviceScope&) = delete;
+  OpDeviceScope& operator=(const OpDeviceScope&) = delete;
+
+ private:
+  int outer_;
+};
+
 // The CUDA runtime, loading libtdist_cuda.so on first use (once per
 // process). UsageError naming `op` when this build has no CUDA support or
 // the plugin cannot be loaded.

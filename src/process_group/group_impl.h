@@ -83,7 +83,8 @@ struct ProcessGroup::Impl {
       // A backend on host memory has the data in place when the body ends;
       // one that queues GPU work leaves the wait to the consumer's stream.
       const bool host_wait = !backend->supports_cuda();
-      body = [dq, ready, end, host_wait, inner = std::move(body)](comm::Deadline d) {
+      body = [dq, ready, end, host_wait, index = device->index(), inner = std::move(body)](comm::Deadline d) {
+        detail::OpDeviceScope on_device(index);
         auto scope = dq->enter(*ready);
         auto result = inner(d);
         *end = scope->finish(host_wait);

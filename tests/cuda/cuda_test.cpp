@@ -11,10 +11,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <fstream>
+
 #include "comm/backend.h"
 #include "tdist/ddp.h"
 #include "tdist/powersgd.h"
 #include "tests/process_group/conformance.h"
+#include "tests/util/process.h"
 #include "tests/util/world.h"
 #include "util/torch_cuda_loader.h"
 
@@ -219,56 +222,85 @@ TEST(Nccl, RefusesWhatNcclLacksByName) {
   }, o), "");
 }
 
-// NCCL refuses two ranks on one GPU; the error names the rank and the
+// NCCL refuses two ranks on one GPU; each rank's error names it and the
 // communicator instead of hanging.
 TEST(Nccl, TwoRanksOnOneGpuFailWithANamedError) {
-  WorldOptions o;
-  o.backend = "nccl";
-  o.timeout = std::chrono::milliseconds(30'000);
-  const std::string out = run_world(2, [](ProcessGroup&) {}, o);
-  std::fprintf(stderr, "[ two ranks on one GPU ] %s\n", out.c_str());
-  EXPECT_NE(out.find("communicator"), std::string::npos) << out;
-  EXPECT_NE(out.find("rank"), std::string::npos) << out;
+  tdist::test::TempDir dir;
+  const std::string path = dir.path() + "/store";
+  tdist::FileStore keep(path);
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < 2; ++rank) {
+    pids.push_back(tdist::test::fork_child([&, rank] {
+      std::string msg = "no error";
+      try {
+        tdist::comm::BackendContext ctx;
+        ctx.store = std::make_shared<tdist::FileStore>(path);
+        ctx.rank = rank;
+        ctx.size = 2;
+        ctx.group_name = "two_on_one";
+        ctx.timeout = std::chrono::milliseconds(20'000);
+        auto b = tdist::comm::create_backend("nccl", ctx);
+      } catch (const std::exception& e) {
+        msg = e.what();
+      }
+      std::ofstream(dir.path() + "/msg" + std::to_string(rank)) << msg;
+      return 0;
+    }));
+  }
+  for (pid_t p : pids) {
+    const int st = tdist::test::wait_child(p, std::chrono::seconds(60));
+    ASSERT_TRUE(tdist::test::exited_ok(st)) << tdist::test::describe_status(st);
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream f(dir.path() + "/msg" + std::to_string(rank));
+    const std::string m((std::istreambuf_iterator<char>(f)), {});
+    std::fprintf(stderr, "[ rank %d ] %s\n", rank, m.c_str());
+    EXPECT_NE(m.find("communicator"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank " + std::to_string(rank)), std::string::npos) << m;
+  }
 }
 
-// A receive that no one sends to hangs on the GPU; the watchdog aborts the
-// communicator at the deadline and the error names the op and the rank.
-TEST(Nccl, WatchdogAbortsAHungReceive) {
+// An op that cannot finish by its deadline (here: stuck behind seconds of
+// matmuls on its stream) is caught by the watchdog, which aborts the
+// communicator; the next op raises a TimeoutError naming the op and the
+// rank, and nothing hangs.
+TEST(Nccl, WatchdogTimesOutAnOpAndAbortsTheCommunicator) {
   WorldOptions o;
   o.backend = "nccl";
   EXPECT_EQ(run_world(1, [](ProcessGroup& pg) {
     tdist::detail::load_torch_cuda();
-    auto store = std::make_shared<tdist::HashStore>();
-    tdist::comm::BackendContext ctx;
-    ctx.store = store;
-    ctx.group_name = "hung";
-    ctx.timeout = std::chrono::milliseconds(20'000);
-    auto b = tdist::comm::create_backend("nccl", ctx);
-    at::Tensor x = at::zeros({16}, at::TensorOptions(kGpu));
+    at::Tensor big = at::randn({8192, 8192}, at::TensorOptions(kGpu));
+    at::Tensor acc = at::mm(big, big);
+    const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(0);
+    stream.synchronize();
+    auto m0 = std::chrono::steady_clock::now();
+    for (int k = 0; k < 10; ++k) acc = at::mm(big, big);
+    stream.synchronize();
+    const double mm_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - m0).count() / 10;
+    const int count = static_cast<int>(4.0 / mm_s) + 1;  // about 4 s of work on the current stream
+    for (int k = 0; k < count; ++k) acc = at::mm(big, big);
+    std::fprintf(stderr, "[ watchdog ] %d matmuls of %.1f ms queued\n", count, mm_s * 1e3);
+    at::Tensor x = at::ones({16}, at::TensorOptions(kGpu));
+    tdist::AllreduceOptions ao;
+    ao.timeout = std::chrono::milliseconds(1000);
     const auto t0 = std::chrono::steady_clock::now();
-    b->recv(x.data_ptr(), x.nbytes(), 0, 0, t0 + std::chrono::milliseconds(1500));  // self, never sent
-    auto errors = b->async_errors();
-    while (!errors->failed() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    pg.all_reduce(x, ao)->wait();  // queued on the GPU: no error yet
+    WORLD_CHECK(!stream.query(), "the matmuls finished before the op was queued; the test proves nothing");
+    std::string m;
+    while (m.empty() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      try {
+        pg.all_reduce(at::ones({1}, at::TensorOptions(kGpu)))->wait();
+      } catch (const tdist::TimeoutError& e) {
+        m = e.what();
+      }
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    WORLD_CHECK(errors->failed(), "no error after " << s << " s");
-    WORLD_CHECK(s > 1.4 && s < 10, "aborted after " << s << " s, deadline 1.5 s");
-    try {
-      errors->rethrow_if_failed();
-    } catch (const tdist::TimeoutError& e) {
-      const std::string m = e.what();
-      WORLD_CHECK(m.find("recv") != std::string::npos && m.find("rank 0") != std::string::npos, m);
-      std::fprintf(stderr, "[ watchdog ] %s\n", m.c_str());
-    }
-    // The stream is free again: the aborted kernel no longer blocks it.
-    c10::cuda::getCurrentCUDAStream(0).synchronize();
-    try {
-      b->barrier(std::chrono::steady_clock::now() + std::chrono::seconds(5));
-      WORLD_CHECK(false, "a call after the abort did not raise");
-    } catch (const tdist::TimeoutError&) {
-    }
-    (void)pg;
+    std::fprintf(stderr, "[ watchdog after %.2f s ] %s\n", s, m.c_str());
+    WORLD_CHECK(!m.empty(), "no TimeoutError after " << s << " s");
+    WORLD_CHECK(s > 0.9 && s < 10, "raised after " << s << " s, timeout 1 s");
+    WORLD_CHECK(m.find("all_reduce") != std::string::npos && m.find("rank 0") != std::string::npos, m);
+    stream.synchronize();  // the stream drains: nothing waits on the aborted op
   }, o), "");
 }
 

@@ -6,6 +6,8 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <cstring>
 #include <fstream>
 
@@ -123,7 +125,12 @@ TEST(NcclGroup, NoVisibleGpuIsAClearErrorElseTheGroupWorks) {
   tdist::test::WorldOptions o;
   o.backend = "nccl";
   o.limit = std::chrono::milliseconds(60'000);
-  if (c10::cuda::device_count() > 0) {
+  // Asked in a child: CUDA initialised in this process would break the
+  // children that run_world forks.
+  const int probe = tdist::test::wait_child(
+      tdist::test::fork_child([] { return c10::cuda::device_count() > 0 ? 3 : 0; }), std::chrono::seconds(60));
+  ASSERT_TRUE(WIFEXITED(probe)) << tdist::test::describe_status(probe);
+  if (WEXITSTATUS(probe) == 3) {
     EXPECT_EQ(tdist::test::run_world(1, [](tdist::ProcessGroup& pg) { pg.barrier()->wait(); }, o), "");
     return;
   }
