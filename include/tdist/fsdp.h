@@ -134,6 +134,12 @@ struct FullyShardedDataParallelOptions {
   AutoWrapPolicy auto_wrap_policy;
   // Makes the children's wrappers; empty: FullyShardedDataParallel itself.
   AutoWrapperCallable auto_wrapper_callable;
+  // The device the module trains on, as PyTorch's FSDP device_id: the
+  // module is moved there (module->to) before it is wrapped. Unset: where
+  // its parameters are. A unit's parameters must be on one device; shards,
+  // full parameters and gradients live there, and every backend serves it
+  // (nccl natively, shm/gloo/mpi through pinned host memory).
+  std::optional<c10::Device> device_id = std::nullopt;
 };
 
 namespace detail {

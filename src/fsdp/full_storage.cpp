@@ -15,15 +15,19 @@ at::Tensor tensor_on(const c10::Storage& storage, at::ScalarType dtype, int64_t 
   std::vector<int64_t> strides(sizes.size(), 1);
   for (size_t i = sizes.size(); i-- > 1;) strides[i - 1] = strides[i] * std::max<int64_t>(sizes[i], 1);
   at::NoGradGuard no_grad;
-  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype));
+  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype).device(storage.device()));
   t.set_(storage, offset, sizes, strides);
   return t;
 }
 
-FullStorage::FullStorage(at::ScalarType dtype, int64_t numel)
+FullStorage::FullStorage(at::ScalarType dtype, int64_t numel, c10::Device device)
     : dtype_(dtype),
       numel_(numel),
-      storage_(c10::Storage::use_byte_size_t(), 0, c10::GetCPUAllocator(), /*resizable=*/true) {}
+      device_(device),
+      storage_(c10::Storage::use_byte_size_t(), 0, c10::GetAllocator(device.type()), /*resizable=*/true) {
+  // An empty storage's DataPtr says CPU whatever the allocator: set the device.
+  storage_.unsafeGetStorageImpl()->set_data_ptr_noswap(c10::DataPtr(nullptr, device_));
+}
 
 void FullStorage::set_dtype(at::ScalarType dtype) {
   TDIST_CHECK(!allocated_);
@@ -34,7 +38,7 @@ void FullStorage::allocate() {
   TDIST_CHECK(!allocated_);
   const size_t nbytes = static_cast<size_t>(numel_) * c10::elementSize(dtype_);
   auto* impl = storage_.unsafeGetStorageImpl();
-  impl->set_data_ptr_noswap(take_block(nbytes));
+  impl->set_data_ptr_noswap(device_.is_cpu() ? take_block(nbytes) : c10::GetAllocator(device_.type())->allocate(nbytes));
   impl->set_nbytes(nbytes);
   allocated_ = true;
 }
@@ -46,7 +50,7 @@ void FullStorage::adopt(const at::Tensor& t) {
   auto* keep = new at::Tensor(t);
   auto* impl = storage_.unsafeGetStorageImpl();
   impl->set_data_ptr_noswap(c10::DataPtr(t.data_ptr(), keep, [](void* p) { delete static_cast<at::Tensor*>(p); },
-                                         c10::Device(c10::kCPU)));
+                                         t.device()));
   impl->set_nbytes(nbytes);
   allocated_ = true;
 }
@@ -54,7 +58,7 @@ void FullStorage::adopt(const at::Tensor& t) {
 void FullStorage::release() {
   // The block goes back to the pool (block_pool.h) with the old DataPtr.
   auto* impl = storage_.unsafeGetStorageImpl();
-  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
+  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, device_));
   impl->set_nbytes(static_cast<size_t>(0));
   allocated_ = false;
 }
@@ -63,7 +67,8 @@ at::Tensor FullStorage::tensor_at(int64_t offset, at::IntArrayRef sizes) const {
   return tensor_on(storage_, dtype_, offset, sizes);
 }
 
-at::Tensor pooled_empty(at::ScalarType dtype, int64_t numel) {
+at::Tensor pooled_empty(at::ScalarType dtype, int64_t numel, c10::Device device) {
+  if (!device.is_cpu()) return at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));
   const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, take_block(nbytes), /*allocator=*/nullptr,
                        /*resizable=*/false);

@@ -8,8 +8,10 @@
 // keeps every saved view valid without keeping the memory in between
 // (what PyTorch's FSDP does with storage resize_).
 //
-// Owns: one CPU storage and, while allocated, its memory (a block of the
-// pool in block_pool.h, which takes it back on release).
+// Owns: one storage on the unit's device and, while allocated, its memory
+// (on the CPU a block of the pool in block_pool.h, which takes it back on
+// release; on a CUDA device a block of LibTorch's caching allocator, which
+// pools its blocks itself).
 // Threading: not synchronised; the unit that owns it uses it from the
 // training thread only.
 // Lifetime: tensors made by tensor_at() share the storage object; reading
@@ -26,7 +28,7 @@ namespace tdist::detail {
 
 class FullStorage {
  public:
-  FullStorage(at::ScalarType dtype, int64_t numel);
+  FullStorage(at::ScalarType dtype, int64_t numel, c10::Device device = c10::kCPU);
   FullStorage(const FullStorage&) = delete;
   FullStorage& operator=(const FullStorage&) = delete;
 
@@ -56,6 +58,7 @@ class FullStorage {
  private:
   at::ScalarType dtype_;
   int64_t numel_;
+  c10::Device device_;
   c10::Storage storage_;
   bool allocated_ = false;
 };
@@ -66,6 +69,6 @@ at::Tensor tensor_on(const c10::Storage& storage, at::ScalarType dtype, int64_t 
 
 // A 1-D tensor of `numel` uninitialised elements whose memory comes from
 // (and goes back to) the block pool (block_pool.h).
-at::Tensor pooled_empty(at::ScalarType dtype, int64_t numel);
+at::Tensor pooled_empty(at::ScalarType dtype, int64_t numel, c10::Device device = c10::kCPU);
 
 }  // namespace tdist::detail

@@ -162,6 +162,7 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
   }
   auto pg = options.process_group ? options.process_group : default_group();
   if (!pg) throw UsageError("FullyShardedDataParallel: call init_process_group first, or pass a process_group");
+  if (options.device_id) module.to(*options.device_id);
   state_ = std::make_shared<FsdpState>();
   FsdpState& s = *state_;
   s.pg = pg;

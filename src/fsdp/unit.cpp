@@ -62,8 +62,13 @@ at::ScalarType check_params(const std::string& label, const std::vector<std::str
   at::ScalarType dtype = params.empty() ? at::kFloat : params[0].scalar_type();
   for (size_t k = 0; k < params.size(); ++k) {
     const at::Tensor& p = params[k];
-    if (!p.device().is_cpu() || p.layout() != at::kStrided) {
-      throw UsageError(label + ": parameter '" + names[k] + "' is not a dense CPU tensor; FSDP shards dense CPU parameters");
+    if (p.layout() != at::kStrided) {
+      throw UsageError(label + ": parameter '" + names[k] + "' is not a dense tensor; FSDP shards dense parameters");
+    }
+    if (p.device() != params[0].device()) {
+      throw UsageError(label + ": parameter '" + names[k] + "' is on " + p.device().str() + " but '" + names[0] +
+                       "' is on " + params[0].device().str() + "; a unit's parameters live on one device (pass "
+                       "device_id to move the module there)");
     }
     if (p.scalar_type() != dtype) {
       throw UsageError(label + ": parameter '" + names[k] + "' is " + std::string(c10::toString(p.scalar_type())) +
@@ -87,13 +92,14 @@ ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, st
       sharded_(shard && pg_->size() > 1),
       shard_rank_(sharded_ ? pg_->rank() : 0),
       layout_(shapes_of(params_), sharded_ ? pg_->size() : 1, kAlign),
+      device_(params_.empty() ? c10::Device(c10::kCPU) : params_[0].device()),
       dtype_(check_params(label_, names_, params_)),
       compute_dtype_(compute_dtype.value_or(dtype_)),
       reduce_dtype_(reduce_dtype.value_or(compute_dtype_)),
       cast_(compute_dtype_ != dtype_),
       swaps_(sharded_ || cast_),
-      full_(compute_dtype_, swaps_ ? layout_.full_numel() : 0),
-      grad_full_(reduce_dtype_, sharded_ ? layout_.full_numel() : 0) {
+      full_(compute_dtype_, swaps_ ? layout_.full_numel() : 0, device_),
+      grad_full_(reduce_dtype_, sharded_ ? layout_.full_numel() : 0, device_) {
   keep_full_ = sharded_ && keep_full && !cast_;
   keep_dtype_ = std::move(keep_dtype);
   keep_dtype_.resize(params_.size(), 0);
@@ -107,7 +113,8 @@ ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, st
     // The full parameters stay; a shard is this rank's rows of them.
     // In symmetric memory where the group has it: each rank's gather then
     // reads the others' shards straight from their copies.
-    full_.adopt(pg_->empty_symmetric({layout_.full_numel()}, dtype_));
+    full_.adopt(device_.is_cpu() ? pg_->empty_symmetric({layout_.full_numel()}, dtype_)
+                                 : at::zeros({layout_.full_numel()}, at::TensorOptions().dtype(dtype_).device(device_)));
     for (size_t k = 0; k < params_.size(); ++k) {
       const auto& pl = layout_.param(k);
       if (pl.numel() > 0) full_.tensor_at(pl.offset_in_full, pl.shape).copy_(params_[k]);
@@ -115,7 +122,9 @@ ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, st
           full_.tensor_at(pl.offset_in_full + shard_rank_ * pl.shard_numel(), pl.shard_shape(shard_rank_)));
     }
   } else {
-    chunk_ = pg_->empty_symmetric({layout_.chunk_numel()}, dtype_);  // zero-filled, symmetric where it can be
+    // Zero-filled; symmetric where the group has it (CPU memory only).
+    chunk_ = device_.is_cpu() ? pg_->empty_symmetric({layout_.chunk_numel()}, dtype_)
+                              : at::zeros({layout_.chunk_numel()}, at::TensorOptions().dtype(dtype_).device(device_));
     for (size_t k = 0; k < params_.size(); ++k) {
       const auto& pl = layout_.param(k);
       at::Tensor view = tensor_on(chunk_.storage(), dtype_, pl.offset_in_chunk, pl.shard_shape(shard_rank_));
@@ -157,7 +166,7 @@ void ShardedUnit::start_unshard(bool exact) {
   // every gather).
   at::Tensor source = chunk_;
   if (full_.dtype() != dtype_ && !keep_full_) {
-    source = pooled_empty(full_.dtype(), layout_.chunk_numel());
+    source = pooled_empty(full_.dtype(), layout_.chunk_numel(), device_);
     source.copy_(chunk_);
   }
   for (size_t k = 0; k < params_.size(); ++k) {
@@ -310,7 +319,7 @@ void ShardedUnit::start_reduce() {
     for (size_t k = 0; k < params_.size(); ++k) {
       if (!trainable_[k] || params_[k].numel() == 0) continue;
       at::Tensor& g = params_[k].mutable_grad();
-      if (!g.defined()) g = at::zeros(params_[k].sizes(), at::TensorOptions().dtype(dtype_));
+      if (!g.defined()) g = at::zeros(params_[k].sizes(), at::TensorOptions().dtype(dtype_).device(device_));
       if (!g.is_contiguous()) g = g.contiguous();
       // In reduce_dtype_: a converted copy, converted back when it is done.
       r.inputs.push_back(g.scalar_type() == reduce_dtype_ ? g : g.to(reduce_dtype_));
@@ -321,7 +330,7 @@ void ShardedUnit::start_reduce() {
     return;
   }
   ensure_grad_buffer();
-  r.out = pooled_empty(reduce_dtype_, layout_.chunk_numel());
+  r.out = pooled_empty(reduce_dtype_, layout_.chunk_numel(), device_);
   for (size_t k = 0; k < params_.size(); ++k) {
     const auto& pl = layout_.param(k);
     if (!trainable_[k] || pl.shard_numel() == 0) continue;
@@ -361,7 +370,7 @@ void ShardedUnit::finish_reduce() {
   // The shard gradients are views of one pooled chunk, in the shards' dtype
   // (reduced in another: each reduced shard converted into it, the reduced
   // chunk freed after).
-  at::Tensor grads = reduce_dtype_ == dtype_ ? r.out : pooled_empty(dtype_, layout_.chunk_numel());
+  at::Tensor grads = reduce_dtype_ == dtype_ ? r.out : pooled_empty(dtype_, layout_.chunk_numel(), device_);
   for (size_t k = 0; k < params_.size(); ++k) {
     if (!trainable_[k]) continue;
     const auto& pl = layout_.param(k);

@@ -161,6 +161,7 @@ class ShardedUnit {
   bool keep_full_;
   int shard_rank_;
   ShardLayout layout_;
+  c10::Device device_;            // the parameters' (all on one device)
   at::ScalarType dtype_;          // the shards' (the parameters' as built)
   at::ScalarType compute_dtype_;  // the full parameters' in forward and backward
   at::ScalarType reduce_dtype_;   // the gradients' in the reduction
