@@ -5,7 +5,9 @@
 #   scripts/torch2.sh install   LibTorch for C++: the wheel without its Python
 #                               dependencies, plus the two CUDA runtime
 #                               libraries libtorch_cpu.so needs to load
-#                               (libcudart, libcupti: ~14 MB)
+#                               (libcudart, libcupti: ~14 MB) and NCCL at
+#                               the wheel's pin (~240 MB), which tdist's nccl
+#                               backend is built against
 #   scripts/torch2.sh importable  what `import torch` needs to load on a
 #                               machine without a GPU: the CUDA libraries
 #                               libtorch_cuda.so links that the C++ install
@@ -92,6 +94,13 @@ install_cpp() {
       log "installing the CUDA runtime libtorch_cpu.so loads: cuda-toolkit[cudart,cupti]$pin"
       pip_install "cuda-toolkit[cudart,cupti]$pin"
     fi
+  fi
+  # The NCCL that torch itself loads, for tdist's nccl backend
+  # (cmake/TdistCuda.cmake looks beside torch first).
+  if ! ls "$prefix"/../nvidia/nccl/lib/libnccl.so.* >/dev/null 2>&1; then
+    pin=$(requirement_pin nvidia-nccl-cu13)
+    log "installing NCCL for the nccl backend: nvidia-nccl-cu13$pin"
+    pip_install --no-deps "nvidia-nccl-cu13$pin"
   fi
 }
 

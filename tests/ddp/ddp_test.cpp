@@ -7,12 +7,15 @@
 
 #include "ddp/bucket_assignment.h"
 #include "tdist/ddp.h"
+#include "tests/util/two_devices.h"
 #include "tests/util/world.h"
 
 using tdist::ProcessGroup;
 using tdist::test::run_world;
 
 namespace {
+
+using tdist::test::TwoDevices;
 
 struct NetImpl : torch::nn::Module {
   NetImpl() {
@@ -729,6 +732,25 @@ TEST(DdpBuckets, RebuildKeepsGradientsAsBucketViews) {
     std::set<const void*> storages;
     for (const auto& p : net->parameters()) storages.insert(p.grad().storage().data());
     WORLD_CHECK(storages.size() == 4, "one bucket per parameter, got " << storages.size());
+  }), "");
+}
+
+// A module trains on one device: one on two is refused by name, with the
+// way out (device_id); device_id = the CPU changes nothing.
+TEST(DdpMisuse, ParametersOnTwoDevicesAreRefusedByName) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup&) {
+    try {
+      tdist::DistributedDataParallel<TwoDevices> ddp{TwoDevices()};
+      WORLD_CHECK(false, "no error");
+    } catch (const tdist::UsageError& e) {
+      const std::string m = e.what();
+      WORLD_CHECK(m.find("'b' is on meta") != std::string::npos && m.find("device_id") != std::string::npos, m);
+    }
+    tdist::DistributedDataParallelOptions o;
+    o.device_id = c10::Device(c10::kCPU);
+    tdist::DistributedDataParallel<torch::nn::Linear> lin(torch::nn::Linear(3, 2), o);
+    lin(torch::ones({4, 3})).sum().backward();
+    WORLD_CHECK(lin->module()->weight.grad().defined() && lin->module()->weight.device().is_cpu(), "cpu ddp");
   }), "");
 }
 

@@ -12,6 +12,7 @@
 
 #include "tdist/errors.h"
 #include "tests/fsdp/models.h"
+#include "tests/util/two_devices.h"
 #include "tests/util/world.h"
 
 using tdist::FSDP;
@@ -22,6 +23,8 @@ using tdist::test::run_world;
 using tdist::test::WorldOptions;
 
 namespace {
+
+using tdist::test::TwoDevices;
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
@@ -69,6 +72,25 @@ TEST(FsdpMisuse, AUnitOfTwoDtypesIsRefusedByName) {
   EXPECT_EQ(run_world(2, [](ProcessGroup&) {
     const std::string msg = expect_throw<tdist::UsageError>([&] { FSDP<TwoDtypes> m{TwoDtypes()}; }, "dtypes");
     WORLD_CHECK(contains(msg, "'b'") && contains(msg, "Double"), msg);
+  }), "");
+}
+
+TEST(FsdpMisuse, AUnitOnTwoDevicesIsRefusedByName) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup&) {
+    tdist::FullyShardedDataParallelOptions o;
+    o.sync_module_states = false;  // else the broadcast refuses the meta tensor first
+    const std::string msg = expect_throw<tdist::UsageError>([&] { FSDP<TwoDevices> m(TwoDevices(), o); }, "devices");
+    WORLD_CHECK(contains(msg, "'b'") && contains(msg, "meta") && contains(msg, "device_id"), msg);
+  }), "");
+}
+
+TEST(FsdpMisuse, ADeviceIdOfTheCpuTrainsAsWithout) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup&) {
+    tdist::FullyShardedDataParallelOptions o;
+    o.device_id = c10::Device(c10::kCPU);
+    FSDP<Block> m(Block(), o);
+    m(torch::ones({2, 7})).sum().backward();
+    for (const auto& p : m->parameters()) WORLD_CHECK(p.device().is_cpu(), "a shard left the CPU");
   }), "");
 }
 
