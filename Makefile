@@ -3,7 +3,7 @@
 #   make test   install what is missing, build and run the whole test suite
 #               twice: against LibTorch 1.13 (Debian, C++17) and against
 #               LibTorch 2.x (the torch wheel from PyPI, C++20)
-# Also: make build | build-2 | test-1.13 | test-2 | bench | asan | tsan | fuzz | clean
+# Also: make build | build-2 | test-1.13 | test-2 | test-gpu | bench | asan | tsan | fuzz | clean
 
 # LibTorch 1.13 from Debian's libtorch-dev, C++17 (also what make demo uses)
 BUILD      ?= build
@@ -14,7 +14,7 @@ CMAKE_ARGS ?=
 GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 CTEST      := ctest -j $(JOBS) --output-on-failure --timeout 300
 
-.PHONY: all deps deps-torch2 deps-pyref configure build build-2 test test-1.13 test-2 demo bench slow-link asan tsan fuzz clean
+.PHONY: all deps deps-torch2 deps-pyref configure build build-2 test test-1.13 test-2 test-gpu demo bench slow-link asan tsan fuzz clean
 
 all: build
 
@@ -50,6 +50,13 @@ test-1.13: build deps-pyref
 
 test-2: build-2 deps-pyref
 	cd $(BUILD2) && $(CTEST)
+
+# On a machine with an NVIDIA GPU: the CUDA tests (cuda_test, label gpu),
+# which CI (no GPU) builds but does not run; docs/cuda.md.
+test-gpu: build-2
+	cmake -B $(BUILD2) -DTDIST_GPU_TESTS=ON
+	cmake --build $(BUILD2) -j $(JOBS) --target cuda_test nccl_test
+	cd $(BUILD2) && ctest --output-on-failure --timeout 600 -R "Cuda|Nccl"
 
 # Fashion-MNIST on 2 ranks with DistributedDataParallel (about a minute here).
 demo: build

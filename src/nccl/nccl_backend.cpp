@@ -9,6 +9,7 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <condition_variable>
 #include <mutex>
 #include <deque>
@@ -55,7 +56,7 @@ class NcclBackend final : public comm::Backend {
     // tensors has it loaded, one that has not made any yet may not.
     detail::load_torch_cuda();
     try {
-      device_ = c10::cuda::current_device();
+      device_ = pick_device(count);
       c10::cuda::CUDAGuard guard(device_);
       own_stream_ = c10::cuda::getStreamFromPool(false, device_).stream();
     } catch (const c10::Error& e) {
@@ -323,6 +324,18 @@ class NcclBackend final : public comm::Backend {
     uint64_t seq;
   };
 
+  // The calling thread's current device; where it is still device 0 and
+  // LOCAL_RANK is set (tdist-run, torchrun), LOCAL_RANK modulo the devices:
+  // one GPU per local rank unless the program chose (c10::cuda::set_device).
+  static int pick_device(int count) {
+    const int current = c10::cuda::current_device();
+    const char* local = std::getenv("LOCAL_RANK");
+    if (current != 0 || local == nullptr || *local == '\0') return current;
+    char* end = nullptr;
+    const long r = std::strtol(local, &end, 10);
+    return (*end == '\0' && r >= 0) ? static_cast<int>(r % count) : current;
+  }
+
   std::string where() const {
     return "rank " + std::to_string(global_rank_) + " (group '" + group_ + "', cuda:" + std::to_string(device_) + ")";
   }
@@ -353,7 +366,13 @@ class NcclBackend final : public comm::Backend {
     if (any == 0) return;  // an empty op on every rank: nothing to move
     // ProcessGroup runs an op on CUDA tensors inside its device scope; any
     // other op's buffers are host memory.
-    const bool host = detail::current_op_device() < 0;
+    const int op_device = detail::current_op_device();
+    const bool host = op_device < 0;
+    if (!host && op_device != device_) {
+      throw UsageError("nccl: " + what + " on " + where() + " got tensors on cuda:" + std::to_string(op_device) +
+                       "; a group's communicator serves one device (set it before init_process_group: "
+                       "c10::cuda::set_device(local_rank))");
+    }
     std::vector<void*> p;
     if (!host) {
       for (const auto& b : bufs) p.push_back(b.data);
