@@ -76,8 +76,9 @@ struct ProcessGroup::Impl {
     if (to.count() <= 0) throw UsageError(std::string(name) + ": the timeout must be positive");
     std::shared_ptr<detail::DeviceEvent> ready;
     detail::DeviceQueue* dq = nullptr;
-    auto end = std::make_shared<std::shared_ptr<detail::DeviceEvent>>();
+    std::shared_ptr<std::shared_ptr<detail::DeviceEvent>> end;  // CUDA ops only: no allocation for CPU ones
     if (device) {
+      end = std::make_shared<std::shared_ptr<detail::DeviceEvent>>();
       dq = device_queue_for(*device, name);
       ready = detail::cuda_runtime(name).record_current(*device);
       // A backend on host memory has the data in place when the body ends;
