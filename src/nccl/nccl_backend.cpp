@@ -90,6 +90,7 @@ class NcclBackend final : public comm::Backend {
     }
     cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
+    if (in_scratch_ != nullptr) cudaFree(in_scratch_);  // after the device is idle or gone: errors mean nothing here
     if (aborted_) {  // the communicator is gone already
       for (auto& p : pending_) cudaEventDestroy(p.event);
       return;
