@@ -90,9 +90,9 @@ class NcclBackend final : public comm::Backend {
     }
     cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
-    if (in_scratch_ != nullptr) cudaFree(in_scratch_);  // after the device is idle or gone: errors mean nothing here
     if (aborted_) {  // the communicator is gone already
       for (auto& p : pending_) cudaEventDestroy(p.event);
+      free_scratch();
       return;
     }
     if (comm_ == nullptr) return;
@@ -107,6 +107,7 @@ class NcclBackend final : public comm::Backend {
       cudaEventDestroy(p.event);
     }
     if (clean) ncclCommDestroy(comm_); else ncclCommAbort(comm_);
+    free_scratch();
   }
 
   std::string name() const override { return "nccl"; }
@@ -339,6 +340,12 @@ class NcclBackend final : public comm::Backend {
 
   std::string where() const {
     return "rank " + std::to_string(global_rank_) + " (group '" + group_ + "', cuda:" + std::to_string(device_) + ")";
+  }
+
+  // Once nothing can still run on it (cudaFree waits for the device).
+  void free_scratch() {
+    if (in_scratch_ != nullptr) cudaFree(in_scratch_);  // at exit the driver may be gone: nothing to do then
+    in_scratch_ = nullptr;
   }
 
   void* scratch(void*& buf, size_t& cap, size_t bytes) {
