@@ -2,7 +2,7 @@
 //
 //   tdist-bench ddp [--backend shm] [--world-size 2] [--steps 10] [--rounds 10]
 //       [--variants local,ddp_allreduce,ddp_fp16,ddp_bf16,ddp_noop,status_quo,...]
-//       [--bucket-cap-mb 25] [--first-bucket-cap-mb 1] [--json FILE]
+//       [--bucket-cap-mb 25] [--first-bucket-cap-mb 1] [--device cpu|cuda] [--json FILE]
 //
 // The model is the MLP 784-1024-1024-10 with batch 64 per rank, SGD with
 // momentum, one compute thread per rank; a step is zero_grad (zeroing, as
@@ -77,7 +77,6 @@ struct Variant {
 Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Tensor& x, const torch::Tensor& y,
                      double bucket_cap_mb, double first_bucket_cap_mb) {
   const c10::Device device = x.device();
-  auto make_model = [device] { return ::tdist::bench::make_model(device); };
   Variant v;
   v.name = name;
   v.device = device;
@@ -86,7 +85,7 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
   };
   if (name == "local" || name == "local_all") {
     v.everyone = name == "local_all";
-    auto model = std::make_shared<Mlp>(make_model());
+    auto model = std::make_shared<Mlp>(make_model(device));
     auto opt = sgd((*model)->parameters());
     v.step = [model, opt, x, y] {
       tdist::compat::zero_grad(*opt, /*set_to_none=*/false);
@@ -94,7 +93,7 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
       opt->step();
     };
   } else if (name == "status_quo") {
-    auto model = std::make_shared<Mlp>(make_model());
+    auto model = std::make_shared<Mlp>(make_model(device));
     auto opt = sgd((*model)->parameters());
     v.step = [model, opt, x, y, &pg] {
       tdist::compat::zero_grad(*opt, /*set_to_none=*/false);
@@ -106,7 +105,7 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
       opt->step();
     };
   } else if (name == "after_coalesced") {
-    auto model = std::make_shared<Mlp>(make_model());
+    auto model = std::make_shared<Mlp>(make_model(device));
     auto opt = sgd((*model)->parameters());
     v.step = [model, opt, x, y, &pg] {
       tdist::compat::zero_grad(*opt, /*set_to_none=*/false);
@@ -138,7 +137,7 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
       o.gradient_as_bucket_view = true;
       hook.resize(hook.size() - 5);
     }
-    auto ddp = std::make_shared<DistributedDataParallel<Mlp>>(make_model(), o);
+    auto ddp = std::make_shared<DistributedDataParallel<Mlp>>(make_model(device), o);
     if (hook == "allreduce") (*ddp)->register_comm_hook(group, allreduce_hook);
     else if (hook == "fp16") (*ddp)->register_comm_hook(group, fp16_compress_hook);
     else if (hook == "bf16") (*ddp)->register_comm_hook(group, bf16_compress_hook);

@@ -11,6 +11,17 @@
 
 namespace tdist::detail {
 
+namespace {
+
+// Memory for FSDP's per-unit buffers: on the CPU a block of the pool
+// (block_pool.h); on a CUDA device one of LibTorch's caching allocator,
+// which pools its blocks itself.
+c10::DataPtr block_on(c10::Device device, size_t nbytes) {
+  return device.is_cpu() ? take_block(nbytes) : c10::GetAllocator(device.type())->allocate(nbytes);
+}
+
+}  // namespace
+
 at::Tensor tensor_on(const c10::Storage& storage, at::ScalarType dtype, int64_t offset, at::IntArrayRef sizes) {
   std::vector<int64_t> strides(sizes.size(), 1);
   for (size_t i = sizes.size(); i-- > 1;) strides[i - 1] = strides[i] * std::max<int64_t>(sizes[i], 1);
@@ -38,7 +49,7 @@ void FullStorage::allocate() {
   TDIST_CHECK(!allocated_);
   const size_t nbytes = static_cast<size_t>(numel_) * c10::elementSize(dtype_);
   auto* impl = storage_.unsafeGetStorageImpl();
-  impl->set_data_ptr_noswap(device_.is_cpu() ? take_block(nbytes) : c10::GetAllocator(device_.type())->allocate(nbytes));
+  impl->set_data_ptr_noswap(block_on(device_, nbytes));
   impl->set_nbytes(nbytes);
   allocated_ = true;
 }
@@ -68,9 +79,8 @@ at::Tensor FullStorage::tensor_at(int64_t offset, at::IntArrayRef sizes) const {
 }
 
 at::Tensor pooled_empty(at::ScalarType dtype, int64_t numel, c10::Device device) {
-  if (!device.is_cpu()) return at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));
   const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, take_block(nbytes), /*allocator=*/nullptr,
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, block_on(device, nbytes), /*allocator=*/nullptr,
                        /*resizable=*/false);
   return tensor_on(storage, dtype, 0, {numel});
 }

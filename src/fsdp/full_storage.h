@@ -67,8 +67,9 @@ class FullStorage {
 // a fresh tensor: shares the storage object, is no autograd view).
 at::Tensor tensor_on(const c10::Storage& storage, at::ScalarType dtype, int64_t offset, at::IntArrayRef sizes);
 
-// A 1-D tensor of `numel` uninitialised elements whose memory comes from
-// (and goes back to) the block pool (block_pool.h).
+// A 1-D tensor of `numel` uninitialised elements on `device` whose memory
+// comes from (and goes back to) the block pool (block_pool.h) on the CPU,
+// LibTorch's caching allocator on a CUDA device.
 at::Tensor pooled_empty(at::ScalarType dtype, int64_t numel, c10::Device device = c10::kCPU);
 
 }  // namespace tdist::detail

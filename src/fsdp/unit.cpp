@@ -113,8 +113,7 @@ ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, st
     // The full parameters stay; a shard is this rank's rows of them.
     // In symmetric memory where the group has it: each rank's gather then
     // reads the others' shards straight from their copies.
-    full_.adopt(device_.is_cpu() ? pg_->empty_symmetric({layout_.full_numel()}, dtype_)
-                                 : at::zeros({layout_.full_numel()}, at::TensorOptions().dtype(dtype_).device(device_)));
+    full_.adopt(zeroed(layout_.full_numel()));
     for (size_t k = 0; k < params_.size(); ++k) {
       const auto& pl = layout_.param(k);
       if (pl.numel() > 0) full_.tensor_at(pl.offset_in_full, pl.shape).copy_(params_[k]);
@@ -122,9 +121,7 @@ ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, st
           full_.tensor_at(pl.offset_in_full + shard_rank_ * pl.shard_numel(), pl.shard_shape(shard_rank_)));
     }
   } else {
-    // Zero-filled; symmetric where the group has it (CPU memory only).
-    chunk_ = device_.is_cpu() ? pg_->empty_symmetric({layout_.chunk_numel()}, dtype_)
-                              : at::zeros({layout_.chunk_numel()}, at::TensorOptions().dtype(dtype_).device(device_));
+    chunk_ = zeroed(layout_.chunk_numel());
     for (size_t k = 0; k < params_.size(); ++k) {
       const auto& pl = layout_.param(k);
       at::Tensor view = tensor_on(chunk_.storage(), dtype_, pl.offset_in_chunk, pl.shard_shape(shard_rank_));
@@ -139,6 +136,11 @@ ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, st
 }
 
 ShardedUnit::~ShardedUnit() { drop_in_flight(); }
+
+at::Tensor ShardedUnit::zeroed(int64_t numel) const {
+  if (device_.is_cpu()) return pg_->empty_symmetric({numel}, dtype_);  // symmetric where the group has it
+  return at::zeros({numel}, at::TensorOptions().dtype(dtype_).device(device_));
+}
 
 void ShardedUnit::point_at_shards() {
   for (size_t k = 0; k < params_.size(); ++k) repoint(params_[k], shard_views_[k]);

@@ -147,6 +147,9 @@ class ShardedUnit {
   // Parameter k's full gradient, padded, in the gradient buffer (zeros if
   // it got none); .grad is dropped.
   at::Tensor take_full_grad(size_t k);
+  // numel zeros of the shards' dtype on the unit's device; on the CPU in
+  // symmetric memory where the group has it.
+  at::Tensor zeroed(int64_t numel) const;
   void point_at_shards();
   void release_full();  // unless keep_full
 

@@ -203,89 +203,40 @@ class NcclBackend final : public comm::Backend {
         [&](void** p, cudaStream_t s) { return ncclReduceScatter(p[0], p[1], count, to_nccl(t), rop, comm_, s); });
   }
 
+  // Gather and scatter are exchanges in which only the root talks to
+  // every rank.
   void gather(const void* in, void* out, size_t bytes, int root, Deadline d) override {
-    const bool is_root = rank() == root;
     const size_t n = static_cast<size_t>(size());
-    run({{const_cast<void*>(in), bytes, true, false}, {out, is_root ? bytes * n : 0, false, is_root}},
-        "gather(" + std::to_string(bytes) + " bytes, root " + std::to_string(root) + ")", d,
-        [&](void** p, cudaStream_t s) {
-          ncclResult_t r = ncclGroupStart();
-          if (is_root) {
-            for (int q = 0; q < size() && r == ncclSuccess; ++q) {
-              auto* dst = static_cast<uint8_t*>(p[1]) + static_cast<size_t>(q) * bytes;
-              if (q == rank()) {
-                cuda::check(cudaMemcpyAsync(dst, p[0], bytes, cudaMemcpyDeviceToDevice, s), "gather's own part");
-              } else if (bytes > 0) {
-                r = ncclRecv(dst, bytes, ncclUint8, q, comm_, s);
-              }
-            }
-          } else if (bytes > 0) {
-            r = ncclSend(p[0], bytes, ncclUint8, root, comm_, s);
-          }
-          const ncclResult_t e = ncclGroupEnd();
-          return r != ncclSuccess ? r : e;
-        });
+    std::vector<size_t> send_bytes(n, 0), send_offsets(n, 0), recv_bytes(n, 0), recv_offsets(n, 0);
+    send_bytes[root] = bytes;
+    if (rank() == root) {
+      for (size_t q = 0; q < n; ++q) {
+        recv_bytes[q] = bytes;
+        recv_offsets[q] = q * bytes;
+      }
+    }
+    exchange(in, send_bytes, send_offsets, out, recv_bytes, recv_offsets,
+             "gather(" + std::to_string(bytes) + " bytes, root " + std::to_string(root) + ")", d);
   }
 
   void scatter(const void* in, void* out, size_t bytes, int root, Deadline d) override {
-    const bool is_root = rank() == root;
     const size_t n = static_cast<size_t>(size());
-    run({{const_cast<void*>(in), is_root ? bytes * n : 0, is_root, false}, {out, bytes, false, true}},
-        "scatter(" + std::to_string(bytes) + " bytes, root " + std::to_string(root) + ")", d,
-        [&](void** p, cudaStream_t s) {
-          ncclResult_t r = ncclGroupStart();
-          if (is_root) {
-            for (int q = 0; q < size() && r == ncclSuccess; ++q) {
-              auto* src = static_cast<uint8_t*>(p[0]) + static_cast<size_t>(q) * bytes;
-              if (q == rank()) {
-                cuda::check(cudaMemcpyAsync(p[1], src, bytes, cudaMemcpyDeviceToDevice, s), "scatter's own part");
-              } else if (bytes > 0) {
-                r = ncclSend(src, bytes, ncclUint8, q, comm_, s);
-              }
-            }
-          } else if (bytes > 0) {
-            r = ncclRecv(p[1], bytes, ncclUint8, root, comm_, s);
-          }
-          const ncclResult_t e = ncclGroupEnd();
-          return r != ncclSuccess ? r : e;
-        });
+    std::vector<size_t> send_bytes(n, 0), send_offsets(n, 0), recv_bytes(n, 0), recv_offsets(n, 0);
+    recv_bytes[root] = bytes;
+    if (rank() == root) {
+      for (size_t q = 0; q < n; ++q) {
+        send_bytes[q] = bytes;
+        send_offsets[q] = q * bytes;
+      }
+    }
+    exchange(in, send_bytes, send_offsets, out, recv_bytes, recv_offsets,
+             "scatter(" + std::to_string(bytes) + " bytes, root " + std::to_string(root) + ")", d);
   }
 
   void all_to_all(const void* in, const std::vector<size_t>& send_bytes, const std::vector<size_t>& send_offsets,
                   void* out, const std::vector<size_t>& recv_bytes, const std::vector<size_t>& recv_offsets,
                   Deadline d) override {
-    size_t in_total = 0, out_total = 0;
-    for (int q = 0; q < size(); ++q) {
-      in_total = std::max(in_total, send_offsets[q] + send_bytes[q]);
-      out_total = std::max(out_total, recv_offsets[q] + recv_bytes[q]);
-    }
-    run({{const_cast<void*>(in), in_total, true, false}, {out, out_total, false, true}}, "all_to_all", d,
-        [&](void** p, cudaStream_t s) {
-          const auto* src = static_cast<const uint8_t*>(p[0]);
-          auto* dst = static_cast<uint8_t*>(p[1]);
-          ncclResult_t r = ncclGroupStart();
-          for (int q = 0; q < size() && r == ncclSuccess; ++q) {
-            if (q == rank()) {
-              if (send_bytes[q] != recv_bytes[q]) {
-                ncclGroupEnd();
-                throw CollectiveMismatchError("all_to_all: rank " + std::to_string(global_rank_) + " sends itself " +
-                                              std::to_string(send_bytes[q]) + " bytes but expects " +
-                                              std::to_string(recv_bytes[q]));
-              }
-              if (send_bytes[q] > 0) {
-                cuda::check(cudaMemcpyAsync(dst + recv_offsets[q], src + send_offsets[q], send_bytes[q],
-                                            cudaMemcpyDeviceToDevice, s), "all_to_all's own part");
-              }
-              continue;
-            }
-            if (send_bytes[q] > 0) r = ncclSend(src + send_offsets[q], send_bytes[q], ncclUint8, q, comm_, s);
-            if (r == ncclSuccess && recv_bytes[q] > 0) {
-              r = ncclRecv(dst + recv_offsets[q], recv_bytes[q], ncclUint8, q, comm_, s);
-            }
-          }
-          const ncclResult_t e = ncclGroupEnd();
-          return r != ncclSuccess ? r : e;
-        });
+    exchange(in, send_bytes, send_offsets, out, recv_bytes, recv_offsets, "all_to_all", d);
   }
 
   void barrier(Deadline d) override {
@@ -296,7 +247,6 @@ class NcclBackend final : public comm::Backend {
     launch("barrier", d, own_stream_, [&](cudaStream_t s) { return ncclAllReduce(p, p, 1, ncclUint8, ncclSum, comm_, s); });
     wait_stream("barrier", d);
   }
-
   void send(const void* buf, size_t bytes, int dst, int /*tag*/, Deadline d) override {
     run({{const_cast<void*>(buf), bytes, true, false}}, "send(" + std::to_string(bytes) + " bytes to " +
         std::to_string(dst) + ")", d, [&](void** p, cudaStream_t s) {
@@ -362,6 +312,47 @@ class NcclBackend final : public comm::Backend {
     cap = want;
     return buf;
   }
+
+  // Sends send_bytes[q] bytes at in + send_offsets[q] to every rank q and
+  // receives recv_bytes[q] at out + recv_offsets[q] from it, as one NCCL
+  // group (this rank's own part copied): all_to_all, gather and scatter.
+  void exchange(const void* in, const std::vector<size_t>& send_bytes, const std::vector<size_t>& send_offsets,
+                void* out, const std::vector<size_t>& recv_bytes, const std::vector<size_t>& recv_offsets,
+                const std::string& what, Deadline d) {
+    size_t in_total = 0, out_total = 0;
+    for (int q = 0; q < size(); ++q) {
+      in_total = std::max(in_total, send_offsets[q] + send_bytes[q]);
+      out_total = std::max(out_total, recv_offsets[q] + recv_bytes[q]);
+    }
+    run({{const_cast<void*>(in), in_total, true, false}, {out, out_total, false, true}}, what, d,
+        [&](void** p, cudaStream_t s) {
+          const auto* src = static_cast<const uint8_t*>(p[0]);
+          auto* dst = static_cast<uint8_t*>(p[1]);
+          ncclResult_t r = ncclGroupStart();
+          for (int q = 0; q < size() && r == ncclSuccess; ++q) {
+            if (q == rank()) {
+              if (send_bytes[q] != recv_bytes[q]) {
+                ncclGroupEnd();
+                throw CollectiveMismatchError(what + ": rank " + std::to_string(global_rank_) + " sends itself " +
+                                              std::to_string(send_bytes[q]) + " bytes but expects " +
+                                              std::to_string(recv_bytes[q]));
+              }
+              if (send_bytes[q] > 0) {
+                cuda::check(cudaMemcpyAsync(dst + recv_offsets[q], src + send_offsets[q], send_bytes[q],
+                                            cudaMemcpyDeviceToDevice, s), what + "'s own part");
+              }
+              continue;
+            }
+            if (send_bytes[q] > 0) r = ncclSend(src + send_offsets[q], send_bytes[q], ncclUint8, q, comm_, s);
+            if (r == ncclSuccess && recv_bytes[q] > 0) {
+              r = ncclRecv(dst + recv_offsets[q], recv_bytes[q], ncclUint8, q, comm_, s);
+            }
+          }
+          const ncclResult_t e = ncclGroupEnd();
+          return r != ncclSuccess ? r : e;
+        });
+  }
+
 
   // Runs an op: on the current stream for device buffers (without waiting),
   // or through scratch memory on the backend's stream for host buffers

@@ -33,7 +33,6 @@ DeviceRuntime& cuda_runtime(const char* op) {
       return;
     }
     std::string tried;
-    // RTLD_GLOBAL: the nccl plugin links against it.
     void* handle = comm::open_beside_libtdist(kTdistCudaPluginFile, RTLD_NOW | RTLD_GLOBAL, &tried);
     if (handle == nullptr) {
       error = std::string("CUDA tensors need the plugin ") + kTdistCudaPluginFile + ", which could not be loaded:" +

@@ -107,22 +107,27 @@ struct ProcessGroup::Impl {
     return work;
   }
 
-  // The device of an op's tensors: nullopt for the CPU. UsageError when
-  // they are on different devices, or on another CUDA device than the
-  // group's earlier ops.
-  std::optional<c10::Device> op_device(const char* op, const std::vector<at::Tensor>& tensors) const {
+  // The device of an op's tensors (each argument a tensor or a list of
+  // them): nullopt for the CPU. UsageError when they are on different
+  // devices.
+  template <typename... Parts>
+  std::optional<c10::Device> op_device(const char* op, const Parts&... parts) const {
     std::optional<c10::Device> dev;
-    for (const auto& t : tensors) {
-      if (!t.defined()) continue;
-      if (!dev) {
-        dev = t.device();
-      } else if (*dev != t.device()) {
-        throw UsageError(std::string(op) + ": tensors on " + dev->str() + " and " + t.device().str() +
-                         "; one op's tensors must be on one device");
-      }
-    }
+    (note_device(op, parts, dev), ...);
     if (dev && dev->is_cpu()) return std::nullopt;
     return dev;
+  }
+  static void note_device(const char* op, const at::Tensor& t, std::optional<c10::Device>& dev) {
+    if (!t.defined()) return;
+    if (!dev) {
+      dev = t.device();
+    } else if (*dev != t.device()) {
+      throw UsageError(std::string(op) + ": tensors on " + dev->str() + " and " + t.device().str() +
+                       "; one op's tensors must be on one device");
+    }
+  }
+  static void note_device(const char* op, const std::vector<at::Tensor>& ts, std::optional<c10::Device>& dev) {
+    for (const auto& t : ts) note_device(op, t, dev);
   }
 
   // The backend an op on `device` calls: the group's own, or for CUDA

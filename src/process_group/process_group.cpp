@@ -39,16 +39,6 @@ std::string shape_of(const at::Tensor& t) {
 
 const char* reduce_name(ReduceOp op) { return comm::reduce_op_name(to_comm(op)); }
 
-// A list of tensors and one more, for op_device.
-std::vector<at::Tensor> with(std::vector<at::Tensor> list, const at::Tensor& one) {
-  list.push_back(one);
-  return list;
-}
-std::vector<at::Tensor> with(std::vector<at::Tensor> list, const std::vector<at::Tensor>& more) {
-  list.insert(list.end(), more.begin(), more.end());
-  return list;
-}
-
 // Bytes, for collective_counts.
 int64_t nb(const at::Tensor& t) { return static_cast<int64_t>(t.nbytes()); }
 int64_t total_bytes(const std::vector<at::Tensor>& ts) {
@@ -95,7 +85,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(const at::Tensor& tensor, const A
   const auto op = to_comm(o.op);
   const auto wire = wire_type(o, dt, "all_reduce");
   comm::check_reduction(wire, op);
-  const auto dev = impl_->op_device("all_reduce", {tensor});
+  const auto dev = impl_->op_device("all_reduce", tensor);
   comm::Backend* b = impl_->backend_for(dev, "all_reduce");
   const int64_t wire_bytes = tensor.numel() * static_cast<int64_t>(comm::dtype_size(wire));
   const Impl::Traffic traffic{wire_bytes, wire_bytes};
@@ -200,7 +190,7 @@ at::Tensor ProcessGroup::empty_symmetric(at::IntArrayRef sizes, at::ScalarType d
 std::shared_ptr<Work> ProcessGroup::broadcast(const at::Tensor& tensor, const BroadcastOptions& o) {
   impl_->check(tensor, "broadcast");
   impl_->check_rank(o.root, "broadcast", "root");
-  const auto dev = impl_->op_device("broadcast", {tensor});
+  const auto dev = impl_->op_device("broadcast", tensor);
   comm::Backend* b = impl_->backend_for(dev, "broadcast");
   const Impl::Traffic traffic{nb(tensor), nb(tensor)};
   return impl_->enqueue("broadcast", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
@@ -214,7 +204,7 @@ std::shared_ptr<Work> ProcessGroup::reduce(const at::Tensor& tensor, const Reduc
   impl_->check_rank(o.root, "reduce", "root");
   const auto op = to_comm(o.op);
   comm::check_reduction(dt, op);
-  const auto dev = impl_->op_device("reduce", {tensor});
+  const auto dev = impl_->op_device("reduce", tensor);
   comm::Backend* b = impl_->backend_for(dev, "reduce");
   const Impl::Traffic traffic{nb(tensor), rank() == o.root ? nb(tensor) : 0};
   return impl_->enqueue("reduce", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
@@ -229,7 +219,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const at::Tensor& out
   impl_->check(output, "all_gather_into_tensor", "output");
   detail::check_same_dtype(output, input, "all_gather_into_tensor");
   detail::check_numel(output, input.numel() * size(), "all_gather_into_tensor", "output");
-  const auto dev = impl_->op_device("all_gather_into_tensor", {input, output});
+  const auto dev = impl_->op_device("all_gather_into_tensor", input, output);
   comm::Backend* b = impl_->backend_for(dev, "all_gather_into_tensor");
   const Impl::Traffic traffic{nb(input), nb(output)};
   return impl_->enqueue("all_gather_into_tensor", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
@@ -242,7 +232,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<at::Tensor>& ou
                                                const CollectiveOptions& o) {
   impl_->check(input, "all_gather", "input");
   detail::check_list(outputs, size(), input, "all_gather", "outputs", impl_->allows_cuda());
-  const auto dev = impl_->op_device("all_gather", with(outputs, input));
+  const auto dev = impl_->op_device("all_gather", outputs, input);
   comm::Backend* b = impl_->backend_for(dev, "all_gather");
   const Impl::Traffic traffic{nb(input), nb(input) * size()};
   return impl_->enqueue("all_gather", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
@@ -261,7 +251,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const at::Tensor& outp
   detail::check_numel(input, output.numel() * size(), "reduce_scatter_tensor", "input");
   const auto op = to_comm(o.op);
   comm::check_reduction(dt, op);
-  const auto dev = impl_->op_device("reduce_scatter_tensor", {input, output});
+  const auto dev = impl_->op_device("reduce_scatter_tensor", input, output);
   comm::Backend* b = impl_->backend_for(dev, "reduce_scatter_tensor");
   const Impl::Traffic traffic{nb(input), nb(output)};
   return impl_->enqueue("reduce_scatter_tensor", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
@@ -276,7 +266,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(const at::Tensor& output, con
   detail::check_list(inputs, size(), output, "reduce_scatter", "inputs", impl_->allows_cuda());
   const auto op = to_comm(o.op);
   comm::check_reduction(dt, op);
-  const auto dev = impl_->op_device("reduce_scatter", with(inputs, output));
+  const auto dev = impl_->op_device("reduce_scatter", inputs, output);
   comm::Backend* b = impl_->backend_for(dev, "reduce_scatter");
   const Impl::Traffic traffic{nb(output) * size(), nb(output)};
   return impl_->enqueue("reduce_scatter", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
@@ -296,7 +286,7 @@ std::shared_ptr<Work> ProcessGroup::gather(const std::vector<at::Tensor>& output
   } else if (!outputs.empty()) {
     throw UsageError("gather: outputs must be empty on non-root rank " + std::to_string(rank()));
   }
-  const auto dev = impl_->op_device("gather", with(outputs, input));
+  const auto dev = impl_->op_device("gather", outputs, input);
   comm::Backend* b = impl_->backend_for(dev, "gather");
   const int world = size();
   const Impl::Traffic traffic{nb(input), is_root ? nb(input) * world : 0};
@@ -318,7 +308,7 @@ std::shared_ptr<Work> ProcessGroup::scatter(const at::Tensor& output, const std:
   } else if (!inputs.empty()) {
     throw UsageError("scatter: inputs must be empty on non-root rank " + std::to_string(rank()));
   }
-  const auto dev = impl_->op_device("scatter", with(inputs, output));
+  const auto dev = impl_->op_device("scatter", inputs, output);
   comm::Backend* b = impl_->backend_for(dev, "scatter");
   const Impl::Traffic traffic{is_root ? nb(output) * size() : 0, nb(output)};
   return impl_->enqueue("scatter", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
@@ -337,7 +327,7 @@ std::shared_ptr<Work> ProcessGroup::all_to_all_single(const at::Tensor& output, 
   detail::check_same_dtype(output, input, "all_to_all_single");
   auto send = detail::split_bytes(input, input_split_sizes, size(), "all_to_all_single", "input");
   auto recv = detail::split_bytes(output, output_split_sizes, size(), "all_to_all_single", "output");
-  const auto dev = impl_->op_device("all_to_all_single", {input, output});
+  const auto dev = impl_->op_device("all_to_all_single", input, output);
   comm::Backend* b = impl_->backend_for(dev, "all_to_all_single");
   const Impl::Traffic traffic{nb(input), nb(output)};
   return impl_->enqueue("all_to_all_single", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
@@ -357,7 +347,7 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<at::Tensor>& ou
     impl_->check(t, "all_to_all", "outputs[i]");
     detail::check_same_dtype(t, inputs[0], "all_to_all");
   }
-  const auto dev = impl_->op_device("all_to_all", with(outputs, inputs));
+  const auto dev = impl_->op_device("all_to_all", outputs, inputs);
   comm::Backend* b = impl_->backend_for(dev, "all_to_all");
   const Impl::Traffic traffic{total_bytes(inputs), total_bytes(outputs)};
   return impl_->enqueue("all_to_all", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
@@ -394,7 +384,7 @@ std::shared_ptr<Work> ProcessGroup::send(const at::Tensor& tensor, int dst, int 
   impl_->check(tensor, "send");
   impl_->check_rank(dst, "send", "destination");
   if (dst == rank()) throw UsageError("send: rank " + std::to_string(dst) + " cannot send to itself");
-  const auto dev = impl_->op_device("send", {tensor});
+  const auto dev = impl_->op_device("send", tensor);
   comm::Backend* b = impl_->backend_for(dev, "send");
   const Impl::Traffic traffic{nb(tensor), 0};
   return impl_->enqueue("send", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
@@ -407,7 +397,7 @@ std::shared_ptr<Work> ProcessGroup::recv(const at::Tensor& tensor, int src, int 
   impl_->check(tensor, "recv");
   impl_->check_rank(src, "recv", "source");
   if (src == rank()) throw UsageError("recv: rank " + std::to_string(src) + " cannot receive from itself");
-  const auto dev = impl_->op_device("recv", {tensor});
+  const auto dev = impl_->op_device("recv", tensor);
   comm::Backend* b = impl_->backend_for(dev, "recv");
   const Impl::Traffic traffic{0, nb(tensor)};
   return impl_->enqueue("recv", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
