@@ -43,7 +43,9 @@ build-2: deps-torch2
 	        -DCMAKE_PREFIX_PATH="$$(bash scripts/torch2.sh prefix)" $(CMAKE_ARGS)
 	cmake --build $(BUILD2) -j $(JOBS)
 
-test: test-1.13 test-2
+# Both suites always run; one summary line each, then the total.
+test:
+	@MAKE="$(MAKE)" bash scripts/test-suites.sh test-1.13 test-2
 
 test-1.13: build deps-pyref
 	cd $(BUILD) && $(CTEST)

@@ -4,7 +4,7 @@
 # Idempotent: checks what is installed first and does nothing when all is there.
 # As root it runs apt-get; otherwise it prints the exact command to run.
 #   scripts/install-deps.sh          what building, testing and the demo need
-#   scripts/install-deps.sh --bench  also the references benchmarks compare with
+#   scripts/install-deps.sh --bench  the same (the benchmarks' references are in .venv)
 set -euo pipefail
 
 PACKAGES=(
@@ -21,13 +21,14 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev     # the mpi backend, and its tests under mpirun
   python3-venv                   # .venv for LibTorch 2.x from PyPI (scripts/torch2.sh)
   libcli11-dev nlohmann-json3-dev  # command lines and JSON of the tools, benchmarks, examples
+  python3-torch                  # torch.load 1.13 reads tdist's files in the tests (also
+                                 # PyTorch's Gloo, TCPStore, DDP: the benchmarks' references)
 )
 
-if [ "${1:-}" = "--bench" ]; then
-  PACKAGES+=(
-    python3-torch                # PyTorch's own Gloo and TCPStore, as references
-  )
-fi
+# The benchmarks need nothing more from Debian (their extra Python, the torch
+# wheel's dependencies and matplotlib, goes into .venv: scripts/torch2.sh
+# python, scripts/python-ref.sh bench); --bench is accepted for them.
+case "${1:-}" in ''|--bench) ;; *) echo "usage: $0 [--bench]" >&2; exit 2 ;; esac
 
 missing=()
 for p in "${PACKAGES[@]}"; do
