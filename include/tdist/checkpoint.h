@@ -1,5 +1,10 @@
-// Checkpoint files. So far: safetensors, written and read by streaming one
-// tensor at a time, crash-safe and checked.
+// safetensors files, written and read by streaming one tensor at a time,
+// crash-safe and checked. The rest of the checkpoint API is in
+// tdist/state_dict.h (full and sharded state dicts by the unwrapped model's
+// names, optimizer state), tdist/sharded_checkpoint.h (per-rank .pt files in
+// torch_xla's layout, loaded at any world size; consolidated .pt files read
+// back) and tdist/checkpoint_tools.h (consolidation to pt, safetensors or
+// libtorch, resharding, inspection; also the tdist-ckpt tool).
 //
 //   tdist::save_safetensors("model.safetensors", model->named_parameters());
 //   auto tensors = tdist::load_safetensors("model.safetensors");     // name -> tensor
