@@ -66,14 +66,18 @@ demo: build
 
 # tdist on both LibTorch versions against the references: PyTorch 1.13
 # (Debian's python3-torch) and PyTorch 2.x (the wheel in .venv, with the
-# CUDA libraries `import torch` needs), OpenMPI.
+# CUDA libraries `import torch` needs), OpenMPI; then the charts
+# (collectives.png, ddp.png, fsdp.png in $(BUILD)/bench; docs/benchmarks.md).
 bench: build build-2
 	@bash scripts/install-deps.sh --bench
 	@bash scripts/torch2.sh python
+	@bash scripts/python-ref.sh bench
 	mkdir -p $(BUILD)/bench
 	$(BUILD)/bin/tdist-bench store --json $(BUILD)/bench/store.json
 	bash bench/compare_collectives.sh $(BUILD) $(BUILD)/bench
 	bash bench/compare_ddp.sh $(BUILD) $(BUILD)/bench $(BUILD2)
+	bash bench/compare_fsdp.sh $(BUILD) $(BUILD)/bench/fsdp-compare $(BUILD2)
+	.venv/bin/python bench/plot.py $(BUILD)/bench
 
 # Training across two network namespaces over a rate-limited link (root).
 slow-link: build

@@ -3,7 +3,7 @@
 //   build/bin/tdist-run --nproc-per-node 2 build/bin/fashion_mnist [--model mlp|cnn] [--epochs 3]
 //       [--batch-size 64] [--lr 0.001] [--seed 0]
 //       [--hook allreduce|fp16|bf16|noop|powersgd|batched_powersgd] [--powersgd-rank 1] [--powersgd-start-iter 10]
-//       [--backend auto] [--data-dir /usr/share/datasets/fashion-mnist] [--json FILE]
+//       [--backend auto] [--data-dir /usr/share/datasets/fashion-mnist] [--json FILE] [--quiet] [--all-ranks]
 //
 // Reads Debian's dataset-fashion-mnist (gzipped IDX files), shards the
 // training set over the ranks with a distributed sampler (a shuffle shared by
@@ -22,6 +22,7 @@
 
 #include "examples/example_main.h"
 #include "examples/fashion_mnist_data.h"
+#include "examples/progress.h"
 #include "tdist/tdist.h"
 
 namespace {
@@ -40,6 +41,7 @@ struct Args {
   int64_t powersgd_start_iter = 10;
   int64_t max_steps = 0;     // stop after this many steps (0: all epochs)
   int64_t warmup_steps = 0;  // steps left out of ms_per_step
+  examples::ProgressOptions progress;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -72,6 +74,7 @@ Args parse(int argc, char** argv) {
   app.add_option("--data-dir", a.data_dir, "the gzipped IDX files (Debian's dataset-fashion-mnist)")
       ->capture_default_str();
   app.add_option("--json", a.json, "rank 0 writes the results here")->type_name("FILE");
+  examples::add_progress_flags(app, a.progress);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -145,6 +148,10 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
   const int64_t steps_per_epoch = (per_rank + a.batch_size - 1) / a.batch_size;
   int64_t steps = 0;
   auto timed_from = std::chrono::steady_clock::now();
+  examples::ProgressOptions po = a.progress;
+  po.rank = rank;
+  examples::Progress progress(po);
+  progress.start(a.max_steps > 0 ? std::min(a.max_steps, steps_per_epoch * a.epochs) : steps_per_epoch * a.epochs);
   for (int epoch = 0; epoch < a.epochs; ++epoch) {
     ddp->train();
     // Halve the learning rate after every epoch.
@@ -155,6 +162,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
     const torch::Tensor order = torch::randperm(n, torch::kLong).slice(0, rank, per_rank * world, world);
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
+    progress.set_label("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(a.epochs));
     for (int64_t s = 0; s < steps_per_epoch; ++s) {
       const torch::Tensor idx = order.slice(0, s * a.batch_size, std::min(per_rank, (s + 1) * a.batch_size));
       opt.zero_grad();
@@ -162,25 +170,19 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
                                                        train_y.index_select(0, idx));
       loss.backward();
       opt.step();
-      loss_sum += loss.item<double>();
+      const double step_loss = loss.item<double>();
+      loss_sum += step_loss;
       ++steps;
+      progress.step(idx.size(0) * world, step_loss);
       if (steps == a.warmup_steps) timed_from = std::chrono::steady_clock::now();
       if (a.max_steps > 0 && steps >= a.max_steps) break;
-      if (rank == 0 && (s % 20 == 0 || s + 1 == steps_per_epoch) && isatty(1)) {
-        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const int filled = static_cast<int>(30 * (s + 1) / steps_per_epoch);
-        std::printf("\repoch %d/%d [%-30s] %3lld%% %6.0f samples/s  loss %.4f", epoch + 1, a.epochs,
-                    std::string(filled, '#').c_str(), static_cast<long long>(100 * (s + 1) / steps_per_epoch),
-                    (s + 1) * a.batch_size * world / std::max(secs, 1e-9), loss_sum / (s + 1));
-        std::fflush(stdout);
-      }
     }
+    progress.finish();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const int64_t done = a.max_steps > 0 ? std::min(steps_per_epoch, a.max_steps - epoch * steps_per_epoch)
                                          : steps_per_epoch;
     if (rank == 0) {
-      std::printf("%sepoch %d/%d: %lld steps, %.1f s, %.0f samples/s, mean loss %.4f\n", isatty(1) ? "\n" : "",
-                  epoch + 1, a.epochs, static_cast<long long>(done), secs, done * a.batch_size * world / secs,
+      std::printf("epoch %d/%d: %lld steps, %.1f s, %.0f samples/s, mean loss %.4f\n", epoch + 1, a.epochs, static_cast<long long>(done), secs, done * a.batch_size * world / secs,
                   loss_sum / done);
     }
     if (a.max_steps > 0 && steps >= a.max_steps) break;

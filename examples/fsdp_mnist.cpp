@@ -3,7 +3,7 @@
 //
 //   build/bin/tdist-run --nproc-per-node 2 build/bin/fsdp_mnist --use-nested-fsdp --use-gradient-checkpointing
 //   build/bin/tdist-run --nproc-per-node 2 build/bin/fsdp_mnist --auto-wrap-policy type --sharding grad_op
-//       [--epochs 2] [--batch-size 64] [--lr 0.002] [--seed 0] [--data-dir ...] [--json FILE]
+//       [--epochs 2] [--batch-size 64] [--lr 0.002] [--seed 0] [--data-dir ...] [--json FILE] [--quiet] [--all-ranks]
 //
 // The network is one torch::nn::Sequential (two convolution stages with
 // BatchNorm, two linear layers). --use-nested-fsdp wraps each convolution
@@ -29,6 +29,7 @@
 
 #include "examples/example_main.h"
 #include "examples/fashion_mnist_data.h"
+#include "examples/progress.h"
 #include "tdist/tdist.h"
 
 namespace {
@@ -44,6 +45,7 @@ struct Args {
   std::string sharding = "full";
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::string json;
+  examples::ProgressOptions progress;
 };
 
 Args parse(int argc, char** argv) {
@@ -61,6 +63,7 @@ Args parse(int argc, char** argv) {
   app.add_option("--sharding", a.sharding)->check(CLI::IsMember({"full", "grad_op", "no"}))->capture_default_str();
   app.add_option("--data-dir", a.data_dir)->capture_default_str();
   app.add_option("--json", a.json, "rank 0 writes the results here")->type_name("FILE");
+  examples::add_progress_flags(app, a.progress);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -139,12 +142,17 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
   const int64_t per_rank = n / world;
   const int64_t steps_per_epoch = (per_rank + a.batch_size - 1) / a.batch_size;
   int64_t steps = 0;
+  examples::ProgressOptions po = a.progress;
+  po.rank = rank;
+  examples::Progress bar(po);
+  bar.start(steps_per_epoch * a.epochs);
   for (int epoch = 0; epoch < a.epochs; ++epoch) {
     model->train();
     torch::manual_seed(a.seed + 1000 + epoch);  // the same shuffle on every rank
     const torch::Tensor order = torch::randperm(n, torch::kLong).slice(0, rank, per_rank * world, world);
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
+    bar.set_label("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(a.epochs));
     for (int64_t s = 0; s < steps_per_epoch; ++s) {
       // Cosine decay over the whole run.
       const double progress = static_cast<double>(steps) / static_cast<double>(steps_per_epoch * a.epochs);
@@ -157,18 +165,15 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
                                                                 data.train_y.index_select(0, idx));
       loss.backward();
       opt.step();
-      loss_sum += loss.item<double>();
+      const double step_loss = loss.item<double>();
+      loss_sum += step_loss;
       ++steps;
-      if (rank == 0 && (s % 20 == 0 || s + 1 == steps_per_epoch) && isatty(1)) {
-        const int filled = static_cast<int>(30 * (s + 1) / steps_per_epoch);
-        std::printf("\repoch %d/%d [%-30s] %3lld%% loss %.4f", epoch + 1, a.epochs, std::string(filled, '#').c_str(),
-                    static_cast<long long>(100 * (s + 1) / steps_per_epoch), loss_sum / (s + 1));
-        std::fflush(stdout);
-      }
+      bar.step(idx.size(0) * world, step_loss);
     }
+    bar.finish();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (rank == 0) {
-      std::printf("%sepoch %d/%d: %lld steps, %.1f s, mean loss %.4f\n", isatty(1) ? "\n" : "", epoch + 1, a.epochs,
+      std::printf("epoch %d/%d: %lld steps, %.1f s, mean loss %.4f\n", epoch + 1, a.epochs,
                   static_cast<long long>(steps_per_epoch), secs, loss_sum / steps_per_epoch);
     }
   }

@@ -3,7 +3,7 @@
 // activation checkpointing, bf16 mixed precision.
 //
 //   build/bin/tdist-run --nproc-per-node 2 build/bin/fsdp_vit [--epochs 2] [--depth 4] [--dim 64]
-//       [--precision bf16|fp32] [--no-checkpointing] [--build-wrapped] [--max-steps N] [--json FILE]
+//       [--precision bf16|fp32] [--no-checkpointing] [--build-wrapped] [--max-steps N] [--json FILE] [--quiet] [--all-ranks]
 //
 // --build-wrapped builds each block already wrapped (tdist::wrap) while the
 // model is constructed, as seed 004's 10 B ViT does so that the whole model
@@ -25,6 +25,7 @@
 
 #include "examples/example_main.h"
 #include "examples/fashion_mnist_data.h"
+#include "examples/progress.h"
 #include "examples/vit_model.h"
 #include "tdist/tdist.h"
 
@@ -44,6 +45,7 @@ struct Args {
   int64_t max_steps = 0;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::string json;
+  examples::ProgressOptions progress;
 };
 
 Args parse(int argc, char** argv) {
@@ -62,6 +64,7 @@ Args parse(int argc, char** argv) {
   app.add_option("--max-steps", a.max_steps, "stop after this many steps (0: all epochs)")->capture_default_str();
   app.add_option("--data-dir", a.data_dir)->capture_default_str();
   app.add_option("--json", a.json, "rank 0 writes the results here")->type_name("FILE");
+  examples::add_progress_flags(app, a.progress);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -112,12 +115,17 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
   const int64_t steps_per_epoch = (per_rank + a.batch_size - 1) / a.batch_size;
   int64_t steps = 0;
   double train_seconds = 0;
+  examples::ProgressOptions po = a.progress;
+  po.rank = rank;
+  examples::Progress bar(po);
+  bar.start(a.max_steps > 0 ? std::min(a.max_steps, steps_per_epoch * a.epochs) : steps_per_epoch * a.epochs);
   for (int epoch = 0; epoch < a.epochs && (a.max_steps == 0 || steps < a.max_steps); ++epoch) {
     model->train();
     torch::manual_seed(a.seed + 1000 + epoch);
     const torch::Tensor order = torch::randperm(n, torch::kLong).slice(0, rank, per_rank * world, world);
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
+    bar.set_label("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(a.epochs));
     int64_t s = 0;
     for (; s < steps_per_epoch && (a.max_steps == 0 || steps < a.max_steps); ++s) {
       // Cosine decay over the whole run.
@@ -131,19 +139,16 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
           model(data.train_x.index_select(0, idx)).to(torch::kFloat), data.train_y.index_select(0, idx));
       loss.backward();
       opt.step();
-      loss_sum += loss.item<double>();
+      const double step_loss = loss.item<double>();
+      loss_sum += step_loss;
       ++steps;
-      if (rank == 0 && (s % 20 == 0 || s + 1 == steps_per_epoch) && isatty(1)) {
-        const int filled = static_cast<int>(30 * (s + 1) / steps_per_epoch);
-        std::printf("\repoch %d/%d [%-30s] %3lld%% loss %.4f", epoch + 1, a.epochs, std::string(filled, '#').c_str(),
-                    static_cast<long long>(100 * (s + 1) / steps_per_epoch), loss_sum / (s + 1));
-        std::fflush(stdout);
-      }
+      bar.step(idx.size(0) * world, step_loss);
     }
+    bar.finish();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     train_seconds += secs;
     if (rank == 0) {
-      std::printf("%sepoch %d/%d: %lld steps, %.1f s, mean loss %.4f\n", isatty(1) ? "\n" : "", epoch + 1, a.epochs,
+      std::printf("epoch %d/%d: %lld steps, %.1f s, mean loss %.4f\n", epoch + 1, a.epochs,
                   static_cast<long long>(s), secs, loss_sum / std::max<int64_t>(s, 1));
     }
   }

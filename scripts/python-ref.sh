@@ -7,6 +7,7 @@
 # it writes load in the Python tools people use.
 #
 #   scripts/python-ref.sh install   creates .venv if needed, installs what is missing
+#   scripts/python-ref.sh bench     also matplotlib, pinned, for make bench's charts (bench/plot.py)
 #   scripts/python-ref.sh python    prints the interpreter's path
 #
 # Idempotent. Nothing is downloaded except by pip from PyPI. VENV overrides
@@ -14,6 +15,7 @@
 set -euo pipefail
 
 SAFETENSORS_VERSION=0.8.0
+MATPLOTLIB_VERSION=3.10.8
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${VENV:-$root/.venv}
@@ -38,8 +40,17 @@ install() {
   VENV=$venv bash "$root/scripts/torch2.sh" importable
 }
 
+install_bench() {
+  install
+  if ! have matplotlib "$MATPLOTLIB_VERSION"; then
+    echo "tdist: installing matplotlib $MATPLOTLIB_VERSION into $venv (make bench's charts)" >&2
+    "$py" -m pip install --quiet --disable-pip-version-check "matplotlib==$MATPLOTLIB_VERSION"
+  fi
+}
+
 case "${1:-}" in
   install) install ;;
+  bench) install_bench ;;
   python) echo "$py" ;;
-  *) echo "usage: $0 install|python" >&2; exit 2 ;;
+  *) echo "usage: $0 install|bench|python" >&2; exit 2 ;;
 esac

@@ -24,7 +24,7 @@
 # Nothing is downloaded except by pip from PyPI. VENV overrides the location.
 set -euo pipefail
 
-TORCH2_VERSION=2.15.0
+TORCH2_VERSION=${TORCH2_VERSION:-2.15.0}  # the pin; TORCH2_VERSION=... builds against another (a GPU machine's)
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${VENV:-$root/.venv}

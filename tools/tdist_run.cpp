@@ -169,19 +169,43 @@ TokenPlan plan_token(const Options& o) {
   return p;
 }
 
+// A rank's output, line by line, each led by "[rank N]: ". A line a rank
+// redraws in place ("\r", a progress line) is shown in place too when this
+// launcher writes to a terminal (the ranks are told so by TDIST_TTY=1);
+// elsewhere only what a terminal would finally show of each line is kept.
+bool g_tty = false;
+const Child* g_open_line = nullptr;  // whose in-place line is on the screen
+
 void emit(Child& c, const char* data, size_t n, bool final) {
   c.partial.append(data, n);
   size_t start = 0;
+  auto shown = [](const std::string& s, size_t from, size_t to) {  // what follows the last '\r'
+    size_t cr = s.rfind('\r', to == from ? from : to - 1);
+    return cr == std::string::npos || cr < from ? from : cr + 1;
+  };
+  auto line = [&](size_t from, size_t to) {
+    if (to > from && c.partial[to - 1] == '\r') --to;  // a CRLF line ending
+    const size_t b = shown(c.partial, from, to);
+    if (g_open_line) std::printf(g_open_line == &c ? "\r\033[K" : "\n");
+    g_open_line = nullptr;
+    std::printf("[rank %d]: %.*s\n", c.rank, static_cast<int>(to - b), c.partial.data() + b);
+  };
   for (;;) {
     size_t nl = c.partial.find('\n', start);
     if (nl == std::string::npos) break;
-    std::printf("[rank %d]: %.*s\n", c.rank, static_cast<int>(nl - start), c.partial.data() + start);
+    line(start, nl);
     start = nl + 1;
   }
   c.partial.erase(0, start);
   if (final && !c.partial.empty()) {
-    std::printf("[rank %d]: %s\n", c.rank, c.partial.c_str());
+    line(0, c.partial.size());
     c.partial.clear();
+  } else if (g_tty && c.partial.find('\r') != std::string::npos) {
+    const size_t cr = c.partial.rfind('\r');
+    if (g_open_line && g_open_line != &c) std::printf("\n");
+    std::printf("\r[rank %d]: %s", c.rank, c.partial.c_str() + cr + 1);
+    g_open_line = &c;
+    c.partial.erase(0, cr);  // keep the '\r': the line is still being redrawn
   }
   std::fflush(stdout);
 }
@@ -231,6 +255,7 @@ Child spawn(const Options& o, int local_rank, int port, const TokenPlan& token) 
       unsetenv("TDIST_STORE_TOKEN");
       unsetenv("TDIST_STORE_TOKEN_FILE");
     }
+    if (g_tty) set("TDIST_TTY", "1");  // a rank's progress line may redraw in place
     if (!std::getenv("OMP_NUM_THREADS")) {
       long cores = sysconf(_SC_NPROCESSORS_ONLN);
       set("OMP_NUM_THREADS", std::to_string(std::max<long>(1, cores / o.nproc)));
@@ -258,6 +283,7 @@ void signal_rank(const Child& c, int sig) {
 // failed, or -1 if all succeeded.
 int run_once(const Options& o, int port, TokenPlan token, std::vector<Child>& kids) {
   kids.clear();
+  g_open_line = nullptr;
   // A fresh token per start: ranks left over from an earlier start cannot
   // join this one.
   if (token.kind == TokenPlan::kGenerate) token.token = tdist::detail::generate_token();
@@ -358,6 +384,7 @@ int run_once(const Options& o, int port, TokenPlan token, std::vector<Child>& ki
 
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
+  g_tty = isatty(1) == 1;
   struct sigaction sa{};
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, nullptr);

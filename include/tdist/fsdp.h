@@ -28,7 +28,8 @@
 // (averaged over ranks) into the shards' .grad. Parameters and buffers are
 // broadcast from rank 0 at construction.
 //
-// Limits: CPU parameters; forward and backward on one thread; every rank
+// Limits: a unit's parameters on one device (the CPU, or the CUDA device of
+// `device_id`); forward and backward on one thread; every rank
 // runs the same units in the same order (a unit skipped on one rank only is
 // a CollectiveMismatchError or a timeout, never a silent wrong result);
 // move, convert or load the module before wrapping it.

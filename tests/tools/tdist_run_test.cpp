@@ -67,6 +67,30 @@ TEST(TdistRun, RestartsTheWholeGroup) {
   EXPECT_NE(r.output.find("[rank 0]: finished"), std::string::npos) << r.output;
 }
 
+// A progress line a rank redraws with "\r": in a log only what a terminal
+// would finally show of each line; on a terminal (a pty from script(1)) the
+// ranks are told so (TDIST_TTY=1) and the line is redrawn in place.
+TEST(TdistRun, ShowsARedrawnLineAsATerminalWould) {
+  auto r = test::run_command(kRun + " --nproc-per-node 1 sh -c "
+                                    "'echo \"TTY=${TDIST_TTY:-unset}\"; printf \"step 1\\rstep 2\\rstep 3\\n\"'",
+                             30s);
+  ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+  EXPECT_NE(r.output.find("[rank 0]: TTY=unset"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 0]: step 3\n"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 1"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find('\r'), std::string::npos) << r.output;
+
+  // script(1) gives tdist-run a terminal; the rank's partial line appears before its newline does.
+  auto t = test::run_command(
+      "script -qec \"" + kRun +
+          R"( --nproc-per-node 1 sh -c 'echo TTY=\$TDIST_TTY; printf \"\\rstep 1\"; sleep 0.5; printf \"\\rstep 2\\n\"'" /dev/null)",
+      30s);
+  ASSERT_TRUE(test::exited_ok(t.status)) << t.output;
+  EXPECT_NE(t.output.find("[rank 0]: TTY=1"), std::string::npos) << t.output;
+  EXPECT_NE(t.output.find("\r[rank 0]: step 1"), std::string::npos) << t.output;
+  EXPECT_NE(t.output.find("[rank 0]: step 2"), std::string::npos) << t.output;
+}
+
 TEST(TdistRun, RejectsBadArguments) {
   auto r = test::run_command(kRun + " --nproc-per-node zero true", 10s);
   EXPECT_EQ(WEXITSTATUS(r.status), 2);
@@ -142,6 +166,30 @@ TEST(FashionMnist, OneEpochOnTwoRanksWithTheFp16Hook) {
   EXPECT_EQ(result["steps"].get<int>(), 469) << text;  // 60000 / 2 ranks / 64 per batch
   EXPECT_EQ(result["hook"].get<std::string>(), "fp16") << text;
   EXPECT_NE(r.output.find("[rank 0]: test accuracy"), std::string::npos) << r.output;
+  // In a log (no terminal): rank 0's plain progress line at the last step at
+  // least, with its rate and ETA; nothing from rank 1.
+  EXPECT_NE(r.output.find("[rank 0]: epoch 1/1  step 469/469  loss "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" samples/s  ETA 0:00\n"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("[rank 1]: "), std::string::npos) << r.output;
+}
+
+// --quiet: no progress lines, the summaries stay; --all-ranks: every rank's.
+TEST(FashionMnist, QuietAndAllRanks) {
+  auto q = test::run_command(kRun + " --nproc-per-node 2 " TDIST_BIN_DIR "/fashion_mnist --epochs 1 --max-steps 20 --quiet",
+                             300s);
+  ASSERT_TRUE(test::exited_ok(q.status)) << q.output;
+  EXPECT_EQ(q.output.find("step 20/20"), std::string::npos) << q.output;
+  EXPECT_NE(q.output.find("[rank 0]: epoch 1/1: 20 steps"), std::string::npos) << q.output;
+  EXPECT_NE(q.output.find("[rank 0]: test accuracy"), std::string::npos) << q.output;
+
+  auto a = test::run_command(
+      kRun + " --nproc-per-node 2 " TDIST_BIN_DIR "/fashion_mnist --epochs 1 --max-steps 20 --all-ranks", 300s);
+  ASSERT_TRUE(test::exited_ok(a.status)) << a.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string want = "[rank " + std::to_string(rank) + "]: rank " + std::to_string(rank) +
+                             ": epoch 1/1  step 20/20  loss ";
+    EXPECT_NE(a.output.find(want), std::string::npos) << "missing: " << want << "\n" << a.output;
+  }
 }
 
 TEST(RendezvousDemo, FourRanksLearnAboutEachOther) {
