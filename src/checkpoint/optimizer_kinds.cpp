@@ -50,22 +50,24 @@ class Kind final : public OptimizerKind {
     return out;
   }
 
-  std::unique_ptr<torch::optim::OptimizerParamState> make_state(const StateDict& fields,
-                                                                const std::string& param) const override {
+  std::unique_ptr<torch::optim::OptimizerParamState> make_state(const StateDict& fields, const std::string& name,
+                                                                const at::Tensor& param) const override {
     auto st = std::make_unique<State>();
     if constexpr (kHasStep) {
       if (has_step_) {
         const at::Tensor* step = fields.find("step");
-        if (!step || step->numel() != 1) throw CheckpointError("optimizer state of '" + param + "': no step");
+        if (!step || step->numel() != 1) throw CheckpointError("optimizer state of '" + name + "': no step");
         st->step(step->item<int64_t>());
       }
     }
     for (const auto& f : tensors_) {
       const at::Tensor* t = fields.find(f.name);
       if (t && t->defined()) {
-        f.get(*st) = t->detach().clone();
+        const bool cast = t->is_floating_point() && param.is_floating_point();
+        f.get(*st) = t->detach().to(param.device(), cast ? param.scalar_type() : t->scalar_type(),
+                                    /*non_blocking=*/false, /*copy=*/true);
       } else if (!f.optional) {
-        throw CheckpointError("optimizer state of '" + param + "': no " + f.name + " (" + name_ + ")");
+        throw CheckpointError("optimizer state of '" + name + "': no " + f.name + " (" + name_ + ")");
       }
     }
     return st;

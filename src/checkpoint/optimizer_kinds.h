@@ -25,9 +25,13 @@ class OptimizerKind {
   virtual ~OptimizerKind() = default;
   virtual const char* name() const = 0;
   virtual StateDict read_state(const torch::optim::OptimizerParamState& s) const = 0;
-  // A state from read_state's tensors (CheckpointError naming a missing one).
+  // A state from read_state's tensors (CheckpointError naming a missing
+  // one), each a copy on `param`'s device and, where both are floating
+  // point, in its dtype (as Python's Optimizer.load_state_dict does): a
+  // state read from a file is on the CPU, the parameter maybe on a GPU.
   virtual std::unique_ptr<torch::optim::OptimizerParamState> make_state(const StateDict& fields,
-                                                                        const std::string& param) const = 0;
+                                                                        const std::string& name,
+                                                                        const at::Tensor& param) const = 0;
   virtual std::map<std::string, double> read_options(const torch::optim::OptimizerOptions& o) const = 0;
   // Sets the options read_options names (others are left as they are).
   virtual void write_options(torch::optim::OptimizerOptions& o, const std::map<std::string, double>& values) const = 0;

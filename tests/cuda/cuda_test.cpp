@@ -18,6 +18,7 @@
 #include "tdist/fsdp.h"
 #include "tdist/fsdp_wrap.h"
 #include "tdist/powersgd.h"
+#include "tdist/sharded_checkpoint.h"
 #include "tests/process_group/conformance.h"
 #include "tests/util/process.h"
 #include "tests/util/world.h"
@@ -461,6 +462,96 @@ TEST_P(CudaFsdp, FullShardMatchesCpu) { run({tdist::ShardingStrategy::FULL_SHARD
 TEST_P(CudaFsdp, ShardGradOpMatchesCpu) { run({tdist::ShardingStrategy::SHARD_GRAD_OP, std::nullopt}); }
 TEST_P(CudaFsdp, Bf16MixedPrecisionMatchesCpu) { run({tdist::ShardingStrategy::FULL_SHARD, at::kBFloat16}); }
 INSTANTIATE_TEST_SUITE_P(Backends, CudaFsdp,
+                         ::testing::Values(std::make_tuple("shm", 2), std::make_tuple("gloo", 3),
+                                           std::make_tuple("nccl", 1)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_world" + std::to_string(std::get<1>(info.param));
+                         });
+
+// ---- sharded checkpoints of a CUDA FSDP model ---------------------------------
+
+// A model with its shards on cuda:0 saves its sharded checkpoint (model and
+// Adam state); a fresh model on the GPU and one on the CPU load it back bit
+// for bit, and the three then take the same next steps (the optimizer's
+// state came back too).
+std::string g_ckpt_dir;
+
+void fsdp_checkpoint_round_trip(ProcessGroup& pg) {
+  tdist::detail::load_torch_cuda();
+  auto pgs = std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {});
+  struct Run {
+    std::unique_ptr<tdist::FSDP<torch::nn::Sequential>> model;
+    std::unique_ptr<torch::optim::Adam> opt;
+    c10::Device dev;
+  };
+  auto make = [&](c10::Device dev, uint64_t seed) {
+    torch::manual_seed(seed);
+    torch::nn::Sequential seq(torch::nn::Linear(6, 33), torch::nn::Tanh(), torch::nn::Linear(33, 17),
+                              torch::nn::Tanh(), torch::nn::Linear(17, 3));
+    tdist::FullyShardedDataParallelOptions o;
+    o.process_group = pgs;
+    o.auto_wrap_policy = tdist::lambda_auto_wrap_policy(
+        [](torch::nn::Module& m) { return dynamic_cast<torch::nn::LinearImpl*>(&m) != nullptr; });
+    if (dev.is_cuda()) o.device_id = dev;
+    Run r{std::make_unique<tdist::FSDP<torch::nn::Sequential>>(seq, o), nullptr, dev};
+    r.opt = std::make_unique<torch::optim::Adam>((*r.model)->parameters(), 0.01);
+    return r;
+  };
+  auto train = [&](Run& r, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      torch::manual_seed(200 + 10 * pg.rank() + step);
+      at::Tensor x = torch::randn({16, 6}).to(r.dev);
+      at::Tensor y = torch::randint(0, 3, {16}, at::kLong).to(r.dev);
+      r.opt->zero_grad();
+      torch::nn::functional::cross_entropy((*r.model)(x), y).backward();
+      r.opt->step();
+    }
+  };
+  auto shards = [](Run& r) {
+    std::vector<at::Tensor> ps;
+    for (const auto& p : (*r.model)->parameters()) {
+      WORLD_CHECK(p.device() == r.dev, "shard on " << p.device() << ", not " << r.dev);
+      ps.push_back(p.detach().cpu().clone());
+    }
+    return ps;
+  };
+  const std::string prefix = g_ckpt_dir + "/ckpt";
+  Run saved = make(kGpu, 0);
+  train(saved, 0, 3);
+  tdist::save_sharded_checkpoint(prefix, pg, **saved.model, saved.opt.get());
+  const auto at_save = shards(saved);
+  Run on_gpu = make(kGpu, 7), on_cpu = make(c10::Device(c10::kCPU), 8);  // other initial weights
+  tdist::load_sharded_checkpoint(prefix, pg, **on_gpu.model, on_gpu.opt.get());
+  tdist::load_sharded_checkpoint(prefix, pg, **on_cpu.model, on_cpu.opt.get());
+  for (Run* r : {&on_gpu, &on_cpu}) {
+    const auto got = shards(*r);
+    WORLD_CHECK(got.size() == at_save.size(), "different parameter counts");
+    for (size_t i = 0; i < got.size(); ++i) {
+      WORLD_CHECK(at::equal(got[i], at_save[i]), "shard " << i << " on " << r->dev << " not loaded bit for bit");
+    }
+  }
+  train(saved, 3, 6);
+  train(on_gpu, 3, 6);
+  train(on_cpu, 3, 6);
+  const auto want = shards(saved), gpu_after = shards(on_gpu), cpu_after = shards(on_cpu);
+  for (size_t i = 0; i < want.size(); ++i) {
+    WORLD_CHECK(at::equal(gpu_after[i], want[i]), "shard " << i << ": the GPU resume took another step");
+    const double diff = want[i].numel() == 0 ? 0 : (cpu_after[i] - want[i]).abs().max().item<double>();
+    WORLD_CHECK(diff < 1e-5, "shard " << i << ": the CPU resume differs by " << diff);
+  }
+}
+
+class CudaFsdpCheckpoint : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(CudaFsdpCheckpoint, SavesAndLoadsOnGpuAndCpu) {
+  tdist::test::TempDir dir;
+  g_ckpt_dir = dir.path();
+  WorldOptions o;
+  o.backend = std::get<0>(GetParam());
+  o.limit = std::chrono::milliseconds(240'000);
+  EXPECT_EQ(run_world(std::get<1>(GetParam()), fsdp_checkpoint_round_trip, o), "");
+}
+INSTANTIATE_TEST_SUITE_P(Backends, CudaFsdpCheckpoint,
                          ::testing::Values(std::make_tuple("shm", 2), std::make_tuple("gloo", 3),
                                            std::make_tuple("nccl", 1)),
                          [](const auto& info) {
