@@ -43,8 +43,13 @@ COLLECTIVE_TOOLS = [  # file prefix, label, style
 
 
 def load(path):
-    with open(path) as f:
-        return json.load(f)
+    """A JSON file, or None (said on stdout) when it cannot be read: a run killed mid-write."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"plot: {path} left out: {e}")
+        return None
 
 
 def rows_of(doc):
@@ -103,6 +108,9 @@ def plot_collectives(bench, out):
         return None
     ops = [op for op in ("all_reduce", "reduce_scatter", "all_gather")
            if any(op in per_op for per_op in series.values())]
+    if not ops:
+        print(f"plot: no all_reduce, reduce_scatter or all_gather results in {bench}; collectives.png skipped")
+        return None
     fig, axes = plt.subplots(1, len(ops), figsize=(5.2 * len(ops), 4.4), squeeze=False)
     for ax, op in zip(axes[0], ops):
         if op in ceiling:
@@ -126,9 +134,9 @@ def plot_collectives(bench, out):
         ax.grid(True, which="major", alpha=0.3)
     axes[0][0].set_ylabel("bus bandwidth (GB/s, higher is better)")
     axes[0][0].legend(fontsize=8, loc="upper left")
-    rounds = len(glob.glob(os.path.join(bench, "tdist-shm-[0-9]*.json")))
-    world = next((r.get("world_size") for r in rows_of(load(glob.glob(os.path.join(bench, "tdist-shm-*.json"))[0]))
-                  if r.get("world_size")), 2) if rounds else 2
+    shm_files = sorted(glob.glob(os.path.join(bench, "tdist-shm-[0-9]*.json")))
+    rounds = len(shm_files)
+    world = next((r.get("world_size") for f in shm_files for r in rows_of(load(f)) if r.get("world_size")), 2)
     fig.suptitle(f"Collectives, float32, world size {world}, medians over {rounds} interleaved rounds")
     return save(fig, out, "collectives.png")
 
@@ -142,7 +150,9 @@ def plot_ddp(bench, out):
         if not os.path.isfile(path):
             continue
         rows = rows_of(load(path))
-        versions[name] = torch_version(rows, "2.x" if "2" in name else "1.13")
+        v = torch_version(rows, None)  # PyTorch's rows name their version; tdist's do not
+        if v:
+            versions[name] = v
         for r in rows:
             data.setdefault(name, {})[r["variant"]] = float(r["ms_per_step"])
             if r["variant"] not in variants:
@@ -151,10 +161,10 @@ def plot_ddp(bench, out):
         print(f"plot: no DDP results in {bench} (bench/compare_ddp.sh); ddp.png skipped")
         return None
     # tdist's versions and PyTorch's: label each by the version the tdist run of that pair used.
-    versions.setdefault("tdist-ddp", versions.get("torch-ddp", "1.13"))
-    versions.setdefault("tdist2-ddp", versions.get("torch2-ddp", "2.x"))
-    versions.setdefault("torch-ddp", versions["tdist-ddp"])
-    versions.setdefault("torch2-ddp", versions["tdist2-ddp"])
+    versions.setdefault("torch-ddp", "1.13")
+    versions.setdefault("torch2-ddp", "2.x")
+    versions.setdefault("tdist-ddp", versions["torch-ddp"])
+    versions.setdefault("tdist2-ddp", versions["torch2-ddp"])
     present = [f for f in files if f[0] in data]
     fig, ax = plt.subplots(figsize=(9.5, 4.4))
     width = 0.8 / len(present)
@@ -177,7 +187,7 @@ def plot_fsdp(bench, out):
     if not os.path.isfile(path):
         print(f"plot: no {path} (bench/compare_fsdp.sh); fsdp.png skipped")
         return None
-    runs = [r for r in load(path).get("runs", []) if r.get("case", "").startswith("timing")]
+    runs = [r for r in (load(path) or {}).get("runs", []) if r.get("case", "").startswith("timing")]
     if not runs:
         print(f"plot: {path} holds no timing case; fsdp.png skipped")
         return None

@@ -6,8 +6,9 @@
 // under tdist-run on a terminal too (tdist-run sets TDIST_TTY=1 for its
 // ranks and redraws their in-place lines). Elsewhere (a log, a pipe, CI) a
 // plain line is printed every `interval_s` seconds and at the last step.
-// Other ranks print nothing unless `all_ranks`; `quiet` prints no progress
-// at all (the program's own end-of-epoch and final lines stay).
+// Other ranks print nothing unless `all_ranks` (then every rank prints plain
+// lines, never in place); `quiet` prints no progress at all (the program's
+// own end-of-epoch and final lines stay).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -59,7 +60,11 @@ class Progress {
   using Clock = std::chrono::steady_clock;
 
   explicit Progress(ProgressOptions o)
-      : o_(std::move(o)), shown_(!o_.quiet && (o_.rank == 0 || o_.all_ranks)), live_(stdout_is_terminal()) {}
+      : o_(std::move(o)),
+        shown_(!o_.quiet && (o_.rank == 0 || o_.all_ranks)),
+        // Every rank redrawing one line in place would fight over it: with
+        // all_ranks, plain lines.
+        live_(stdout_is_terminal() && !o_.all_ranks) {}
 
   // Starts the run: `total` steps in all.
   void start(int64_t total) {

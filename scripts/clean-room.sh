@@ -33,9 +33,12 @@
 #     same compiler bytes and every header it read, found in the clean root
 #     (a missing header falls through to a real compile, which fails).
 #
-# Needs root (debootstrap, mounts, chroot). Prints the wall time of each step
+# Needs root (debootstrap, mounts, chroot). The root shares this machine's
+# network, so do not run it beside another `make test` here (the tests use
+# fixed ports). Prints the wall time of each step
 # and ends with one line per step; the result is also written to
-# CACHE/results/<date>-<commit>.txt. Exits non-zero when a step failed.
+# CACHE/results/<date>-<commit>.txt, each step's whole output beside it
+# (<date>-<commit>-<step>.log). Exits non-zero when a step failed.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -68,7 +71,11 @@ t0=$SECONDS
 if [ ! -f "$base/.tdist-base-ok" ]; then
   command -v debootstrap >/dev/null || { log "installing debootstrap"; apt-get install -y -qq debootstrap >/dev/null; }
   log "making the base root in $base (debootstrap bookworm minbase from $mirror)"
-  rm -rf "$base"
+  # A half-made base (debootstrap stopped) may still have proc or sys mounted.
+  if [ -d "$base" ]; then
+    findmnt -Rrno TARGET --target "$base" 2>/dev/null | grep "^$base/" | sort -r | xargs -r umount -l || true
+    rm -rf --one-file-system "$base"
+  fi
   debootstrap --variant=minbase --include=make,git,ca-certificates \
     --cache-dir="$cache/apt-archives" bookworm "$base" "$mirror" > "$cache/debootstrap.log" 2>&1 ||
     { tail -n 20 "$cache/debootstrap.log" >&2; log "debootstrap failed"; exit 1; }
@@ -104,7 +111,13 @@ root=$run/root
 dest=$root$repo
 mkdir -p "$(dirname "$dest")"
 git clone -q --no-hardlinks "$repo" "$dest"
+git -C "$dest" cat-file -e "$sha^{commit}" 2>/dev/null || git -C "$dest" fetch -q "$repo" "$sha"
 git -C "$dest" checkout -q "$sha"
+# The machine's own name and loopback names, as on a new machine of this kind
+# (configuration of the image, not packages); minbase has no netbase.
+for f in /etc/hosts /etc/hostname /etc/services /etc/protocols; do
+  [ -f "$f" ] && cp "$f" "$root$f"
+done
 
 pip_cache=${PIP_CACHE_DIR:-$HOME/.cache/pip}
 ccache_dir=$(ccache -k cache_dir 2>/dev/null || echo "$HOME/.cache/ccache")
@@ -132,7 +145,7 @@ inside() {
     cuda=$(readlink -f /usr/local/cuda 2>/dev/null || true)
     if [ -n "$cuda" ] && [ -d "$cuda" ]; then
       mkdir -p "$root$cuda"; mount --bind -o ro "$cuda" "$root$cuda"
-      ln -sfn "$cuda" "$root/usr/local/cuda"
+      [ "$cuda" = /usr/local/cuda ] || ln -sfn "$cuda" "$root/usr/local/cuda"
     fi
     exec chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
       PATH=/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
@@ -153,11 +166,12 @@ for step in $steps; do
   what="rc $rc"
   if [ "$step" = test ]; then
     # test-suites.sh's summary: one line per suite, then the total.
-    what="$what; $(sed -n '/^==== make test: one line per suite/,$p' "$run/$step.log" | sed 1d | paste -sd ';' | tr -s ' ')"
+    what="$what; $(sed -n '/^==== make test: one line per suite/,$p' "$run/$step.log" | sed 1d | paste -sd ';' | tr -s ' ' || true)"
   elif [ "$step" = demo ]; then
-    what="$what; $(grep -E 'test accuracy|accuracy' "$run/$step.log" | tail -n 1 | tr -s ' ')"
+    what="$what; $(grep -E 'test accuracy' "$run/$step.log" | tail -n 1 | tr -s ' ' || true)"
   fi
   results+=("$(printf 'make %-6s %s  %s' "$step" "$(hms $secs)" "$what")")
+  cp "$run/$step.log" "$cache/results/$(date -u +%Y-%m-%d)-$short-$step.log"
   [ "$rc" -eq 0 ] || status=1
 done
 

@@ -40,5 +40,5 @@ done
 for f in "$pack"/bin/* "$pack"/lib/*.so*; do
   ldd "$f" 2>/dev/null | awk '/=> \// {print $3}'
 done | sort -u | grep -E '^/(usr/)?lib/(x86_64-linux-gnu/)?lib(gloo|ibverbs|nl-3|nl-route-3|hiredis|uv)[.-]' |
-  while read -r l; do cp -L "$l" "$pack/lib/"; done
+  while read -r l; do cp -L "$l" "$pack/lib/"; done || true
 du -sh "$pack"

@@ -19,7 +19,7 @@ logdir=$(mktemp -d "${TMPDIR:-/tmp}/tdist-test.XXXXXX")
 trap 'rm -rf "$logdir"' EXIT
 
 summary=()
-total_pass=0 total_fail=0 status=0
+total_pass=0 total_fail=0 not_run=0 status=0
 for suite in "$@"; do
   log=$logdir/$suite.log
   t0=$SECONDS
@@ -39,17 +39,24 @@ for suite in "$@"; do
       summary+=("$(printf '%-28s %d passed, %d failed (%d min %02d s)' "$name:" "$passed" "$failed" $((secs / 60)) $((secs % 60)))")
     else
       status=1
-      summary+=("$(printf '%-28s %d passed, %d failed (%d min %02d s) FAILED:' "$name:" "$passed" "$failed" $((secs / 60)) $((secs % 60)))")
+      summary+=("$(printf '%-28s %d passed, %d failed (%d min %02d s) FAILED (rc %d):' "$name:" "$passed" "$failed" $((secs / 60)) $((secs % 60)) "$rc")")
       while read -r t; do summary+=("    $t"); done < <(sed -n '/The following tests FAILED:/,$p' "$log" | grep -E '^\s+[0-9]+ - ' | head -n 20)
     fi
   else
     status=1
-    summary+=("$(printf '%-28s not run: make %s stopped before its tests (rc %d, %d min %02d s; see above)' "$name:" "$suite" "$rc" $((secs / 60)) $((secs % 60)))")
+    not_run=$((not_run + 1))
+    why="make $suite stopped before its tests"
+    grep -q 'No tests were found' "$log" && why="ctest found no tests"
+    summary+=("$(printf '%-28s not run: %s (rc %d, %d min %02d s; see above)' "$name:" "$why" "$rc" $((secs / 60)) $((secs % 60)))")
   fi
 done
 
 echo
 echo "==== make test: one line per suite ===="
 printf '%s\n' "${summary[@]}"
-echo "total: $total_pass passed, $total_fail failed"
+if [ "$not_run" -gt 0 ]; then
+  echo "total: $total_pass passed, $total_fail failed; $not_run of $# suites not run"
+else
+  echo "total: $total_pass passed, $total_fail failed"
+fi
 exit $status

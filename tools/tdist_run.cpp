@@ -28,6 +28,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -176,19 +177,30 @@ TokenPlan plan_token(const Options& o) {
 bool g_tty = false;
 const Child* g_open_line = nullptr;  // whose in-place line is on the screen
 
+// What a terminal would show of s[from, to): the text after the last '\r'
+// that has text after it (trailing '\r's, as in "\r\n" or "50%\r", end a
+// text rather than start one). Its start is returned in `start`.
+std::string_view on_screen(const std::string& s, size_t from, size_t to, size_t* start = nullptr) {
+  while (to > from && s[to - 1] == '\r') --to;
+  size_t b = from;
+  for (size_t i = to; i > from; --i) {
+    if (s[i - 1] == '\r') {
+      b = i;
+      break;
+    }
+  }
+  if (start) *start = b;
+  return std::string_view(s).substr(b, to - b);
+}
+
 void emit(Child& c, const char* data, size_t n, bool final) {
   c.partial.append(data, n);
   size_t start = 0;
-  auto shown = [](const std::string& s, size_t from, size_t to) {  // what follows the last '\r'
-    size_t cr = s.rfind('\r', to == from ? from : to - 1);
-    return cr == std::string::npos || cr < from ? from : cr + 1;
-  };
   auto line = [&](size_t from, size_t to) {
-    if (to > from && c.partial[to - 1] == '\r') --to;  // a CRLF line ending
-    const size_t b = shown(c.partial, from, to);
+    const std::string_view text = on_screen(c.partial, from, to);
     if (g_open_line) std::printf(g_open_line == &c ? "\r\033[K" : "\n");
     g_open_line = nullptr;
-    std::printf("[rank %d]: %.*s\n", c.rank, static_cast<int>(to - b), c.partial.data() + b);
+    std::printf("[rank %d]: %.*s\n", c.rank, static_cast<int>(text.size()), text.data());
   };
   for (;;) {
     size_t nl = c.partial.find('\n', start);
@@ -201,11 +213,12 @@ void emit(Child& c, const char* data, size_t n, bool final) {
     line(0, c.partial.size());
     c.partial.clear();
   } else if (g_tty && c.partial.find('\r') != std::string::npos) {
-    const size_t cr = c.partial.rfind('\r');
+    size_t b = 0;
+    const std::string_view text = on_screen(c.partial, 0, c.partial.size(), &b);
     if (g_open_line && g_open_line != &c) std::printf("\n");
-    std::printf("\r[rank %d]: %s", c.rank, c.partial.c_str() + cr + 1);
+    std::printf("\r[rank %d]: %.*s\033[K", c.rank, static_cast<int>(text.size()), text.data());
     g_open_line = &c;
-    c.partial.erase(0, cr);  // keep the '\r': the line is still being redrawn
+    if (b > 0) c.partial.erase(0, b - 1);  // from the '\r' before the text: the line is still being redrawn
   }
   std::fflush(stdout);
 }

@@ -63,6 +63,10 @@ class Kind final : public OptimizerKind {
     for (const auto& f : tensors_) {
       const at::Tensor* t = fields.find(f.name);
       if (t && t->defined()) {
+        if (!param.defined()) {  // a check only: nothing to place
+          f.get(*st) = t->detach().clone();
+          continue;
+        }
         const bool cast = t->is_floating_point() && param.is_floating_point();
         f.get(*st) = t->detach().to(param.device(), cast ? param.scalar_type() : t->scalar_type(),
                                     /*non_blocking=*/false, /*copy=*/true);

@@ -28,7 +28,8 @@ class OptimizerKind {
   // A state from read_state's tensors (CheckpointError naming a missing
   // one), each a copy on `param`'s device and, where both are floating
   // point, in its dtype (as Python's Optimizer.load_state_dict does): a
-  // state read from a file is on the CPU, the parameter maybe on a GPU.
+  // state read from a file is on the CPU, the parameter maybe on a GPU. An
+  // undefined `param` (a check before anything changes): copies as read.
   virtual std::unique_ptr<torch::optim::OptimizerParamState> make_state(const StateDict& fields,
                                                                         const std::string& name,
                                                                         const at::Tensor& param) const = 0;

@@ -178,7 +178,8 @@ void put(torch::nn::Module& model, torch::optim::Optimizer& opt, const Optimizer
         const bool slice = full && s.unit && s.unit->sharded && f.key() != "step";
         mine.insert(f.key(), slice ? checkpoint::rows_of(f.value(), *s.unit) : f.value());
       }
-      made.emplace_back(compat::optimizer_state_key(s.param), kind.make_state(mine, s.name, s.param));
+      made.emplace_back(compat::optimizer_state_key(s.param),
+                        kind.make_state(mine, s.name, apply ? s.param : at::Tensor()));
     }
   }
   for (const auto& item : state.state) {

@@ -80,6 +80,14 @@ TEST(TdistRun, ShowsARedrawnLineAsATerminalWould) {
   EXPECT_EQ(r.output.find("step 1"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find('\r'), std::string::npos) << r.output;
 
+  // CRLF endings, a blank CRLF line, a line that ends in '\r': each line's own text, once.
+  auto c = test::run_command(kRun + " --nproc-per-node 1 sh -c "
+                                    "'printf \"a\\r\\n\\r\\nb\\n50%%\\r100%%\\r\\nc\\n\"'",
+                             30s);
+  ASSERT_TRUE(test::exited_ok(c.status)) << c.output;
+  EXPECT_NE(c.output.find("[rank 0]: a\n[rank 0]: \n[rank 0]: b\n[rank 0]: 100%\n[rank 0]: c\n"), std::string::npos)
+      << c.output;
+
   // script(1) gives tdist-run a terminal; the rank's partial line appears before its newline does.
   auto t = test::run_command(
       "script -qec \"" + kRun +
