@@ -142,8 +142,8 @@ def plot_collectives(bench, out):
 
 
 def plot_ddp(bench, out):
-    files = [("tdist-ddp", "tdist / {v} (shm)", "#d62728"), ("torch-ddp", "PyTorch {v} (Gloo)", "#2ca02c"),
-             ("tdist2-ddp", "tdist / {v} (shm)", "#ff9896"), ("torch2-ddp", "PyTorch {v} (Gloo)", "#98df8a")]
+    files = [("tdist-ddp", "tdist on LibTorch {v} (shm)", "#d62728"), ("torch-ddp", "PyTorch {v} DDP (Gloo)", "#2ca02c"),
+             ("tdist2-ddp", "tdist on LibTorch {v} (shm)", "#ff9896"), ("torch2-ddp", "PyTorch {v} DDP (Gloo)", "#98df8a")]
     data, versions, variants = {}, {}, []
     for name, _, _ in files:
         path = os.path.join(bench, name + ".json")
