@@ -11,7 +11,8 @@ BUILD      ?= build
 BUILD2     ?= build-torch2
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
-GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
+# Expanded when a recipe runs, after `deps` may have installed ninja.
+GENERATOR   = $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 CTEST      := ctest -j $(JOBS) --output-on-failure --timeout 300
 
 .PHONY: all deps deps-torch2 deps-pyref configure build build-2 test test-1.13 test-2 test-gpu demo bench slow-link asan tsan fuzz clean
@@ -28,7 +29,7 @@ deps-torch2: deps
 deps-pyref: deps
 	@bash scripts/python-ref.sh install
 
-$(BUILD)/CMakeCache.txt:
+$(BUILD)/CMakeCache.txt: | deps
 	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS)
 
 configure: deps $(BUILD)/CMakeCache.txt
