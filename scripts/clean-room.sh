@@ -118,6 +118,13 @@ git -C "$dest" checkout -q "$sha"
 for f in /etc/hosts /etc/hostname /etc/services /etc/protocols; do
   [ -f "$f" ] && cp "$f" "$root$f"
 done
+# How this machine reaches the package registries, which every machine of
+# this kind is set up with: the certificate authorities it adds to the
+# system's (an egress proxy's), pip's settings and apt's.
+mkdir -p "$root/usr/local/share/ca-certificates"
+cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
+[ -f /etc/pip.conf ] && cp /etc/pip.conf "$root/etc/pip.conf"
+cp /etc/apt/apt.conf.d/* "$root/etc/apt/apt.conf.d/" 2>/dev/null || true
 
 pip_cache=${PIP_CACHE_DIR:-$HOME/.cache/pip}
 ccache_dir=$(ccache -k cache_dir 2>/dev/null || echo "$HOME/.cache/ccache")
@@ -149,7 +156,8 @@ inside() {
     fi
     exec chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
       PATH=/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-      bash -c "$cmd"
+      ${PIP_DEFAULT_TIMEOUT:+PIP_DEFAULT_TIMEOUT=$PIP_DEFAULT_TIMEOUT} \
+      bash -c "update-ca-certificates >/dev/null 2>&1 || true; $cmd"
   ' inside "$root" "$shm_size" "$cache/apt-archives" "$pip_cache" "$ccache_dir" "$cold" "$cmd"
 }
 
