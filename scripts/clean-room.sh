@@ -23,7 +23,9 @@
 # Python: a tool that the image happens to hold but the scripts forget fails
 # here. The one thing taken from the image is the CUDA toolkit in
 # /usr/local/cuda (not a Debian package, part of every machine of this kind,
-# and what a CUDA LibTorch's cmake config looks for), bound read-only.
+# and what a CUDA LibTorch's cmake config looks for), bound read-only, with
+# the image's loader paths into it; and the configuration through which the
+# machine reaches the registries (below).
 #
 # What it may reuse for speed, none of which can stand in for an install:
 #   - this machine's apt sources, and a .deb cache of its own (in --cache);
@@ -125,6 +127,11 @@ mkdir -p "$root/usr/local/share/ca-certificates"
 cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
 [ -f /etc/pip.conf ] && cp /etc/pip.conf "$root/etc/pip.conf"
 cp /etc/apt/apt.conf.d/* "$root/etc/apt/apt.conf.d/" 2>/dev/null || true
+# The image's loader paths into the CUDA toolkit (cuBLAS, cuDNN, …, which
+# `import torch` of the CUDA wheel loads from there on a machine of this kind).
+for f in /etc/ld.so.conf.d/*.conf; do
+  grep -q '^/usr/local/cuda' "$f" 2>/dev/null && cp "$f" "$root/etc/ld.so.conf.d/"
+done
 
 pip_cache=${PIP_CACHE_DIR:-$HOME/.cache/pip}
 ccache_dir=$(ccache -k cache_dir 2>/dev/null || echo "$HOME/.cache/ccache")
@@ -157,7 +164,7 @@ inside() {
     exec chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
       PATH=/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
       ${PIP_DEFAULT_TIMEOUT:+PIP_DEFAULT_TIMEOUT=$PIP_DEFAULT_TIMEOUT} \
-      bash -c "update-ca-certificates >/dev/null 2>&1 || true; $cmd"
+      bash -c "update-ca-certificates >/dev/null 2>&1 || true; ldconfig; $cmd"
   ' inside "$root" "$shm_size" "$cache/apt-archives" "$pip_cache" "$ccache_dir" "$cold" "$cmd"
 }
 

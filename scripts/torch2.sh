@@ -126,6 +126,14 @@ install_importable() {
       "nvidia-nccl-cu13$(requirement_pin nvidia-nccl-cu13)" \
       typing_extensions sympy networkx jinja2 fsspec filelock numpy
   fi
+  # The rest (cuBLAS, cuDNN, cuFFT, …) comes from the CUDA toolkit of a
+  # machine of this project's kind (/usr/local/cuda, on the loader's path).
+  # Where there is none, the wheels of all of torch's dependencies.
+  local why
+  if ! why=$("$py" -c 'import numpy, torch' 2>&1); then
+    log "import torch still fails ($(tail -n 1 <<< "$why")): no CUDA toolkit here to lend its libraries"
+    install_python
+  fi
 }
 
 install_python() {
