@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -223,6 +224,28 @@ void emit(Child& c, const char* data, size_t n, bool final) {
   std::fflush(stdout);
 }
 
+// Whether a child is on its way out (PF_EXITING in /proc/PID/stat's flags,
+// or already a zombie) but not yet reaped.
+bool is_exiting(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[1024];
+  const ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');  // after the command name, which may hold anything
+  if (!p) return false;
+  char state = 0;
+  unsigned long flags = 0;
+  // state ppid pgrp session tty_nr tpgid flags
+  if (std::sscanf(p + 1, " %c %*d %*d %*d %*d %*d %lu", &state, &flags) != 2) return false;
+  constexpr unsigned long kPfExiting = 0x4;
+  return state == 'Z' || state == 'X' || (flags & kPfExiting) != 0;
+}
+
 std::string describe(int status) {
   if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
@@ -304,6 +327,7 @@ int run_once(const Options& o, int port, TokenPlan token, std::vector<Child>& ki
   int first_failure = -1;
   int candidate = -1;  // the first failure seen, until it settles
   constexpr auto kSettle = std::chrono::milliseconds(300);
+  constexpr auto kExitingWait = std::chrono::seconds(10);
   std::chrono::steady_clock::time_point settle_at{};
   bool terminating = false;
   std::chrono::steady_clock::time_point kill_at{}, term_at{};
@@ -345,7 +369,8 @@ int run_once(const Options& o, int port, TokenPlan token, std::vector<Child>& ki
     // Which rank failed first: when a rank is killed, its peers notice
     // within milliseconds and exit with an error, sometimes before the
     // killed one can be reaped (its teardown takes longer). So a failure
-    // by exit code is held for kSettle, and a rank killed by a signal
+    // by exit code is held for kSettle, and longer while another rank is
+    // still exiting (up to kExitingWait), and a rank killed by a signal
     // within that time is named instead.
     for (auto& k : kids) {
       if (k.exited) continue;
@@ -358,17 +383,24 @@ int run_once(const Options& o, int port, TokenPlan token, std::vector<Child>& ki
         const int idx = static_cast<int>(&k - kids.data());
         if (candidate < 0) {
           candidate = idx;
-          settle_at = std::chrono::steady_clock::now() + kSettle;
           term_at = std::chrono::steady_clock::now() +
                     std::chrono::milliseconds(static_cast<int64_t>(o.peer_wait_s * 1000));
+          settle_at = std::chrono::steady_clock::now() + kSettle;
         } else if (WIFSIGNALED(status) && !WIFSIGNALED(kids[candidate].status)) {
           candidate = idx;
         }
       }
     }
-    if (first_failure < 0 && candidate >= 0 &&
-        (WIFSIGNALED(kids[candidate].status) || running == 0 || std::chrono::steady_clock::now() >= settle_at)) {
-      first_failure = candidate;
+    if (first_failure < 0 && candidate >= 0) {
+      const auto now = std::chrono::steady_clock::now();
+      // A rank still tearing down (killed, not yet reaped: seconds under
+      // load) may be the one that failed first: wait for it, within bounds.
+      const bool exiting = std::any_of(kids.begin(), kids.end(),
+                                       [](const Child& k) { return !k.exited && is_exiting(k.pid); });
+      if (WIFSIGNALED(kids[candidate].status) || running == 0 || (now >= settle_at && !exiting) ||
+          now >= settle_at + kExitingWait) {
+        first_failure = candidate;
+      }
     }
     if (candidate >= 0 && !terminating && running > 0 && std::chrono::steady_clock::now() >= term_at) {
       for (auto& other : kids) if (!other.exited) signal_rank(other, SIGTERM);
