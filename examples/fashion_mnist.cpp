@@ -13,7 +13,6 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>

@@ -107,12 +107,6 @@ class Progress {
     printed_ = false;
   }
 
-  // Items per second over the run so far.
-  double rate() const {
-    const double secs = std::chrono::duration<double>(Clock::now() - t0_).count();
-    return secs > 0 ? items_ / secs : 0;
-  }
-
  private:
   void print(Clock::time_point now) {
     const double secs = std::chrono::duration<double>(now - t0_).count();
