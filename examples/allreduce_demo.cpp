@@ -27,7 +27,9 @@ int main(int argc, char** argv) {
   app.add_option("--die-rank", die_rank, "for testing: this rank kills itself ...");
   app.add_option("--die-at", die_at, "... at this iteration");
   CLI11_PARSE(app, argc, argv);
-  int rank = -1;
+  // Until init_process_group returns, the rank tdist-run gave (errors name it).
+  const char* env_rank = std::getenv("RANK");
+  int rank = env_rank ? std::atoi(env_rank) : -1;
   try {
     tdist::InitOptions o;
     o.backend = backend;

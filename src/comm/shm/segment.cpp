@@ -7,9 +7,12 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <new>
 #include <random>
@@ -33,6 +36,23 @@ std::string new_segment_name(const std::string& tag) {
   char suffix[32];
   std::snprintf(suffix, sizeof suffix, "%08x%08x", rd(), rd());
   return "/" + std::string(kSegmentPrefix) + std::to_string(getpid()) + "-" + suffix + tag;
+}
+
+std::string reserve_shm(int fd, size_t bytes) {
+  int err;
+  do {
+    err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  } while (err == EINTR);
+  if (err == 0) return "";
+  std::string free_text = "unknown";
+  struct statvfs vfs;
+  if (statvfs("/dev/shm", &vfs) == 0) {
+    free_text = std::to_string(static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize) + " bytes free of " +
+                std::to_string(static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize);
+  }
+  return "cannot reserve " + std::to_string(bytes) + " bytes of /dev/shm (" + free_text + "): " +
+         detail::errno_string(err) +
+         ". Enlarge /dev/shm (docker: --shm-size; mount -o remount,size=... /dev/shm) or lower TDIST_SHM_* buffer sizes";
 }
 
 void* map_and_close(int fd, size_t bytes) {
@@ -82,19 +102,34 @@ void GroupSegment::attach(const BackendContext& ctx) {
   rings_off_ = staging_off_ + staging;
 
   Store& store = *ctx.store;
+  const int global = rank_ < static_cast<int>(ctx.global_ranks.size()) ? ctx.global_ranks[rank_] : rank_;
   std::string name;
   int fd = -1;
+  // Rank 0's failures to make the segment: the other ranks wait for its
+  // name, so they get the reason instead (names start with '/') and every
+  // rank fails with it rather than with a vanished store.
+  auto refuse = [&](const std::string& why) {
+    const std::string text = "rank " + std::to_string(global) + " " + why;
+    store.set("shm/segment", "!" + text);
+    // The store may live in this process: stay until the others have read
+    // the reason (briefly; they may be gone already).
+    if (n > 1) {
+      try {
+        store.wait({"shm/reason_heard"}, std::min<Milliseconds>(ctx.timeout, std::chrono::seconds(10)));
+      } catch (const Error&) {
+      }
+    }
+    throw Error("shm backend: " + text);
+  };
   if (rank_ == 0) {
     sweep_stale_segments();
     name = new_segment_name();
     fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) throw Error("shm backend: cannot create shared memory " + name + ": " + detail::errno_string(errno));
-    if (ftruncate(fd, static_cast<off_t>(total_)) != 0) {
-      const int err = errno;
+    if (fd < 0) refuse("cannot create shared memory " + name + " in /dev/shm: " + detail::errno_string(errno));
+    if (const std::string why = reserve_shm(fd, total_); !why.empty()) {
       close(fd);
       shm_unlink(name.c_str());
-      throw Error("shm backend: cannot size shared memory " + name + " to " + std::to_string(total_) +
-                  " bytes (is /dev/shm full?): " + detail::errno_string(err));
+      refuse(why);
     }
   }
   try {
@@ -114,9 +149,13 @@ void GroupSegment::attach(const BackendContext& ctx) {
       store.set("shm/segment", name);
     } else {
       name = to_string(store.get("shm/segment", ctx.timeout));
+      if (name.empty() || name[0] != '/') {
+        if (store.add("shm/reason_read", 1) == n - 1) store.set("shm/reason_heard", "1");
+        throw Error("shm backend: rank " + std::to_string(global) + " has no group segment: " +
+                    (name.empty() ? std::string("rank 0 gave no name") : name.substr(1)));
+      }
       fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
       if (fd < 0) {
-        const int global = rank_ < static_cast<int>(ctx.global_ranks.size()) ? ctx.global_ranks[rank_] : rank_;
         throw Error("shm backend: rank " + std::to_string(global) + " cannot open " + name + ": " +
                     detail::errno_string(errno) + ". Are all ranks of this group on one host? Use the gloo backend across hosts");
       }

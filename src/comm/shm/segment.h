@@ -91,6 +91,12 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t
 // random part, and `tag`.
 std::string new_segment_name(const std::string& tag = "");
 
+// Reserves bytes of /dev/shm for the segment open as fd (posix_fallocate,
+// not ftruncate: a sparse segment on a too-small /dev/shm maps fine and then
+// kills the process with SIGBUS at the first touch). Returns "" on success,
+// else an error naming /dev/shm, the bytes needed and the bytes free there.
+std::string reserve_shm(int fd, size_t bytes);
+
 // Maps bytes of the segment open as fd (shared, pre-faulted) and closes fd.
 // MAP_FAILED on failure, with errno as mmap left it.
 void* map_and_close(int fd, size_t bytes);

@@ -54,16 +54,13 @@ std::shared_ptr<void> allocate_symmetric_block(Rounds& rounds, const std::shared
     if (fd < 0) {
       put(mine, false, "cannot create " + name + ": " + detail::errno_string(errno));
     } else {
-      // fallocate, not ftruncate: a full /dev/shm fails here rather than
-      // with SIGBUS at the first touch.
-      const int err = posix_fallocate(fd, 0, static_cast<off_t>(mapped));
-      if (err != 0) close(fd);
-      void* p = err == 0 ? map_and_close(fd, mapped) : MAP_FAILED;
+      const std::string why = reserve_shm(fd, mapped);
+      if (!why.empty()) close(fd);
+      void* p = why.empty() ? map_and_close(fd, mapped) : MAP_FAILED;
       const int map_errno = errno;
-      if (err != 0 || p == MAP_FAILED) shm_unlink(name.c_str());  // created, not kept: leave nothing in /dev/shm
-      if (err != 0) {
-        put(mine, false, "cannot reserve " + std::to_string(mapped) + " bytes of /dev/shm: " +
-                             detail::errno_string(err));
+      if (!why.empty() || p == MAP_FAILED) shm_unlink(name.c_str());  // created, not kept: leave nothing in /dev/shm
+      if (!why.empty()) {
+        put(mine, false, why);
       } else if (p == MAP_FAILED) {
         put(mine, false, "cannot map " + name + ": " + detail::errno_string(map_errno));
       } else {
