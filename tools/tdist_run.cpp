@@ -468,8 +468,10 @@ Child spawn(const Options& o, int local_rank, int port, const TokenPlan& token) 
 }
 
 // Signals a rank's whole process group (it may have started children).
+// A rank already on its way out is not ended by it: it keeps its place in
+// first_failed's order.
 void signal_rank(Child& c, int sig) {
-  c.signaled_by_launcher = true;
+  if (c.dead_pass == 0) c.signaled_by_launcher = true;
   if (kill(-c.pid, sig) != 0) kill(c.pid, sig);
 }
 

@@ -229,7 +229,7 @@ TEST(TdistRun, KillingTheLauncherWithSigkillEndsEveryRank) {
 // the killed rank slow to tear down.
 TEST(TdistRun, TheKilledRankIsNamedFirstUnderLoad) {
   std::vector<pid_t> hogs;
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < 4; ++i) {
     hogs.push_back(test::fork_child([] {
       for (volatile uint64_t x = 0;; ++x) {
       }
@@ -238,7 +238,7 @@ TEST(TdistRun, TheKilledRankIsNamedFirstUnderLoad) {
   }
   int named_right = 0;
   std::string outputs;
-  for (int run = 0; run < 3; ++run) {
+  for (int run = 0; run < 2; ++run) {
     auto r = test::run_command(kRun + " --nproc-per-node 3 " TDIST_BIN_DIR "/allreduce_demo --iters 100000 "
                                       "--numel 4096 --die-rank 1 --die-at 50",
                                90s);
@@ -253,7 +253,7 @@ TEST(TdistRun, TheKilledRankIsNamedFirstUnderLoad) {
     kill(h, SIGKILL);
     test::wait_child(h, 10s);
   }
-  EXPECT_EQ(named_right, 3) << outputs;
+  EXPECT_EQ(named_right, 2) << outputs;
 }
 
 TEST(AllreduceDemo, RunsOnFourRanks) {
