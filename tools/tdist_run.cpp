@@ -16,9 +16,18 @@
 // `ps` shows everyone). --token-file, or TDIST_STORE_TOKEN /
 // TDIST_STORE_TOKEN_FILE already set, give one instead; a multi-node job
 // needs one of those (every node must hold the same) or --no-token.
+//
+// Ranks die with the launcher, however it ends: each rank gets SIGKILL as
+// its parent-death signal, and a guardian process (see run_guardian) that
+// outlives a launcher killed with SIGKILL then kills what the ranks started
+// (their process groups) and removes the shared memory they left.
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,6 +37,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -74,6 +84,10 @@ struct Child {
   std::string partial;  // output not yet ended by a newline
   bool exited = false;
   int status = 0;
+  // The launcher's loop pass in which this rank was first seen on its way
+  // out (exiting, a zombie, or reaped); 0: not yet. See first_failed.
+  uint64_t dead_pass = 0;
+  bool signaled_by_launcher = false;  // before it ended
 };
 
 [[noreturn]] void usage(const std::string& why) { tdist::cli::usage_error("tdist-run", why); }
@@ -210,6 +224,13 @@ void emit(Child& c, const char* data, size_t n, bool final) {
     start = nl + 1;
   }
   c.partial.erase(0, start);
+  // A rank's line that never ends is shown in pieces of kMaxLine bytes: the
+  // launcher holds no more than that per rank, whatever the rank prints.
+  constexpr size_t kMaxLine = size_t(1) << 20;
+  if (!final && c.partial.size() > kMaxLine) {
+    line(0, c.partial.size());
+    c.partial.clear();
+  }
   if (final && !c.partial.empty()) {
     line(0, c.partial.size());
     c.partial.clear();
@@ -257,6 +278,137 @@ std::string describe(int status) {
 
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
+// Which rank failed first. A rank that dies is on its way out (PF_EXITING)
+// before its sockets close, so before any peer can notice and fail in turn;
+// the loop stamps every rank seen on its way out with the pass that saw it,
+// so the rank that failed first has the earliest pass. Within one pass
+// (peers that noticed at once), a rank killed by a signal nobody here sent
+// goes first (SIGKILL before other signals: a crash or kill -9 from outside
+// is the cause, an abort the consequence), then a failing exit code; ranks
+// that failed after the launcher signaled them come last. -1: none failed.
+int first_failed(const std::vector<Child>& kids) {
+  auto order = [](const Child& k) {
+    const int cls = k.signaled_by_launcher ? 3
+                    : WIFSIGNALED(k.status) ? (WTERMSIG(k.status) == SIGKILL ? 0 : 1)
+                                            : 2;
+    return std::make_pair(k.dead_pass, cls);
+  };
+  int best = -1;
+  for (size_t i = 0; i < kids.size(); ++i) {
+    if (!kids[i].exited || !failed(kids[i].status)) continue;
+    if (best < 0 || order(kids[i]) < order(kids[best])) best = static_cast<int>(i);
+  }
+  return best;
+}
+
+// The guardian: a process forked before the first rank that outlives a
+// launcher killed with SIGKILL (which no handler sees). The launcher
+// writes "+PID\n" for every rank it starts and "-PID\n" for every rank it
+// reaps to a socket only it holds (close-on-exec, so not the ranks). End of
+// file means the launcher is gone: the guardian sends SIGKILL to the process
+// group of every rank not reaped (the ranks already got it as their
+// parent-death signal; what they started did not), waits up to 5 s for them
+// to be gone, removes the /dev/shm segments they created (named
+// tdist-shm-<creator pid>-..., see src/comm/shm/segment.h) and exits. It
+// ignores the terminal's signals so that a Ctrl-C cannot stop it first.
+int g_guardian_fd = -1;
+
+void tell_guardian(char what, pid_t pid) {
+  if (g_guardian_fd < 0) return;
+  char line[32];
+  const int n = std::snprintf(line, sizeof line, "%c%d\n", what, static_cast<int>(pid));
+  // Short and atomic; MSG_NOSIGNAL: a guardian killed by someone is no reason to die.
+  while (send(g_guardian_fd, line, static_cast<size_t>(n), MSG_NOSIGNAL) < 0 && errno == EINTR) {
+  }
+}
+
+bool gone(pid_t pid) {
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return true;
+  char buf[512];
+  const ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return true;
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');
+  return p && (p[2] == 'Z' || p[2] == 'X');  // a zombie holds nothing
+}
+
+[[noreturn]] void run_guardian(int fd) {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) signal(sig, SIG_IGN);
+  prctl(PR_SET_NAME, "tdist-run-guard");
+  std::set<pid_t> ranks;
+  std::string pending;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    pending.append(buf, static_cast<size_t>(n));
+    size_t nl;
+    while ((nl = pending.find('\n')) != std::string::npos) {
+      const auto pid = tdist::detail::parse_int(pending.substr(1, nl - 1));
+      if (pid && *pid > 0 && pending[0] == '+') ranks.insert(static_cast<pid_t>(*pid));
+      if (pid && *pid > 0 && pending[0] == '-') ranks.erase(static_cast<pid_t>(*pid));
+      pending.erase(0, nl + 1);
+    }
+  }
+  if (ranks.empty()) _exit(0);  // the launcher ended normally
+  for (pid_t pid : ranks) {
+    kill(-pid, SIGKILL);
+    kill(pid, SIGKILL);
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < until &&
+         !std::all_of(ranks.begin(), ranks.end(), [](pid_t p) { return gone(p); })) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  int removed = 0;
+  if (DIR* dir = opendir("/dev/shm")) {
+    const std::string prefix = "tdist-shm-";
+    while (dirent* e = readdir(dir)) {
+      const std::string name = e->d_name;
+      if (name.compare(0, prefix.size(), prefix) != 0) continue;
+      const auto pid = tdist::detail::parse_int(name.substr(prefix.size(), name.find('-', prefix.size()) - prefix.size()));
+      if (pid && ranks.count(static_cast<pid_t>(*pid)) && shm_unlink(("/" + name).c_str()) == 0) ++removed;
+    }
+    closedir(dir);
+  }
+  std::fprintf(stderr, "tdist-run: the launcher died; its %zu remaining rank(s) were killed%s\n", ranks.size(),
+               removed ? (" and " + std::to_string(removed) + " shared-memory segment(s) they left removed").c_str()
+                       : "");
+  _exit(1);
+}
+
+// Starts the guardian; the launcher keeps the writing end.
+void start_guardian() {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    std::perror("tdist-run: socketpair");
+    std::exit(1);
+  }
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    std::perror("tdist-run: fork");
+    std::exit(1);
+  }
+  if (pid == 0) {
+    close(sv[0]);
+    const int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null >= 0) {
+      dup2(null, 0);
+      dup2(null, 1);  // not the launcher's stdout: whoever reads it sees its end with the launcher's
+    }
+    run_guardian(sv[1]);
+  }
+  close(sv[1]);
+  g_guardian_fd = sv[0];
+}
+
 Child spawn(const Options& o, int local_rank, int port, const TokenPlan& token) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
@@ -265,12 +417,16 @@ Child spawn(const Options& o, int local_rank, int port, const TokenPlan& token) 
   }
   Child c;
   c.rank = o.node_rank * o.nproc + local_rank;
+  const pid_t launcher = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     std::perror("tdist-run: fork");
     std::exit(1);
   }
   if (pid == 0) {
+    // Die with the launcher. If it died before prctl took effect, this
+    // process was already handed to another parent: leave at once.
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != launcher) _exit(1);
     setpgid(0, 0);  // the rank and everything it starts form one group
     dup2(fds[1], 1);
     dup2(fds[1], 2);
@@ -304,6 +460,7 @@ Child spawn(const Options& o, int local_rank, int port, const TokenPlan& token) 
     _exit(127);
   }
   setpgid(pid, pid);  // also here: no race with the child's own call
+  tell_guardian('+', pid);
   close(fds[1]);
   c.pid = pid;
   c.out_fd = fds[0];
@@ -311,7 +468,10 @@ Child spawn(const Options& o, int local_rank, int port, const TokenPlan& token) 
 }
 
 // Signals a rank's whole process group (it may have started children).
-void signal_rank(const Child& c, int sig) {
+// A rank already on its way out is not ended by it: it keeps its place in
+// first_failed's order.
+void signal_rank(Child& c, int sig) {
+  if (c.dead_pass == 0) c.signaled_by_launcher = true;
   if (kill(-c.pid, sig) != 0) kill(c.pid, sig);
 }
 
@@ -324,11 +484,8 @@ int run_once(const Options& o, int port, TokenPlan token, std::vector<Child>& ki
   // join this one.
   if (token.kind == TokenPlan::kGenerate) token.token = tdist::detail::generate_token();
   for (int r = 0; r < o.nproc; ++r) kids.push_back(spawn(o, r, port, token));
-  int first_failure = -1;
-  int candidate = -1;  // the first failure seen, until it settles
-  constexpr auto kSettle = std::chrono::milliseconds(300);
-  constexpr auto kExitingWait = std::chrono::seconds(10);
-  std::chrono::steady_clock::time_point settle_at{};
+  bool any_failed = false;  // the ranks left get peer_wait_s, then SIGTERM
+  uint64_t pass = 0;        // loop passes, for Child::dead_pass
   bool terminating = false;
   std::chrono::steady_clock::time_point kill_at{}, term_at{};
   size_t open_pipes = kids.size();
@@ -366,12 +523,12 @@ int run_once(const Options& o, int port, TokenPlan token, std::vector<Child>& ki
         }
       }
     }
-    // Which rank failed first: when a rank is killed, its peers notice
-    // within milliseconds and exit with an error, sometimes before the
-    // killed one can be reaped (its teardown takes longer). So a failure
-    // by exit code is held for kSettle, and longer while another rank is
-    // still exiting (up to kExitingWait), and a rank killed by a signal
-    // within that time is named instead.
+    // Reap, and stamp each rank with the pass that first saw it on its way
+    // out (see first_failed). Once a rank has failed, the others are looked
+    // at in /proc too, twice when this pass saw a new one, so that a rank
+    // whose death a peer noticed is stamped no later than that peer.
+    ++pass;
+    bool stamped = false;
     for (auto& k : kids) {
       if (k.exited) continue;
       int status = 0;
@@ -379,30 +536,26 @@ int run_once(const Options& o, int port, TokenPlan token, std::vector<Child>& ki
         k.exited = true;
         k.status = status;
         --running;
-        if (!failed(status) || first_failure >= 0) continue;
-        const int idx = static_cast<int>(&k - kids.data());
-        if (candidate < 0) {
-          candidate = idx;
+        if (k.dead_pass == 0) {
+          k.dead_pass = pass;
+          stamped = true;
+        }
+        if (failed(status) && !any_failed) {
+          any_failed = true;
           term_at = std::chrono::steady_clock::now() +
                     std::chrono::milliseconds(static_cast<int64_t>(o.peer_wait_s * 1000));
-          settle_at = std::chrono::steady_clock::now() + kSettle;
-        } else if (WIFSIGNALED(status) && !WIFSIGNALED(kids[candidate].status)) {
-          candidate = idx;
         }
       }
     }
-    if (first_failure < 0 && candidate >= 0) {
-      const auto now = std::chrono::steady_clock::now();
-      // A rank still tearing down (killed, not yet reaped: seconds under
-      // load) may be the one that failed first: wait for it, within bounds.
-      const bool exiting = std::any_of(kids.begin(), kids.end(),
-                                       [](const Child& k) { return !k.exited && is_exiting(k.pid); });
-      if (WIFSIGNALED(kids[candidate].status) || running == 0 || (now >= settle_at && !exiting) ||
-          now >= settle_at + kExitingWait) {
-        first_failure = candidate;
+    for (int sweep = 0; any_failed && sweep < (stamped ? 2 : 1); ++sweep) {
+      for (auto& k : kids) {
+        if (!k.exited && k.dead_pass == 0 && is_exiting(k.pid)) {
+          k.dead_pass = pass;
+          stamped = true;
+        }
       }
     }
-    if (candidate >= 0 && !terminating && running > 0 && std::chrono::steady_clock::now() >= term_at) {
+    if (any_failed && !terminating && running > 0 && std::chrono::steady_clock::now() >= term_at) {
       for (auto& other : kids) if (!other.exited) signal_rank(other, SIGTERM);
       terminating = true;
       kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
@@ -421,8 +574,9 @@ int run_once(const Options& o, int port, TokenPlan token, std::vector<Child>& ki
       k.out_fd = -1;
     }
     kill(-k.pid, SIGKILL);  // anything the rank left running in its group
+    tell_guardian('-', k.pid);  // its group is empty now
   }
-  return first_failure >= 0 ? first_failure : candidate;
+  return first_failed(kids);
 }
 
 }  // namespace
@@ -436,6 +590,7 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &sa, nullptr);
   const int port = o.master_port ? o.master_port : tdist::detail::find_free_port();
   const TokenPlan token = plan_token(o);
+  start_guardian();
   std::vector<Child> kids;
   for (int attempt = 0;; ++attempt) {
     int failure = run_once(o, port, token, kids);

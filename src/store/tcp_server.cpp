@@ -10,13 +10,18 @@
 // With a token, a connection is untrusted until it authenticates: it may
 // send only a few small frames (TCPStoreLimits::max_handshake_bytes), must
 // authenticate within handshake_timeout, and at most max_handshaking such
-// connections are kept (the oldest goes first). A refused client is
-// logged, with its address and how it described itself.
+// connections are kept. Past that, the oldest connection of the peer that
+// holds the most of them goes (a peer: the uid owning the client's socket
+// when it is on this machine, else the client's address; see store/peer.h),
+// so a flood from another user or host evicts its own connections, never
+// the job's ranks. A refused client is logged, with its address and how it
+// described itself.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -26,11 +31,13 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
 #include "store/auth.h"
 #include "store/kv.h"
+#include "store/peer.h"
 #include "store/socket.h"
 #include "store/wire.h"
 #include "tdist/store.h"
@@ -56,6 +63,7 @@ struct Conn {
   detail::Fd fd;
   uint64_t id = 0;
   std::string peer;    // the client's address, for the refusal log
+  std::string peer_key;  // who it is, for fairness before authentication (store/peer.h)
   std::string in;      // bytes received, not yet parsed
   std::string out;     // bytes to send
   size_t out_pos = 0;
@@ -137,8 +145,15 @@ struct TCPStoreServer::Impl {
   std::unordered_map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> waiters_by_key;
   std::multimap<Clock::time_point, std::pair<uint64_t, uint64_t>> deadlines;
   uint64_t next_id = 1;
-  // Connections still to authenticate, oldest first, with their deadlines.
+  // Connections still to authenticate, oldest first, with their deadlines,
+  // and the same grouped by peer (PeerIdentifier::key).
   std::map<uint64_t, Clock::time_point> handshaking;
+  std::unordered_map<std::string, std::set<uint64_t>> handshaking_by_peer;
+  detail::PeerIdentifier peers;
+  // Held open so that, out of descriptors, the server can still accept a
+  // connection to close it (rather than spin on a listen socket that stays
+  // readable).
+  detail::Fd spare_fd{::open("/dev/null", O_RDONLY | O_CLOEXEC)};
   TCPStoreLimits pre_auth_limits;
   int64_t refusals = 0;
 
@@ -166,10 +181,35 @@ struct TCPStoreServer::Impl {
     epoll_ctl(epoll_fd.get(), add ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, c.fd.get(), &ev);
   }
 
+  void end_handshake(uint64_t id, const std::string& peer_key) {
+    if (handshaking.erase(id) == 0) return;
+    auto it = handshaking_by_peer.find(peer_key);
+    if (it == handshaking_by_peer.end()) return;
+    it->second.erase(id);
+    if (it->second.empty()) handshaking_by_peer.erase(it);
+  }
+
+  // Over max_handshaking: drops the oldest unauthenticated connection of
+  // the peer holding the most (ties: the peer with the oldest). A job's
+  // ranks, a handful per peer, are never the ones a flood displaces.
+  void evict_one_handshaking() {
+    const std::set<uint64_t>* victim = nullptr;
+    for (const auto& [key, ids] : handshaking_by_peer) {
+      if (!victim || ids.size() > victim->size() ||
+          (ids.size() == victim->size() && *ids.begin() < *victim->begin())) {
+        victim = &ids;
+      }
+    }
+    if (victim) close_conn(*victim->begin());
+  }
+
   void close_conn(uint64_t id) {
-    handshaking.erase(id);
     auto it = conns.find(id);
-    if (it == conns.end()) return;
+    if (it == conns.end()) {
+      handshaking.erase(id);
+      return;
+    }
+    end_handshake(id, it->second->peer_key);
     epoll_ctl(epoll_fd.get(), EPOLL_CTL_DEL, it->second->fd.get(), nullptr);
     conns.erase(it);  // waiters naming it are skipped as stale
   }
@@ -246,18 +286,37 @@ struct TCPStoreServer::Impl {
                          SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
-        return;  // EAGAIN, or out of descriptors: try again on the next event
+        if ((errno == EMFILE || errno == ENFILE) && !handshaking.empty()) {
+          evict_one_handshaking();  // make room, then take the waiting one
+          continue;
+        }
+        if ((errno == EMFILE || errno == ENFILE) && spare_fd.valid()) {
+          // Nothing to evict: accept the waiting connection only to close
+          // it (its client retries), so the loop does not spin on it.
+          spare_fd.reset();
+          const int doomed = ::accept4(listen_fd.get(), nullptr, nullptr, SOCK_CLOEXEC);
+          if (doomed >= 0) ::close(doomed);
+          spare_fd.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+          continue;
+        }
+        return;  // EAGAIN: try again on the next event
       }
       detail::set_nodelay(fd);
       auto c = std::make_unique<Conn>();
       c->fd.reset(fd);
       c->id = next_id++;
       c->peer = address_of(addr);
+      if (!token.empty()) {
+        sockaddr_storage local{};
+        socklen_t local_len = sizeof local;
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len);
+        c->peer_key = peers.key(addr, local);
+      }
       Conn& conn = *c;
       conns.emplace(conn.id, std::move(c));
       epoll_set(conn, true);
       if (conns.size() > options.limits.max_connections) {
-        refuse(conn, "TCPStore server: too many connections (limit " +
+        refuse(conn, std::string(wire::kBusyReply) + " (limit " +
                          std::to_string(options.limits.max_connections) + ")");
         continue;
       }
@@ -268,8 +327,10 @@ struct TCPStoreServer::Impl {
         conn.server_nonce = detail::random_nonce();
         hello.values.push_back(conn.server_nonce);
         handshaking.emplace(conn.id, Clock::now() + options.limits.handshake_timeout);
-        if (handshaking.size() > options.limits.max_handshaking) close_conn(handshaking.begin()->first);
-        if (!conns.count(conn.id)) continue;
+        handshaking_by_peer[conn.peer_key].insert(conn.id);
+        const uint64_t id = conn.id;  // conn may be the one evicted
+        while (handshaking.size() > std::max<size_t>(options.limits.max_handshaking, 1)) evict_one_handshaking();
+        if (!conns.count(id)) continue;
       } else {
         conn.authed = true;
         note_joined();
@@ -346,7 +407,7 @@ struct TCPStoreServer::Impl {
                   "(TDIST_STORE_TOKEN) differs from the job's");
         return false;
       }
-      handshaking.erase(c.id);
+      end_handshake(c.id, c.peer_key);
       c.authed = true;
       note_joined();
       Message ok = reply(Status::kOk);

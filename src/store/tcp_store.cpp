@@ -1,8 +1,12 @@
 // TCPStore: a client connection to a TCPStoreServer (and, on the master, the
 // server itself). One request is in flight per connection; a mutex serialises
 // the threads that share a TCPStore object.
+#include <unistd.h>
+
 #include <cstdlib>
 #include <mutex>
+#include <random>
+#include <thread>
 
 #include "store/auth.h"
 #include "store/kv.h"
@@ -24,6 +28,23 @@ using wire::Status;
 // to get/wait, before it decides the server itself is gone.
 constexpr Milliseconds kReplySlack{5000};
 
+// What the server may send before it has proved it holds the token (its
+// hello, its answer to our authentication): small, whoever is listening.
+TCPStoreLimits handshake_reply_limits() {
+  TCPStoreLimits l;
+  l.max_key_bytes = 256;
+  l.max_value_bytes = 4096;
+  l.max_keys_per_request = 4;
+  return l;
+}
+
+// Backoff between connection attempts: doubling from 10 ms to 500 ms, with
+// jitter, so that ranks turned away together do not come back together.
+Milliseconds next_pause(Milliseconds pause, std::minstd_rand& rng) {
+  const auto doubled = std::min<int64_t>(pause.count() * 2, 500);
+  return Milliseconds(doubled / 2 + static_cast<int64_t>(rng() % static_cast<uint64_t>(doubled / 2 + 1)));
+}
+
 }  // namespace
 
 struct TCPStore::Impl {
@@ -39,19 +60,22 @@ struct TCPStore::Impl {
 
   std::string where() const { return host + ":" + std::to_string(port); }
 
-  Message read_frame(Clock::time_point deadline, const char* op) {
+  Message read_frame(Clock::time_point deadline, const char* op, const TCPStoreLimits* limits = nullptr) {
     char buf[64 * 1024];
     for (;;) {
       Message m;
       auto r = wire::parse_frame(reinterpret_cast<const uint8_t*>(inbuf.data()), inbuf.size(),
-                                 reply_limits, /*is_request=*/false, &m);
+                                 limits ? *limits : reply_limits, /*is_request=*/false, &m);
       if (r.status == wire::ParseStatus::kOk) {
         inbuf.erase(0, r.consumed);
         return m;
       }
       if (r.status == wire::ParseStatus::kBad) {
-        throw NetworkError("TCPStore " + std::string(op) + ": the server at " + where() +
-                           " sent a malformed reply (" + r.error + ")");
+        const std::string what = "TCPStore " + std::string(op) + ": the server at " + where() +
+                                 " sent a malformed reply (" + r.error + ")";
+        // In the handshake (limits given) that is no tdist server: a refusal for good.
+        if (limits) throw StoreError(what + "; is something else listening on that port?");
+        throw NetworkError(what);
       }
       size_t n = detail::recv_some(fd.get(), buf, sizeof buf, deadline);
       if (n == 0) {
@@ -70,11 +94,45 @@ struct TCPStore::Impl {
     }
   }
 
+  // Connects and authenticates, retrying until deadline while the server
+  // drops the connection during the handshake (a server with too many
+  // connections, or one evicting unauthenticated ones under a flood, or one
+  // restarting): TimeoutError past the deadline, naming the last failure.
+  // A refusal for good (a wrong or missing token, another protocol) is
+  // raised at once.
   void connect(Clock::time_point deadline) {
+    std::minstd_rand rng(static_cast<unsigned>(getpid()) ^
+                         static_cast<unsigned>(Clock::now().time_since_epoch().count()));
+    Milliseconds pause{10};
+    for (int attempt = 1;; ++attempt) {
+      std::string failure;
+      try {
+        connect_once(deadline);
+        return;
+      } catch (const NetworkError& e) {
+        failure = e.what();
+      } catch (const StoreError& e) {
+        if (std::string(e.what()).find(wire::kBusyReply) == std::string::npos) throw;
+        failure = e.what();
+      }
+      const auto now = Clock::now();
+      if (now + pause >= deadline) {
+        throw TimeoutError("TCPStore: could not complete the handshake with the server at " + where() +
+                           " before the timeout, in " + std::to_string(attempt) +
+                           " attempt(s); the last failed with: " + failure);
+      }
+      std::this_thread::sleep_for(pause);
+      pause = next_pause(pause, rng);
+    }
+  }
+
+  // One attempt of connect().
+  void connect_once(Clock::time_point deadline) {
     inbuf.clear();
     fd = detail::connect_tcp(host, port, deadline);
+    const TCPStoreLimits small = handshake_reply_limits();
     try {
-      Message hello = read_frame(deadline, "connect");
+      Message hello = read_frame(deadline, "connect", &small);
       raise_if_error(hello, "connect");
       if (hello.kind != static_cast<uint8_t>(Status::kHello) ||
           (hello.number & 0xffffffff) != wire::kProtocolVersion) {
@@ -104,7 +162,7 @@ struct TCPStore::Impl {
         std::string frame;
         wire::encode_frame(auth, &frame);
         detail::send_all(fd.get(), frame.data(), frame.size(), deadline);
-        Message ok = read_frame(deadline, "authenticate");
+        Message ok = read_frame(deadline, "authenticate", &small);
         raise_if_error(ok, "authenticate");
         if (ok.values.size() != 1 ||
             !detail::macs_equal(ok.values[0], detail::server_mac(token, hello.values[0], client_nonce))) {

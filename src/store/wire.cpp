@@ -1,5 +1,6 @@
 #include "store/wire.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace tdist::wire {
@@ -50,6 +51,7 @@ class Reader {
     return true;
   }
   bool done() const { return pos_ == n_; }
+  size_t left() const { return n_ - pos_; }
 
  private:
   const uint8_t* p_;
@@ -130,7 +132,9 @@ ParseResult parse_frame(const uint8_t* data, size_t size, const TCPStoreLimits& 
     return bad(std::to_string(n_keys) + " keys in one request, over the limit of " +
                std::to_string(limits.max_keys_per_request));
   }
-  m.keys.reserve(n_keys);
+  // Reserve no more than the bytes present can hold (each entry has a
+  // 4-byte length): the count is the peer's word, the body is not.
+  m.keys.reserve(std::min<size_t>(n_keys, r.left() / 4));
   for (uint32_t i = 0; i < n_keys; ++i) {
     uint32_t len = 0;
     const uint8_t* at = nullptr;
@@ -146,7 +150,7 @@ ParseResult parse_frame(const uint8_t* data, size_t size, const TCPStoreLimits& 
   if (!r.u32(&n_values)) return bad("truncated value count");
   if (n_values > limits.max_keys_per_request) return bad("too many values in one request");
   size_t total_values = 0;
-  m.values.reserve(n_values);
+  m.values.reserve(std::min<size_t>(n_values, r.left() / 4));
   for (uint32_t i = 0; i < n_values; ++i) {
     uint32_t len = 0;
     const uint8_t* at = nullptr;

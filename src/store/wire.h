@@ -46,6 +46,10 @@ enum class Status : uint8_t {
 
 inline constexpr int64_t kHelloAuthRequired = int64_t(1) << 32;
 
+// How the server's refusal of a connection over its limit begins; a client
+// that reads it tries again later.
+inline constexpr const char* kBusyReply = "TCPStore server: too many connections";
+
 struct Message {
   uint8_t kind = 0;
   int64_t number = 0;

@@ -12,6 +12,7 @@
 #include <fcntl.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <thread>
 
@@ -19,6 +20,7 @@
 #include "store/socket.h"
 #include "store/wire.h"
 #include "tdist/store.h"
+#include "tests/store/flood.h"
 #include "tests/util/listening.h"
 #include "tests/util/process.h"
 #include "util/private_file.h"
@@ -189,6 +191,66 @@ TEST(StoreSecurity, AFloodOfIdleConnectionsDoesNotKeepRanksOut) {
     close(fd);
   }
   EXPECT_LE(still_open, 8) << "the server kept more unauthenticated connections than its limit";
+}
+
+// Issue 34, item 1: another user holds 1000 connections to the master's
+// port (idle ones, and ones that send junk a byte at a time), and
+// opens a new one for every one closed; a 4-rank job, each rank a process,
+// still starts. Before, the server dropped its oldest unauthenticated
+// connection, which under the churn was a rank's, and ranks did not retry.
+TEST(StoreSecurity, AFloodFromAnotherUserDoesNotKeepAJobOut) {
+  const uint16_t port = tdist::detail::find_free_port();
+  test::Flood flood(port, 1000, /*as_other_user=*/true);
+  if (!flood.running()) GTEST_SKIP() << "no flood from a second uid on this machine: " << flood.why_not();
+  static constexpr int kWorld = 4;
+  std::vector<pid_t> ranks;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    ranks.push_back(test::fork_child([port, rank] {
+      try {
+        tdist::TCPStoreOptions o;
+        o.port = port;
+        o.is_server = rank == 0;
+        o.num_workers = kWorld;
+        o.timeout = 30s;
+        o.token = std::string("job-token");
+        o.client_name = "rank " + std::to_string(rank);
+        tdist::TCPStore store("127.0.0.1", o);
+        store.set("rank/" + std::to_string(rank), "here");
+        store.wait({"rank/0", "rank/1", "rank/2", "rank/3"});
+        if (store.add("done", 1) == kWorld) store.set("all_done", "1");
+        if (rank == 0) store.wait({"all_done"});  // the server outlives the last reply
+        return 0;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        return 1;
+      }
+    }));
+    // The master first, as a launcher starts it; the flood then fills it.
+    if (rank == 0) std::this_thread::sleep_for(1s);
+  }
+  for (int rank = 0; rank < kWorld; ++rank) {
+    const int st = test::wait_child(ranks[rank], 60s);
+    EXPECT_TRUE(test::exited_ok(st)) << "rank " << rank << ": " << test::describe_status(st);
+  }
+}
+
+// The server keeps the unauthenticated connections of the peer with the
+// most of them in check, not those of a peer with a few: with 4 of its own
+// waiting, a flood of 100 from one address cannot push the job's out.
+TEST(StoreSecurity, AFloodEvictsItsOwnConnectionsFirst) {
+  auto o = server_with_token("s3cret");
+  o.limits.max_handshaking = 16;
+  tdist::TCPStoreServer server(o);
+  // Four connections of "the job", from this process's uid, idle for now.
+  std::vector<int> mine;
+  for (int i = 0; i < 4; ++i) mine.push_back(raw_connect(server.port()));
+  test::Flood flood(server.port(), 100, /*as_other_user=*/true);
+  if (!flood.running()) GTEST_SKIP() << "no flood from a second uid on this machine: " << flood.why_not();
+  std::this_thread::sleep_for(1500ms);  // thousands of evictions by now
+  for (int fd : mine) {
+    EXPECT_FALSE(closed_by_server(fd)) << "a connection of the job's user was dropped for the flood";
+    close(fd);
+  }
 }
 
 TEST(StoreSecurity, ARefusedClientIsNamedAndToldWhy) {

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "store/socket.h"
+#include "tests/store/flood.h"
 #include "tests/util/process.h"
 
 using namespace std::chrono_literals;
@@ -243,6 +244,24 @@ TEST(TdistRunSecurity, ARankWithTheWrongTokenIsNamedOnBothSides) {
   EXPECT_NE(r0.find("only 1 of 2 workers connected"), std::string::npos) << r0;
   EXPECT_NE(r0.find("refused: 127.0.0.1:"), std::string::npos) << r0;
   EXPECT_NE(r0.find("(rank 1, pid"), std::string::npos) << r0;
+}
+
+// Issue 34, item 1, as reported: another user holds 300 connections to the
+// master port (opening a new one for each one closed, a third of them
+// sending junk a byte at a time) while `tdist-run --nproc-per-node 4
+// --master-port P rendezvous_demo` starts. Before, every such job failed
+// with "rank N cannot join the store ...: Connection reset by peer".
+TEST(TdistRunSecurity, AJobStartsUnderAConnectionFloodFromAnotherUser) {
+  const uint16_t port = tdist::detail::find_free_port();
+  test::Flood flood(port, 300, /*as_other_user=*/true);
+  if (!flood.running()) GTEST_SKIP() << "no flood from a second uid on this machine: " << flood.why_not();
+  for (int job = 0; job < 2; ++job) {
+    const auto r = test::run_command(kRun + " --nproc-per-node 4 --master-port " + std::to_string(port) + " " +
+                                         TDIST_BIN_DIR "/rendezvous_demo",
+                                     90s);
+    ASSERT_TRUE(test::exited_ok(r.status)) << "job " << job << ": " << r.output;
+    EXPECT_NE(r.output.find("all 4 ranks rendezvoused"), std::string::npos) << r.output;
+  }
 }
 
 }  // namespace

@@ -6,7 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "tests/util/process.h"
@@ -148,6 +151,109 @@ TEST(TdistRun, ForwardsSigtermToEveryRank) {
   EXPECT_TRUE(up("got")) << "a rank never saw the SIGTERM";
   ASSERT_NE(st, -1) << "tdist-run did not exit after SIGTERM";
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGTERM) << test::describe_status(st);
+}
+
+// Whether pid is gone: no such process, or a zombie (which holds nothing:
+// its parent is gone, and reaping it is up to whoever adopted it).
+bool gone(pid_t pid) {
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t p = text.rfind(')');
+  return p == std::string::npos || p + 2 >= text.size() || text[p + 2] == 'Z' || text[p + 2] == 'X';
+}
+
+int read_pid(const std::string& path) {
+  std::ifstream in(path);
+  int pid = 0;
+  in >> pid;
+  return pid;
+}
+
+// Issue 34, item 8: kill -9 of tdist-run must not leave its ranks (or what
+// they started) running, nor their shared memory in /dev/shm. Before, the
+// ranks ran on, adopted by init.
+TEST(TdistRun, KillingTheLauncherWithSigkillEndsEveryRank) {
+  test::TempDir dir;
+  // Each rank records its pid, starts a child of its own, and leaves a
+  // /dev/shm segment named as the shm backend names them, then waits.
+  const std::string d = dir.path();
+  const std::string cmd = "exec " + kRun + " --nproc-per-node 3 sh -c "
+                          "'touch /dev/shm/tdist-shm-$$-test; sleep 1000 & echo $! > " + d + "/child-$RANK; "
+                          "echo $$ > " + d + "/rank-$RANK; wait'";
+  pid_t launcher = test::fork_child([&] {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    return 127;
+  });
+  std::vector<int> pids;
+  for (int i = 0; i < 300 && pids.size() < 6; ++i) {
+    pids.clear();
+    for (int r = 0; r < 3; ++r) {
+      for (const char* what : {"rank-", "child-"}) {
+        const int pid = read_pid(d + "/" + what + std::to_string(r));
+        if (pid > 0) pids.push_back(pid);
+      }
+    }
+    if (pids.size() < 6) std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_EQ(pids.size(), 6u) << "the ranks did not start";
+  std::vector<std::string> segments;
+  for (int r = 0; r < 3; ++r) {
+    segments.push_back("/dev/shm/tdist-shm-" + std::to_string(read_pid(d + "/rank-" + std::to_string(r))) + "-test");
+    ASSERT_EQ(access(segments.back().c_str(), F_OK), 0) << segments.back();
+  }
+  kill(launcher, SIGKILL);
+  ASSERT_NE(test::wait_child(launcher, 10s), -1);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto all_gone = [&] {
+    for (int pid : pids) {
+      if (!gone(pid)) return false;
+    }
+    return true;
+  };
+  while (!all_gone() && std::chrono::steady_clock::now() - t0 < 5s) std::this_thread::sleep_for(50ms);
+  for (int pid : pids) {
+    EXPECT_TRUE(gone(pid)) << "pid " << pid << " still runs after its launcher was killed";
+    if (!gone(pid)) kill(pid, SIGKILL);
+  }
+  for (const auto& seg : segments) {
+    for (int i = 0; i < 100 && access(seg.c_str(), F_OK) == 0; ++i) std::this_thread::sleep_for(50ms);
+    EXPECT_NE(access(seg.c_str(), F_OK), 0) << seg << " was left behind";
+    unlink(seg.c_str());
+  }
+}
+
+// The issue 34 summary bug: under load, the launcher named a survivor
+// (which exited with an error after noticing its peer's death) as the rank
+// that failed first, instead of the rank that was killed. CPU hogs make
+// the killed rank slow to tear down.
+TEST(TdistRun, TheKilledRankIsNamedFirstUnderLoad) {
+  std::vector<pid_t> hogs;
+  for (int i = 0; i < 4; ++i) {
+    hogs.push_back(test::fork_child([] {
+      for (volatile uint64_t x = 0;; ++x) {
+      }
+      return 0;
+    }));
+  }
+  int named_right = 0;
+  std::string outputs;
+  for (int run = 0; run < 2; ++run) {
+    auto r = test::run_command(kRun + " --nproc-per-node 3 " TDIST_BIN_DIR "/allreduce_demo --iters 100000 "
+                                      "--numel 4096 --die-rank 1 --die-at 50",
+                               90s);
+    if (r.output.find("rank 1 (pid") != std::string::npos &&
+        r.output.find("failed first: killed by signal 9") != std::string::npos) {
+      ++named_right;
+    } else {
+      outputs += r.output;
+    }
+  }
+  for (pid_t h : hogs) {
+    kill(h, SIGKILL);
+    test::wait_child(h, 10s);
+  }
+  EXPECT_EQ(named_right, 2) << outputs;
 }
 
 TEST(AllreduceDemo, RunsOnFourRanks) {
