@@ -4,7 +4,10 @@
 // then lie within the input, and the records written again by the zip
 // writer must parse to the same directory), and its <archive>/data.pkl, if
 // any, is unpickled; any other input is a pickle. An accepted pickle must
-// pickle again (pickle_value) and unpickle to the same value.
+// pickle again (pickle_value) and unpickle to the same value (when its
+// tree, memo references expanded, is small enough to write out again in
+// the fuzzer's memory limit). Run with -rss_limit_mb and -malloc_limit_mb
+// (scripts/fuzz.sh): the readers' memory is bounded while parsing.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -47,6 +50,29 @@ void rewrite(const std::string& in, const std::vector<zip::Entry>& entries) {
   }
 }
 
+// The values and string bytes of v written out, memo references expanded;
+// stops counting past `cap`.
+size_t expanded(const ck::PtValue& v, size_t cap) {
+  size_t n = 1;
+  switch (v.kind()) {
+    case ck::PtValue::Kind::String: return 1 + v.as_string().size();
+    case ck::PtValue::Kind::List:
+    case ck::PtValue::Kind::Tuple:
+      for (const ck::PtValue& x : v.items()) {
+        if (n > cap) break;
+        n += expanded(x, cap - n);
+      }
+      return n;
+    case ck::PtValue::Kind::Dict:
+      for (const auto& [k, x] : v.entries()) {
+        if (n > cap) break;
+        n += k.size() + expanded(x, cap - n);
+      }
+      return n;
+    default: return 1;
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -76,6 +102,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const tdist::CheckpointError&) {
     return 0;
   }
+  if (expanded(v, size_t{1} << 22) > (size_t{1} << 22)) return 0;
   const std::string again = ck::pickle_value(v);  // an accepted value always pickles
   if (ck::unpickle_value(again) != v) std::abort();
   return 0;

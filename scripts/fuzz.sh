@@ -24,7 +24,7 @@ fuzz() {
   mkdir -p "$work/$name.corpus"
   "$cxx" "${flags[@]}" "$@" -o "$work/$name"
   echo "== $name, ${seconds} s"
-  "$work/$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+  "$work/$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=512 -malloc_limit_mb=128 -max_len=262144 \
     -print_final_stats=1 -artifact_prefix="$work/$name-" "$work/$name.corpus" "$seeds" 2>&1 | tail -n 15
 }
 

@@ -56,11 +56,17 @@ enum Op : uint8_t {
 // weights_only unpickler takes without a warning).
 constexpr int kProtocol = 2;
 
-// Reader limits: deeper nesting, more values or more string bytes than
-// these is refused before it is built.
+// Reader limits, checked as each value is made: nesting deeper than
+// kMaxDepth; more than kMaxValues values, and more than kValuesPerByte per
+// byte of the pickle (+ 65536) (what a walk of the result visits: a memo
+// reference counts its subtree again); more memory than
+// kBudgetBase + kBudgetPerByte x the pickle's size (every value, string,
+// container slot, stack and memo entry counted as it is allocated).
 constexpr int kMaxDepth = 100;
 constexpr size_t kMaxValues = size_t{1} << 22;
-constexpr size_t kMaxStringBytes = size_t{256} << 20;
+constexpr size_t kValuesPerByte = 16;
+constexpr size_t kBudgetBase = size_t{48} << 20;
+constexpr size_t kBudgetPerByte = 16;
 constexpr size_t kMaxDims = 64;
 
 // torch.<name> for a dtype's storage class ("FloatStorage"); null for a

@@ -1,20 +1,32 @@
 // unpickle_value: a restricted unpickler for the data.pkl of .pt files.
-// It runs the pickle machine over objects of its own (an arena, so that
-// memo references and even cycles are safe) for the opcodes torch.save
-// emits, and knows four kinds of global: collections.OrderedDict,
+// It runs the pickle machine for the opcodes torch.save emits, straight
+// into PtValues, and knows four kinds of global: collections.OrderedDict,
 // torch._utils._rebuild_tensor_v2, torch._utils._rebuild_parameter and the
 // storage classes torch.<T>Storage. Anything else is a CheckpointError
-// naming the opcode or global and its byte. The result is converted to a
-// PtValue under limits of depth, count and string bytes (memo references
-// could otherwise blow a small pickle up).
+// naming the opcode or global and its byte.
+//
+// Memory and work are bounded while parsing, not after:
+//  - memo references share (a PtValue body, as Python's objects), never
+//    copy; a container is sealed once it is put into another (or into a
+//    tuple) and may not change after, so no cycle can form;
+//  - every body, string, vector growth, stack and memo slot is charged to
+//    a budget of kBudgetBase + kBudgetPerByte x the pickle's size as it is
+//    created (what a REDUCE consumes is credited back);
+//  - each container keeps its weight (values in its subtree, a shared one
+//    once per reference: what a walk of the finished tree visits) and
+//    depth, checked against kMaxValues and kMaxDepth at each insertion.
+// Time is linear in the input (duplicate dict keys are merged by one sort
+// when a dict is sealed).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <deque>
+#include <numeric>
+#include <string_view>
 #include <unordered_map>
 
 #include "checkpoint/pickle_format.h"
 #include "checkpoint/pt_file.h"
+#include "checkpoint/pt_value_body.h"
 #include "tdist/errors.h"
 
 namespace tdist::checkpoint {
@@ -23,31 +35,25 @@ namespace pickle {
 
 namespace {
 
-enum class Global { OrderedDict, RebuildTensor, RebuildParameter, Storage };
+using Kind = PtValue::Kind;
+using B = PtValueBuilder;
+using TensorBody = pt_body::Tensor;
 
-struct Obj {
-  enum Kind { None, Bool, Int, Float, Str, List, Tuple, Dict, Tensor, Func, Storage } kind = None;
-  bool b = false;
-  int64_t i = 0;
-  double d = 0;
-  std::string s;                                    // Str
-  std::vector<Obj*> items;                          // List, Tuple
-  std::vector<std::pair<std::string, Obj*>> entries;  // Dict, in order
-  std::unordered_map<std::string, size_t> index;    // Dict: key -> entries position
-  bool ordered = false;                             // Dict made by OrderedDict()
-  Global func = Global::OrderedDict;                // Func
-  PtTensorRef ref;                                  // Tensor; Storage: key, dtype, numel
-};
+enum class Global : uint8_t { OrderedDict, RebuildTensor, RebuildParameter, Storage };
 
-const char* kind_name(Obj::Kind k) {
-  static const char* names[] = {"None", "a bool", "an int",  "a float",    "a string", "a list",
-                                "a tuple", "a dict", "a tensor", "a global", "a storage"};
-  return names[k];
-}
+// What the heap spends on an allocation of n bytes (glibc: 8 bytes of
+// header, 16-byte granules, 32 at least).
+size_t heap(size_t n) { return n == 0 ? 0 : std::max<size_t>(32, (n + 8 + 15) & ~size_t{15}); }
+size_t string_heap(size_t n) { return n > 15 ? heap(n + 1) : 0; }
+// A string (or dict key) of n bytes weighs 1 + n / kBytesPerValue values:
+// kMaxValues then also bounds the bytes a walk of the tree (writing it
+// out again) goes through, however often memo references repeat it.
+constexpr size_t kBytesPerValue = 32;
 
 class Unpickler {
  public:
-  explicit Unpickler(const std::string& in) : in_(in) {}
+  explicit Unpickler(const std::string& in)
+      : in_(in), budget_(kBudgetBase + std::min<size_t>(in.size(), SIZE_MAX / 2 / kBudgetPerByte) * kBudgetPerByte) {}
 
   PtValue run() {
     while (true) {
@@ -57,20 +63,27 @@ class Unpickler {
       if (op == STOP) break;
       step(op);
     }
-    Obj* root = pop();
+    PtValue root = pop();
     if (!stack_.empty() || !marks_.empty()) fail_at(op_at_, "STOP leaves values or a MARK on the stack");
     if (pos_ != in_.size()) fail_at(pos_, std::to_string(in_.size() - pos_) + " bytes after STOP");
-    return convert(root, 0);
+    not_special(root, "the pickled value");
+    seal(root);
+    return root;
   }
 
  private:
   const std::string& in_;
   size_t pos_ = 0, op_at_ = 0;
-  std::deque<Obj> arena_;
-  std::vector<Obj*> stack_;
+  std::vector<PtValue> stack_;
   std::vector<size_t> marks_;
-  std::unordered_map<uint32_t, Obj*> memo_;
-  size_t values_ = 0, string_bytes_ = 0;  // of the PtValue being built
+  std::vector<PtValue> memo_;                      // keys 0, 1, 2, ... (what picklers write)
+  std::vector<bool> memo_set_;                     // which of memo_ were put
+  std::unordered_map<uint32_t, PtValue> sparse_;  // any other key
+  const size_t budget_;
+  size_t used_ = 0;
+  // The weight a finished tree may have: what walking or writing it out
+  // again costs stays linear in the input.
+  const uint64_t max_weight_ = std::min<uint64_t>(kMaxValues, kValuesPerByte * uint64_t{in_.size()} + 65536);
 
   [[noreturn]] void fail_at(size_t at, const std::string& what) const {
     throw CheckpointError("pickle byte " + std::to_string(at) + ": " + what);
@@ -81,6 +94,55 @@ class Unpickler {
     fail_at(op_at_, std::string("opcode ") + op + ": " + what);
   }
 
+  // ---- the budget -------------------------------------------------------------
+  void charge(size_t n) {
+    used_ += n;
+    if (used_ > budget_) {
+      fail("unpickling needs more than " + std::to_string(budget_ >> 20) + " MiB for a pickle of " +
+           std::to_string(in_.size()) + " bytes (memory bounded at " + std::to_string(kBudgetBase >> 20) + " MiB + " +
+           std::to_string(kBudgetPerByte) + " x its size)");
+    }
+  }
+  void credit(size_t n) { used_ -= std::min(used_, n); }
+  // Appends to a vector, charging what its growth allocates.
+  template <class V, class T>
+  void grow(V& v, T&& x) {
+    const size_t cap = v.capacity();
+    v.push_back(std::forward<T>(x));
+    if (v.capacity() != cap) charge((v.capacity() - cap) * sizeof(typename V::value_type));
+  }
+  // What the body of v alone holds on the heap (not its children).
+  size_t shallow(const PtValue& v) const {
+    switch (v.kind()) {
+      case Kind::String: return heap(sizeof(pt_body::String)) + string_heap(v.as_string().size());
+      case Kind::List:
+      case Kind::Tuple: return heap(sizeof(pt_body::Seq)) + B::seq(v).items.capacity() * sizeof(PtValue);
+      case Kind::Dict: {
+        size_t n = heap(sizeof(pt_body::Dict)) + B::dict(v).entries.capacity() * sizeof(B::dict(v).entries[0]);
+        for (const auto& [k, x] : B::dict(v).entries) n += string_heap(k.size());
+        return n;
+      }
+      case Kind::Tensor: {
+        const PtTensorRef& r = static_cast<const TensorBody*>(B::body(v))->ref;
+        return heap(sizeof(TensorBody)) + string_heap(r.storage_key.size()) + heap(8 * r.sizes.capacity()) +
+               heap(8 * r.strides.capacity());
+      }
+      default: return 0;
+    }
+  }
+  // v is dropped: what only it held is credited back.
+  void discard(const PtValue& v, int depth = 0) {
+    const PtValue::Body* b = B::body(v);
+    if (b == nullptr || b->refs.load() != 1 || depth > kMaxDepth) return;
+    credit(shallow(v));
+    if (v.kind() == Kind::List || v.kind() == Kind::Tuple) {
+      for (const PtValue& x : B::seq(v).items) discard(x, depth + 1);
+    } else if (v.kind() == Kind::Dict) {
+      for (const auto& [k, x] : B::dict(v).entries) discard(x, depth + 1);
+    }
+  }
+
+  // ---- input ---------------------------------------------------------------------
   void need(uint64_t n) {
     if (n > in_.size() - pos_) fail("needs " + std::to_string(n) + " bytes, " + std::to_string(in_.size() - pos_) + " left (truncated?)");
   }
@@ -95,12 +157,6 @@ class Unpickler {
     pos_ += static_cast<size_t>(bytes);
     return v;
   }
-  std::string bytes(uint64_t n) {
-    need(n);
-    std::string s = in_.substr(pos_, static_cast<size_t>(n));
-    pos_ += static_cast<size_t>(n);
-    return s;
-  }
   std::string line() {
     const size_t nl = in_.find('\n', pos_);
     if (nl == std::string::npos) fail("a GLOBAL name without its newline (truncated?)");
@@ -110,142 +166,316 @@ class Unpickler {
     return s;
   }
 
-  Obj* make(Obj::Kind k) {
-    arena_.emplace_back();
-    arena_.back().kind = k;
-    return &arena_.back();
+  // ---- values ----------------------------------------------------------------
+  static const char* kind_name(const PtValue& v) {
+    if (v.kind() == Kind::Tensor) {
+      switch (static_cast<const TensorBody*>(B::body(v))->role) {
+        case TensorBody::Global: return "a global";
+        case TensorBody::Storage: return "a storage";
+        case TensorBody::Value: return "a tensor";
+      }
+    }
+    static const char* names[] = {"None", "a bool", "an int", "a float", "a string", "a list", "a tuple", "a dict"};
+    return names[static_cast<int>(v.kind())];
   }
-  void push(Obj* o) { stack_.push_back(o); }
+  static const TensorBody* special(const PtValue& v, TensorBody::Role role) {
+    if (v.kind() != Kind::Tensor) return nullptr;
+    const auto* t = static_cast<const TensorBody*>(B::body(v));
+    return t->role == role ? t : nullptr;
+  }
+  void not_special(const PtValue& v, const char* where) {
+    const PtValue::Body* b = B::body(v);
+    if (b == nullptr || !b->special) return;
+    fail(std::string(where) + " is or holds a global (a function or class) or a storage, not a value");
+  }
+
+  void push(PtValue v) { grow(stack_, std::move(v)); }
   size_t floor() const { return marks_.empty() ? 0 : marks_.back(); }
-  Obj* top() {
+  const PtValue& top() {
     if (stack_.size() <= floor()) fail("the stack is empty");
     return stack_.back();
   }
-  Obj* pop() {
-    Obj* o = top();
+  PtValue pop() {
+    top();
+    PtValue v = std::move(stack_.back());
     stack_.pop_back();
-    return o;
+    return v;
   }
-  std::vector<Obj*> pop_mark() {
+  size_t pop_mark() {
     if (marks_.empty()) fail("no MARK to pop to");
     const size_t m = marks_.back();
     marks_.pop_back();
-    std::vector<Obj*> items(stack_.begin() + static_cast<std::ptrdiff_t>(m), stack_.end());
-    stack_.resize(m);
-    return items;
+    return m;
   }
-  Obj* expect(Obj* o, Obj::Kind k, const char* what) {
-    if (o->kind != k) fail(std::string(what) + " is " + kind_name(o->kind) + ", not " + kind_name(k));
-    return o;
+  const PtValue& expect(const PtValue& v, Kind k, const char* what) {
+    if (v.kind() != k || special(v, TensorBody::Global) || special(v, TensorBody::Storage)) {
+      fail(std::string(what) + " is " + kind_name(v) + ", not " + kind_name_of(k));
+    }
+    return v;
+  }
+  static const char* kind_name_of(Kind k) {
+    static const char* names[] = {"None",   "a bool",  "an int", "a float", "a string",
+                                  "a list", "a tuple", "a dict", "a tensor"};
+    return names[static_cast<int>(k)];
+  }
+
+  PtValue make_seq(Kind k) {
+    charge(heap(sizeof(pt_body::Seq)));
+    return k == Kind::Tuple ? PtValue::tuple({}) : PtValue::list({});
+  }
+  PtValue make_dict(bool ordered) {
+    charge(heap(sizeof(pt_body::Dict)));
+    PtValue v = PtValue::dict({});
+    B::body(v)->ordered = ordered;
+    return v;
+  }
+  PtValue make_special(TensorBody::Role role) {
+    charge(heap(sizeof(TensorBody)));
+    PtValue v = PtValue::tensor({});
+    auto* t = static_cast<TensorBody*>(B::body(v));
+    t->role = role;
+    t->special = role != TensorBody::Value;
+    return v;
+  }
+
+  // v goes into a container: it is final from now on (a dict's repeated
+  // keys merged, its vector trimmed).
+  void seal(const PtValue& v) {
+    PtValue::Body* b = B::body(v);
+    if (b == nullptr || b->sealed) return;
+    b->sealed = true;
+    if (v.kind() == Kind::Dict) merge_keys(B::dict(v));
+    if (v.kind() == Kind::List || v.kind() == Kind::Tuple) trim(B::seq(v).items);
+    if (v.kind() == Kind::Dict) trim(B::dict(v).entries);
+  }
+  template <class V>
+  void trim(V& v) {
+    const size_t cap = v.capacity();
+    if (cap == v.size()) return;
+    v.shrink_to_fit();
+    credit((cap - v.capacity()) * sizeof(typename V::value_type));
+  }
+  // As Python: a key set twice keeps its first position and its last value.
+  void merge_keys(pt_body::Dict& d) {
+    auto& e = d.entries;
+    if (e.size() < 2) return;
+    std::vector<uint32_t> order(e.size());
+    charge(heap(order.size() * sizeof(uint32_t)));
+    std::iota(order.begin(), order.end(), 0u);
+    std::stable_sort(order.begin(), order.end(), [&e](uint32_t a, uint32_t b) { return e[a].first < e[b].first; });
+    std::vector<bool> drop(e.size(), false);
+    bool any = false;
+    for (size_t i = 0; i < order.size();) {
+      size_t j = i + 1;
+      while (j < order.size() && e[order[j]].first == e[order[i]].first) ++j;
+      if (j - i > 1) {
+        e[order[i]].second = e[order[j - 1]].second;
+        for (size_t k = i + 1; k < j; ++k) drop[order[k]] = true;
+        any = true;
+      }
+      i = j;
+    }
+    credit(heap(order.size() * sizeof(uint32_t)));
+    if (!any) return;
+    size_t out = 0;
+    uint64_t weight = 1;
+    for (size_t i = 0; i < e.size(); ++i) {
+      if (drop[i]) continue;
+      if (out != i) e[out] = std::move(e[i]);
+      weight += B::weight(e[out].second) + e[out].first.size() / kBytesPerValue;
+      ++out;
+    }
+    e.resize(out);
+    d.weight = weight;
+  }
+
+  // x is put into container c (whose body is not yet sealed).
+  void adopt(PtValue::Body& c, const PtValue& x, bool value_only) {
+    const PtValue::Body* xb = B::body(x);
+    if (xb == &c) fail("a container put into itself (a cycle)");
+    if (value_only) not_special(x, "a list item or dict value");
+    seal(x);
+    c.weight += B::weight(x);
+    if (c.weight > max_weight_) {
+      fail("more than " + std::to_string(max_weight_) + " values for a pickle of " + std::to_string(in_.size()) +
+           " bytes (memo references count each time; a string as 1 per " + std::to_string(kBytesPerValue) + " bytes)");
+    }
+    c.depth = std::max(c.depth, B::depth(x));
+    if (c.depth + 1 > kMaxDepth) fail("values nest deeper than " + std::to_string(kMaxDepth));
+    if (xb != nullptr && xb->special) c.special = true;
+  }
+  PtValue::Body& open_container(const PtValue& v, Kind k, const char* what) {
+    expect(v, k, what);
+    PtValue::Body& b = *B::body(v);
+    if (b.sealed) fail(std::string(what) + " was already put into another container or tuple (a cycle?)");
+    return b;
+  }
+
+  // The stack's top n items, as a tuple in their place.
+  void push_tuple(size_t n) {
+    if (stack_.size() - floor() < n) fail("the stack is empty");
+    const size_t from = stack_.size() - n;
+    PtValue t = make_seq(Kind::Tuple);
+    auto& items = B::seq(t).items;
+    charge((stack_.size() - from) * sizeof(PtValue));
+    items.reserve(stack_.size() - from);
+    for (size_t k = from; k < stack_.size(); ++k) {
+      adopt(*B::body(t), stack_[k], false);
+      items.push_back(std::move(stack_[k]));
+    }
+    stack_.resize(from);
+    push(std::move(t));
+  }
+  void set_item(const PtValue& dict, PtValue key, PtValue value) {
+    PtValue::Body& d = open_container(dict, Kind::Dict, "SETITEM's target");
+    if (key.kind() != Kind::String) fail(std::string("a dict key is ") + kind_name(key) + ": .pt values have string keys");
+    adopt(d, value, true);
+    d.weight += key.as_string().size() / kBytesPerValue;
+    auto& e = B::dict(dict).entries;
+    charge(string_heap(key.as_string().size()));
+    grow(e, std::pair<std::string, PtValue>(key.as_string(), std::move(value)));
+    discard(key);
+  }
+  void append(const PtValue& list, PtValue value) {
+    PtValue::Body& l = open_container(list, Kind::List, "APPEND's target");
+    adopt(l, value, true);
+    grow(B::seq(list).items, std::move(value));
   }
 
   void push_string(uint64_t n) {
-    Obj* o = make(Obj::Str);
-    o->s = bytes(n);
-    if (!valid_utf8(o->s)) fail("a string that is not valid UTF-8");
-    push(o);
-  }
-  void push_int(int64_t v) {
-    Obj* o = make(Obj::Int);
-    o->i = v;
-    push(o);
-  }
-  void push_tuple(std::vector<Obj*> items) {
-    Obj* o = make(Obj::Tuple);
-    o->items = std::move(items);
-    push(o);
-  }
-  void set_item(Obj* dict, Obj* key, Obj* value) {
-    if (key->kind != Obj::Str) fail(std::string("a dict key is ") + kind_name(key->kind) + ": .pt values have string keys");
-    const auto [it, fresh] = dict->index.emplace(key->s, dict->entries.size());
-    if (fresh) {
-      dict->entries.emplace_back(key->s, value);
-    } else {
-      dict->entries[it->second].second = value;  // as Python: the later value, the first position
-    }
+    need(n);
+    std::string s = in_.substr(pos_, static_cast<size_t>(n));
+    pos_ += static_cast<size_t>(n);
+    if (!valid_utf8(s)) fail("a string that is not valid UTF-8");
+    charge(heap(sizeof(pt_body::String)) + string_heap(s.size()));
+    PtValue v = PtValue::string(std::move(s));
+    B::body(v)->weight = 1 + n / kBytesPerValue;  // what writing it out again costs
+    push(std::move(v));
   }
 
   void global() {
     const std::string module = line(), name = line();
-    Obj* o = make(Obj::Func);
-    c10::ScalarType t;
+    PtValue v = make_special(TensorBody::Global);
+    auto* t = static_cast<TensorBody*>(B::body(v));
+    c10::ScalarType dtype;
     if (module == "collections" && name == "OrderedDict") {
-      o->func = Global::OrderedDict;
+      t->global = static_cast<uint8_t>(Global::OrderedDict);
     } else if (module == "torch._utils" && name == "_rebuild_tensor_v2") {
-      o->func = Global::RebuildTensor;
+      t->global = static_cast<uint8_t>(Global::RebuildTensor);
     } else if (module == "torch._utils" && name == "_rebuild_parameter") {
-      o->func = Global::RebuildParameter;
-    } else if (module == "torch" && dtype_of_storage_class(name, &t)) {
-      o->func = Global::Storage;
-      o->ref.dtype = t;
+      t->global = static_cast<uint8_t>(Global::RebuildParameter);
+    } else if (module == "torch" && dtype_of_storage_class(name, &dtype)) {
+      t->global = static_cast<uint8_t>(Global::Storage);
+      t->ref.dtype = dtype;
     } else {
       fail("global '" + module + "." + name + "' is not one .pt files of tensors use");
     }
-    push(o);
+    push(std::move(v));
   }
 
-  Obj* storage(Obj* pid) {
-    expect(pid, Obj::Tuple, "the persistent id");
-    const auto& p = pid->items;
-    if (p.size() != 5 || p[0]->kind != Obj::Str || p[0]->s != "storage" || p[1]->kind != Obj::Func ||
-        p[1]->func != Global::Storage || p[2]->kind != Obj::Str || p[3]->kind != Obj::Str || p[4]->kind != Obj::Int) {
+  PtValue storage(const PtValue& pid) {
+    expect(pid, Kind::Tuple, "the persistent id");
+    const auto& p = B::seq(pid).items;
+    const TensorBody* cls = p.size() == 5 ? special(p[1], TensorBody::Global) : nullptr;
+    if (p.size() != 5 || p[0].kind() != Kind::String || p[0].as_string() != "storage" || cls == nullptr ||
+        cls->global != static_cast<uint8_t>(Global::Storage) || p[2].kind() != Kind::String ||
+        p[3].kind() != Kind::String || p[4].kind() != Kind::Int) {
       fail("the persistent id is not ('storage', torch.<T>Storage, key, location, numel)");
     }
-    if (p[4]->i < 0) fail("storage '" + p[2]->s + "' has a negative size");
-    Obj* s = make(Obj::Storage);
-    s->ref.storage_key = p[2]->s;
-    s->ref.dtype = p[1]->ref.dtype;
-    s->ref.storage_numel = p[4]->i;
+    if (p[4].as_int() < 0) fail("storage '" + p[2].as_string() + "' has a negative size");
+    PtValue s = make_special(TensorBody::Storage);
+    PtTensorRef& ref = static_cast<TensorBody*>(B::body(s))->ref;
+    charge(string_heap(p[2].as_string().size()));
+    ref.storage_key = p[2].as_string();
+    ref.dtype = cls->ref.dtype;
+    ref.storage_numel = p[4].as_int();
     return s;
   }
 
-  std::vector<int64_t> int_tuple(Obj* o, const char* what) {
-    expect(o, Obj::Tuple, what);
-    std::vector<int64_t> v;
-    for (Obj* x : o->items) v.push_back(expect(x, Obj::Int, what)->i);
-    return v;
+  std::vector<int64_t> int_tuple(const PtValue& v, const char* what) {
+    expect(v, Kind::Tuple, what);
+    const auto& items = B::seq(v).items;
+    if (items.size() > kMaxDims) fail(std::string(what) + " has more than " + std::to_string(kMaxDims) + " dimensions");
+    std::vector<int64_t> out;
+    out.reserve(items.size());
+    for (const PtValue& x : items) out.push_back(expect(x, Kind::Int, what).as_int());
+    charge(heap(8 * out.capacity()));
+    return out;
   }
 
-  bool empty_hooks(Obj* o) { return o->kind == Obj::Dict && o->entries.empty(); }
+  static bool empty_hooks(const PtValue& v) { return v.kind() == Kind::Dict && v.entries().empty(); }
 
-  Obj* reduce(Obj* func, Obj* args) {
-    expect(func, Obj::Func, "REDUCE's callable");
-    expect(args, Obj::Tuple, "REDUCE's arguments");
-    const auto& a = args->items;
-    switch (func->func) {
-      case Global::OrderedDict: {
+  PtValue reduce(const PtValue& func, const PtValue& args) {
+    const TensorBody* f = special(func, TensorBody::Global);
+    if (f == nullptr) fail(std::string("REDUCE's callable is ") + kind_name(func) + ", not a global");
+    expect(args, Kind::Tuple, "REDUCE's arguments");
+    const auto& a = B::seq(args).items;
+    switch (static_cast<Global>(f->global)) {
+      case Global::OrderedDict:
         if (!a.empty()) fail("OrderedDict with arguments");
-        Obj* d = make(Obj::Dict);
-        d->ordered = true;
-        return d;
-      }
+        return make_dict(true);
       case Global::RebuildTensor: {
         if (a.size() != 6 && a.size() != 7) fail("_rebuild_tensor_v2 with " + std::to_string(a.size()) + " arguments");
-        Obj* t = make(Obj::Tensor);
-        t->ref = expect(a[0], Obj::Storage, "the tensor's storage")->ref;
-        t->ref.storage_offset = expect(a[1], Obj::Int, "the storage offset")->i;
-        t->ref.sizes = int_tuple(a[2], "the tensor's size");
-        t->ref.strides = int_tuple(a[3], "the tensor's stride");
-        t->ref.requires_grad = expect(a[4], Obj::Bool, "requires_grad")->b;
+        const TensorBody* st = special(a[0], TensorBody::Storage);
+        if (st == nullptr) fail(std::string("the tensor's storage is ") + kind_name(a[0]) + ", not a storage");
+        PtValue t = make_special(TensorBody::Value);
+        PtTensorRef& ref = static_cast<TensorBody*>(B::body(t))->ref;
+        charge(string_heap(st->ref.storage_key.size()));
+        ref = st->ref;
+        ref.storage_offset = expect(a[1], Kind::Int, "the storage offset").as_int();
+        ref.sizes = int_tuple(a[2], "the tensor's size");
+        ref.strides = int_tuple(a[3], "the tensor's stride");
+        ref.requires_grad = expect(a[4], Kind::Bool, "requires_grad").as_bool();
         if (!empty_hooks(a[5]) || (a.size() == 7 && !empty_hooks(a[6]))) {
           fail("a tensor with backward hooks or metadata");
         }
-        const std::string problem = tensor_ref_problem(t->ref);
-        if (!problem.empty()) fail("tensor of storage '" + t->ref.storage_key + "': " + problem);
+        const std::string problem = tensor_ref_problem(ref);
+        if (!problem.empty()) fail("tensor of storage '" + ref.storage_key + "': " + problem);
         return t;
       }
       case Global::RebuildParameter: {
         if (a.size() != 3) fail("_rebuild_parameter with " + std::to_string(a.size()) + " arguments");
-        Obj* t = make(Obj::Tensor);
-        t->ref = expect(a[0], Obj::Tensor, "the parameter's data")->ref;
-        t->ref.requires_grad = expect(a[1], Obj::Bool, "requires_grad")->b;
-        t->ref.parameter = true;
+        const PtTensorRef& data = expect(a[0], Kind::Tensor, "the parameter's data").as_tensor();
+        PtValue t = make_special(TensorBody::Value);
+        PtTensorRef& ref = static_cast<TensorBody*>(B::body(t))->ref;
+        charge(string_heap(data.storage_key.size()) + heap(8 * data.sizes.size()) + heap(8 * data.strides.size()));
+        ref = data;
+        ref.requires_grad = expect(a[1], Kind::Bool, "requires_grad").as_bool();
+        ref.parameter = true;
         if (!empty_hooks(a[2])) fail("a parameter with backward hooks");
         return t;
       }
       case Global::Storage: break;
     }
     fail("a storage class called as a function");
+  }
+
+  const PtValue& memo_get(uint32_t k) {
+    if (k < memo_.size() && memo_set_[k]) return memo_[k];
+    const auto it = sparse_.find(k);
+    if (it == sparse_.end()) fail("memo entry " + std::to_string(k) + " was never put");
+    return it->second;
+  }
+  void put(uint32_t k) {
+    const PtValue& v = top();
+    if (k == memo_.size()) {
+      grow(memo_, PtValue());
+      const size_t cap = memo_set_.capacity();
+      memo_set_.push_back(false);
+      if (memo_set_.capacity() != cap) charge((memo_set_.capacity() - cap) / 8);
+      if (!sparse_.empty()) sparse_.erase(k);
+    }
+    if (k < memo_.size()) {
+      memo_[k] = v;
+      memo_set_[k] = true;
+      return;
+    }
+    const auto [it, fresh] = sparse_.emplace(k, v);
+    if (!fresh) {
+      it->second = v;
+    } else {
+      charge(heap(sizeof(std::pair<const uint32_t, PtValue>) + 8) + sizeof(void*));
+    }
   }
 
   void step(uint8_t op) {
@@ -260,152 +490,104 @@ class Unpickler {
         if (n > in_.size() - pos_) fail("a frame past the end (truncated?)");
         return;
       }
-      case MARK: return marks_.push_back(stack_.size());
-      case EMPTY_DICT: return push(make(Obj::Dict));
-      case EMPTY_LIST: return push(make(Obj::List));
-      case EMPTY_TUPLE: return push_tuple({});
-      case TUPLE: return push_tuple(pop_mark());
-      case TUPLE1: {
-        Obj* a = pop();
-        return push_tuple({a});
+      case MARK: return grow(marks_, stack_.size());
+      case EMPTY_DICT: return push(make_dict(false));
+      case EMPTY_LIST: return push(make_seq(Kind::List));
+      case EMPTY_TUPLE: return push(make_seq(Kind::Tuple));
+      case TUPLE: {
+        const size_t m = pop_mark();
+        return push_tuple(stack_.size() - m);
       }
-      case TUPLE2: {
-        Obj* b = pop();
-        Obj* a = pop();
-        return push_tuple({a, b});
-      }
-      case TUPLE3: {
-        Obj* c = pop();
-        Obj* b = pop();
-        Obj* a = pop();
-        return push_tuple({a, b, c});
-      }
+      case TUPLE1: return push_tuple(1);
+      case TUPLE2: return push_tuple(2);
+      case TUPLE3: return push_tuple(3);
       case SETITEM: {
-        Obj* v = pop();
-        Obj* k = pop();
-        return set_item(expect(top(), Obj::Dict, "SETITEM's target"), k, v);
+        PtValue v = pop();
+        PtValue k = pop();
+        return set_item(top(), std::move(k), std::move(v));
       }
       case SETITEMS: {
-        const std::vector<Obj*> kv = pop_mark();
-        if (kv.size() % 2 != 0) fail("an odd number of keys and values");
-        Obj* d = expect(top(), Obj::Dict, "SETITEMS' target");
-        for (size_t k = 0; k < kv.size(); k += 2) set_item(d, kv[k], kv[k + 1]);
+        const size_t m = pop_mark();
+        if ((stack_.size() - m) % 2 != 0) fail("an odd number of keys and values");
+        if (m <= floor() || m == 0) fail("SETITEMS without a dict below its MARK");
+        const PtValue& d = stack_[m - 1];
+        open_container(d, Kind::Dict, "SETITEMS' target");
+        for (size_t k = m; k < stack_.size(); k += 2) set_item(d, std::move(stack_[k]), std::move(stack_[k + 1]));
+        stack_.resize(m);
         return;
       }
       case APPEND: {
-        Obj* v = pop();
-        return expect(top(), Obj::List, "APPEND's target")->items.push_back(v);
+        PtValue v = pop();
+        return append(top(), std::move(v));
       }
       case APPENDS: {
-        const std::vector<Obj*> items = pop_mark();
-        Obj* l = expect(top(), Obj::List, "APPENDS' target");
-        l->items.insert(l->items.end(), items.begin(), items.end());
+        const size_t m = pop_mark();
+        if (m <= floor() || m == 0) fail("APPENDS without a list below its MARK");
+        const PtValue& l = stack_[m - 1];
+        open_container(l, Kind::List, "APPENDS' target");
+        for (size_t k = m; k < stack_.size(); ++k) append(l, std::move(stack_[k]));
+        stack_.resize(m);
         return;
       }
       case BINUNICODE: return push_string(le(4));
       case SHORT_BINUNICODE: return push_string(le(1));
       case BINUNICODE8: return push_string(le(8));
-      case BININT: return push_int(static_cast<int32_t>(static_cast<uint32_t>(le(4))));
-      case BININT1: return push_int(static_cast<int64_t>(le(1)));
-      case BININT2: return push_int(static_cast<int64_t>(le(2)));
+      case BININT: return push(PtValue::integer(static_cast<int32_t>(static_cast<uint32_t>(le(4)))));
+      case BININT1: return push(PtValue::integer(static_cast<int64_t>(le(1))));
+      case BININT2: return push(PtValue::integer(static_cast<int64_t>(le(2))));
       case LONG1: {
         const uint8_t n = byte();
         if (n > 8) fail("an integer of " + std::to_string(n) + " bytes, past int64");
         uint64_t u = n == 0 ? 0 : le(n);
         if (n > 0 && n < 8 && (u >> (8 * n - 1)) & 1) u |= ~uint64_t{0} << (8 * n);  // sign-extend
-        return push_int(static_cast<int64_t>(u));
+        return push(PtValue::integer(static_cast<int64_t>(u)));
       }
       case NEWTRUE:
-      case NEWFALSE: {
-        Obj* o = make(Obj::Bool);
-        o->b = op == NEWTRUE;
-        return push(o);
-      }
-      case NONE: return push(make(Obj::None));
+      case NEWFALSE: return push(PtValue::boolean(op == NEWTRUE));
+      case NONE: return push(PtValue::none());
       case BINFLOAT: {
         need(8);
         uint64_t u = 0;
         for (int k = 0; k < 8; ++k) u = (u << 8) | static_cast<uint8_t>(in_[pos_ + static_cast<size_t>(k)]);
         pos_ += 8;
-        Obj* o = make(Obj::Float);
-        std::memcpy(&o->d, &u, sizeof u);
-        return push(o);
+        double d;
+        std::memcpy(&d, &u, sizeof u);
+        return push(PtValue::floating(d));
       }
       case GLOBAL: return global();
       case REDUCE: {
-        Obj* args = pop();
-        Obj* func = pop();
-        return push(reduce(func, args));
+        PtValue args = pop();
+        PtValue func = pop();
+        PtValue out = reduce(func, args);
+        discard(args);
+        return push(std::move(out));
       }
       case BUILD: {
-        Obj* state = pop();
-        Obj* inst = top();
-        if (inst->kind != Obj::Dict || !inst->ordered) fail(std::string("BUILD of ") + kind_name(inst->kind));
+        PtValue state = pop();
+        const PtValue& inst = top();
+        if (inst.kind() != Kind::Dict || !B::body(inst)->ordered) fail(std::string("BUILD of ") + kind_name(inst));
         // An OrderedDict's attributes (a state dict's _metadata): not kept.
-        if (state->kind != Obj::Dict && state->kind != Obj::None) fail("an OrderedDict's state is not a dict");
+        if (state.kind() != Kind::Dict && !state.is_none()) fail("an OrderedDict's state is not a dict");
+        discard(state);
         return;
       }
-      case BINPERSID: return push(storage(pop()));
+      case BINPERSID: {
+        PtValue pid = pop();
+        PtValue s = storage(pid);
+        discard(pid);
+        return push(std::move(s));
+      }
       case BINPUT: return put(static_cast<uint32_t>(le(1)));
       case LONG_BINPUT: return put(static_cast<uint32_t>(le(4)));
-      case MEMOIZE: return put(static_cast<uint32_t>(memo_.size()));
+      case MEMOIZE: return put(static_cast<uint32_t>(memo_.size() + sparse_.size()));
       case BINGET:
-      case LONG_BINGET: {
-        const uint32_t k = static_cast<uint32_t>(le(op == BINGET ? 1 : 4));
-        const auto it = memo_.find(k);
-        if (it == memo_.end()) fail("memo entry " + std::to_string(k) + " was never put");
-        return push(it->second);
-      }
+      case LONG_BINGET: return push(memo_get(static_cast<uint32_t>(le(op == BINGET ? 1 : 4))));
       default: {
         const char c = static_cast<char>(op);
         fail(std::string("not an opcode .pt files use") +
              (c >= 0x20 && c < 0x7f ? std::string(" ('") + c + "')" : std::string()));
       }
     }
-  }
-
-  void put(uint32_t k) { memo_[k] = top(); }
-
-  PtValue convert(const Obj* o, int depth) {
-    if (depth > kMaxDepth) throw CheckpointError("pickle: values nest deeper than " + std::to_string(kMaxDepth));
-    if (++values_ > kMaxValues) throw CheckpointError("pickle: more than " + std::to_string(kMaxValues) + " values");
-    switch (o->kind) {
-      case Obj::None: return PtValue::none();
-      case Obj::Bool: return PtValue::boolean(o->b);
-      case Obj::Int: return PtValue::integer(o->i);
-      case Obj::Float: return PtValue::floating(o->d);
-      case Obj::Str: return PtValue::string(counted(o->s));
-      case Obj::List:
-      case Obj::Tuple: {
-        std::vector<PtValue> items;
-        items.reserve(std::min(o->items.size(), kMaxValues - values_ + 1));
-        for (const Obj* x : o->items) items.push_back(convert(x, depth + 1));
-        return o->kind == Obj::List ? PtValue::list(std::move(items)) : PtValue::tuple(std::move(items));
-      }
-      case Obj::Dict: {
-        std::vector<std::pair<std::string, PtValue>> entries;
-        entries.reserve(std::min(o->entries.size(), kMaxValues - values_ + 1));
-        for (const auto& [k, v] : o->entries) entries.emplace_back(counted(k), convert(v, depth + 1));
-        return PtValue::dict(std::move(entries));
-      }
-      case Obj::Tensor: return PtValue::tensor(counted_ref(o->ref));
-      case Obj::Func: throw CheckpointError("pickle: a global (a function or class) as a value");
-      case Obj::Storage: throw CheckpointError("pickle: a storage outside a tensor");
-    }
-    throw CheckpointError("pickle: an unknown value");
-  }
-
-  const std::string& counted(const std::string& s) {
-    string_bytes_ += s.size();
-    if (string_bytes_ > kMaxStringBytes) {
-      throw CheckpointError("pickle: more than " + std::to_string(kMaxStringBytes) + " bytes of strings");
-    }
-    return s;
-  }
-  const PtTensorRef& counted_ref(const PtTensorRef& r) {
-    counted(r.storage_key);
-    string_bytes_ += 8 * (r.sizes.size() + r.strides.size());
-    return r;
   }
 };
 

@@ -54,11 +54,26 @@ struct PtTensorRef {
 
 // The values a .pt file holds: what torch.save of nested dicts, lists,
 // tuples, strings, numbers and tensors pickles.
+//
+// Compact (16 bytes): None, bools, ints and floats inline; strings,
+// containers and tensors in a reference-counted body that copies share
+// (copying a PtValue is O(1)). Values behave as values: mutable_items and
+// mutable_entries copy a shared body first. Only the unpickler
+// (PtValueBuilder, pickle_reader.cpp) mutates a shared body in place, to
+// give memo references Python's sharing; it also keeps each body's weight
+// (values in its subtree, shared ones counted each time) and depth, which
+// bound what a walk of the tree costs.
 class PtValue {
  public:
-  enum class Kind { None, Bool, Int, Float, String, List, Tuple, Dict, Tensor };
+  enum class Kind : uint8_t { None, Bool, Int, Float, String, List, Tuple, Dict, Tensor };
 
-  PtValue() = default;  // None
+  PtValue() : i_(0) {}  // None
+  PtValue(const PtValue& o);
+  PtValue(PtValue&& o) noexcept;
+  PtValue& operator=(const PtValue& o);
+  PtValue& operator=(PtValue&& o) noexcept;
+  ~PtValue();
+
   static PtValue none() { return PtValue(); }
   static PtValue boolean(bool b);
   static PtValue integer(int64_t i);
@@ -86,19 +101,24 @@ class PtValue {
   const PtValue* find(const std::string& key) const;
   const PtValue& at(const std::string& key) const;
 
-  // Mutable access for building trees.
+  // Mutable access for building trees (a body shared with a copy is copied
+  // first).
   std::vector<PtValue>& mutable_items();
   std::vector<std::pair<std::string, PtValue>>& mutable_entries();
 
+  struct Body;  // defined in pt_value.cpp
+
  private:
+  friend struct PtValueBuilder;
+  void release() noexcept;
+  void unshare();
   Kind kind_ = Kind::None;
-  bool b_ = false;
-  int64_t i_ = 0;
-  double d_ = 0;
-  std::string s_;
-  std::vector<PtValue> items_;
-  std::vector<std::pair<std::string, PtValue>> entries_;
-  std::shared_ptr<PtTensorRef> tensor_;
+  union {
+    bool b_;
+    int64_t i_;
+    double d_;
+    Body* body_;  // String, List, Tuple, Dict, Tensor: never null
+  };
 };
 
 // The pickle of a value (protocol 2, what torch.load reads with

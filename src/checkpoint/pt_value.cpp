@@ -1,8 +1,10 @@
 // PtValue, the tree of values a .pt file holds: constructors, checked
-// accessors and equality. The contract is in pt_file.h.
+// accessors and equality. The contract is in pt_file.h, the bodies in
+// pt_value_body.h.
 #include <cstring>
 
 #include "checkpoint/pt_file.h"
+#include "checkpoint/pt_value_body.h"
 #include "tdist/errors.h"
 
 namespace tdist::checkpoint {
@@ -36,6 +38,80 @@ bool same_ref(const PtTensorRef& a, const PtTensorRef& b) {
 
 }  // namespace
 
+// ---- bodies -------------------------------------------------------------------
+
+PtValue::PtValue(const PtValue& o) : kind_(o.kind_), i_(o.i_) {
+  if (kind_ >= Kind::String) body_->refs.fetch_add(1, std::memory_order_relaxed);
+}
+
+PtValue::PtValue(PtValue&& o) noexcept : kind_(o.kind_), i_(o.i_) {
+  o.kind_ = Kind::None;
+  o.i_ = 0;
+}
+
+PtValue& PtValue::operator=(const PtValue& o) {
+  if (this != &o) {
+    PtValue copy(o);
+    *this = std::move(copy);
+  }
+  return *this;
+}
+
+PtValue& PtValue::operator=(PtValue&& o) noexcept {
+  if (this != &o) {
+    release();
+    kind_ = o.kind_;
+    i_ = o.i_;
+    o.kind_ = Kind::None;
+    o.i_ = 0;
+  }
+  return *this;
+}
+
+PtValue::~PtValue() { release(); }
+
+void PtValue::release() noexcept {
+  if (kind_ < Kind::String || body_->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  switch (kind_) {
+    case Kind::String: delete static_cast<pt_body::String*>(body_); break;
+    case Kind::List:
+    case Kind::Tuple: delete static_cast<pt_body::Seq*>(body_); break;
+    case Kind::Dict: delete static_cast<pt_body::Dict*>(body_); break;
+    case Kind::Tensor: delete static_cast<pt_body::Tensor*>(body_); break;
+    default: break;
+  }
+  kind_ = Kind::None;
+  i_ = 0;
+}
+
+// A body of our own, copied from a shared one.
+void PtValue::unshare() {
+  if (body_->refs.load(std::memory_order_acquire) == 1) return;
+  Body* b = nullptr;
+  switch (kind_) {
+    case Kind::List:
+    case Kind::Tuple: {
+      auto* seq = new pt_body::Seq();
+      seq->items = items();
+      b = seq;
+      break;
+    }
+    case Kind::Dict: {
+      auto* dict = new pt_body::Dict();
+      dict->entries = entries();
+      b = dict;
+      break;
+    }
+    default: return;  // strings and tensors are never mutated
+  }
+  b->weight = body_->weight;
+  b->depth = body_->depth;
+  PtValue copy;
+  copy.kind_ = kind_;
+  copy.body_ = b;
+  *this = std::move(copy);
+}
+
 PtValue PtValue::boolean(bool b) {
   PtValue v;
   v.kind_ = Kind::Bool;
@@ -58,37 +134,44 @@ PtValue PtValue::floating(double d) {
 }
 
 PtValue PtValue::string(std::string s) {
+  auto* b = new pt_body::String();
+  b->s = std::move(s);
   PtValue v;
   v.kind_ = Kind::String;
-  v.s_ = std::move(s);
+  v.body_ = b;
   return v;
 }
 
 PtValue PtValue::list(std::vector<PtValue> items) {
+  auto* b = new pt_body::Seq();
+  b->items = std::move(items);
   PtValue v;
   v.kind_ = Kind::List;
-  v.items_ = std::move(items);
+  v.body_ = b;
   return v;
 }
 
 PtValue PtValue::tuple(std::vector<PtValue> items) {
-  PtValue v;
+  PtValue v = list(std::move(items));
   v.kind_ = Kind::Tuple;
-  v.items_ = std::move(items);
   return v;
 }
 
 PtValue PtValue::dict(std::vector<std::pair<std::string, PtValue>> items) {
+  auto* b = new pt_body::Dict();
+  b->entries = std::move(items);
   PtValue v;
   v.kind_ = Kind::Dict;
-  v.entries_ = std::move(items);
+  v.body_ = b;
   return v;
 }
 
 PtValue PtValue::tensor(PtTensorRef ref) {
+  auto* b = new pt_body::Tensor();
+  b->ref = std::move(ref);
   PtValue v;
   v.kind_ = Kind::Tensor;
-  v.tensor_ = std::make_shared<PtTensorRef>(std::move(ref));
+  v.body_ = b;
   return v;
 }
 
@@ -110,22 +193,22 @@ double PtValue::as_float() const {
 
 const std::string& PtValue::as_string() const {
   if (kind_ != Kind::String) wrong_kind("a string", kind_);
-  return s_;
+  return static_cast<const pt_body::String*>(body_)->s;
 }
 
 const std::vector<PtValue>& PtValue::items() const {
   if (kind_ != Kind::List && kind_ != Kind::Tuple) wrong_kind("a list or tuple", kind_);
-  return items_;
+  return static_cast<const pt_body::Seq*>(body_)->items;
 }
 
 const std::vector<std::pair<std::string, PtValue>>& PtValue::entries() const {
   if (kind_ != Kind::Dict) wrong_kind("a dict", kind_);
-  return entries_;
+  return static_cast<const pt_body::Dict*>(body_)->entries;
 }
 
 const PtTensorRef& PtValue::as_tensor() const {
   if (kind_ != Kind::Tensor) wrong_kind("a tensor", kind_);
-  return *tensor_;
+  return static_cast<const pt_body::Tensor*>(body_)->ref;
 }
 
 const PtValue* PtValue::find(const std::string& key) const {
@@ -143,12 +226,14 @@ const PtValue& PtValue::at(const std::string& key) const {
 
 std::vector<PtValue>& PtValue::mutable_items() {
   if (kind_ != Kind::List && kind_ != Kind::Tuple) wrong_kind("a list or tuple", kind_);
-  return items_;
+  unshare();
+  return static_cast<pt_body::Seq*>(body_)->items;
 }
 
 std::vector<std::pair<std::string, PtValue>>& PtValue::mutable_entries() {
   if (kind_ != Kind::Dict) wrong_kind("a dict", kind_);
-  return entries_;
+  unshare();
+  return static_cast<pt_body::Dict*>(body_)->entries;
 }
 
 bool operator==(const PtValue& a, const PtValue& b) {

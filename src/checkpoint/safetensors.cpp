@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 #include <set>
+#include <string_view>
+#include <unordered_map>
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/safetensors_header.h"
@@ -39,7 +41,8 @@ struct SafetensorsReader::Impl {
   checkpoint::FileReader file;
   uint64_t data_start = 0;
   std::vector<SafetensorsTensorInfo> tensors;
-  std::map<std::string, st::TensorEntry> entries;
+  std::vector<std::pair<uint64_t, uint64_t>> spans;         // [begin, end) of tensors[i]'s data
+  std::unordered_map<std::string_view, size_t> index;     // name (in tensors) -> position
   std::map<std::string, std::string> metadata;
   std::map<std::string, std::string> crcs;
 
@@ -62,15 +65,24 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : impl_(std::make_
   }
   for (auto& [key, value] : h.metadata) {
     if (key.rfind(st::kCrcPrefix, 0) == 0) {
-      r.crcs[key.substr(std::strlen(st::kCrcPrefix))] = value;
+      r.crcs[key.substr(std::strlen(st::kCrcPrefix))] = std::move(value);
     } else {
-      r.metadata[key] = value;
+      r.metadata[key] = std::move(value);
     }
   }
+  // Moved, not copied: one copy of each name and shape (the header may be
+  // 100 MB). tensors is not resized after, so the index's views stay valid.
+  r.tensors.reserve(h.tensors.size());
+  r.spans.reserve(h.tensors.size());
   for (auto& e : h.tensors) {
-    r.tensors.push_back({e.name, st::dtype_or_undefined(e.dtype), e.shape, e.dtype});
-    r.entries[e.name] = e;
+    const c10::ScalarType dtype = st::dtype_or_undefined(e.dtype);
+    r.tensors.push_back({std::move(e.name), dtype, std::move(e.shape), std::move(e.dtype)});
+    r.spans.emplace_back(e.begin, e.end);
   }
+  h.tensors.clear();
+  h.tensors.shrink_to_fit();
+  r.index.reserve(r.tensors.size());
+  for (size_t i = 0; i < r.tensors.size(); ++i) r.index.emplace(r.tensors[i].name, i);
 }
 
 SafetensorsReader::~SafetensorsReader() = default;
@@ -78,16 +90,17 @@ SafetensorsReader::~SafetensorsReader() = default;
 const std::vector<SafetensorsTensorInfo>& SafetensorsReader::tensors() const { return impl_->tensors; }
 const std::map<std::string, std::string>& SafetensorsReader::metadata() const { return impl_->metadata; }
 const std::string& SafetensorsReader::path() const { return impl_->file.path(); }
-bool SafetensorsReader::contains(const std::string& name) const { return impl_->entries.count(name) > 0; }
+bool SafetensorsReader::contains(const std::string& name) const { return impl_->index.count(name) > 0; }
 
 at::Tensor SafetensorsReader::read(const std::string& name) const {
   const Impl& r = *impl_;
-  const auto it = r.entries.find(name);
-  if (it == r.entries.end()) throw CheckpointError(path() + ": no tensor '" + name + "'");
-  const st::TensorEntry& e = it->second;
-  at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(st::dtype_of(e.dtype, path(), name)));
-  const size_t n = static_cast<size_t>(e.end - e.begin);
-  r.file.read_at(r.data_start + e.begin, t.data_ptr(), n);
+  const auto it = r.index.find(name);
+  if (it == r.index.end()) throw CheckpointError(path() + ": no tensor '" + name + "'");
+  const SafetensorsTensorInfo& e = r.tensors[it->second];
+  const auto [begin, end] = r.spans[it->second];
+  at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(st::dtype_of(e.format_dtype, path(), name)));
+  const size_t n = static_cast<size_t>(end - begin);
+  r.file.read_at(r.data_start + begin, t.data_ptr(), n);
   const auto crc = r.crcs.find(name);
   if (crc != r.crcs.end() && crc->second != st::hex32(checkpoint::crc32(0, t.data_ptr(), n))) {
     throw CheckpointError(path() + ": tensor '" + name + "' is corrupt (its CRC-32 is " +

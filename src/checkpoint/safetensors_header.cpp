@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <utility>
 
 namespace tdist::safetensors {
 
@@ -19,11 +20,6 @@ using Json = nlohmann::json;
 constexpr int kMaxDepth = 8;
 
 [[noreturn]] void fail(const std::string& what) { throw FormatError(what); }
-
-uint64_t get_u64(const Json& v, const std::string& what) {
-  if (!v.is_number_unsigned()) fail(what + " is not a non-negative integer");
-  return v.get<uint64_t>();
-}
 
 // The bytes of a tensor of that dtype and shape: elements x bits / 8,
 // checked for overflow (FormatError), whole bytes only.
@@ -43,40 +39,221 @@ uint64_t data_bytes(const std::string& name, const std::string& dtype, const std
   return total_bits / 8;
 }
 
-TensorEntry parse_entry(const std::string& name, const Json& info) {
-  if (!info.is_object()) fail("tensor '" + name + "': its entry is not an object");
-  for (const auto& [key, value] : info.items()) {
-    (void)value;
-    if (key != "dtype" && key != "shape" && key != "data_offsets") {
-      fail("tensor '" + name + "': unknown field '" + key + "'");
+constexpr size_t kMaxShapeDims = 1024;
+
+// The header's JSON, event by event (nlohmann's SAX interface): each
+// tensor entry is checked and kept as a TensorEntry as soon as it closes,
+// nothing else is built, so time and memory are linear in the header.
+// Nesting past kMaxDepth and keys given twice fail at once; any other
+// problem is kept (the first one) and thrown after the whole text parsed,
+// so that a header that is not JSON says so first.
+class HeaderSax : public nlohmann::json_sax<Json> {
+ public:
+  explicit HeaderSax(size_t json_bytes) : json_bytes_(json_bytes), budget_((size_t{64} << 20) + 8 * json_bytes) {}
+  Header h;
+  std::string problem;  // the first, thrown after the parse
+
+  bool null() override { return scalar("null"); }
+  bool boolean(bool) override { return scalar("a bool"); }
+  bool number_integer(number_integer_t) override { return scalar("a negative integer"); }
+  bool number_unsigned(number_unsigned_t v) override {
+    if (ctx_ == Ctx::Shape) {
+      if (v > static_cast<uint64_t>(INT64_MAX)) return defer(who() + "a shape entry is too large");
+      if (entry_.shape.size() >= kMaxShapeDims) {
+        return defer(who() + "a shape of more than " + std::to_string(kMaxShapeDims) + " dimensions");
+      }
+      entry_.shape.push_back(static_cast<int64_t>(v));  // at most 8 KiB, counted when the entry is kept
+      return true;
+    }
+    if (ctx_ == Ctx::Offsets) {
+      if (offsets_ >= 2) return defer(who() + "data_offsets is not [begin, end]");
+      (offsets_ == 0 ? entry_.begin : entry_.end) = v;
+      ++offsets_;
+      return true;
+    }
+    return scalar("a number");
+  }
+  bool number_float(number_float_t, const string_t&) override { return scalar("a number"); }
+  bool string(string_t& v) override {
+    if (ctx_ == Ctx::Entry && field_ == Field::Dtype) {
+      entry_.dtype = v;
+      return true;
+    }
+    if (ctx_ == Ctx::Metadata) {
+      charge(sizeof(std::pair<const std::string, std::string>) + 48 + heap(key_.size()) + heap(v.size()));
+      h.metadata.emplace(key_, v);
+      return true;
+    }
+    return scalar("a string");
+  }
+  bool binary(binary_t&) override { return scalar("binary"); }
+
+  bool start_object(std::size_t) override {
+    enter();
+    if (ctx_ == Ctx::Skip) return true;
+    if (depth_ == 1) {
+      ctx_ = Ctx::Root;
+    } else if (ctx_ == Ctx::Root && key_ == "__metadata__") {
+      ctx_ = Ctx::Metadata;
+    } else if (ctx_ == Ctx::Root) {
+      ctx_ = Ctx::Entry;
+      entry_ = TensorEntry();
+      entry_.name = key_;
+      seen_ = 0;
+    } else {
+      skip(misplaced("an object"));
+    }
+    return true;
+  }
+  bool key(string_t& k) override {
+    if (ctx_ == Ctx::Skip) return true;
+    key_ = k;
+    if (ctx_ == Ctx::Root) {
+      if (k == "__metadata__" && std::exchange(metadata_seen_, true)) twice(k);
+      return true;
+    }
+    if (ctx_ == Ctx::Metadata) {
+      if (h.metadata.count(k)) twice(k);
+      return true;
+    }
+    // Ctx::Entry
+    field_ = k == "dtype" ? Field::Dtype : k == "shape" ? Field::Shape : k == "data_offsets" ? Field::Offsets : Field::Other;
+    if (field_ == Field::Other) return defer(who() + "unknown field '" + k + "'");
+    const unsigned bit = 1u << static_cast<unsigned>(field_);
+    if (seen_ & bit) twice(k);
+    seen_ |= bit;
+    return true;
+  }
+  bool end_object() override {
+    if (leave()) return true;
+    if (ctx_ == Ctx::Entry) {
+      if (problem.empty()) finish_entry();
+      ctx_ = Ctx::Root;
+    } else if (ctx_ == Ctx::Metadata) {
+      ctx_ = Ctx::Root;
+    }
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    enter();
+    if (ctx_ == Ctx::Skip) return true;
+    if (ctx_ == Ctx::Entry && field_ == Field::Shape) {
+      ctx_ = Ctx::Shape;
+    } else if (ctx_ == Ctx::Entry && field_ == Field::Offsets) {
+      ctx_ = Ctx::Offsets;
+      offsets_ = 0;
+    } else {
+      skip(misplaced("an array"));
+    }
+    return true;
+  }
+  bool end_array() override {
+    if (leave()) return true;
+    if (ctx_ == Ctx::Offsets && offsets_ != 2) defer(who() + "data_offsets is not [begin, end]");
+    ctx_ = Ctx::Entry;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    fail(std::string("the header is not valid JSON: ") + e.what());
+  }
+
+ private:
+  enum class Ctx { Root, Entry, Shape, Offsets, Metadata, Skip };
+  enum class Field : unsigned { Dtype, Shape, Offsets, Other };
+  Ctx ctx_ = Ctx::Root;
+  Ctx skip_from_ = Ctx::Root;  // where a skipped value sits
+  int depth_ = 0, skip_depth_ = 0;
+  std::string key_;
+  Field field_ = Field::Other;
+  unsigned seen_ = 0;
+  int offsets_ = 0;
+  bool metadata_seen_ = false;
+  size_t json_bytes_ = 0, budget_ = 0, used_ = 0;
+  TensorEntry entry_;
+
+  std::string who() const { return "tensor '" + entry_.name + "': "; }
+  bool defer(const std::string& what) {
+    if (problem.empty()) problem = what;
+    return true;
+  }
+  [[noreturn]] void twice(const std::string& k) { fail("the header gives the key '" + k + "' twice"); }
+  void enter() {
+    if (++depth_ > kMaxDepth) fail("the header nests deeper than a safetensors header can");
+  }
+  // Closes a level; true when it closed (part of) a skipped value.
+  bool leave() {
+    --depth_;
+    if (ctx_ != Ctx::Skip) return false;
+    if (depth_ < skip_depth_) ctx_ = skip_from_;
+    return true;
+  }
+  void skip(const std::string& why) {
+    defer(why);
+    skip_from_ = ctx_;
+    skip_depth_ = depth_;
+    ctx_ = Ctx::Skip;
+  }
+  // What a value of that kind is wrong for, where it stands.
+  std::string misplaced(const char* what) const {
+    switch (ctx_) {
+      case Ctx::Root:
+        return key_ == "__metadata__" ? "__metadata__ is not an object" : "tensor '" + key_ + "': its entry is not an object";
+      case Ctx::Entry:
+        return field_ == Field::Dtype  ? who() + "dtype is not a string"
+               : field_ == Field::Shape ? who() + "shape is not an array"
+                                        : who() + "data_offsets is not [begin, end]";
+      case Ctx::Shape: return who() + "a shape entry is not a non-negative integer";
+      case Ctx::Offsets: return who() + "data_offsets[" + std::to_string(offsets_) + "] is not a non-negative integer";
+      case Ctx::Metadata: return "__metadata__ '" + key_ + "' is not a string";
+      case Ctx::Skip: break;
+    }
+    return std::string("the header has ") + what + " where it cannot";
+  }
+  bool scalar(const char* what) {
+    if (ctx_ == Ctx::Skip) return true;
+    if (ctx_ == Ctx::Root && key_ == "__metadata__" && std::string(what) == "null") return true;  // none
+    if (ctx_ == Ctx::Entry && field_ == Field::Other) return true;  // an unknown field: already kept
+    const std::string why = misplaced(what);
+    if (ctx_ == Ctx::Offsets) ++offsets_;
+    return defer(why);
+  }
+  // What the Header holds, counted as it grows (heap blocks of 16 bytes,
+  // a std::map node's 48 bytes of links and header).
+  void charge(size_t n) {
+    used_ += n;
+    if (used_ > budget_) {
+      fail("the header needs more than " + std::to_string(budget_ >> 20) + " MiB to hold (" +
+           std::to_string(json_bytes_) + " bytes of JSON; the bound is 64 MiB + 8 x its size)");
     }
   }
-  for (const char* field : {"dtype", "shape", "data_offsets"}) {
-    if (!info.contains(field)) fail("tensor '" + name + "': no '" + field + "'");
+  static size_t heap(size_t n) { return n > 15 ? (n + 1 + 8 + 15) & ~size_t{15} : 0; }
+  void finish_entry() {
+    for (const Field f : {Field::Dtype, Field::Shape, Field::Offsets}) {
+      if (!(seen_ & (1u << static_cast<unsigned>(f)))) {
+        static const char* names[] = {"dtype", "shape", "data_offsets"};
+        defer(who() + "no '" + names[static_cast<unsigned>(f)] + "'");
+        return;
+      }
+    }
+    TensorEntry& e = entry_;
+    try {
+      const uint64_t bytes = data_bytes(e.name, e.dtype, e.shape);
+      if (e.end < e.begin) fail("tensor '" + e.name + "': data_offsets end before they begin");
+      if (e.end - e.begin != bytes) {
+        fail("tensor '" + e.name + "': data_offsets span " + std::to_string(e.end - e.begin) + " bytes, but " +
+             e.dtype + " of that shape is " + std::to_string(bytes));
+      }
+    } catch (const FormatError& err) {
+      defer(err.what());
+      return;
+    }
+    e.shape.shrink_to_fit();
+    charge(heap(e.name.size()) + heap(e.dtype.size()) + heap(8 * e.shape.size()));
+    const size_t cap = h.tensors.capacity();
+    h.tensors.push_back(std::move(e));
+    if (h.tensors.capacity() != cap) charge((h.tensors.capacity() - cap) * sizeof(TensorEntry));
   }
-  TensorEntry e;
-  e.name = name;
-  if (!info["dtype"].is_string()) fail("tensor '" + name + "': dtype is not a string");
-  e.dtype = info["dtype"].get<std::string>();
-  const Json& shape = info["shape"];
-  if (!shape.is_array()) fail("tensor '" + name + "': shape is not an array");
-  for (const Json& d : shape) {
-    const uint64_t n = get_u64(d, "tensor '" + name + "': a shape entry");
-    if (n > static_cast<uint64_t>(INT64_MAX)) fail("tensor '" + name + "': a shape entry is too large");
-    e.shape.push_back(static_cast<int64_t>(n));
-  }
-  const uint64_t bytes = data_bytes(name, e.dtype, e.shape);
-  const Json& off = info["data_offsets"];
-  if (!off.is_array() || off.size() != 2) fail("tensor '" + name + "': data_offsets is not [begin, end]");
-  e.begin = get_u64(off[0], "tensor '" + name + "': data_offsets[0]");
-  e.end = get_u64(off[1], "tensor '" + name + "': data_offsets[1]");
-  if (e.end < e.begin) fail("tensor '" + name + "': data_offsets end before they begin");
-  if (e.end - e.begin != bytes) {
-    fail("tensor '" + name + "': data_offsets span " + std::to_string(e.end - e.begin) + " bytes, but " + e.dtype +
-         " of that shape is " + std::to_string(bytes));
-  }
-  return e;
-}
+};
 
 }  // namespace
 
@@ -108,48 +285,19 @@ uint64_t header_length(const uint8_t first8[8], uint64_t file_size) {
 
 Header parse_header(const char* json, size_t n, uint64_t data_bytes) {
   if (n == 0 || json[0] != '{') fail("the header does not start with '{'");
-  // Keys seen, per object being parsed: a key given twice is an error (a
-  // JSON library would keep one of them silently).
-  std::vector<std::set<std::string>> keys;
-  const auto check = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start:
-        if (depth >= kMaxDepth) fail("the header nests deeper than a safetensors header can");
-        if (event == Json::parse_event_t::object_start) keys.emplace_back();
-        break;
-      case Json::parse_event_t::object_end:
-        keys.pop_back();
-        break;
-      case Json::parse_event_t::key:
-        if (!keys.back().insert(parsed.get<std::string>()).second) {
-          fail("the header gives the key '" + parsed.get<std::string>() + "' twice");
-        }
-        break;
-      default:
-        break;
+  HeaderSax sax(n);
+  Json::sax_parse(json, json + n, &sax);  // throws FormatError: not JSON, too deep, a key twice
+  if (!sax.problem.empty()) fail(sax.problem);
+  Header h = std::move(sax.h);
+  // Tensor names given twice: one sort, not a lookup per key.
+  {
+    std::vector<const TensorEntry*> by_name;
+    by_name.reserve(h.tensors.size());
+    for (const TensorEntry& t : h.tensors) by_name.push_back(&t);
+    std::sort(by_name.begin(), by_name.end(), [](const TensorEntry* a, const TensorEntry* b) { return a->name < b->name; });
+    for (size_t i = 1; i < by_name.size(); ++i) {
+      if (by_name[i]->name == by_name[i - 1]->name) fail("the header gives the key '" + by_name[i]->name + "' twice");
     }
-    return true;
-  };
-  Json root;
-  try {
-    root = Json::parse(json, json + n, check);
-  } catch (const Json::exception& e) {
-    fail(std::string("the header is not valid JSON: ") + e.what());
-  }
-  if (!root.is_object()) fail("the header is not a JSON object");
-  Header h;
-  for (const auto& [key, value] : root.items()) {
-    if (key == "__metadata__") {
-      if (value.is_null()) continue;  // what some writers put for none
-      if (!value.is_object()) fail("__metadata__ is not an object");
-      for (const auto& [k, v] : value.items()) {
-        if (!v.is_string()) fail("__metadata__ '" + k + "' is not a string");
-        h.metadata[k] = v.get<std::string>();
-      }
-      continue;
-    }
-    h.tensors.push_back(parse_entry(key, value));
   }
   std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;

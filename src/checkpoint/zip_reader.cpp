@@ -4,7 +4,6 @@
 // read or allocated from. The contract is in zip_format.h.
 #include <algorithm>
 #include <cstring>
-#include <set>
 
 #include "checkpoint/zip_format.h"
 #include "tdist/errors.h"
@@ -130,7 +129,6 @@ std::vector<Entry> read_directory(const ReadAt& read_at, uint64_t file_size) {
   read(end.cd_offset, cd.data(), cd.size());
   std::vector<Entry> entries;
   entries.reserve(static_cast<size_t>(end.count));
-  std::set<std::string> names;
   uint64_t at = 0;
   for (uint64_t k = 0; k < end.count; ++k) {
     if (!within(at, kCentralSize, cd.size())) fail("the central directory ends inside entry " + std::to_string(k));
@@ -143,7 +141,6 @@ std::vector<Entry> read_directory(const ReadAt& read_at, uint64_t file_size) {
     Entry e;
     e.name.assign(reinterpret_cast<const char*>(p + kCentralSize), static_cast<size_t>(name_len));
     if (e.name.empty()) fail("central directory entry " + std::to_string(k) + " has no name");
-    if (!names.insert(e.name).second) fail("two records are named '" + e.name + "'");
     const uint64_t flags = get(p + 8, 2), method = get(p + 10, 2);
     if (flags & 0x41) fail("record '" + e.name + "' is encrypted");
     if (method != 0) fail("record '" + e.name + "' is compressed (method " + std::to_string(method) + "), not stored");
@@ -156,6 +153,15 @@ std::vector<Entry> read_directory(const ReadAt& read_at, uint64_t file_size) {
     if (comp != e.size) fail("record '" + e.name + "': its compressed and stored sizes differ");
     entries.push_back(std::move(e));
     at += kCentralSize + name_len + extra_len + comment_len;
+  }
+  // Two records of one name: one sort (memory: a pointer per record, not
+  // a second copy of every name).
+  std::vector<const Entry*> by_name;
+  by_name.reserve(entries.size());
+  for (const Entry& e : entries) by_name.push_back(&e);
+  std::sort(by_name.begin(), by_name.end(), [](const Entry* a, const Entry* b) { return a->name < b->name; });
+  for (size_t i = 1; i < by_name.size(); ++i) {
+    if (by_name[i]->name == by_name[i - 1]->name) fail("two records are named '" + by_name[i]->name + "'");
   }
   // Each local header: within the data before the directory, of the same name.
   for (Entry& e : entries) {
@@ -176,8 +182,7 @@ std::vector<Entry> read_directory(const ReadAt& read_at, uint64_t file_size) {
       fail("record '" + e.name + "': its " + std::to_string(e.size) + " bytes run past the data (truncated?)");
     }
   }
-  std::vector<const Entry*> by_offset;
-  for (const Entry& e : entries) by_offset.push_back(&e);
+  std::vector<const Entry*>& by_offset = by_name;  // the same pointers, sorted again
   std::sort(by_offset.begin(), by_offset.end(),
             [](const Entry* a, const Entry* b) { return a->header_offset < b->header_offset; });
   for (size_t i = 1; i < by_offset.size(); ++i) {
