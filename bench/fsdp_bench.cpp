@@ -289,18 +289,18 @@ FsdpBenchOptions with_defaults(FsdpBenchOptions o) {
 
 void FsdpBenchOptions::add_to(CLI::App& mode) {
   using cli::both_spellings;
-  mode.add_option(both_spellings("world-size"), world_size, "ranks, started here")->check(CLI::Range(1, 64))
+  mode.add_option(both_spellings("world-size"), world_size, "ranks, started here")->check(cli::in_range(1, 64))
       ->capture_default_str();
   mode.add_option("--model", model, "mlp: residual MLP blocks; vit: the fsdp_vit example's transformer")
       ->check(CLI::IsMember({"mlp", "vit"}))->capture_default_str();
-  mode.add_option("--blocks", blocks, "blocks, one FSDP unit each (default 8)")->check(CLI::PositiveNumber);
-  mode.add_option("--width", width, "W (default: mlp 1024, vit 256)")->check(CLI::PositiveNumber);
+  mode.add_option("--blocks", blocks, "blocks, one FSDP unit each (default 8)")->check(cli::in_range(1, 1024));
+  mode.add_option("--width", width, "W (default: mlp 1024, vit 256)")->check(cli::in_range(1, 65536));
   mode.add_option("--hidden", hidden, "H, the blocks' hidden width (default: mlp 4096, vit 1024)")
-      ->check(CLI::PositiveNumber);
-  mode.add_option("--heads", heads, "attention heads of vit (default 8)")->check(CLI::PositiveNumber);
-  mode.add_option("--batch", batch, "rows per rank (default: mlp 8, vit 64)")->check(CLI::PositiveNumber);
-  mode.add_option("--steps", steps, "timed steps per round")->check(CLI::PositiveNumber)->capture_default_str();
-  mode.add_option("--rounds", rounds, "rounds, the variants taking turns")->check(CLI::PositiveNumber)
+      ->check(cli::in_range(1, 262144));
+  mode.add_option("--heads", heads, "attention heads of vit (default 8)")->check(cli::in_range(1, 1024));
+  mode.add_option("--batch", batch, "rows per rank (default: mlp 8, vit 64)")->check(cli::in_range(1, 65536));
+  mode.add_option("--steps", steps, "timed steps per round")->check(cli::in_range(1, 1e6))->capture_default_str();
+  mode.add_option("--rounds", rounds, "rounds, the variants taking turns")->check(cli::in_range(1, 1e6))
       ->capture_default_str();
   mode.add_option("--variants", variants,
                   "comma-separated (default: all): ddp, no_shard, shard_grad_op, full_shard, full_shard_ckpt, "
