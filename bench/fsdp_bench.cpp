@@ -42,8 +42,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -229,7 +232,11 @@ void print_tables(const FsdpBenchOptions& o, const ModelSize& size, const std::v
 int run_parent(const FsdpBenchOptions& o, const std::vector<std::string>& args) {
   const std::vector<std::string> variants = parse_variants(o.variants);
   const ModelSize size = measure_size(o);
-  const std::string result = "/tmp/tdist-bench-fsdp-" + std::to_string(getpid());
+  // The ranks' result in a fresh directory of this user's (mkdtemp), never
+  // a fixed name in /tmp that another user could plant a link or FIFO at.
+  std::string dir = "/tmp/tdist-bench-fsdp-XXXXXX";
+  if (!::mkdtemp(dir.data())) throw std::runtime_error(std::string("cannot make a directory in /tmp: ") + std::strerror(errno));
+  const std::string result = dir + "/result";
   std::map<std::string, std::vector<Result>> rounds;
   for (int round = 0; round < o.rounds; ++round) {
     for (size_t k = 0; k < variants.size(); ++k) {
@@ -246,6 +253,7 @@ int run_parent(const FsdpBenchOptions& o, const std::vector<std::string>& args) 
     }
   }
   std::remove(result.c_str());
+  ::rmdir(dir.c_str());
   std::map<std::string, Result> res;
   for (const auto& v : variants) res[v] = median_result(rounds[v]);
   print_tables(o, size, variants, res);

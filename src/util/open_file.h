@@ -51,6 +51,11 @@ inline int open_regular(const std::string& path, int flags, std::string& error, 
   const int fd = ::open(path.c_str(), flags | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, mode);
   if (fd < 0) {
     const int e = errno;
+    if (e == EISDIR) {  // opened for writing
+      error = path + ": is a directory, not a regular file";
+      errno = e;
+      return -1;
+    }
     error = path + ": cannot open (" + (e == ELOOP && (flags & O_NOFOLLOW) ? "a symbolic link, not followed here"
                                         : e == ENXIO ? "a FIFO or device with no reader" : std::strerror(e)) + ")";
     errno = e;

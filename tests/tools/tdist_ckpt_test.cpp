@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 
@@ -37,7 +38,9 @@ using tdist::checkpoint::PtTensorRef;
 using tdist::checkpoint::PtValue;
 using tdist::checkpoint::PtWriter;
 
-const std::string kBin = TDIST_BIN_DIR;
+// TDIST_TEST_BIN_DIR runs the same checks against another build's programs
+// (an older tdist, to see them fail).
+const std::string kBin = std::getenv("TDIST_TEST_BIN_DIR") ? std::getenv("TDIST_TEST_BIN_DIR") : TDIST_BIN_DIR;
 constexpr auto kDeadline = std::chrono::seconds(30);
 
 std::string slurp(const std::string& path) {
@@ -80,8 +83,8 @@ class CkptTool : public ::testing::Test {
   }
   // The checkpoint is as saved and still loads.
   void expect_intact() {
-    EXPECT_EQ(slurp(r0_), good0_);
-    EXPECT_EQ(slurp(r1_), good1_);
+    EXPECT_TRUE(slurp(r0_) == good0_) << r0_ << " changed";
+    EXPECT_TRUE(slurp(r1_) == good1_) << r1_ << " changed";
     EXPECT_EQ(tdist::inspect_sharded_checkpoint(prefix_).world_size, 2);
   }
   test::TempDir dir_;
@@ -129,7 +132,7 @@ TEST_F(CkptTool, ASpecialFileNamedLikeARankFileIsRefusedNotWaitedOn) {
     for (const std::string& victim : {r0_, r1_}) {
       std::remove(victim.c_str());
       make(victim);
-      for (const std::string cmd : {"inspect --ckpt-prefix " + prefix_, "consolidate --ckpt-prefix " + prefix_,
+      for (const std::string& cmd : {"inspect --ckpt-prefix " + prefix_, "consolidate --ckpt-prefix " + prefix_,
                                     "reshard --world-size 3 --ckpt-prefix " + prefix_}) {
         const auto t = std::chrono::steady_clock::now();
         const Ran r = sh(kBin + "/tdist-ckpt " + cmd);
@@ -178,7 +181,7 @@ TEST_F(CkptTool, ConsolidateRefusesToWriteOverOrBesideItsInput) {
   ASSERT_EQ(::mkdir((dir_.path() + "/sub").c_str(), 0700), 0);
   for (const std::string& out : {r0_, dir_.path() + "/sub/../ck_rank-1-of-2.pt", dir_.path() + "/hard.pt",
                                  prefix_ + "_rank-0-of-3.pt", dir_.path() + "/./ck_rank-2-of-2.pt"}) {
-    for (const std::string format : {"pt", "safetensors"}) {
+    for (const char* format : {"pt", "safetensors"}) {
       const Ran r = sh(kBin + "/tdist-ckpt consolidate --ckpt-prefix " + prefix_ + " --format " + format +
                        " --save-path " + out);
       EXPECT_EQ(r.code, 2) << out << ":\n" << r.output;
