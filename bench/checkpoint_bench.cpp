@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -107,9 +108,11 @@ struct ToolRun {
 // Runs tdist-ckpt (next to this program) with args; its time and peak RSS
 // (which it reports itself: the rusage of a child forked from this process
 // would count this process's pages, copied at the fork).
-ToolRun run_tool(const std::vector<std::string>& args) {
+// `dir` is the run's own directory (made by mkdtemp), where the peak file
+// goes: never a name in /tmp that another user could plant first.
+ToolRun run_tool(const std::vector<std::string>& args, const std::string& dir) {
   const std::string exe = std::filesystem::read_symlink("/proc/self/exe").parent_path().string() + "/tdist-ckpt";
-  const std::string peak_file = std::filesystem::temp_directory_path() / ("tdist-bench-peak-" + std::to_string(getpid()));
+  const std::string peak_file = dir + "/peak-rss";
   ::setenv("TDIST_CKPT_PEAK_RSS_FILE", peak_file.c_str(), 1);
   const auto t = Clock::now();
   const pid_t pid = fork();
@@ -155,8 +158,12 @@ int64_t bytes_of(const std::vector<std::string>& paths) {
 }
 
 int run_parent(const CheckpointBenchOptions& o, const std::vector<std::string>& args) {
-  const std::string dir = o.dir + "/tdist-bench-ckpt-" + std::to_string(getpid());
-  std::filesystem::create_directories(dir);
+  // A fresh directory of this user's (mkdtemp: 0700, never one that exists).
+  std::string templ = o.dir + "/tdist-bench-ckpt-XXXXXX";
+  if (!::mkdtemp(templ.data())) {
+    throw std::runtime_error("cannot make a directory in --dir " + o.dir + ": " + std::strerror(errno));
+  }
+  const std::string dir = templ;
   const std::string result = dir + "/result.json";
   if (spawn_ranks("checkpoint", o.world_size, args, {"--run-dir", dir, "--result", result}) != 0) return 1;
   const auto ranks = nlohmann::json::parse(std::ifstream(result));
@@ -176,21 +183,21 @@ int run_parent(const CheckpointBenchOptions& o, const std::vector<std::string>& 
     copies.push_back(copy_seconds(files, dir + "/copy"));
     std::filesystem::remove(dir + "/copy");
     ::sync();
-    const ToolRun c = run_tool({"consolidate", "--ckpt-prefix", prefix, "--optimizer", "--save-path", dir + "/full.pt"});
+    const ToolRun c = run_tool({"consolidate", "--ckpt-prefix", prefix, "--optimizer", "--save-path", dir + "/full.pt"}, dir);
     cons_s.push_back(c.seconds);
     cons.peak_rss = std::max(cons.peak_rss, c.peak_rss);
     cons_bytes = static_cast<int64_t>(std::filesystem::file_size(dir + "/full.pt"));
     std::filesystem::remove(dir + "/full.pt");
     ::sync();
     const ToolRun r = run_tool({"reshard", "--ckpt-prefix", prefix, "--world-size", std::to_string(to),
-                                "--out-prefix", dir + "/re"});
+                                "--out-prefix", dir + "/re"}, dir);
     resh_s.push_back(r.seconds);
     resh.peak_rss = std::max(resh.peak_rss, r.peak_rss);
   }
   const double copy_s = percentile(copies, 50);
   cons.seconds = percentile(cons_s, 50);
   resh.seconds = percentile(resh_s, 50);
-  const ToolRun base = run_tool({"--help"});  // the process alone, nothing done
+  const ToolRun base = run_tool({"--help"}, dir);  // the process alone, nothing done
   const int64_t w = width_for(o);
   const int64_t largest = w * w * 4;
   const double copy_bps = bytes / copy_s;
@@ -233,12 +240,17 @@ int run_parent(const CheckpointBenchOptions& o, const std::vector<std::string>& 
 
 void CheckpointBenchOptions::add_to(CLI::App& mode) {
   using cli::both_spellings;
-  mode.add_option(both_spellings("world-size"), world_size, "ranks, started here")->check(CLI::Range(1, 64))
+  mode.add_option(both_spellings("world-size"), world_size, "ranks, started here")->check(cli::in_range(1, 64))
       ->capture_default_str();
-  mode.add_option("--size-mib", size_mib, "fp32 state: parameters + Adam's moments")->capture_default_str();
-  mode.add_option("--layers", layers, "Linear layers, one FSDP unit each")->capture_default_str();
+  mode.add_option("--size-mib", size_mib, "fp32 state: parameters + Adam's moments")
+      ->check(cli::in_range(1, 1 << 20))
+      ->capture_default_str();
+  mode.add_option("--layers", layers, "Linear layers, one FSDP unit each")->check(cli::in_range(1, 1024))
+      ->capture_default_str();
   mode.add_option("--dir", dir, "where the files go (the disk measured)")->capture_default_str();
-  mode.add_option("--repeats", repeats, "times each operation runs (the median is shown)")->capture_default_str();
+  mode.add_option("--repeats", repeats, "times each operation runs (the median is shown)")
+      ->check(cli::in_range(1, 1000))
+      ->capture_default_str();
   mode.add_option("--json", json, "also write the rows here")->type_name("FILE");
   mode.add_option("--run-dir", run_dir)->group("");
   mode.add_option("--result", result)->group("");

@@ -45,7 +45,10 @@ size_t parse_bytes(const std::string& s) {
     digits = s.substr(0, s.size() - 1);
   }
   auto v = detail::parse_int(digits);
-  if (!v || *v < 0) throw UsageError("tdist-bench: bad size '" + s + "' (e.g. 4, 64K, 256M)");
+  constexpr int64_t kMax = int64_t{1} << 40;  // 1 TiB: no buffer of the benchmark is larger
+  if (!v || *v < 0 || *v > kMax / static_cast<int64_t>(mult)) {
+    throw UsageError("tdist-bench: bad size '" + s + "' (e.g. 4, 64K, 256M; at most 1024G)");
+  }
   return static_cast<size_t>(*v) * mult;
 }
 
@@ -282,28 +285,48 @@ int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
 void CollectivesBenchOptions::add_to(CLI::App& mode) {
   using cli::both_spellings;
   mode.add_option("--backend", backend, "shm, gloo, mpi or another registered one")->capture_default_str();
-  mode.add_option(both_spellings("world-size"), world_size, "ranks, started here")->check(CLI::Range(1, 256))
+  mode.add_option(both_spellings("world-size"), world_size, "ranks, started here")->check(cli::in_range(1, 256))
       ->capture_default_str();
   mode.add_option("--op", op,
                   "all_reduce, broadcast, reduce, all_gather, reduce_scatter, all_to_all, a comma-separated list, or all")
       ->capture_default_str();
   mode.add_flag("--symmetric", symmetric, "buffers in symmetric memory (ProcessGroup::empty_symmetric)");
+  const CLI::Validator size(
+      [](std::string& s) -> std::string {
+        try {
+          parse_bytes(s);
+          return {};
+        } catch (const UsageError& e) {
+          return e.what();
+        }
+      },
+      "SIZE");
   mode.add_option(both_spellings("min-bytes"), min_bytes, "smallest size (K, M, G: powers of 1024)")
+      ->check(size)
       ->capture_default_str();
-  mode.add_option(both_spellings("max-bytes"), max_bytes, "largest size")->capture_default_str();
-  mode.add_option(both_spellings("step-factor"), step_factor, "size ratio between rows")->capture_default_str();
+  mode.add_option(both_spellings("max-bytes"), max_bytes, "largest size")->check(size)->capture_default_str();
+  mode.add_option(both_spellings("step-factor"), step_factor, "size ratio between rows")
+      ->check(cli::in_range(2, 1024))
+      ->capture_default_str();
   mode.add_option("--dtype", dtype, "element type")->capture_default_str();
-  mode.add_option("--seconds", seconds, "timed per row")->capture_default_str();
+  mode.add_option("--seconds", seconds, "timed per row")->check(cli::in_range(0.001, 3600))->capture_default_str();
   mode.add_option("--json", json, "also write the rows here")->type_name("FILE");
   // Passed to the ranks by the parent, which measures them once.
-  mode.add_option(both_spellings("memcpy-one"), memcpy_one)->group("");
-  mode.add_option(both_spellings("memcpy-all"), memcpy_all)->group("");
+  mode.add_option(both_spellings("memcpy-one"), memcpy_one)->check(cli::in_range(0, 1e9))->group("");
+  mode.add_option(both_spellings("memcpy-all"), memcpy_all)->check(cli::in_range(0, 1e9))->group("");
 }
 
 int collectives_bench(const CollectivesBenchOptions& o, const std::vector<std::string>& args) {
   // Under a launcher: be one rank.
   if (std::getenv("RANK") && std::getenv("WORLD_SIZE") && std::getenv("MASTER_ADDR")) {
     return run_rank(o, std::atoi(std::getenv("RANK")), std::atoi(std::getenv("WORLD_SIZE")));
+  }
+  // The ranks' arguments checked here first: a bad one is a usage error
+  // (exit 2), not a rank that fails.
+  parse_dtype(o.dtype);
+  parse_ops(o.op);
+  if (parse_bytes(o.min_bytes) > parse_bytes(o.max_bytes)) {
+    throw UsageError("tdist-bench collectives: --min-bytes " + o.min_bytes + " is over --max-bytes " + o.max_bytes);
   }
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
   const double one = memcpy_gbps_one();

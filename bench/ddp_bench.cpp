@@ -277,16 +277,19 @@ int run_rank(const DdpBenchOptions& o, int rank, int world) {
 void DdpBenchOptions::add_to(CLI::App& mode) {
   using cli::both_spellings;
   mode.add_option("--backend", backend, "shm, gloo, mpi or another registered one")->capture_default_str();
-  mode.add_option(both_spellings("world-size"), world_size, "ranks, started here")->check(CLI::Range(1, 256))
+  mode.add_option(both_spellings("world-size"), world_size, "ranks, started here")->check(cli::in_range(1, 256))
       ->capture_default_str();
-  mode.add_option("--steps", steps, "timed steps per round")->check(CLI::PositiveNumber)->capture_default_str();
-  mode.add_option("--rounds", rounds, "rounds per variant, the variants taking turns")->check(CLI::PositiveNumber)
+  mode.add_option("--steps", steps, "timed steps per round")->check(cli::in_range(1, 1e6))->capture_default_str();
+  mode.add_option("--rounds", rounds, "rounds per variant, the variants taking turns")->check(cli::in_range(1, 1e6))
       ->capture_default_str();
   mode.add_option("--variants", variants, "comma-separated (default: all but after_coalesced)")
       ->type_name("V,V,...");
-  mode.add_option(both_spellings("bucket-cap-mb"), bucket_cap_mb, "DDP's bucket_cap_mb")->capture_default_str();
+  mode.add_option(both_spellings("bucket-cap-mb"), bucket_cap_mb, "DDP's bucket_cap_mb")
+      ->check(cli::in_range(1e-6, 1 << 16))
+      ->capture_default_str();
   mode.add_option(both_spellings("first-bucket-cap-mb"), first_bucket_cap_mb,
-                  "the first bucket's cap (default: min(1, bucket cap))");
+                  "the first bucket's cap (default: min(1, bucket cap))")
+      ->check(cli::in_range(1e-6, 1 << 16));
   mode.add_option("--device", device, "cpu, or cuda (every rank on cuda:0)")->capture_default_str();
   mode.add_option("--json", json, "also write the rows here")->type_name("FILE");
 }

@@ -42,8 +42,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -229,7 +232,11 @@ void print_tables(const FsdpBenchOptions& o, const ModelSize& size, const std::v
 int run_parent(const FsdpBenchOptions& o, const std::vector<std::string>& args) {
   const std::vector<std::string> variants = parse_variants(o.variants);
   const ModelSize size = measure_size(o);
-  const std::string result = "/tmp/tdist-bench-fsdp-" + std::to_string(getpid());
+  // The ranks' result in a fresh directory of this user's (mkdtemp), never
+  // a fixed name in /tmp that another user could plant a link or FIFO at.
+  std::string dir = "/tmp/tdist-bench-fsdp-XXXXXX";
+  if (!::mkdtemp(dir.data())) throw std::runtime_error(std::string("cannot make a directory in /tmp: ") + std::strerror(errno));
+  const std::string result = dir + "/result";
   std::map<std::string, std::vector<Result>> rounds;
   for (int round = 0; round < o.rounds; ++round) {
     for (size_t k = 0; k < variants.size(); ++k) {
@@ -246,6 +253,7 @@ int run_parent(const FsdpBenchOptions& o, const std::vector<std::string>& args) 
     }
   }
   std::remove(result.c_str());
+  ::rmdir(dir.c_str());
   std::map<std::string, Result> res;
   for (const auto& v : variants) res[v] = median_result(rounds[v]);
   print_tables(o, size, variants, res);
@@ -289,18 +297,18 @@ FsdpBenchOptions with_defaults(FsdpBenchOptions o) {
 
 void FsdpBenchOptions::add_to(CLI::App& mode) {
   using cli::both_spellings;
-  mode.add_option(both_spellings("world-size"), world_size, "ranks, started here")->check(CLI::Range(1, 64))
+  mode.add_option(both_spellings("world-size"), world_size, "ranks, started here")->check(cli::in_range(1, 64))
       ->capture_default_str();
   mode.add_option("--model", model, "mlp: residual MLP blocks; vit: the fsdp_vit example's transformer")
       ->check(CLI::IsMember({"mlp", "vit"}))->capture_default_str();
-  mode.add_option("--blocks", blocks, "blocks, one FSDP unit each (default 8)")->check(CLI::PositiveNumber);
-  mode.add_option("--width", width, "W (default: mlp 1024, vit 256)")->check(CLI::PositiveNumber);
+  mode.add_option("--blocks", blocks, "blocks, one FSDP unit each (default 8)")->check(cli::in_range(1, 1024));
+  mode.add_option("--width", width, "W (default: mlp 1024, vit 256)")->check(cli::in_range(1, 65536));
   mode.add_option("--hidden", hidden, "H, the blocks' hidden width (default: mlp 4096, vit 1024)")
-      ->check(CLI::PositiveNumber);
-  mode.add_option("--heads", heads, "attention heads of vit (default 8)")->check(CLI::PositiveNumber);
-  mode.add_option("--batch", batch, "rows per rank (default: mlp 8, vit 64)")->check(CLI::PositiveNumber);
-  mode.add_option("--steps", steps, "timed steps per round")->check(CLI::PositiveNumber)->capture_default_str();
-  mode.add_option("--rounds", rounds, "rounds, the variants taking turns")->check(CLI::PositiveNumber)
+      ->check(cli::in_range(1, 262144));
+  mode.add_option("--heads", heads, "attention heads of vit (default 8)")->check(cli::in_range(1, 1024));
+  mode.add_option("--batch", batch, "rows per rank (default: mlp 8, vit 64)")->check(cli::in_range(1, 65536));
+  mode.add_option("--steps", steps, "timed steps per round")->check(cli::in_range(1, 1e6))->capture_default_str();
+  mode.add_option("--rounds", rounds, "rounds, the variants taking turns")->check(cli::in_range(1, 1e6))
       ->capture_default_str();
   mode.add_option("--variants", variants,
                   "comma-separated (default: all): ddp, no_shard, shard_grad_op, full_shard, full_shard_ckpt, "

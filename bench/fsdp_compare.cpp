@@ -256,15 +256,15 @@ int main(int argc, char** argv) {
   using tdist::cli::both_spellings;
   Config c;
   CLI::App app{"tdist's FSDP on the model and data of bench/torch_fsdp_reference.py", "tdist-fsdp-compare"};
-  app.add_option(both_spellings("world-size"), c.world_size, "ranks, started here")->check(CLI::Range(1, 64))
+  app.add_option(both_spellings("world-size"), c.world_size, "ranks, started here")->check(tdist::cli::in_range(1, 64))
       ->capture_default_str();
   app.add_option("--backend", c.backend, "shm, gloo, ...")->capture_default_str();
-  app.add_option("--width", c.width, "W")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--hidden", c.hidden, "H")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--blocks", c.blocks, "B")->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--batch", c.batch, "global rows per step")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--steps", c.steps, "training steps")->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--warmup", c.warmup, "steps left out of the median")->check(CLI::NonNegativeNumber)
+  app.add_option("--width", c.width, "W")->check(tdist::cli::in_range(1, 65536))->capture_default_str();
+  app.add_option("--hidden", c.hidden, "H")->check(tdist::cli::in_range(1, 262144))->capture_default_str();
+  app.add_option("--blocks", c.blocks, "B")->check(tdist::cli::in_range(0, 1024))->capture_default_str();
+  app.add_option("--batch", c.batch, "global rows per step")->check(tdist::cli::in_range(1, 65536))->capture_default_str();
+  app.add_option("--steps", c.steps, "training steps")->check(tdist::cli::in_range(0, 1e6))->capture_default_str();
+  app.add_option("--warmup", c.warmup, "steps left out of the median")->check(tdist::cli::in_range(0, 1e6))
       ->capture_default_str();
   app.add_option("--out", c.out, "directory for weights.bin and result.json")->required()->type_name("DIR");
   tdist::cli::parse_or_exit(app, argc, argv);

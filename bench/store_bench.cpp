@@ -46,9 +46,22 @@ void StoreBenchOptions::add_to(CLI::App& mode) {
   using cli::both_spellings;
   mode.add_option("--store", store, "which store")->check(CLI::IsMember({"tcp", "file", "hash"}))->capture_default_str();
   mode.add_option("--clients", clients, "concurrent clients, one run per entry")->type_name("N,N,...")
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            try {
+              parse_list(s);
+              return {};
+            } catch (const UsageError& e) {
+              return e.what();
+            }
+          },
+          "N,N,..."))
       ->capture_default_str();
-  mode.add_option("--seconds", seconds, "per op and client count")->capture_default_str();
-  mode.add_option(both_spellings("value-bytes"), value_bytes, "size of each value")->capture_default_str();
+  mode.add_option("--seconds", seconds, "per op and client count")->check(cli::in_range(0.001, 3600))
+      ->capture_default_str();
+  mode.add_option(both_spellings("value-bytes"), value_bytes, "size of each value")
+      ->check(cli::in_range(0, 1 << 24))
+      ->capture_default_str();
   mode.add_option("--json", json, "also write the rows here")->type_name("FILE");
 }
 

@@ -1,12 +1,13 @@
 // tdist-bench MODE [options]: benchmarks that print tables (and JSON on
 // request). Modes: store, collectives, ddp, fsdp, checkpoint.
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <algorithm>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include "tdist/errors.h"
 #include "util/cli.h"
 #include "util/env.h"
+#include "util/open_file.h"
 
 namespace tdist::bench {
 
@@ -41,9 +43,24 @@ void JsonRows::field(const std::string& k, double v) {
 int JsonRows::finish(const std::string& path) const {
   std::fflush(stdout);
   if (path.empty()) return 0;
-  std::ofstream f(path);
-  f << rows_.dump(2) << "\n";
-  if (f) return 0;
+  // A regular file only: a FIFO or device there is an error, never a hang.
+  std::string error;
+  const int fd = detail::open_regular(path, O_WRONLY | O_CREAT | O_TRUNC, error, 0644);
+  if (fd < 0) {
+    std::fprintf(stderr, "tdist-bench: --json %s\n", error.c_str());
+    return 1;
+  }
+  const std::string text = rows_.dump(2) + "\n";
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  const bool closed = ::close(fd) == 0;
+  const bool ok = done == text.size() && closed;
+  if (ok) return 0;
   std::fprintf(stderr, "tdist-bench: cannot write %s\n", path.c_str());
   return 1;
 }
@@ -122,6 +139,8 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("fsdp")) return fsdp_bench(fsdp, args);
     if (app.got_subcommand("checkpoint")) return checkpoint_bench(checkpoint, args);
     return ddp_bench(ddp, args);
+  } catch (const tdist::UsageError& e) {  // a bad command line found past parsing
+    tdist::cli::usage_error("tdist-bench", e.what());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tdist-bench: %s\n", e.what());
     return 1;

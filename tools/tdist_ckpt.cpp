@@ -17,6 +17,7 @@
 // TDIST_CKPT_PEAK_RSS_FILE=F: at exit, writes the process's peak resident
 // memory (VmHWM, kB) to F. tdist-bench reads it: the rusage a parent gets
 // for a child it forked counts the parent's own pages, copied at the fork.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -24,7 +25,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -32,7 +32,9 @@
 
 #include "checkpoint/tools.h"
 #include "tdist/checkpoint_tools.h"
+#include "tdist/errors.h"
 #include "util/cli.h"
+#include "util/open_file.h"
 #if TDIST_CKPT_WITH_LIBTORCH
 #include "tdist/sharded_checkpoint.h"
 #endif
@@ -41,14 +43,47 @@ namespace {
 
 using tdist::cli::both_spellings;
 
-// TDIST_CKPT_PEAK_RSS_FILE: this process's VmHWM, in kB, into that file.
+// TDIST_CKPT_PEAK_RSS_FILE: this process's VmHWM, in kB, into that file
+// (a regular file, not through a link: never a FIFO or device that blocks).
 void report_peak_rss() {
   const char* path = std::getenv("TDIST_CKPT_PEAK_RSS_FILE");
   if (!path || !*path) return;
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) std::ofstream(path) << std::stoll(line.substr(6)) << "\n";
+  std::string status, error;
+  if (!tdist::detail::read_regular_file("/proc/self/status", 1 << 16, status, error)) return;
+  const size_t at = status.find("VmHWM:");
+  if (at == std::string::npos) return;
+  const std::string line = std::to_string(std::strtoll(status.c_str() + at + 6, nullptr, 10)) + "\n";
+  const int fd = tdist::detail::open_regular(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, error, 0644);
+  if (fd < 0) {
+    std::fprintf(stderr, "tdist-ckpt: TDIST_CKPT_PEAK_RSS_FILE %s\n", error.c_str());
+    return;
   }
+  if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+    std::fprintf(stderr, "tdist-ckpt: cannot write TDIST_CKPT_PEAK_RSS_FILE %s\n", path);
+  }
+  ::close(fd);
+}
+
+// JSON's escaping of a string (control characters as \u00XX, invalid
+// UTF-8 replaced), and also of C1 controls (U+0080..U+009F, which some
+// terminals obey): names and paths read from files reach the terminal as
+// text, never as escape sequences.
+std::string escaped(const std::string& s, bool quoted = false) {
+  const std::string j = nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string out;
+  for (size_t i = 1; i + 1 < j.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(j[i]);
+    const unsigned char next = i + 2 < j.size() ? static_cast<unsigned char>(j[i + 1]) : 0;
+    if (c == 0xc2 && next >= 0x80 && next <= 0x9f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", next);
+      out += buf;
+      ++i;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return quoted ? "\"" + out + "\"" : out;
 }
 
 #if !TDIST_CKPT_WITH_LIBTORCH
@@ -81,25 +116,30 @@ void print_info(const tdist::ShardedCheckpointInfo& info, bool json) {
   if (json) {
     std::printf("%s\n", nlohmann::json{{"world_size", info.world_size}, {"files", info.files}, {"units", info.units},
                                        {"model", rows(info.model)}, {"optimizer", info.optimizer},
-                                       {"optimizer_state", rows(info.optimizer_state)}}
-                            .dump(2)
+                                       {"optimizer_state", rows(info.optimizer_state)},
+                                       {"other_records", info.other_records}}
+                            .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
                             .c_str());
     return;
   }
   std::printf("world size %d, %zu files, %zu FSDP units\n", info.world_size, info.files.size(), info.units.size());
-  for (const auto& u : info.units) std::printf("  unit '%s'\n", u.c_str());
-  const auto table = [](const char* title, const std::vector<tdist::CheckpointTensorInfo>& ts) {
+  for (const auto& u : info.units) std::printf("  unit %s\n", escaped(u, true).c_str());
+  const auto table = [](const std::string& title, const std::vector<tdist::CheckpointTensorInfo>& ts) {
     int64_t total = 0;
-    std::printf("%s\n  %-48s %-20s %-9s %12s  %s\n", title, "name", "shape", "dtype", "bytes", "sharded");
+    std::printf("%s\n  %-48s %-20s %-9s %12s  %s\n", title.c_str(), "name", "shape", "dtype", "bytes", "sharded");
     for (const auto& t : ts) {
-      std::printf("  %-48s %-20s %-9s %12lld  %s\n", t.name.c_str(), shape_text(t.shape).c_str(),
+      std::printf("  %-48s %-20s %-9s %12lld  %s\n", escaped(t.name).c_str(), shape_text(t.shape).c_str(),
                   c10::toString(t.dtype), static_cast<long long>(t.bytes), t.sharded ? "yes" : "no");
       total += t.bytes;
     }
     std::printf("  %zu tensors, %lld bytes\n", ts.size(), static_cast<long long>(total));
   };
   table("model", info.model);
-  if (!info.optimizer.empty()) table(("optimizer (" + info.optimizer + ")").c_str(), info.optimizer_state);
+  if (!info.optimizer.empty()) table("optimizer (" + escaped(info.optimizer) + ")", info.optimizer_state);
+  if (!info.other_records.empty()) {
+    std::printf("other records (not part of the model or optimizer state):\n");
+    for (const auto& r : info.other_records) std::printf("  %s\n", escaped(r).c_str());
+  }
 }
 
 }  // namespace
@@ -126,7 +166,9 @@ int main(int argc, char** argv) {
   consolidate->add_flag("--optimizer", optimizer, "also the full optimizer state, by parameter name");
   CLI::App* reshard = app.add_subcommand("reshard", "write the checkpoint again for another world size");
   common(reshard);
-  reshard->add_option(both_spellings("world-size"), world, "the new world size")->required()->check(CLI::PositiveNumber);
+  reshard->add_option(both_spellings("world-size"), world, "the new world size")
+      ->required()
+      ->check(tdist::cli::in_range(1, 65536));
   reshard->add_option(both_spellings("out-prefix"), out_prefix, "the new files' prefix (default: PREFIX_world-M)");
   CLI::App* inspect = app.add_subcommand("inspect", "print units, names, shapes, dtypes, bytes, world size");
   common(inspect);
@@ -145,16 +187,18 @@ int main(int argc, char** argv) {
       if (o.format == tdist::CheckpointFormat::libtorch) run_with_libtorch(argv);
       const std::string path = tdist::checkpoint::consolidate_streaming(prefix, suffix, save_path, o);
 #endif
-      std::printf("wrote %s\n", path.c_str());
+      std::printf("wrote %s\n", escaped(path).c_str());
     } else if (reshard->parsed()) {
       if (out_prefix.empty()) out_prefix = prefix + "_world-" + std::to_string(world);
       tdist::reshard_sharded_checkpoint(prefix, suffix, world, out_prefix);
-      std::printf("wrote %d files %s%s\n", world, out_prefix.c_str(), suffix.c_str());
+      std::printf("wrote %d files %s\n", world, escaped(out_prefix + suffix).c_str());
     } else {
       print_info(tdist::inspect_sharded_checkpoint(prefix, suffix), json);
     }
+  } catch (const tdist::UsageError& e) {  // the command line asked for something it cannot have
+    tdist::cli::usage_error("tdist-ckpt", "error: " + escaped(e.what()));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tdist-ckpt: error: %s\n", e.what());
+    std::fprintf(stderr, "tdist-ckpt: error: %s\n", escaped(e.what()).c_str());
     return 1;
   }
   return 0;

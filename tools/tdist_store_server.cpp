@@ -14,6 +14,7 @@
 #include <string>
 
 #include "store/auth.h"
+#include "tdist/errors.h"
 #include "tdist/store.h"
 #include "util/cli.h"
 
@@ -43,6 +44,8 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     int sig = 0;
     sigwait(&set, &sig);
+  } catch (const tdist::UsageError& e) {  // a bad token setting: the command line's environment
+    tdist::cli::usage_error("tdist-store-server", e.what());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tdist-store-server: %s\n", e.what());
     return 1;

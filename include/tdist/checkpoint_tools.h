@@ -48,9 +48,17 @@ std::string consolidate_sharded_model_checkpoints(const std::string& ckpt_prefix
                                                   const std::string& save_path = "",
                                                   const ConsolidateOptions& options = {});
 
-// Writes the checkpoint again for `world_size` ranks as FSDP lays them out
-// (rows_per_rank = ceil(rows / world_size)), model and optimizer, under
-// out_prefix with the same suffix; streaming like consolidation.
+// Writes the checkpoint again for `world_size` ranks (1 to 65536) as FSDP
+// lays them out (rows_per_rank = ceil(rows / world_size)), model and
+// optimizer, under out_prefix with the same suffix; streaming like
+// consolidation.
+//
+// Neither tool overwrites its input: an output that resolves to one of the
+// checkpoint's files (another spelling of its path, a hard link) or is
+// named like one is a UsageError, and so is an out_prefix that already
+// holds rank files of another world size (two checkpoints under one prefix
+// load as neither). Files of this world size there (an earlier reshard's)
+// are replaced.
 void reshard_sharded_checkpoint(const std::string& ckpt_prefix, const std::string& ckpt_suffix, int world_size,
                                 const std::string& out_prefix);
 
@@ -69,6 +77,9 @@ struct ShardedCheckpointInfo {
   std::vector<CheckpointTensorInfo> model;
   std::string optimizer;  // its kind, or empty
   std::vector<CheckpointTensorInfo> optimizer_state;
+  // Records of the files that the above does not show, "PATH: NAME (WHAT)":
+  // a non-empty comm_hook, and any root entry tdist does not write.
+  std::vector<std::string> other_records;
 };
 ShardedCheckpointInfo inspect_sharded_checkpoint(const std::string& ckpt_prefix,
                                                  const std::string& ckpt_suffix = "_rank-*-of-*.pt");

@@ -111,6 +111,7 @@ std::string consolidate_sharded_model_checkpoints(const std::string& ckpt_prefix
   const ShardedCheckpointFiles files(ckpt_prefix, ckpt_suffix);
   const std::string path =
       save_path.empty() ? checkpoint::default_consolidated_path(ckpt_prefix, CheckpointFormat::libtorch) : save_path;
+  checkpoint::check_output_file(files, ckpt_prefix, ckpt_suffix, path);
   write_libtorch(files, path);
   return path;
 }

@@ -14,9 +14,11 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 
 #include "tdist/errors.h"
+#include "util/open_file.h"
 
 namespace tdist::checkpoint {
 
@@ -32,6 +34,19 @@ std::string directory_of(const std::string& path) {
   const size_t slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
   return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string name_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string resolve_directory(const std::string& path) {
+  char* dir = ::realpath(directory_of(path).c_str(), nullptr);
+  if (!dir) return path;
+  std::string out = dir;
+  std::free(dir);
+  return (out == "/" ? out : out + "/") + name_of(path);
 }
 
 AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
@@ -93,15 +108,10 @@ void AtomicFileWriter::commit() {
 }
 
 FileReader::FileReader(std::string path) : path_(std::move(path)) {
-  errno = 0;
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) fail(path_, "cannot open");
+  // Never blocks on a FIFO or device named like a checkpoint file: those
+  // are refused, their type named.
   struct stat st {};
-  if (::fstat(fd_, &st) != 0) fail(path_, "cannot stat");
-  if (!S_ISREG(st.st_mode)) {
-    errno = 0;
-    fail(path_, "not a regular file");
-  }
+  fd_ = tdist::detail::open_regular_or_throw<CheckpointError>(path_, O_RDONLY, 0, &st);
   size_ = static_cast<uint64_t>(st.st_size);
 }
 

@@ -68,6 +68,13 @@ class FileReader {
 
 // The directory part of a path: "." without a '/', "/" for "/x".
 std::string directory_of(const std::string& path);
+// The part after the last '/' (all of it without one).
+std::string name_of(const std::string& path);
+// The path with its directory resolved (realpath: links, ".", ".."
+// followed) and its last part kept as it is, so that two spellings of one
+// place compare equal whether or not the file exists yet; unchanged when
+// the directory cannot be resolved (it does not exist).
+std::string resolve_directory(const std::string& path);
 
 // CRC-32 of n bytes, continuing from `crc` (0 to start).
 uint32_t crc32(uint32_t crc, const void* data, size_t n);

@@ -122,6 +122,14 @@ std::vector<RankFile> find_rank_files(const std::string& prefix, const std::stri
   return out;
 }
 
+bool is_rank_file_name(const std::string& prefix, const std::string& suffix, const std::string& path) {
+  check_suffix(suffix);
+  const std::string base = base_of(prefix), name = name_of(path);
+  std::vector<int64_t> numbers;
+  return name.compare(0, base.size(), base) == 0 && match_digits(suffix, name.substr(base.size()), numbers) &&
+         directory_of(resolve_directory(prefix)) == directory_of(resolve_directory(path));
+}
+
 ShardedCheckpointFiles::ShardedCheckpointFiles(const std::string& prefix, const std::string& suffix) {
   const std::vector<RankFile> found = find_rank_files(prefix, suffix);
   if (found.empty()) throw CheckpointError("no checkpoint files " + prefix + suffix);

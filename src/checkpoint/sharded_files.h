@@ -48,6 +48,10 @@ struct RankFile {
 };
 std::vector<RankFile> find_rank_files(const std::string& prefix, const std::string& suffix);
 
+// Whether `path` is a name the prefix and suffix match (find_rank_files
+// would list it once it exists), both directories resolved.
+bool is_rank_file_name(const std::string& prefix, const std::string& suffix, const std::string& path);
+
 // The shape of `rows` rows of a tensor of shape `full` (a 0-d one: [] for
 // its one row, [0] for none).
 std::vector<int64_t> rows_shape(const std::vector<int64_t>& full, int64_t rows);

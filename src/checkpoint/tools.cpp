@@ -6,6 +6,8 @@
 // is renamed into place only after every input record's CRC has matched.
 #include "checkpoint/tools.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -94,7 +96,90 @@ void write_safetensors(const ShardedCheckpointFiles& files, const std::string& p
   writer.finish();
 }
 
+// The device and inode of each input file.
+std::vector<std::pair<dev_t, ino_t>> input_ids(const ShardedCheckpointFiles& files) {
+  std::vector<std::pair<dev_t, ino_t>> out;
+  for (const auto& p : files.paths()) {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) == 0) out.emplace_back(st.st_dev, st.st_ino);
+  }
+  return out;
+}
+
+// The input that `path` is (following links), or nullptr.
+const std::string* same_as_input(const ShardedCheckpointFiles& files, const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return nullptr;
+  const auto ids = input_ids(files);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] == std::make_pair(st.st_dev, st.st_ino)) return &files.paths()[i];
+  }
+  return nullptr;
+}
+
+// What a record holds, in a few words.
+std::string describe_value(const PtValue& v) {
+  switch (v.kind()) {
+    case PtValue::Kind::None: return "None";
+    case PtValue::Kind::Bool: return "a bool";
+    case PtValue::Kind::Int: return "an int";
+    case PtValue::Kind::Float: return "a float";
+    case PtValue::Kind::String: return "a string of " + std::to_string(v.as_string().size()) + " bytes";
+    case PtValue::Kind::List:
+    case PtValue::Kind::Tuple: return "a list of " + std::to_string(v.items().size()) + " items";
+    case PtValue::Kind::Dict: return "a dict of " + std::to_string(v.entries().size()) + " entries";
+    case PtValue::Kind::Tensor: {
+      const PtTensorRef& t = v.as_tensor();
+      return std::string("a ") + c10::toString(t.dtype) + " tensor " + shape_string(t.sizes);
+    }
+  }
+  return "a value";
+}
+
 }  // namespace
+
+void check_output_file(const ShardedCheckpointFiles& files, const std::string& prefix, const std::string& suffix,
+                       const std::string& path) {
+  if (const std::string* input = same_as_input(files, path)) {
+    throw UsageError("the output " + path + " is the checkpoint's own file " + *input +
+                     " (writing it would destroy the checkpoint): choose another path");
+  }
+  if (is_rank_file_name(prefix, suffix, path)) {
+    throw UsageError("the output " + path + " is named like a rank file of the checkpoint " + prefix + suffix +
+                     " (it would join that set and break it): choose another path");
+  }
+}
+
+void check_output_prefix(const ShardedCheckpointFiles& files, const std::string& prefix, const std::string& suffix,
+                         const std::string& out_prefix, int world_size) {
+  for (int r = 0; r < world_size; ++r) {
+    check_output_file(files, prefix, suffix, rank_file_path(out_prefix, suffix, r, world_size));
+  }
+  for (const RankFile& f : find_rank_files(out_prefix, suffix)) {
+    if (const std::string* input = same_as_input(files, f.path)) {
+      throw UsageError("the output prefix " + out_prefix + " names the checkpoint's own files (" + *input +
+                       "): write to another prefix");
+    }
+    if ((f.world_size >= 0 && f.world_size != world_size) || f.rank >= world_size) {
+      throw UsageError("the output prefix " + out_prefix + " already holds another checkpoint (" + f.path +
+                       "); two world sizes under one prefix load as neither: remove it or choose another prefix");
+    }
+  }
+}
+
+std::vector<std::string> other_records(const ShardedCheckpointFiles& files) {
+  static const char* const known[] = {"model", "shard_metadata", "optimizer", "tdist", "comm_hook"};
+  std::vector<std::string> out;
+  for (int r = 0; r < files.world_size(); ++r) {
+    for (const auto& [name, value] : files.reader(r).root().entries()) {
+      const bool expected = std::find(std::begin(known), std::end(known), name) != std::end(known);
+      if (expected && (name != "comm_hook" || value.is_none())) continue;
+      out.push_back(files.paths()[static_cast<size_t>(r)] + ": " + name + " (" + describe_value(value) +
+                    (expected ? "; DDP comm hook state, read only by a load that asks for it)" : "; unknown to tdist)"));
+    }
+  }
+  return out;
+}
 
 std::vector<std::string> tag_names(const ShardedCheckpointFiles& files, const char* key) {
   std::vector<std::string> out;
@@ -124,6 +209,7 @@ std::string consolidate_streaming(const std::string& ckpt_prefix, const std::str
     throw CheckpointError("the checkpoint " + ckpt_prefix + ckpt_suffix + " holds no optimizer state");
   }
   const std::string path = save_path.empty() ? default_consolidated_path(ckpt_prefix, options.format) : save_path;
+  check_output_file(files, ckpt_prefix, ckpt_suffix, path);
   if (options.format == CheckpointFormat::pt) {
     write_pt(files, path, options.optimizer);
   } else {
@@ -140,11 +226,19 @@ using checkpoint::LogicalTensor;
 using checkpoint::PtValue;
 using checkpoint::ShardedCheckpointFiles;
 
+// Every output rank file is open at once while resharding.
+constexpr int kMaxReshardWorld = 1 << 16;
+
 void reshard_sharded_checkpoint(const std::string& ckpt_prefix, const std::string& ckpt_suffix, int world_size,
                                 const std::string& out_prefix) {
   if (world_size < 1) throw UsageError("reshard: the world size must be at least 1");
+  if (world_size > kMaxReshardWorld) {
+    throw UsageError("reshard: world size " + std::to_string(world_size) + " is over " +
+                     std::to_string(kMaxReshardWorld) + " (one open file per rank)");
+  }
   if (out_prefix == ckpt_prefix) throw UsageError("reshard: write to another prefix than the checkpoint's own");
   const ShardedCheckpointFiles files(ckpt_prefix, ckpt_suffix);
+  checkpoint::check_output_prefix(files, ckpt_prefix, ckpt_suffix, out_prefix, world_size);
   // FSDP's layout: every rank ceil(rows / world_size) rows, the last ones fewer or none.
   const auto per_rank = [&](int64_t rows) { return (rows + world_size - 1) / world_size; };
   const auto rows_on = [&](const LogicalTensor& t, int r, int64_t& first) {
@@ -251,6 +345,7 @@ ShardedCheckpointInfo inspect_sharded_checkpoint(const std::string& ckpt_prefix,
   info.world_size = files.world_size();
   info.files = files.paths();
   for (const auto& u : files.metadata().units) info.units.push_back(u.prefix);
+  info.other_records = checkpoint::other_records(files);
   const auto describe = [](const LogicalTensor& t) {
     return CheckpointTensorInfo{t.name, t.shape, t.dtype, t.bytes(), t.sharded};
   };

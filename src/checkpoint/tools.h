@@ -19,6 +19,28 @@ std::string default_consolidated_path(const std::string& ckpt_prefix, Checkpoint
 std::string consolidate_streaming(const std::string& ckpt_prefix, const std::string& ckpt_suffix,
                                   const std::string& save_path, const ConsolidateOptions& options);
 
+// UsageError unless writing the file `path` leaves the checkpoint read
+// from `files` (prefix, suffix) intact: `path` must not be one of its files
+// (compared by device and inode, so a hard link or another spelling counts
+// as the same file) nor a name its prefix and suffix match (a file that
+// would join, and break, the set).
+void check_output_file(const ShardedCheckpointFiles& files, const std::string& prefix, const std::string& suffix,
+                       const std::string& path);
+
+// UsageError unless writing `world_size` rank files under out_prefix (same
+// suffix) leaves both checkpoints whole: no output may be an input or be
+// named like one, and out_prefix may hold no rank file of another world
+// size or of a rank past the new world (two checkpoints under one prefix
+// load as neither). Files of this world size that are not inputs (an
+// earlier reshard's) are replaced.
+void check_output_prefix(const ShardedCheckpointFiles& files, const std::string& prefix, const std::string& suffix,
+                         const std::string& out_prefix, int world_size);
+
+// The records of each rank file that inspect does not otherwise show: any
+// root entry besides model, shard_metadata, optimizer and tdist, and a
+// comm_hook that is not empty; "PATH: NAME (WHAT)" each.
+std::vector<std::string> other_records(const ShardedCheckpointFiles& files);
+
 // The tdist tag's list `key` ("buffers", "modules") of rank 0's file.
 std::vector<std::string> tag_names(const ShardedCheckpointFiles& files, const char* key);
 

@@ -7,12 +7,12 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <fstream>
 #include <mutex>
 
 #include "process_group/group_impl.h"
 #include "tdist/process_group.h"
 #include "tdist/rendezvous.h"
+#include "util/open_file.h"
 
 namespace tdist {
 
@@ -27,9 +27,9 @@ namespace {
 std::string host_identity() {
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
-  std::ifstream f("/proc/sys/kernel/random/boot_id");
-  std::string boot;
-  std::getline(f, boot);
+  std::string boot, error;
+  tdist::detail::read_regular_file("/proc/sys/kernel/random/boot_id", 64, boot, error);
+  boot = boot.substr(0, boot.find('\n'));
   return std::string(host) + "/" + boot;
 }
 

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "store/wire.h"
+#include "util/open_file.h"
 #include "util/private_file.h"
 
 namespace tdist::detail {
@@ -46,13 +47,12 @@ std::string resolve_token(const std::optional<std::string>& explicit_token) {
 
 std::string read_token_file(const std::string& path) {
   const std::string what = "token file '" + path + "'";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) throw UsageError("cannot open the " + what + ": " + std::strerror(errno));
-  struct stat st {};
+  // Not through a link, and never blocking on a FIFO or device put there.
+  std::string error;
+  const int fd = open_regular(path, O_RDONLY | O_NOFOLLOW, error);
+  if (fd < 0) throw UsageError("the token file " + error);
   std::string text;
   try {
-    if (fstat(fd, &st) != 0) throw UsageError("cannot stat the " + what + ": " + std::strerror(errno));
-    if (!S_ISREG(st.st_mode)) throw UsageError("the " + what + " is not a regular file");
     if (const std::string why = why_not_private(fd); !why.empty()) {
       throw UsageError("the " + what + " " + why + ": a job's token must be readable by its user alone "
                        "(chmod 600 the file, and make a new token if others could read it)");

@@ -22,6 +22,7 @@
 #include "store/kv.h"
 #include "tdist/store.h"
 #include "util/env.h"
+#include "util/open_file.h"
 
 namespace tdist {
 
@@ -194,10 +195,10 @@ FileStore::FileStore(std::string path, Milliseconds timeout)
   // the path names.
   for (;;) {
     // Private to this user: the file holds the job's rendezvous.
-    int fd = open(state_->path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0) {
-      throw StoreError("FileStore: cannot open '" + state_->path + "': " + detail::errno_string(errno));
-    }
+    // Never blocking on a FIFO or device put at the path: refused, named.
+    std::string error;
+    int fd = detail::open_regular(state_->path, O_RDWR | O_CREAT | O_NOFOLLOW, error, 0600);
+    if (fd < 0) throw StoreError("FileStore: " + error);
     struct stat owner;
     if (fstat(fd, &owner) == 0) {
       if (owner.st_uid != geteuid()) {

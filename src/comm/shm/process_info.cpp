@@ -10,12 +10,15 @@
 #include <sstream>
 #include <string>
 
+#include "util/open_file.h"
+
 namespace tdist::comm::shm {
 
 uint64_t process_start_time(int pid) {
   // Plain reads: a process that exits between the open and the read makes
   // read() fail with ESRCH, which std::ifstream would raise as an exception.
-  const int fd = ::open(("/proc/" + std::to_string(pid) + "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+  std::string error;
+  const int fd = tdist::detail::open_regular("/proc/" + std::to_string(pid) + "/stat", O_RDONLY, error);
   if (fd < 0) return 0;
   std::string s;
   char buf[1024];
