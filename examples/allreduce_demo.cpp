@@ -26,7 +26,11 @@ int main(int argc, char** argv) {
   app.add_option("--backend", backend, "auto, shm, gloo, mpi")->capture_default_str();
   app.add_option("--die-rank", die_rank, "for testing: this rank kills itself ...");
   app.add_option("--die-at", die_at, "... at this iteration");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a usage error: 2
+  }
   // Until init_process_group returns, the rank tdist-run gave (errors name it).
   const char* env_rank = std::getenv("RANK");
   int rank = env_rank ? std::atoi(env_rank) : -1;

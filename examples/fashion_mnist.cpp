@@ -19,6 +19,7 @@
 #include <fstream>
 #include <string>
 
+#include "examples/cli_checks.h"
 #include "examples/example_main.h"
 #include "examples/fashion_mnist_data.h"
 #include "examples/progress.h"
@@ -54,11 +55,11 @@ Args parse(int argc, char** argv) {
   CLI::App app{"Fashion-MNIST with DistributedDataParallel, on every rank of a tdist-run job (alone: a world of one).",
                "fashion_mnist"};
   app.add_option("--model", a.model, "the network")->check(CLI::IsMember({"mlp", "cnn"}))->capture_default_str();
-  app.add_option("--epochs", a.epochs, "passes over the training set")->check(CLI::PositiveNumber)
+  app.add_option("--epochs", a.epochs, "passes over the training set")->check(examples::positive())
       ->capture_default_str();
-  app.add_option("--batch-size", a.batch_size, "samples per rank per step")->check(CLI::PositiveNumber)
+  app.add_option("--batch-size", a.batch_size, "samples per rank per step")->check(examples::positive())
       ->capture_default_str();
-  app.add_option("--lr", a.lr, "Adam's learning rate (halved after every epoch)")->check(CLI::PositiveNumber)
+  app.add_option("--lr", a.lr, "Adam's learning rate (halved after every epoch)")->check(examples::positive())
       ->capture_default_str();
   app.add_option("--seed", a.seed, "initial weights and shuffles")->capture_default_str();
   app.add_option("--hook", a.hook, "DDP communication hook")

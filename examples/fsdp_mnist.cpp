@@ -26,6 +26,7 @@
 #include <iostream>
 #include <string>
 
+#include "examples/cli_checks.h"
 #include "examples/example_main.h"
 #include "examples/fashion_mnist_data.h"
 #include "examples/progress.h"
@@ -50,10 +51,10 @@ struct Args {
 Args parse(int argc, char** argv) {
   Args a;
   CLI::App app{"Fashion-MNIST with FullyShardedDataParallel (torch_xla's MNIST FSDP example in C++).", "fsdp_mnist"};
-  app.add_option("--epochs", a.epochs)->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--batch-size", a.batch_size, "samples per rank per step")->check(CLI::PositiveNumber)
+  app.add_option("--epochs", a.epochs)->check(examples::positive())->capture_default_str();
+  app.add_option("--batch-size", a.batch_size, "samples per rank per step")->check(examples::positive())
       ->capture_default_str();
-  app.add_option("--lr", a.lr)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--lr", a.lr)->check(examples::positive())->capture_default_str();
   app.add_option("--seed", a.seed)->capture_default_str();
   app.add_flag("--use-nested-fsdp", a.nested, "wrap every stage in a unit of its own while building");
   app.add_flag("--use-gradient-checkpointing", a.checkpointing, "checkpoint_module inside every inner unit");
@@ -66,7 +67,7 @@ Args parse(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    std::exit(app.exit(e));
+    std::exit(app.exit(e) == 0 ? 0 : 2);  // --help: 0; a usage error: 2
   }
   if (a.checkpointing && !a.nested && a.auto_wrap == "none") {
     std::fprintf(stderr, "fsdp_mnist: --use-gradient-checkpointing needs --use-nested-fsdp or --auto-wrap-policy\n");

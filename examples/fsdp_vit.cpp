@@ -22,6 +22,7 @@
 #include <iostream>
 #include <string>
 
+#include "examples/cli_checks.h"
 #include "examples/example_main.h"
 #include "examples/fashion_mnist_data.h"
 #include "examples/progress.h"
@@ -50,13 +51,13 @@ struct Args {
 Args parse(int argc, char** argv) {
   Args a;
   CLI::App app{"A small ViT on Fashion-MNIST with FSDP auto wrapping, checkpointing and bf16.", "fsdp_vit"};
-  app.add_option("--epochs", a.epochs)->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--batch-size", a.batch_size)->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--lr", a.lr)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--epochs", a.epochs)->check(examples::positive())->capture_default_str();
+  app.add_option("--batch-size", a.batch_size)->check(examples::positive())->capture_default_str();
+  app.add_option("--lr", a.lr)->check(examples::positive())->capture_default_str();
   app.add_option("--seed", a.seed)->capture_default_str();
-  app.add_option("--depth", a.depth, "transformer blocks")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--dim", a.dim, "embedding width")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--heads", a.heads)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--depth", a.depth, "transformer blocks")->check(examples::positive())->capture_default_str();
+  app.add_option("--dim", a.dim, "embedding width")->check(examples::positive())->capture_default_str();
+  app.add_option("--heads", a.heads)->check(examples::positive())->capture_default_str();
   app.add_option("--precision", a.precision)->check(CLI::IsMember({"bf16", "fp32"}))->capture_default_str();
   app.add_flag("--no-checkpointing", a.no_checkpointing, "keep the blocks' activations");
   app.add_flag("--build-wrapped", a.build_wrapped, "wrap each block while the model is built");
@@ -67,7 +68,7 @@ Args parse(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    std::exit(app.exit(e));
+    std::exit(app.exit(e) == 0 ? 0 : 2);  // --help: 0; a usage error: 2
   }
   if (a.dim % a.heads != 0) {
     std::fprintf(stderr, "fsdp_vit: --dim must be a multiple of --heads\n");
