@@ -13,16 +13,22 @@
 // the approximation missed (error feedback) is added to the next step's
 // gradient, and Q is reused as the next step's starting point (warm start).
 //
-// Checkpoints: save() writes the state (iteration, RNG, error feedback and
-// Q memories) into an archive next to the model and optimizer; the process
-// group is not saved. To resume, build a state with the new run's group and
-// the same options, load() it, then register the hook as before:
+// Checkpoints: save_sharded_checkpoint stores the state (iteration, RNG,
+// statistics, error feedback and Q memories) in each rank's file when
+// ShardedCheckpointOptions::comm_hook_state is set, and
+// load_sharded_checkpoint checks and loads it back. The process group is
+// not saved: to resume, build a state with the new run's group and the
+// same options, load the checkpoint into it, then register the hook:
 //
-//   torch::serialize::InputArchive archive;  archive.load_from(path);
-//   torch::serialize::InputArchive sub;      archive.read("powersgd", sub);
 //   auto state = std::make_shared<tdist::PowerSGDState>(group, o);
-//   state->load(sub);
+//   tdist::ShardedCheckpointOptions c;  c.comm_hook_state = state;
+//   tdist::load_sharded_checkpoint(prefix, *group, *ddp, &opt, c);
 //   ddp->register_comm_hook(state, tdist::powerSGD_hook);
+//
+// state_dict() / load_state_dict() give the same state as plain values,
+// for checkpoints of one's own. save() / load() put it into LibTorch's
+// archives; an archive's loader (InputArchive::load_from) runs the
+// TorchScript code a file carries, so load() only archives you trust.
 #pragma once
 
 #include <torch/serialize/input-archive.h>
@@ -33,6 +39,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <string>
 
 #include "tdist/comm_hooks.h"
 
@@ -72,6 +79,20 @@ struct CompressionStats {
   int64_t nonfinite_fallbacks = 0;
 };
 
+// A PowerSGDState as plain values: what a checkpoint stores.
+struct PowerSGDStateDict {
+  PowerSGDOptions options;
+  int64_t iter = 0;
+  std::string rng;  // the generator's state as std::mt19937_64 writes it (operator<<)
+  int64_t next_stats_report = 0;
+  CompressionStats stats;  // compression_rate is derived, not stored
+  struct Bucket {
+    at::Tensor error;  // error feedback [numel] (undefined: none yet)
+    at::Tensor q;      // Q memory: [numel] (powerSGD_hook) or [side, r] (batched) (undefined: none)
+  };
+  std::map<size_t, Bucket> buckets;  // by GradBucket::index()
+};
+
 class PowerSGDState {
  public:
   // group: the group to reduce over (null: the default group, looked up
@@ -86,8 +107,22 @@ class PowerSGDState {
   // compressed step left out), or an undefined tensor.
   at::Tensor error_feedback(size_t index) const;
 
+  // The state as values (the tensors are copies).
+  PowerSGDStateDict state_dict() const;
+  // Checks everything before it changes anything: UsageError when `state`
+  // was written with different options (matrix_approximation_rank,
+  // start_powerSGD_iter, min_compression_rate, use_error_feedback,
+  // warm_start, orthogonalization_epsilon, batch_tensors_with_same_shape;
+  // the others may differ and keep this state's values), or holds a
+  // negative count, a random state that does not parse, or a memory that
+  // is not a floating-point tensor of the shape above. The memories are
+  // copied as they are (device, dtype); the hooks move them to the
+  // bucket's device and working dtype when they next use them.
+  void load_state_dict(const PowerSGDStateDict& state);
+
   void save(torch::serialize::OutputArchive& archive) const;
   // Raises UsageError when the archive was written with different options.
+  // The archive must be trusted: see above.
   void load(torch::serialize::InputArchive& archive);
 
   struct Bucket;  // per-bucket memories, private to powersgd.cpp

@@ -2,6 +2,10 @@
 #include "checkpoint/checkpoint_tree.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <set>
 
 #include "tdist/errors.h"
 
@@ -42,7 +46,167 @@ void collect(const PtValue& v, std::vector<std::string>& keys) {
   }
 }
 
+[[noreturn]] void bad(const std::string& where, const std::string& what) {
+  throw CheckpointError(where + ": " + what);
+}
+
+// v's kind, or a CheckpointError naming `where` (PtValue's own message
+// names no place).
+const PtValue& of_kind(const PtValue& v, PtValue::Kind kind, const std::string& where) {
+  if (v.kind() == kind) return v;
+  try {
+    switch (kind) {
+      case PtValue::Kind::Bool: v.as_bool(); break;
+      case PtValue::Kind::Int: v.as_int(); break;
+      case PtValue::Kind::String: v.as_string(); break;
+      case PtValue::Kind::Dict: v.entries(); break;
+      case PtValue::Kind::Tensor: v.as_tensor(); break;
+      case PtValue::Kind::List:
+      case PtValue::Kind::Tuple: v.items(); return v;
+      case PtValue::Kind::Float: v.as_float(); return v;  // an int is a number too
+      case PtValue::Kind::None: break;  // not asked for
+    }
+  } catch (const CheckpointError& e) {
+    bad(where, e.what());
+  }
+  return v;
+}
+
+// A dict with exactly `keys`, each checked by the caller.
+const PtValue& exact_dict(const PtValue& v, const std::set<std::string>& keys, const std::string& where) {
+  std::set<std::string> seen;
+  for (const auto& [k, x] : of_kind(v, PtValue::Kind::Dict, where).entries()) {
+    if (!keys.count(k)) bad(where, "an unexpected key '" + k + "'");
+    if (!seen.insert(k).second) bad(where, "the key '" + k + "' twice");
+  }
+  for (const auto& k : keys) {
+    if (!seen.count(k)) bad(where, "no key '" + k + "'");
+  }
+  return v;
+}
+
+int64_t int_in(const PtValue& v, int64_t lo, int64_t hi, const std::string& where) {
+  const int64_t i = of_kind(v, PtValue::Kind::Int, where).as_int();
+  if (i < lo || i > hi) bad(where, std::to_string(i) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return i;
+}
+
+double finite(const PtValue& v, const std::string& where) {
+  const double d = v.kind() == PtValue::Kind::Bool ? (v.as_bool() ? 1 : 0) : of_kind(v, PtValue::Kind::Float, where).as_float();
+  if (!std::isfinite(d)) bad(where, "not a finite number");
+  return d;
+}
+
+// A tensor (or None, when allowed) of a floating dtype with `dims` dimensions.
+void memory_tensor(const PtValue& v, std::initializer_list<size_t> dims, const std::string& where) {
+  if (v.is_none()) return;
+  const PtTensorRef& t = of_kind(v, PtValue::Kind::Tensor, where).as_tensor();
+  if (!c10::isFloatingType(t.dtype)) bad(where, std::string("a ") + c10::toString(t.dtype) + " tensor, not floating point");
+  if (std::find(dims.begin(), dims.end(), t.sizes.size()) == dims.end()) {
+    bad(where, "a tensor of " + std::to_string(t.sizes.size()) + " dimensions");
+  }
+  for (const int64_t d : t.sizes) {
+    if (d <= 0) bad(where, "an empty tensor " + shape_string(t.sizes));
+  }
+}
+
 }  // namespace
+
+CommHookRecord check_comm_hook(const PtValue* record) {
+  if (!record || record->is_none()) return CommHookRecord::none;
+  const std::string w = "comm_hook";
+  if (record->kind() == PtValue::Kind::Tensor) {
+    if (record->as_tensor().dtype != c10::kByte || record->as_tensor().sizes.size() != 1) {
+      bad(w, "a " + std::string(c10::toString(record->as_tensor().dtype)) + " tensor of " +
+                 std::to_string(record->as_tensor().sizes.size()) + " dimensions, not a hook's state");
+    }
+    return CommHookRecord::legacy_archive;
+  }
+  constexpr int64_t kMax = INT64_MAX;
+  exact_dict(*record, {"kind", "version", "options", "iter", "rng", "next_stats_report", "stats", "buckets"}, w);
+  const std::string& kind = of_kind(record->at("kind"), PtValue::Kind::String, w + ".kind").as_string();
+  if (kind != "PowerSGD") bad(w + ".kind", "'" + kind.substr(0, 64) + "', not a hook state this tdist reads (PowerSGD)");
+  int_in(record->at("version"), 1, 1, w + ".version");
+  const std::string o = w + ".options";
+  const PtValue& opts = exact_dict(record->at("options"),
+                                   {"matrix_approximation_rank", "start_powerSGD_iter", "min_compression_rate",
+                                    "use_error_feedback", "warm_start", "orthogonalization_epsilon", "random_seed",
+                                    "compression_stats_logging_frequency", "batch_tensors_with_same_shape"},
+                                   o);
+  int_in(opts.at("matrix_approximation_rank"), 1, kMax, o + ".matrix_approximation_rank");
+  int_in(opts.at("start_powerSGD_iter"), 0, kMax, o + ".start_powerSGD_iter");
+  if (finite(opts.at("min_compression_rate"), o + ".min_compression_rate") < 0) bad(o + ".min_compression_rate", "negative");
+  finite(opts.at("orthogonalization_epsilon"), o + ".orthogonalization_epsilon");
+  int_in(opts.at("random_seed"), INT64_MIN, kMax, o + ".random_seed");
+  int_in(opts.at("compression_stats_logging_frequency"), 1, kMax, o + ".compression_stats_logging_frequency");
+  for (const char* b : {"use_error_feedback", "warm_start", "batch_tensors_with_same_shape"}) {
+    of_kind(opts.at(b), PtValue::Kind::Bool, o + "." + b);
+  }
+  int_in(record->at("iter"), 0, kMax, w + ".iter");
+  int_in(record->at("next_stats_report"), 0, kMax, w + ".next_stats_report");
+  const std::string& rng = of_kind(record->at("rng"), PtValue::Kind::String, w + ".rng").as_string();
+  if (rng.size() > kMaxRngText) bad(w + ".rng", std::to_string(rng.size()) + " characters, over " + std::to_string(kMaxRngText));
+  const PtValue& stats = exact_dict(record->at("stats"),
+                                    {"numel_before", "numel_after", "bytes_before", "bytes_after",
+                                     "bytes_communicated", "nonfinite_fallbacks"},
+                                    w + ".stats");
+  for (const auto& [k, v] : stats.entries()) int_in(v, 0, kMax, w + ".stats." + k);
+  std::set<int64_t> indices;
+  const auto& buckets = of_kind(record->at("buckets"), PtValue::Kind::List, w + ".buckets").items();
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    const std::string b = w + ".buckets[" + std::to_string(i) + "]";
+    exact_dict(buckets[i], {"index", "error", "q"}, b);
+    if (!indices.insert(int_in(buckets[i].at("index"), 0, INT32_MAX, b + ".index")).second) {
+      bad(b + ".index", "bucket " + std::to_string(buckets[i].at("index").as_int()) + " twice");
+    }
+    memory_tensor(buckets[i].at("error"), {1}, b + ".error");
+    memory_tensor(buckets[i].at("q"), {1, 2}, b + ".q");
+  }
+  return CommHookRecord::powersgd;
+}
+
+namespace {
+
+// The parts optimizer_tree copies: the kind and the groups.
+void check_kind_and_groups(const PtValue& v, const std::string& where) {
+  const PtValue* kind = of_kind(v, PtValue::Kind::Dict, where).find("optimizer");
+  if (!kind) bad(where, "no key 'optimizer'");
+  of_kind(*kind, PtValue::Kind::String, where + ".optimizer");
+  const PtValue* param_groups = v.find("param_groups");
+  if (!param_groups) bad(where, "no key 'param_groups'");
+  const auto& groups = of_kind(*param_groups, PtValue::Kind::List, where + ".param_groups").items();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::string w = where + ".param_groups[" + std::to_string(g) + "]";
+    bool params = false;
+    for (const auto& [name, value] : of_kind(groups[g], PtValue::Kind::Dict, w).entries()) {
+      if (name == "params") {
+        params = true;
+        const auto& names = of_kind(value, PtValue::Kind::List, w + ".params").items();
+        for (size_t i = 0; i < names.size(); ++i) {
+          of_kind(names[i], PtValue::Kind::String, w + ".params[" + std::to_string(i) + "]");
+        }
+      } else {
+        finite(value, w + "." + name);
+      }
+    }
+    if (!params) bad(w, "no key 'params'");
+  }
+}
+
+}  // namespace
+
+void check_optimizer_tree(const PtValue& v, const std::string& where) {
+  exact_dict(v, {"optimizer", "world_size", "rank", "state", "param_groups"}, where);
+  check_kind_and_groups(v, where);
+  const int64_t world = int_in(v.at("world_size"), 1, INT32_MAX, where + ".world_size");
+  int_in(v.at("rank"), 0, world - 1, where + ".rank");
+  for (const auto& [param, fields] : of_kind(v.at("state"), PtValue::Kind::Dict, where + ".state").entries()) {
+    const std::string p = where + ".state['" + param + "']";
+    for (const auto& [name, t] : of_kind(fields, PtValue::Kind::Dict, p).entries()) {
+      of_kind(t, PtValue::Kind::Tensor, p + "." + name);
+    }
+  }
+}
 
 PtValue StorageKeys::add(c10::ScalarType dtype, std::vector<int64_t> shape) {
   PtTensorRef ref;
@@ -101,8 +265,8 @@ PtValue metadata_value(const ShardMetadata& md) {
 
 ShardMetadata metadata_from(const PtValue& v) {
   ShardMetadata md;
-  md.world_size = static_cast<int>(v.at("world_size").as_int());
-  md.rank = static_cast<int>(v.at("rank").as_int());
+  md.world_size = static_cast<int>(int_in(v.at("world_size"), 1, INT32_MAX, "shard_metadata.world_size"));
+  md.rank = static_cast<int>(int_in(v.at("rank"), 0, md.world_size - 1, "shard_metadata.rank"));
   for (const auto& u : v.at("units").items()) {
     ShardedUnitInfo unit;
     unit.prefix = u.at("prefix").as_string();
@@ -126,6 +290,7 @@ ShardMetadata metadata_from(const PtValue& v) {
 }
 
 PtValue optimizer_tree(const PtValue& like, PtValue state, int world_size, int rank) {
+  check_kind_and_groups(like, "optimizer");  // copied as they are: a name, and numbers and names in the groups
   return PtValue::dict({{"optimizer", like.at("optimizer")},
                         {"world_size", PtValue::integer(world_size)},
                         {"rank", PtValue::integer(rank)},

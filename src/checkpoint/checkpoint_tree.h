@@ -8,7 +8,20 @@
 //    "optimizer":      None, or {"optimizer": kind, "world_size", "rank",
 //                       "state": {param: {field: tensor}},
 //                       "param_groups": [{option: number, ..., "params": [names]}]},
-//    "comm_hook":      None, or a uint8 tensor (a torch::serialize archive: the hook's state),
+//    "comm_hook":      None, or a PowerSGD hook's state (check_comm_hook below):
+//                      {"kind": "PowerSGD", "version": 1,
+//                       "options": {"matrix_approximation_rank", "start_powerSGD_iter",
+//                                   "min_compression_rate", "use_error_feedback", "warm_start",
+//                                   "orthogonalization_epsilon", "random_seed" (as int64),
+//                                   "compression_stats_logging_frequency",
+//                                   "batch_tensors_with_same_shape"},
+//                       "iter", "rng": std::mt19937_64's text, "next_stats_report",
+//                       "stats": {"numel_before", "numel_after", "bytes_before", "bytes_after",
+//                                 "bytes_communicated", "nonfinite_fallbacks"},
+//                       "buckets": [{"index", "error": 1-d tensor or None,
+//                                    "q": 1-d or 2-d tensor or None}]}
+//                      (tdist before this layout stored a uint8 tensor holding a LibTorch
+//                      archive, which is refused: its loader runs code from the file),
 //    "tdist":          {"format": 1, "kind": "sharded", "save_id", "world_size", "rank",
 //                       "buffers": [names of the model's buffers],
 //                       "modules": [names of every submodule, parents first],
@@ -23,6 +36,8 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/ArrayRef.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -56,6 +71,22 @@ ShardMetadata metadata_from(const PtValue& v);
 // An optimizer tree with other state: the same groups and kind, the state
 // from `state` (names -> fields -> values made by the sink).
 PtValue optimizer_tree(const PtValue& like, PtValue state, int world_size, int rank);
+
+// What a rank file's "comm_hook" record holds, its layout checked (every
+// key there and no other, of its kind and range; a tensor's dtype and
+// dimensions, its bytes when read). CheckpointError naming the field
+// ("comm_hook.buckets[2].q: ...") otherwise. Nothing in it is executed.
+constexpr size_t kMaxRngText = 16 << 10;  // "rng": std::mt19937_64 writes about 6.5 KB
+enum class CommHookRecord { none, legacy_archive, powersgd };
+CommHookRecord check_comm_hook(const PtValue* record);
+
+// An optimizer tree ("optimizer" of a rank or consolidated file) checked
+// for what the loads and tools take from it besides the state's tensors:
+// "optimizer" a string, "world_size" >= 1 and 0 <= "rank" < it,
+// "param_groups" a list of dicts of finite numbers (or bools) and a
+// "params" list of strings, "state" a dict of dicts of tensors.
+// CheckpointError "<where>.param_groups[0].lr: ..." otherwise.
+void check_optimizer_tree(const PtValue& v, const std::string& where = "optimizer");
 
 // "[2, 3]", for messages.
 std::string shape_string(c10::IntArrayRef shape);

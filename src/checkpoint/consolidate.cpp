@@ -119,13 +119,15 @@ std::string consolidate_sharded_model_checkpoints(const std::string& ckpt_prefix
 ConsolidatedCheckpoint load_consolidated_checkpoint(const std::string& path) {
   const checkpoint::PtReader reader(path);
   const PtValue& root = reader.root();
-  const auto read = [&](const checkpoint::PtTensorRef& ref) { return reader.read_tensor(ref); };
+  checkpoint::TensorReads reads(reader);  // each storage once, however often the file names it
+  const auto read = [&](const checkpoint::PtTensorRef& ref) { return reads(ref); };
   ConsolidatedCheckpoint out;
   try {
     for (const auto& [name, v] : root.at("model").entries()) out.model.insert(name, read(v.as_tensor()));
     const PtValue* opt = root.find("optimizer");
     if (opt && !opt->is_none()) {
       out.has_optimizer = true;
+      checkpoint::check_optimizer_tree(*opt);
       out.optimizer = checkpoint::optimizer_from(*opt, read);
       out.optimizer.world_size = 1;
       out.optimizer.rank = 0;

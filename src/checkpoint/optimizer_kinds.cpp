@@ -9,6 +9,8 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <tuple>
 #include <vector>
 
@@ -53,11 +55,36 @@ class Kind final : public OptimizerKind {
   std::unique_ptr<torch::optim::OptimizerParamState> make_state(const StateDict& fields, const std::string& name,
                                                                 const at::Tensor& param) const override {
     auto st = std::make_unique<State>();
+    for (const auto& f : fields) {
+      const bool known = (f.key() == "step" && kHasStep && has_step_) ||
+                         std::any_of(tensors_.begin(), tensors_.end(),
+                                     [&](const TensorField& t) { return f.key() == t.name; });
+      if (!known) {
+        throw CheckpointError("optimizer state of '" + name + "': a field '" + f.key() + "' that " + name_ +
+                              " does not have");
+      }
+      if (f.key() != "step" && f.value().defined() && !at::isFloatingType(f.value().scalar_type())) {
+        throw CheckpointError("optimizer state of '" + name + "': its " + f.key() + " is a " +
+                              c10::toString(f.value().scalar_type()) + " tensor, not floating point");
+      }
+    }
     if constexpr (kHasStep) {
       if (has_step_) {
         const at::Tensor* step = fields.find("step");
-        if (!step || step->numel() != 1) throw CheckpointError("optimizer state of '" + name + "': no step");
-        st->step(step->item<int64_t>());
+        if (!step || !step->defined() || step->numel() != 1) {
+          throw CheckpointError("optimizer state of '" + name + "': no step");
+        }
+        const at::ScalarType t = step->scalar_type();
+        if (!at::isIntegralType(t, /*includeBool=*/false) && !at::isFloatingType(t)) {
+          throw CheckpointError("optimizer state of '" + name + "': its step is a " + c10::toString(t) + " tensor");
+        }
+        // Whole, non-negative and exact in a double (2^53) before it becomes an int.
+        const double v = step->item<double>();
+        if (!(v >= 0 && v <= 9007199254740992.0) || v != std::floor(v)) {
+          throw CheckpointError("optimizer state of '" + name + "': its step is " + std::to_string(v) +
+                                ", not a count");
+        }
+        st->step(static_cast<int64_t>(v));
       }
     }
     for (const auto& f : tensors_) {

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <random>
 #include <set>
@@ -18,6 +19,7 @@
 #include "checkpoint/model_entries.h"
 #include "checkpoint/sharded_files.h"
 #include "checkpoint/sharded_tensors.h"
+#include "util/check.h"
 
 namespace tdist {
 
@@ -74,22 +76,82 @@ int64_t agreed_save_id(ProcessGroup& pg, std::chrono::milliseconds timeout) {
   return id.item<int64_t>();
 }
 
-std::string archive_bytes(const PowerSGDState& state) {
-  torch::serialize::OutputArchive archive;
-  state.save(archive);
-  std::string bytes;
-  archive.save_to([&](const void* data, size_t n) {
-    bytes.append(static_cast<const char*>(data), n);
-    return n;
-  });
-  return bytes;
+// A PowerSGD hook's state as the rank file's "comm_hook" record (its
+// layout in checkpoint_tree.h): plain values and tensors, nothing a loader
+// would run.
+PtValue powersgd_value(const PowerSGDStateDict& s, checkpoint::TensorSink& sink) {
+  const PowerSGDOptions& o = s.options;
+  const auto memory = [&](const at::Tensor& t) { return t.defined() ? sink.add(t.detach().to(at::kCPU)) : PtValue(); };
+  std::vector<PtValue> buckets;
+  for (const auto& [index, b] : s.buckets) {
+    buckets.push_back(PtValue::dict({{"index", PtValue::integer(static_cast<int64_t>(index))},
+                                     {"error", memory(b.error)},
+                                     {"q", memory(b.q)}}));
+  }
+  return PtValue::dict(
+      {{"kind", PtValue::string("PowerSGD")},
+       {"version", PtValue::integer(1)},
+       {"options", PtValue::dict({{"matrix_approximation_rank", PtValue::integer(o.matrix_approximation_rank)},
+                                  {"start_powerSGD_iter", PtValue::integer(o.start_powerSGD_iter)},
+                                  {"min_compression_rate", PtValue::floating(o.min_compression_rate)},
+                                  {"use_error_feedback", PtValue::boolean(o.use_error_feedback)},
+                                  {"warm_start", PtValue::boolean(o.warm_start)},
+                                  {"orthogonalization_epsilon", PtValue::floating(o.orthogonalization_epsilon)},
+                                  {"random_seed", PtValue::integer(static_cast<int64_t>(o.random_seed))},
+                                  {"compression_stats_logging_frequency",
+                                   PtValue::integer(o.compression_stats_logging_frequency)},
+                                  {"batch_tensors_with_same_shape",
+                                   PtValue::boolean(o.batch_tensors_with_same_shape)}})},
+       {"iter", PtValue::integer(s.iter)},
+       {"rng", PtValue::string(s.rng)},
+       {"next_stats_report", PtValue::integer(s.next_stats_report)},
+       {"stats", PtValue::dict({{"numel_before", PtValue::integer(s.stats.numel_before)},
+                                {"numel_after", PtValue::integer(s.stats.numel_after)},
+                                {"bytes_before", PtValue::integer(s.stats.bytes_before)},
+                                {"bytes_after", PtValue::integer(s.stats.bytes_after)},
+                                {"bytes_communicated", PtValue::integer(s.stats.bytes_communicated)},
+                                {"nonfinite_fallbacks", PtValue::integer(s.stats.nonfinite_fallbacks)}})},
+       {"buckets", PtValue::list(std::move(buckets))}});
+}
+
+// The record back (check_comm_hook has checked its layout); the tensors
+// read with `read`, which checks their views and bytes.
+PowerSGDStateDict powersgd_from(const PtValue& v, const std::function<at::Tensor(const PtTensorRef&)>& read) {
+  PowerSGDStateDict s;
+  const PtValue& o = v.at("options");
+  s.options.matrix_approximation_rank = o.at("matrix_approximation_rank").as_int();
+  s.options.start_powerSGD_iter = o.at("start_powerSGD_iter").as_int();
+  s.options.min_compression_rate = o.at("min_compression_rate").as_float();
+  s.options.use_error_feedback = o.at("use_error_feedback").as_bool();
+  s.options.warm_start = o.at("warm_start").as_bool();
+  s.options.orthogonalization_epsilon = o.at("orthogonalization_epsilon").as_float();
+  s.options.random_seed = static_cast<uint64_t>(o.at("random_seed").as_int());
+  s.options.compression_stats_logging_frequency = o.at("compression_stats_logging_frequency").as_int();
+  s.options.batch_tensors_with_same_shape = o.at("batch_tensors_with_same_shape").as_bool();
+  s.iter = v.at("iter").as_int();
+  s.rng = v.at("rng").as_string();
+  s.next_stats_report = v.at("next_stats_report").as_int();
+  const PtValue& st = v.at("stats");
+  s.stats.numel_before = st.at("numel_before").as_int();
+  s.stats.numel_after = st.at("numel_after").as_int();
+  s.stats.bytes_before = st.at("bytes_before").as_int();
+  s.stats.bytes_after = st.at("bytes_after").as_int();
+  s.stats.bytes_communicated = st.at("bytes_communicated").as_int();
+  s.stats.nonfinite_fallbacks = st.at("nonfinite_fallbacks").as_int();
+  for (const auto& b : v.at("buckets").items()) {
+    PowerSGDStateDict::Bucket mem;
+    if (!b.at("error").is_none()) mem.error = read(b.at("error").as_tensor());
+    if (!b.at("q").is_none()) mem.q = read(b.at("q").as_tensor());
+    s.buckets.emplace(static_cast<size_t>(b.at("index").as_int()), std::move(mem));
+  }
+  return s;
 }
 
 // What a load reads before it changes anything.
 struct Staged {
   ShardedStateDict model;
   std::optional<OptimizerStateDict> optimizer;
-  std::string comm_hook;
+  std::optional<PowerSGDStateDict> comm_hook;  // when the load wants it
   std::optional<std::vector<std::vector<size_t>>> ddp_buckets;
 };
 
@@ -133,10 +195,9 @@ bool exists(const std::string& path) {
 
 // The rank's own file, when it holds this model's layout (the same world
 // size, rank and shards); else nothing.
-std::optional<Staged> stage_own(const std::string& path, ProcessGroup& pg, torch::nn::Module& model,
-                                bool want_optimizer, int64_t& save_id) {
-  if (!exists(path)) return std::nullopt;
-  PtReader reader(path);
+std::optional<Staged> stage_own(const PtReader& reader, ProcessGroup& pg, torch::nn::Module& model,
+                                bool want_optimizer, bool want_hook, int64_t& save_id) {
+  const std::string& path = reader.path();
   const PtValue& root = reader.root();
   const PtValue& tag = checkpoint::field(root, "tdist", path);
   ShardMetadata saved = checkpoint::metadata_from(checkpoint::field(root, "shard_metadata", path));
@@ -161,9 +222,10 @@ std::optional<Staged> stage_own(const std::string& path, ProcessGroup& pg, torch
   save_id = tag.at("save_id").as_int();
   Staged s;
   s.ddp_buckets = ddp_buckets_from(tag);
+  checkpoint::TensorReads reads(reader);  // each storage once, however often the file names it
   const auto read = [&](const PtTensorRef& ref) {
-    checkpoint::check_whole(ref, path, "storage " + ref.storage_key);  // nothing sized by a stride of 0
-    return reader.read_tensor(ref);
+    checkpoint::check_whole(ref, path, "storage " + ref.storage_key);  // what tdist writes
+    return reads(ref);
   };
   for (const auto& [name, v] : checkpoint::field(root, "model", path).entries()) {
     s.model.tensors.insert(name, read(v.as_tensor()));
@@ -172,16 +234,37 @@ std::optional<Staged> stage_own(const std::string& path, ProcessGroup& pg, torch
   const PtValue& opt = checkpoint::field(root, "optimizer", path);
   if (want_optimizer) {
     if (opt.is_none()) throw CheckpointError(path + ": the checkpoint holds no optimizer state");
+    checkpoint::check_optimizer_tree(opt);
     s.optimizer = checkpoint::optimizer_from(opt, read);
     s.optimizer->world_size = fsdp ? pg.size() : 1;
     s.optimizer->rank = fsdp ? pg.rank() : 0;
   }
   const PtValue* hook = root.find("comm_hook");
-  if (hook && !hook->is_none()) {
-    const at::Tensor bytes = read(hook->as_tensor());
-    s.comm_hook.assign(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
+  const checkpoint::CommHookRecord kind = checkpoint::check_comm_hook(hook);
+  if (want_hook) {
+    if (kind == checkpoint::CommHookRecord::none) throw CheckpointError("the checkpoint holds no comm hook state");
+    if (kind == checkpoint::CommHookRecord::legacy_archive) {
+      throw CheckpointError("its comm_hook record is a LibTorch archive (what tdist wrote before it stored hook "
+                            "states as plain values); such an archive can carry code that its loader runs, so it "
+                            "is not loaded: load without comm_hook_state (the hook's memories start afresh), then "
+                            "save again");
+    }
+    s.comm_hook = powersgd_from(*hook, read);
   }
   return s;
+}
+
+// stage_own with the file named in its errors.
+std::optional<Staged> stage_own(const std::string& path, ProcessGroup& pg, torch::nn::Module& model,
+                                bool want_optimizer, bool want_hook, int64_t& save_id) {
+  if (!exists(path)) return std::nullopt;
+  const PtReader reader(path);
+  try {
+    return stage_own(reader, pg, model, want_optimizer, want_hook, save_id);
+  } catch (const CheckpointError& e) {
+    const std::string what = e.what();
+    throw CheckpointError(what.compare(0, path.size(), path) == 0 ? what : path + ": " + what);
+  }
 }
 
 // This rank's rows of everything, from the files of another world size
@@ -224,6 +307,7 @@ Staged stage_resharded(const std::string& prefix, const ShardedCheckpointOptions
   }
   if (want_optimizer) {
     if (!files.has_optimizer()) throw CheckpointError(where + " holds no optimizer state");
+    checkpoint::check_optimizer_tree(files.optimizer_tree(), files.paths()[0] + ": optimizer");
     OptimizerStateDict o = checkpoint::optimizer_from(files.optimizer_tree(), [](const PtTensorRef&) {
       return at::Tensor();  // filled below, by rows
     });
@@ -264,12 +348,7 @@ void write_rank_file(PtWriter& writer, ProcessGroup& pg, torch::nn::Module& mode
     opt = checkpoint::optimizer_value(o, sink);
   }
   PtValue hook;
-  if (options.comm_hook_state) {
-    const std::string bytes = archive_bytes(*options.comm_hook_state);
-    at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-    std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-    hook = sink.add(t);
-  }
+  if (options.comm_hook_state) hook = powersgd_value(options.comm_hook_state->state_dict(), sink);
   const PtValue root = PtValue::dict(
       {{"model", PtValue::dict(std::move(tensors))},
        {"shard_metadata", checkpoint::metadata_value(local.metadata)},
@@ -342,7 +421,8 @@ void load_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch:
                             " and " + worlds.rbegin()->second + " (remove the older save's)");
     }
     const std::string own = checkpoint::rank_file_path(prefix, options.suffix, pg.rank(), pg.size());
-    staged = stage_own(own, pg, model, optimizer != nullptr, save_id);
+    const bool want_hook = options.comm_hook_state != nullptr;
+    staged = stage_own(own, pg, model, optimizer != nullptr, want_hook, save_id);
     if (!staged) staged = stage_resharded(prefix, options, pg, model, optimizer != nullptr, save_id);
     // Every part checked before any is applied.
     checkpoint::check_sharded_model_state(model, staged->model);
@@ -355,11 +435,21 @@ void load_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch:
     }
     if (optimizer) checkpoint::check_sharded_optimizer_state(model, *optimizer, *staged->optimizer);
     if (options.comm_hook_state) {  // on a probe
-      if (staged->comm_hook.empty()) throw CheckpointError("the checkpoint holds no comm hook state");
-      PowerSGDState probe(nullptr, options.comm_hook_state->options());
-      torch::serialize::InputArchive archive;
-      archive.load_from(staged->comm_hook.data(), staged->comm_hook.size());
-      probe.load(archive);
+      TDIST_CHECK(staged->comm_hook.has_value());  // stage_resharded refuses a hook's state
+      if (ddp && staged->ddp_buckets) {
+        for (const auto& [index, b] : staged->comm_hook->buckets) {
+          if (index >= staged->ddp_buckets->size()) {
+            throw CheckpointError(own + ": its comm_hook record has bucket " + std::to_string(index) +
+                                  " but its DDP layout " + std::to_string(staged->ddp_buckets->size()) + " buckets");
+          }
+        }
+      }
+      try {
+        PowerSGDState probe(nullptr, options.comm_hook_state->options());
+        probe.load_state_dict(*staged->comm_hook);
+      } catch (const UsageError& e) {
+        throw CheckpointError(own + ": its comm_hook record: " + e.what());
+      }
     }
   } catch (const std::exception& e) {
     error = *e.what() ? e.what() : "an error without words";
@@ -381,11 +471,7 @@ void load_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch:
   load_sharded_state_dict(model, staged->model);
   if (ddp && staged->ddp_buckets) ddp->set_bucket_indices(*staged->ddp_buckets);
   if (optimizer) load_sharded_optimizer_state_dict(model, *optimizer, *staged->optimizer);
-  if (options.comm_hook_state) {
-    torch::serialize::InputArchive archive;
-    archive.load_from(staged->comm_hook.data(), staged->comm_hook.size());
-    options.comm_hook_state->load(archive);
-  }
+  if (options.comm_hook_state) options.comm_hook_state->load_state_dict(*staged->comm_hook);
 }
 
 }  // namespace tdist

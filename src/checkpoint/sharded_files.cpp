@@ -281,6 +281,7 @@ void ShardedCheckpointFiles::index_model() {
 void ShardedCheckpointFiles::index_optimizer() {
   optimizer_tree_ = &field(reader(0).root(), "optimizer", paths_[0]);
   if (optimizer_tree_->is_none()) return;
+  check_optimizer_tree(*optimizer_tree_, paths_[0] + ": optimizer");  // what the tools copy and print
   std::map<std::string, std::vector<int64_t>> sharded;
   for (const auto& t : model_) {
     if (t.sharded) sharded[t.name] = t.shape;

@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +33,22 @@ class TensorSink {
  private:
   StorageKeys keys_;
   std::vector<std::pair<std::string, Make>> pending_;
+};
+
+// Reads a file's tensors with PtReader::read_tensor's checks (the record
+// against the file, the view inside it and naming each element once),
+// each storage record once: tensors that view one storage (a pickle's memo
+// can name one any number of times) share its memory, so together they
+// hold at most the file's records. Each tensor is a view of its storage.
+// One per reader and load.
+class TensorReads {
+ public:
+  explicit TensorReads(const PtReader& reader) : reader_(reader) {}
+  at::Tensor operator()(const PtTensorRef& ref);
+
+ private:
+  const PtReader& reader_;
+  std::map<std::string, at::Tensor> storages_;
 };
 
 PtValue optimizer_value(const OptimizerStateDict& s, TensorSink& sink);

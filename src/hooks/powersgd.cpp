@@ -104,6 +104,15 @@ struct PowerSGDAccess {
       }
       if (!slot) slot = std::make_shared<PowerSGDState::Bucket>();
       mem = slot;
+      // Memories loaded from a checkpoint are CPU tensors of the saved
+      // dtype: onto the bucket's device, in the working dtype.
+      const auto adapt = [&](at::Tensor& t) {
+        if (t.defined() && (t.device() != bucket.buffer().device() || t.scalar_type() != wdt)) {
+          t = t.to(bucket.buffer().device(), wdt);
+        }
+      };
+      adapt(mem->error);
+      adapt(mem->q);
       if (s.options_.use_error_feedback && !mem->error.defined()) {
         mem->error = at::zeros({padded_numel}, bucket.buffer().options().dtype(wdt));
       }
@@ -326,7 +335,9 @@ std::shared_ptr<Work> powerSGD_hook(const std::shared_ptr<PowerSGDState>& state,
     for (size_t i = 0; i < mats.size(); ++i) groups.push_back({i});
   }
   if (!mem->p.defined() || mem->p.numel() != p_numel) mem->p = at::empty({p_numel}, wopt);
-  if (!mem->q.defined() || mem->q.numel() != q_numel) mem->q = PowerSGDAccess::random(*state, {q_numel}, wopt);
+  if (!mem->q.defined() || mem->q.dim() != 1 || mem->q.numel() != q_numel) {
+    mem->q = PowerSGDAccess::random(*state, {q_numel}, wopt);
+  }
   int64_t p_at = 0, q_at = 0;
   for (const auto& g : groups) {
     Job j;
@@ -438,7 +449,7 @@ std::shared_ptr<Work> batched_powerSGD_hook(const std::shared_ptr<PowerSGDState>
   step->corrected = at::zeros({padded}, wopt);
   step->corrected.narrow(0, 0, total).copy_(buffer.view({-1}));
   if (o.use_error_feedback) step->corrected.add_(mem->error);
-  if (!mem->q.defined() || mem->q.size(0) != side || mem->q.size(1) != r) {
+  if (!mem->q.defined() || mem->q.dim() != 2 || mem->q.size(0) != side || mem->q.size(1) != r) {
     mem->q = PowerSGDAccess::random(*state, {side, r}, wopt);
   }
   at::Tensor q3 = mem->q.unsqueeze(0);
@@ -455,30 +466,111 @@ std::shared_ptr<Work> batched_powerSGD_hook(const std::shared_ptr<PowerSGDState>
 
 // ---- checkpoints ------------------------------------------------------------
 
-void PowerSGDState::save(torch::serialize::OutputArchive& archive) const {
+namespace {
+
+// The longest random state load_state_dict parses: std::mt19937_64 writes
+// 312 numbers of at most 20 digits and a separator each (about 6.5 KB).
+constexpr size_t kMaxRngText = 16 << 10;
+
+void check_memory(const at::Tensor& t, size_t index, const char* what, bool matrix_allowed) {
+  if (!t.defined()) return;
+  const std::string where = "PowerSGDState::load_state_dict: bucket " + std::to_string(index) + "'s " + what;
+  if (t.layout() != at::kStrided || !at::isFloatingType(t.scalar_type())) {
+    throw UsageError(where + " is not a dense floating-point tensor (" + std::string(c10::toString(t.scalar_type())) +
+                     ")");
+  }
+  if (t.dim() != 1 && !(matrix_allowed && t.dim() == 2)) {
+    throw UsageError(where + " has " + std::to_string(t.dim()) + " dimensions (" +
+                     (matrix_allowed ? "1 or 2" : "1") + " expected)");
+  }
+  if (t.numel() == 0) throw UsageError(where + " is empty");
+}
+
+}  // namespace
+
+PowerSGDStateDict PowerSGDState::state_dict() const {
   std::lock_guard<std::mutex> lock(mu_);
+  PowerSGDStateDict out;
+  out.options = options_;
+  out.iter = iter_;
   std::ostringstream rng;
   rng << rng_;
-  archive.write("iter", c10::IValue(iter_));
-  archive.write("rng", c10::IValue(rng.str()));
-  archive.write("next_stats_report", c10::IValue(next_stats_report_));
-  archive.write("options", c10::IValue(saved_options(options_)));
-  archive.write("stats", c10::IValue(std::vector<int64_t>{stats_.numel_before, stats_.numel_after,
-                                                          stats_.bytes_before, stats_.bytes_after,
-                                                          stats_.bytes_communicated, stats_.nonfinite_fallbacks}));
-  std::vector<int64_t> indices;
+  out.rng = rng.str();
+  out.next_stats_report = next_stats_report_;
+  out.stats = stats_;
+  out.stats.compression_rate = 0;
   for (const auto& [index, mem] : buckets_) {
+    PowerSGDStateDict::Bucket b;
+    if (mem->error.defined()) b.error = mem->error.detach().clone();
+    if (mem->q.defined()) b.q = mem->q.detach().clone();
+    out.buckets.emplace(index, std::move(b));
+  }
+  return out;
+}
+
+void PowerSGDState::load_state_dict(const PowerSGDStateDict& state) {
+  const char* what = "PowerSGDState::load_state_dict";
+  if (saved_options(state.options) != saved_options(options_)) {
+    throw UsageError(std::string(what) + ": the checkpoint was written with different options "
+                     "(matrix_approximation_rank, start_powerSGD_iter, min_compression_rate, use_error_feedback, "
+                     "warm_start, orthogonalization_epsilon or batch_tensors_with_same_shape)");
+  }
+  if (state.iter < 0 || state.next_stats_report < 0) {
+    throw UsageError(std::string(what) + ": a negative iteration count (" + std::to_string(state.iter) + ", " +
+                     std::to_string(state.next_stats_report) + ")");
+  }
+  const CompressionStats& st = state.stats;
+  for (const int64_t v : {st.numel_before, st.numel_after, st.bytes_before, st.bytes_after, st.bytes_communicated,
+                          st.nonfinite_fallbacks}) {
+    if (v < 0) throw UsageError(std::string(what) + ": a negative compression statistic (" + std::to_string(v) + ")");
+  }
+  if (state.rng.size() > kMaxRngText) {
+    throw UsageError(std::string(what) + ": the random state has " + std::to_string(state.rng.size()) +
+                     " characters (at most " + std::to_string(kMaxRngText) + ")");
+  }
+  std::istringstream rng_text(state.rng);
+  std::mt19937_64 rng;
+  rng_text >> rng;
+  if (rng_text.fail() || !(rng_text >> std::ws).eof()) throw UsageError(std::string(what) + ": the random state is corrupt");
+  std::map<size_t, std::shared_ptr<Bucket>> buckets;
+  for (const auto& [index, b] : state.buckets) {
+    check_memory(b.error, index, "error feedback", /*matrix_allowed=*/false);
+    check_memory(b.q, index, "Q memory", /*matrix_allowed=*/true);
+    auto mem = std::make_shared<Bucket>();
+    if (b.error.defined()) mem->error = b.error.detach().clone();
+    if (b.q.defined()) mem->q = b.q.detach().clone();
+    buckets.emplace(index, std::move(mem));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  iter_ = state.iter;
+  rng_ = rng;
+  next_stats_report_ = state.next_stats_report;
+  stats_ = state.stats;
+  stats_.compression_rate = 0;
+  buckets_ = std::move(buckets);
+}
+
+void PowerSGDState::save(torch::serialize::OutputArchive& archive) const {
+  const PowerSGDStateDict s = state_dict();
+  archive.write("iter", c10::IValue(s.iter));
+  archive.write("rng", c10::IValue(s.rng));
+  archive.write("next_stats_report", c10::IValue(s.next_stats_report));
+  archive.write("options", c10::IValue(saved_options(s.options)));
+  archive.write("stats", c10::IValue(std::vector<int64_t>{s.stats.numel_before, s.stats.numel_after,
+                                                          s.stats.bytes_before, s.stats.bytes_after,
+                                                          s.stats.bytes_communicated, s.stats.nonfinite_fallbacks}));
+  std::vector<int64_t> indices;
+  for (const auto& [index, mem] : s.buckets) {
     indices.push_back(static_cast<int64_t>(index));
     torch::serialize::OutputArchive b(archive.compilation_unit());
-    if (mem->error.defined()) b.write("error", mem->error, /*is_buffer=*/true);
-    if (mem->q.defined()) b.write("q", mem->q, /*is_buffer=*/true);
+    if (mem.error.defined()) b.write("error", mem.error, /*is_buffer=*/true);
+    if (mem.q.defined()) b.write("q", mem.q, /*is_buffer=*/true);
     archive.write("bucket_" + std::to_string(index), b);
   }
   archive.write("buckets", c10::IValue(indices));
 }
 
 void PowerSGDState::load(torch::serialize::InputArchive& archive) {
-  std::lock_guard<std::mutex> lock(mu_);
   c10::IValue v;
   auto read = [&](const char* key) -> c10::IValue& {
     if (!archive.try_read(key, v)) {
@@ -487,43 +579,38 @@ void PowerSGDState::load(torch::serialize::InputArchive& archive) {
     }
     return v;
   };
+  PowerSGDStateDict s;
+  s.options = options();
   const auto saved = read("options").toDoubleVector();
   if (saved != saved_options(options_)) {
     throw UsageError("PowerSGDState::load: the checkpoint was written with different options "
                      "(matrix_approximation_rank, start_powerSGD_iter, min_compression_rate, use_error_feedback, "
                      "warm_start, orthogonalization_epsilon or batch_tensors_with_same_shape)");
   }
-  const int64_t iter = read("iter").toInt();
-  std::istringstream rng_text(read("rng").toStringRef());
-  std::mt19937_64 rng;
-  rng_text >> rng;
-  if (rng_text.fail()) throw UsageError("PowerSGDState::load: the saved random state is corrupt");
-  const int64_t next_report = read("next_stats_report").toInt();
+  s.iter = read("iter").toInt();
+  s.rng = read("rng").toStringRef();
+  s.next_stats_report = read("next_stats_report").toInt();
   const auto stats = read("stats").toIntVector();
   if (stats.size() != 6) throw UsageError("PowerSGDState::load: the saved statistics are corrupt");
-  std::map<size_t, std::shared_ptr<Bucket>> buckets;
+  s.stats.numel_before = stats[0];
+  s.stats.numel_after = stats[1];
+  s.stats.bytes_before = stats[2];
+  s.stats.bytes_after = stats[3];
+  s.stats.bytes_communicated = stats[4];
+  s.stats.nonfinite_fallbacks = stats[5];
   for (int64_t index : read("buckets").toIntVector()) {
     torch::serialize::InputArchive b;
     if (index < 0 || !archive.try_read("bucket_" + std::to_string(index), b)) {
       throw UsageError("PowerSGDState::load: bucket " + std::to_string(index) + " is missing");
     }
-    auto mem = std::make_shared<Bucket>();
+    PowerSGDStateDict::Bucket mem;
     at::Tensor t;
-    if (b.try_read("error", t, /*is_buffer=*/true) && t.defined() && t.numel() > 0) mem->error = t;
+    if (b.try_read("error", t, /*is_buffer=*/true) && t.defined() && t.numel() > 0) mem.error = t;
     at::Tensor q;
-    if (b.try_read("q", q, /*is_buffer=*/true) && q.defined() && q.numel() > 0) mem->q = q;
-    buckets[static_cast<size_t>(index)] = mem;
+    if (b.try_read("q", q, /*is_buffer=*/true) && q.defined() && q.numel() > 0) mem.q = q;
+    s.buckets[static_cast<size_t>(index)] = std::move(mem);
   }
-  iter_ = iter;
-  rng_ = rng;
-  next_stats_report_ = next_report;
-  stats_.numel_before = stats[0];
-  stats_.numel_after = stats[1];
-  stats_.bytes_before = stats[2];
-  stats_.bytes_after = stats[3];
-  stats_.bytes_communicated = stats[4];
-  stats_.nonfinite_fallbacks = stats[5];
-  buckets_ = std::move(buckets);
+  load_state_dict(s);
 }
 
 }  // namespace tdist

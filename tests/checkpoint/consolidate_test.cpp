@@ -14,13 +14,17 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/pt_file.h"
 #include "tdist/tdist.h"
+#include "tests/checkpoint/rewrite.h"
 #include "tests/fsdp/models.h"
 #include "tests/util/process.h"
 #include "tests/util/world.h"
@@ -303,6 +307,60 @@ TEST_F(Tools, EveryBrokenCheckpointIsNamed) {
     FSDP<Net> model(Net(&o), o);
     tdist::load_sharded_checkpoint(prefix_, pg, *model);
   }), "");
+}
+
+// An optimizer record with a tensor where a number goes (param_groups'
+// lr) or other odd values: a CheckpointError naming the field, from the
+// tools and the loads, never a library's exception ("unordered_map::at").
+TEST_F(Tools, AnOddOptimizerRecordIsNamed) {
+  using tdist::checkpoint::PtValue;
+  using test::entry;
+  const std::string r0 = prefix_ + "_rank-0-of-2.pt", r1 = prefix_ + "_rank-1-of-2.pt";
+  const std::string good0 = slurp(r0), good1 = slurp(r1);
+  const at::Tensor lr = torch::ones({1});
+  struct Case {
+    std::string what;
+    std::function<void(PtValue&)> edit;  // of the optimizer record
+    std::string says;
+  };
+  const auto group0 = [](PtValue& opt) -> PtValue& { return entry(opt, "param_groups").mutable_items()[0]; };
+  const std::vector<Case> cases = {
+      {"a tensor as lr", [&](PtValue& o) { entry(group0(o), "lr") = test::tensor_value("lr", lr); },
+       "optimizer.param_groups[0].lr: expected a float, found a tensor"},
+      {"a NaN lr", [&](PtValue& o) { entry(group0(o), "lr") = PtValue::floating(NAN); },
+       "optimizer.param_groups[0].lr: not a finite number"},
+      {"a tensor as the kind", [&](PtValue& o) { entry(o, "optimizer") = test::tensor_value("lr", lr); },
+       "optimizer.optimizer: expected a string, found a tensor"},
+      {"a number as a parameter name", [&](PtValue& o) { entry(group0(o), "params").mutable_items()[0] = PtValue::integer(7); },
+       "optimizer.param_groups[0].params[0]: expected a string, found an int"},
+      {"a rank past the world", [&](PtValue& o) { entry(o, "rank") = PtValue::integer(int64_t{1} << 32); },
+       "optimizer.rank: 4294967296 is outside [0, 1]"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    spit(r0, good0);
+    spit(r1, good1);
+    for (const auto& path : {r0, r1}) {
+      test::rewrite_pt(path, [&](PtValue& root) { c.edit(entry(root, "optimizer")); }, {{"lr", lr}});
+    }
+    for (const auto format : {tdist::CheckpointFormat::pt, tdist::CheckpointFormat::safetensors}) {
+      try {
+        tdist::consolidate_sharded_model_checkpoints(prefix_, "_rank-*-of-*.pt", dir_.path() + "/out",
+                                                     {format, /*optimizer=*/true});
+        ADD_FAILURE() << "consolidated";
+      } catch (const CheckpointError& e) {
+        EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << e.what();
+      }
+    }
+    const auto cli = test::run_command(kBin + "/tdist-ckpt consolidate --optimizer --ckpt-prefix " + prefix_ +
+                                           " --save-path " + dir_.path() + "/out.pt 2>&1",
+                                       std::chrono::seconds(60));
+    EXPECT_FALSE(test::exited_ok(cli.status));
+    EXPECT_NE(cli.output.find(c.says), std::string::npos) << cli.output;
+    expect_refused(prefix_, c.says);
+  }
+  spit(r0, good0);
+  spit(r1, good1);
 }
 
 void kill_self(int) { ::kill(::getpid(), SIGKILL); }

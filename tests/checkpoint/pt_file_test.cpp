@@ -15,15 +15,18 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint_tree.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/pt_file.h"
 #include "checkpoint/zip_format.h"
 #include "tdist/errors.h"
+#include "tdist/sharded_checkpoint.h"
 #include "tests/util/process.h"
 
 namespace {
@@ -391,6 +394,83 @@ TEST(PtFile, ForbiddenContentIsNamed) {
   spit(path, stored);
   expect_error(path, "is compressed");
   expect_error(dir.path() + "/missing.pt", "cannot open");
+}
+
+// Views that name an element twice (a stride of 0, overlapping strides)
+// would turn a few bytes of file into a tensor of any size: refused,
+// naming the file, before anything is allocated, by PtReader::read_tensor
+// and so by load_consolidated_checkpoint. Views that name each element
+// once (transposed, offset, a slice) still read.
+TEST(PtFile, ViewsThatRepeatElementsAreRefusedBeforeAllocating) {
+  test::TempDir dir;
+  const std::string path = dir.path() + "/views.pt";
+  struct Case {
+    std::vector<int64_t> sizes, strides;
+    int64_t storage_numel, offset;
+    std::string says;  // "" when it reads
+  };
+  const std::vector<Case> cases = {
+      {{32768, 32768}, {0, 0}, 1, 0, "stride 0"},             // 4 GiB from 4 bytes
+      {{1 << 20, 1 << 18}, {1, 0}, 1 << 20, 0, "stride 0"},    // 1 TiB from 4 MiB
+      {{3, 1 << 30}, {1, 0}, 3, 0, "stride 0"},
+      {{4, 4}, {1, 1}, 7, 0, "overlap"},
+      {{2, 3, 2}, {6, 1, 2}, 12, 0, "overlap"},
+      {{4, 3}, {1, 4}, 12, 0, ""},   // transposed
+      {{2, 2}, {3, 1}, 8, 2, ""},    // a slice at an offset
+      {{5, 1}, {1, 0}, 5, 0, ""},    // stride 0 on a dimension of 1 repeats nothing
+      {{0, 7}, {0, 0}, 0, 0, ""},    // empty
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(tdist::checkpoint::shape_string(c.sizes));
+    PtTensorRef ref;
+    ref.storage_key = "0";
+    ref.dtype = at::kFloat;
+    ref.storage_numel = c.storage_numel;
+    ref.storage_offset = c.offset;
+    ref.sizes = c.sizes;
+    ref.strides = c.strides;
+    const std::string pkl = tdist::checkpoint::pickle_value(
+        PtValue::dict({{"model", PtValue::dict({{"w", PtValue::tensor(ref)}})}}));
+    const at::Tensor storage = torch::arange(c.storage_numel, torch::kFloat);
+    spit(path, make_zip({{"x/data.pkl", pkl},
+                         {"x/data/0", std::string(static_cast<const char*>(storage.data_ptr()), storage.nbytes())}}));
+    if (c.says.empty()) {
+      const auto got = tdist::load_consolidated_checkpoint(path).model["w"];
+      EXPECT_TRUE(torch::equal(got, storage.as_strided(c.sizes, c.strides, c.offset)));
+      continue;
+    }
+    const PtReader r(path);  // the file opens (the view stays inside its storage)...
+    const auto refused = [&](const std::function<void()>& read) {
+      try {
+        read();
+        ADD_FAILURE() << "read";
+      } catch (const CheckpointError& e) {
+        EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      }
+    };
+    refused([&] { r.read_tensor(r.root().at("model").at("w").as_tensor()); });  // ...but its tensor is not read
+    refused([&] { tdist::load_consolidated_checkpoint(path); });
+  }
+}
+
+// A storage the pickle names many times (as its memo can, for free) is
+// read once: the tensors share it, so a small file cannot fill memory
+// with copies of one record.
+TEST(PtFile, AStorageNamedManyTimesIsReadOnce) {
+  test::TempDir dir;
+  const std::string path = dir.path() + "/many.pt";
+  const at::Tensor t = torch::arange(1 << 18, torch::kFloat);  // 1 MiB
+  std::vector<std::pair<std::string, PtValue>> model;
+  for (int i = 0; i < 64; ++i) model.emplace_back("w" + std::to_string(i), PtValue::tensor(ref_of("0", t)));
+  const std::string pkl = tdist::checkpoint::pickle_value(PtValue::dict({{"model", PtValue::dict(std::move(model))}}));
+  spit(path, make_zip({{"x/data.pkl", pkl}, {"x/data/0", std::string(static_cast<const char*>(t.data_ptr()), t.nbytes())}}));
+  const auto got = tdist::load_consolidated_checkpoint(path).model;
+  ASSERT_EQ(got.size(), 64u);
+  for (const auto& item : got) {
+    EXPECT_TRUE(torch::equal(item.value(), t)) << item.key();
+    EXPECT_EQ(item.value().data_ptr(), got["w0"].data_ptr()) << item.key() << " is a copy of its own";
+  }
 }
 
 TEST(PtFile, AnUnfinishedSaveLeavesTheOldFile) {

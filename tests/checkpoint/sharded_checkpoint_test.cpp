@@ -13,13 +13,19 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include <torch/csrc/jit/runtime/print_handler.h>
+
+#include "checkpoint/pt_file.h"
 #include "tdist/tdist.h"
+#include "tests/checkpoint/rewrite.h"
 #include "tests/fsdp/models.h"
 #include "tests/util/process.h"
 #include "tests/util/world.h"
@@ -129,18 +135,24 @@ TEST(ShardedCheckpoint, FsdpResumesBitForBitInNewProcesses) {
   }), "");
 }
 
-TEST(ShardedCheckpoint, DdpWithAPowerSgdHookResumesBitForBit) {
+// Both hooks: the per-gradient one keeps 1-d Q memories, the batched one
+// [side, r] matrices. The hook's state is stored as plain values in each
+// rank's file (no LibTorch archive).
+class DdpPowerSgd : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DdpPowerSgd, ResumesBitForBit) {
   TempDir dir;
   const std::string prefix = dir.path() + "/ddp", straight = dir.path() + "/straight.safetensors";
   tdist::PowerSGDOptions p;
   p.matrix_approximation_rank = 1;
   p.start_powerSGD_iter = 2;
   p.min_compression_rate = 0;
+  const auto hook = GetParam() ? tdist::batched_powerSGD_hook : tdist::powerSGD_hook;
   const auto make = [&](int seed, std::shared_ptr<tdist::PowerSGDState>& state) {
     torch::manual_seed(seed);
     tdist::DistributedDataParallel<Net> ddp{Net()};
     state = std::make_shared<tdist::PowerSGDState>(tdist::default_group(), p);
-    ddp->register_comm_hook(state, tdist::powerSGD_hook);
+    ddp->register_comm_hook(state, hook);
     return ddp;
   };
   ASSERT_EQ(run_world(2, [&](ProcessGroup& pg) {
@@ -180,6 +192,156 @@ TEST(ShardedCheckpoint, DdpWithAPowerSgdHookResumesBitForBit) {
     train(ddp, opt, pg, 4, 8);
     expect_reference(straight, *ddp, opt, "resumed with the hook's state");
   }), "");
+  const tdist::checkpoint::PtReader r(prefix + "_rank-1-of-2.pt");
+  const auto& hook_record = r.root().at("comm_hook");
+  ASSERT_EQ(hook_record.kind(), tdist::checkpoint::PtValue::Kind::Dict);
+  EXPECT_EQ(hook_record.at("kind").as_string(), "PowerSGD");
+  EXPECT_EQ(hook_record.at("iter").as_int(), 4);
+  ASSERT_FALSE(hook_record.at("buckets").items().empty());
+  const auto& q = hook_record.at("buckets").items()[0].at("q").as_tensor();
+  EXPECT_EQ(q.sizes.size(), GetParam() ? 2u : 1u);
+}
+INSTANTIATE_TEST_SUITE_P(Hooks, DdpPowerSgd, ::testing::Bool(),
+                         [](const auto& info) { return std::string(info.param ? "batched" : "per_gradient"); });
+
+// A DDP Net with a PowerSGD hook trained 4 steps at world 2 (2 compressed)
+// and saved with the hook's state under `prefix`.
+void save_ddp_powersgd(const std::string& prefix, const tdist::PowerSGDOptions& p) {
+  ASSERT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    torch::manual_seed(1);
+    tdist::DistributedDataParallel<Net> ddp{Net()};
+    auto state = std::make_shared<tdist::PowerSGDState>(tdist::default_group(), p);
+    ddp->register_comm_hook(state, tdist::powerSGD_hook);
+    torch::optim::SGD opt(ddp->parameters(), 0.02);
+    train(ddp, opt, pg, 0, 4);
+    tdist::ShardedCheckpointOptions c;
+    c.comm_hook_state = state;
+    tdist::save_sharded_checkpoint(prefix, pg, *ddp, &opt, c);
+  }), "");
+}
+
+tdist::PowerSGDOptions hook_options() {
+  tdist::PowerSGDOptions p;
+  p.start_powerSGD_iter = 2;
+  p.min_compression_rate = 0;
+  return p;
+}
+
+// What TorchScript's print() printed in this process (its print handler).
+std::string& printed() {
+  static std::string text;
+  return text;
+}
+
+// Loading prefix (with the hook's state) fails on both ranks with `says`,
+// prints nothing from the file, and changes neither the model nor the hook.
+void expect_hook_refused(const std::string& prefix, const std::string& says) {
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    torch::jit::setPrintHandler([](const std::string& s) { printed() += s; });
+    torch::manual_seed(99);
+    tdist::DistributedDataParallel<Net> ddp{Net()};
+    auto state = std::make_shared<tdist::PowerSGDState>(tdist::default_group(), hook_options());
+    torch::optim::SGD opt(ddp->parameters(), 0.02);
+    const StateDict before = tdist::full_state_dict(*ddp, false);
+    tdist::ShardedCheckpointOptions c;
+    c.comm_hook_state = state;
+    std::string error = "(it loaded)";
+    try {
+      tdist::load_sharded_checkpoint(prefix, pg, *ddp, &opt, c);
+    } catch (const CheckpointError& e) {
+      error = e.what();
+    }
+    WORLD_CHECK(printed().empty(), "code from the checkpoint ran: it printed '" << printed() << "'");
+    WORLD_CHECK(error.find(says) != std::string::npos, "wanted '" << says << "', got: " << error);
+    WORLD_CHECK(state->iter() == 0, "the hook's state changed");
+    for (const auto& item : tdist::full_state_dict(*ddp, false)) {
+      WORLD_CHECK(torch::equal(item.value(), before[item.key()]), item.key() << " changed by a refused load");
+    }
+  }), "");
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// A rank file whose comm_hook record is a TorchScript archive (the layout
+// tdist used to write, which LibTorch's loader would run): its
+// __setstate__ prints. The load refuses it by its kind, before anything
+// reads it, and nothing prints; without comm_hook_state the rest loads.
+TEST(ShardedCheckpoint, ALegacyArchiveHookRecordIsRefusedAndRunsNothing) {
+  const std::string archive = read_file(TDIST_SOURCE_DIR "/tests/checkpoint/data/hostile_setstate_archive.pt");
+  ASSERT_GT(archive.size(), 1000u);
+  {
+    // The fixture is live: LibTorch's archive loader runs its code.
+    printed().clear();
+    torch::jit::setPrintHandler([](const std::string& s) { printed() += s; });
+    torch::serialize::InputArchive a;
+    a.load_from(archive.data(), archive.size());
+    EXPECT_NE(printed().find("TDIST-HOSTILE-SETSTATE ran"), std::string::npos) << printed();
+    torch::jit::setPrintHandler(torch::jit::getDefaultPrintHandler());
+    printed().clear();
+  }
+  TempDir dir;
+  const std::string prefix = dir.path() + "/ddp";
+  save_ddp_powersgd(prefix, hook_options());
+  at::Tensor blob = torch::empty({static_cast<int64_t>(archive.size())}, torch::kByte);
+  std::memcpy(blob.data_ptr(), archive.data(), archive.size());
+  for (int r = 0; r < 2; ++r) {
+    tdist::test::rewrite_pt(
+        prefix + "_rank-" + std::to_string(r) + "-of-2.pt",
+        [&](tdist::checkpoint::PtValue& root) { tdist::test::entry(root, "comm_hook") = tdist::test::tensor_value("hook", blob); },
+        {{"hook", blob}});
+  }
+  expect_hook_refused(prefix, "comm_hook record is a LibTorch archive");
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    tdist::DistributedDataParallel<Net> ddp{Net()};
+    tdist::load_sharded_checkpoint(prefix, pg, *ddp);
+  }), "");
+}
+
+// Hook records of tdist's layout with something wrong: each a
+// CheckpointError naming the file and the field, before anything changes.
+TEST(ShardedCheckpoint, ABadHookRecordIsNamedAndChangesNothing) {
+  TempDir dir;
+  const std::string prefix = dir.path() + "/ddp";
+  save_ddp_powersgd(prefix, hook_options());
+  const std::string r0 = prefix + "_rank-0-of-2.pt", r1 = prefix + "_rank-1-of-2.pt";
+  const std::string good0 = read_file(r0), good1 = read_file(r1);
+  using tdist::checkpoint::PtValue;
+  using tdist::test::entry;
+  struct Case {
+    std::string what;
+    std::function<void(PtValue&)> edit;
+    std::string says;
+  };
+  const at::Tensor ints = torch::arange(6, torch::kLong);
+  const std::vector<Case> cases = {
+      {"an unknown key", [](PtValue& h) { entry(h, "code") = PtValue::string("os.system"); },
+       "comm_hook: an unexpected key 'code'"},
+      {"integer Q memory",
+       [&](PtValue& h) { entry(entry(h, "buckets").mutable_items()[0], "q") = tdist::test::tensor_value("ints", ints); },
+       "comm_hook.buckets[0].q: a Long tensor, not floating point"},
+      {"a corrupt random state", [](PtValue& h) { entry(h, "rng") = PtValue::string("12 x"); },
+       "the random state is corrupt"},
+      {"a negative iteration", [](PtValue& h) { entry(h, "iter") = PtValue::integer(-1); }, "comm_hook.iter: -1"},
+      {"a bucket DDP does not have",
+       [](PtValue& h) { entry(entry(h, "buckets").mutable_items()[0], "index") = PtValue::integer(999); },
+       "comm_hook record has bucket 999 but its DDP layout"},
+      {"other options",
+       [](PtValue& h) { entry(entry(h, "options"), "matrix_approximation_rank") = PtValue::integer(3); },
+       "different options"},
+      {"a string where a number goes",
+       [](PtValue& h) { entry(entry(h, "stats"), "numel_before") = PtValue::string("many"); },
+       "comm_hook.stats.numel_before: expected an int, found a string"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    std::ofstream(r0, std::ios::binary) << good0;
+    std::ofstream(r1, std::ios::binary) << good1;
+    tdist::test::rewrite_pt(r1, [&](PtValue& root) { c.edit(entry(root, "comm_hook")); }, {{"ints", ints}});
+    expect_hook_refused(prefix, c.says);
+  }
 }
 
 enum class Into { fsdp, plain, ddp };
