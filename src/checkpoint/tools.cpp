@@ -167,6 +167,22 @@ void check_output_prefix(const ShardedCheckpointFiles& files, const std::string&
   }
 }
 
+// tdist.ddp_buckets, copied into resharded files: None, or a list of lists
+// of parameter indices (ints >= 0). CheckpointError naming path otherwise.
+static void check_ddp_buckets(const PtValue* v, const std::string& path) {
+  if (!v || v->is_none()) return;
+  auto bad = [&](const std::string& why) {
+    throw CheckpointError(path + ": tdist.ddp_buckets " + why + "; not a file tdist wrote");
+  };
+  if (v->kind() != PtValue::Kind::List) bad("is not a list");
+  for (const auto& b : v->items()) {
+    if (b.kind() != PtValue::Kind::List) bad("holds something other than a list of parameter indices");
+    for (const auto& k : b.items()) {
+      if (k.kind() != PtValue::Kind::Int || k.as_int() < 0) bad("holds something other than a parameter index");
+    }
+  }
+}
+
 std::vector<std::string> other_records(const ShardedCheckpointFiles& files) {
   static const char* const known[] = {"model", "shard_metadata", "optimizer", "tdist", "comm_hook"};
   std::vector<std::string> out;
@@ -174,8 +190,18 @@ std::vector<std::string> other_records(const ShardedCheckpointFiles& files) {
     for (const auto& [name, value] : files.reader(r).root().entries()) {
       const bool expected = std::find(std::begin(known), std::end(known), name) != std::end(known);
       if (expected && (name != "comm_hook" || value.is_none())) continue;
-      out.push_back(files.paths()[static_cast<size_t>(r)] + ": " + name + " (" + describe_value(value) +
-                    (expected ? "; DDP comm hook state, read only by a load that asks for it)" : "; unknown to tdist)"));
+      std::string what = "unknown to tdist";
+      if (expected) {  // comm_hook: its layout checked, as a load would (nothing in it runs)
+        try {
+          what = checkpoint::check_comm_hook(&value) == checkpoint::CommHookRecord::legacy_archive
+                     ? "an old LibTorch archive of DDP comm hook state: loads refuse it, nothing in it runs"
+                     : "DDP PowerSGD hook state, read only by a load that asks for it";
+        } catch (const CheckpointError& e) {
+          what = std::string("malformed DDP comm hook state, loads refuse it: ") + e.what();
+        }
+      }
+      out.push_back(files.paths()[static_cast<size_t>(r)] + ": " + name + " (" + describe_value(value) + "; " + what +
+                    ")");
     }
   }
   return out;
@@ -287,6 +313,7 @@ void reshard_sharded_checkpoint(const std::string& ckpt_prefix, const std::strin
     for (const auto& b : checkpoint::tag_names(files, "buffers")) buffers.push_back(PtValue::string(b));
     for (const auto& m : checkpoint::tag_names(files, "modules")) modules.push_back(PtValue::string(m));
     const PtValue* ddp_buckets = files.reader(0).root().at("tdist").find("ddp_buckets");
+    checkpoint::check_ddp_buckets(ddp_buckets, files.paths()[0]);
     const PtValue root = PtValue::dict(
         {{"model", PtValue::dict(std::move(model))},
          {"shard_metadata", checkpoint::metadata_value(md)},
