@@ -6,10 +6,13 @@
 //
 // Memory: the parser may allocate no more than the input's size (times a
 // small factor, for the vectors of a message) plus 64 KiB, whatever counts
-// and lengths the frame claims. Every operator new below is counted, and an
-// input that makes one parse's peak exceed that bound aborts. Run it also
+// and lengths the frame claims. Every allocation is counted (the sanitizer's
+// malloc hooks), and an input that makes one parse's peak exceed that bound
+// aborts. Run it also
 // under libFuzzer's own limits (scripts/fuzz.sh passes -rss_limit_mb and
 // -malloc_limit_mb), which catch what the count cannot (malloc from C code).
+#include <sanitizer/allocator_interface.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -20,27 +23,20 @@
 
 namespace {
 
-// Bytes this thread allocated through operator new and not yet freed, and
-// the peak since the last reset (per thread: libFuzzer's own threads do not
-// count). Each block carries its size in a header.
-thread_local size_t g_live = 0;
-thread_local size_t g_peak = 0;
-constexpr size_t kHeader = alignof(std::max_align_t);
+// Bytes this thread allocated and not yet freed, and the peak since the
+// last reset (per thread: libFuzzer's own threads do not count), kept by
+// the sanitizer allocator's hooks: they see every malloc and operator new,
+// whoever made the block, so nothing here replaces an allocator.
+thread_local int64_t g_live = 0;
+thread_local int64_t g_peak = 0;
 
-void* counted_alloc(size_t n) {
-  auto* p = static_cast<unsigned char*>(std::malloc(n + kHeader));
-  if (!p) throw std::bad_alloc();
-  *reinterpret_cast<size_t*>(p) = n;
-  g_live += n;
+void on_malloc(const volatile void*, size_t n) {
+  g_live += static_cast<int64_t>(n);
   if (g_live > g_peak) g_peak = g_live;
-  return p + kHeader;
 }
 
-void counted_free(void* q) {
-  if (!q) return;
-  auto* p = static_cast<unsigned char*>(q) - kHeader;
-  g_live -= *reinterpret_cast<size_t*>(p);
-  std::free(p);
+void on_free(const volatile void* p) {
+  if (p) g_live -= static_cast<int64_t>(__sanitizer_get_allocated_size(const_cast<const void*>(p)));
 }
 
 tdist::TCPStoreLimits small_limits() {
@@ -62,16 +58,16 @@ tdist::TCPStoreLimits client_reply_limits() {
 void parse_all(const uint8_t* data, size_t size, const tdist::TCPStoreLimits& limits, bool is_request) {
   size_t pos = 0;
   while (pos < size) {
-    const size_t base = g_live;
+    const int64_t base = g_live;
     g_peak = g_live;
     tdist::wire::Message m;
     auto r = tdist::wire::parse_frame(data + pos, size - pos, limits, is_request, &m);
     // A message holds its bytes once, and a vector entry (24 or 32 bytes)
     // per 4 bytes of length fields at most; then error text.
-    const size_t bound = (size - pos) * 16 + (64 << 10);
+    const int64_t bound = static_cast<int64_t>(size - pos) * 16 + (64 << 10);
     if (g_peak - base > bound) {
-      std::fprintf(stderr, "store_frame_fuzzer: a %zu-byte input made the parser allocate %zu bytes (bound %zu)\n",
-                   size - pos, g_peak - base, bound);
+      std::fprintf(stderr, "store_frame_fuzzer: a %zu-byte input made the parser allocate %lld bytes (bound %lld)\n",
+                   size - pos, static_cast<long long>(g_peak - base), static_cast<long long>(bound));
       std::abort();
     }
     if (r.status != tdist::wire::ParseStatus::kOk) break;
@@ -88,14 +84,9 @@ void parse_all(const uint8_t* data, size_t size, const tdist::TCPStoreLimits& li
 
 }  // namespace
 
-void* operator new(size_t n) { return counted_alloc(n); }
-void* operator new[](size_t n) { return counted_alloc(n); }
-void operator delete(void* p) noexcept { counted_free(p); }
-void operator delete[](void* p) noexcept { counted_free(p); }
-void operator delete(void* p, size_t) noexcept { counted_free(p); }
-void operator delete[](void* p, size_t) noexcept { counted_free(p); }
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const bool hooked = __sanitizer_install_malloc_and_free_hooks(on_malloc, on_free) != 0;
+  if (!hooked) std::abort();  // without the count this target would check nothing
   static const tdist::TCPStoreLimits kLimits[] = {small_limits(), tdist::TCPStoreLimits{}, client_reply_limits()};
   for (const auto& limits : kLimits) {
     for (bool is_request : {true, false}) parse_all(data, size, limits, is_request);
