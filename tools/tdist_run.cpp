@@ -536,6 +536,11 @@ int run_once(const Options& o, int port, TokenPlan token, std::vector<Child>& ki
         k.exited = true;
         k.status = status;
         --running;
+        // Reaped, its pid is free for another process: end what it left in
+        // its group now (while the group holds the number) and take it off
+        // the guardian's list, which must never name a pid not ours.
+        kill(-k.pid, SIGKILL);
+        tell_guardian('-', k.pid);
         if (k.dead_pass == 0) {
           k.dead_pass = pass;
           stamped = true;
@@ -573,8 +578,9 @@ int run_once(const Options& o, int port, TokenPlan token, std::vector<Child>& ki
       close(k.out_fd);
       k.out_fd = -1;
     }
-    kill(-k.pid, SIGKILL);  // anything the rank left running in its group
-    tell_guardian('-', k.pid);  // its group is empty now
+    // Every rank was reaped above, its group killed and its pid taken off
+    // the guardian's list then (its number may belong to another process
+    // by now: no signal goes to it here).
   }
   return first_failed(kids);
 }

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -298,6 +299,13 @@ struct TCPStoreServer::Impl {
           if (doomed >= 0) ::close(doomed);
           spare_fd.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
           continue;
+        }
+        if (errno == EMFILE || errno == ENFILE) {
+          // No spare either (the reopen above lost the descriptor): the
+          // listening socket stays readable, so pause rather than spin, and
+          // try to get the spare back.
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          spare_fd.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
         }
         return;  // EAGAIN: try again on the next event
       }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -203,6 +204,7 @@ TEST(ReaderLimits, HostilePicklesStayWithinTheMemoryBound) {
   for (const Hostile& h : hostile_pickles()) {
     const Measured r = measure([&] { unpickle_value(h.bytes); });
     EXPECT_NE(r.outcome, Measured::Other) << h.what << ": " << r.message;
+    std::printf("%s (%zu bytes): peak %zu MiB\n", h.what, h.bytes.size(), r.peak / kMiB);
     EXPECT_LE(r.peak, bound(h.bytes.size())) << h.what << " (" << h.bytes.size() << " bytes): peak " << r.peak / kMiB
                                             << " MiB; " << r.message;
   }
@@ -237,6 +239,7 @@ TEST(ReaderLimits, LargeLegitimateMetadataLoadsInBoundedMemory) {
   });
   EXPECT_EQ(r.outcome, Measured::Ok) << r.message;
   EXPECT_LE(r.peak, bound(p.size())) << p.size() << " bytes: peak " << r.peak / kMiB << " MiB";
+  std::printf("200000 units of metadata, a %zu-byte pickle: peak %zu MiB\n", p.size(), r.peak / kMiB);
 }
 
 // Memo references share: the same dict twice is one body, and a reference
@@ -314,6 +317,7 @@ TEST(ReaderLimits, BigSafetensorsHeadersStayWithinTheMemoryBound) {
   for (const Hostile& h : v) {
     const Measured r = measure([&] { st::parse_header(h.bytes.data(), h.bytes.size(), 0); });
     EXPECT_NE(r.outcome, Measured::Other) << h.what << ": " << r.message;
+    std::printf("%s (%zu bytes): peak %zu MiB\n", h.what, h.bytes.size(), r.peak / kMiB);
     EXPECT_LE(r.peak, bound(h.bytes.size())) << h.what << " (" << h.bytes.size() << " bytes): peak "
                                             << r.peak / kMiB << " MiB; " << r.message;
   }

@@ -150,7 +150,7 @@ void GroupSegment::attach(const BackendContext& ctx) {
     } else {
       name = to_string(store.get("shm/segment", ctx.timeout));
       if (name.empty() || name[0] != '/') {
-        if (store.add("shm/reason_read", 1) == n - 1) store.set("shm/reason_heard", "1");
+        if (store.add("shm/reason_read", 1) >= n - 1) store.set("shm/reason_heard", "1");
         throw Error("shm backend: rank " + std::to_string(global) + " has no group segment: " +
                     (name.empty() ? std::string("rank 0 gave no name") : name.substr(1)));
       }
