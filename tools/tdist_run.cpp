@@ -247,17 +247,24 @@ void emit(Child& c, const char* data, size_t n, bool final) {
 
 // Whether a child is on its way out (PF_EXITING in /proc/PID/stat's flags,
 // or already a zombie) but not yet reaped.
-bool is_exiting(pid_t pid) {
+// /proc/PID/stat from just after the command name (which may hold
+// anything) into buf: ") S ppid ...". nullptr when it cannot be read (the
+// process is gone).
+const char* proc_stat_fields(pid_t pid, char (&buf)[1024]) {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
   const int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char buf[1024];
+  if (fd < 0) return nullptr;
   const ssize_t n = read(fd, buf, sizeof buf - 1);
   close(fd);
-  if (n <= 0) return false;
+  if (n <= 0) return nullptr;
   buf[n] = '\0';
-  const char* p = std::strrchr(buf, ')');  // after the command name, which may hold anything
+  return std::strrchr(buf, ')');
+}
+
+bool is_exiting(pid_t pid) {
+  char buf[1024];
+  const char* p = proc_stat_fields(pid, buf);
   if (!p) return false;
   char state = 0;
   unsigned long flags = 0;
@@ -324,17 +331,10 @@ void tell_guardian(char what, pid_t pid) {
 
 bool gone(pid_t pid) {
   if (kill(pid, 0) != 0) return errno == ESRCH;
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
-  const int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return true;
-  char buf[512];
-  const ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return true;
-  buf[n] = '\0';
-  const char* p = std::strrchr(buf, ')');
-  return p && (p[2] == 'Z' || p[2] == 'X');  // a zombie holds nothing
+  char buf[1024];
+  const char* p = proc_stat_fields(pid, buf);
+  if (!p) return true;
+  return p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');  // a zombie holds nothing
 }
 
 [[noreturn]] void run_guardian(int fd) {
