@@ -27,6 +27,20 @@ std::vector<Entry> entries_of(torch::nn::Module& model) {
   return out;
 }
 
+std::vector<Entry> unique_entries_of(torch::nn::Module& model) {
+  std::vector<Entry> out;
+  std::unordered_map<const c10::TensorImpl*, size_t> first;
+  for (auto& e : entries_of(model)) {
+    const auto [it, fresh] = first.emplace(e.tensor.unsafeGetTensorImpl(), out.size());
+    if (fresh) {
+      out.push_back(std::move(e));
+    } else {
+      out[it->second].aliases.push_back(std::move(e.name));
+    }
+  }
+  return out;
+}
+
 std::vector<std::string> module_names(torch::nn::Module& model) {
   std::vector<Entry> entries;
   std::vector<std::string> out;

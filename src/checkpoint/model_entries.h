@@ -19,10 +19,15 @@ struct Entry {
   std::string name;   // in the unwrapped model
   at::Tensor tensor;  // the model's own (a unit's parameter: this rank's rows)
   bool parameter = true;
+  std::vector<std::string> aliases = {};  // unique_entries_of: the tensor's other names, in model order
 };
 
 // Each module's parameters, then its buffers, then its children's.
 std::vector<Entry> entries_of(torch::nn::Module& model);
+
+// The same, each tensor once (by TensorImpl) under its first name, the
+// names it is also registered under (a tied parameter) in `aliases`.
+std::vector<Entry> unique_entries_of(torch::nn::Module& model);
 
 // Every submodule's name in the unwrapped model (parents first), those
 // without tensors too.

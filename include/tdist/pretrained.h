@@ -1,0 +1,94 @@
+// Weights from the Python world, into any model and back out in its
+// layout: Hugging Face directories (config.json + model.safetensors, or
+// shards + model.safetensors.index.json; pytorch_model.bin and its index
+// too), single safetensors files, and state dicts written by Python's
+// torch.save (the zip format of PyTorch ≥ 1.6).
+//
+//   tdist::load_pretrained(*model, "gpt2-dir");           // plain, DDP or FSDP, any world size
+//   tdist::SavePretrainedOptions o;
+//   o.config_json = config.dump(2);
+//   o.max_shard_size = 2LL << 30;
+//   tdist::save_pretrained(*model, "out-dir", o);        // collective under FSDP; rank 0 writes
+//
+// Names are the unwrapped model's (tdist/state_dict.h): no "module." steps
+// of FSDP, DDP or checkpoint_module. A tied parameter (one tensor
+// registered under several names, as GPT-2's lm_head.weight is its
+// transformer.wte.weight) is one entry: any one of its names in the file
+// loads it, and save_pretrained writes it once, under its first name in
+// the model's order (as Hugging Face does).
+//
+// Loading is local (no collective: each rank reads the files itself) and
+// reads only what the rank keeps: under FSDP each parameter's rows of this
+// rank (memory: the shard plus at most one tensor's bytes); everything is
+// checked (every entry found, shapes equal, with strict nothing unexpected)
+// before the model changes. Values are converted to the model's dtypes.
+// Errors: CheckpointError naming the file and the entry (a name or shape
+// that does not match: both names, both shapes); UsageError for bad
+// options. A corrupt, truncated or hostile file is refused with bounded
+// memory and time, as every reader in tdist (docs/security.md).
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tdist/errors.h"
+
+namespace tdist {
+
+struct LoadPretrainedOptions {
+  // Every entry of the model must be in the file(s) and, with strict,
+  // every tensor of the file(s) must be an entry of the model (or match
+  // ignore_unexpected).
+  bool strict = true;
+  // Hugging Face's base_model_prefix ("transformer" for GPT-2): a file
+  // written from the base model (keys "h.0.attn.c_attn.weight") loads into
+  // the model with the head ("transformer.h.0.attn.c_attn.weight"), and the
+  // reverse.
+  std::string base_model_prefix;
+  // ECMAScript regular expressions of file keys that are skipped (GPT-2's
+  // old checkpoints carry the attention masks "h.0.attn.bias" and
+  // "h.0.attn.masked_bias").
+  std::vector<std::string> ignore_unexpected;
+};
+
+// What a load did, for a message or a check.
+struct LoadPretrainedReport {
+  std::vector<std::string> files;       // the files read
+  std::vector<std::string> loaded;      // model entries loaded (a tied one once)
+  std::vector<std::string> ignored;     // file keys skipped (ignore_unexpected, or any unexpected one without strict)
+  std::vector<std::string> missing;     // model entries not found (only without strict)
+};
+
+// path: a directory (model.safetensors.index.json, model.safetensors,
+// pytorch_model.bin.index.json or pytorch_model.bin, in that order of
+// preference), a .safetensors file, or a file written by torch.save whose
+// root is a dict of tensors (a state_dict; also {"model": state_dict} or
+// {"state_dict": state_dict}).
+LoadPretrainedReport load_pretrained(torch::nn::Module& model, const std::string& path,
+                                     const LoadPretrainedOptions& options = {});
+
+struct SavePretrainedOptions {
+  // A shard holds at most this many bytes of tensor data (a tensor larger
+  // than it gets a shard of its own). One file: model.safetensors; more:
+  // model-00001-of-0000N.safetensors and model.safetensors.index.json.
+  int64_t max_shard_size = int64_t{5} << 30;
+  // Written as config.json when not empty (the caller's JSON text).
+  std::string config_json;
+  // Entries of the model left out of the files (by name), e.g. buffers a
+  // Python model does not persist.
+  std::vector<std::string> skip;
+};
+
+// Writes `dir` (created if missing; files of an earlier save there are
+// replaced, crash-safe one file at a time): each tensor in the model's
+// dtype, in the model's order, with the "format": "pt" metadata
+// transformers requires. Under FSDP collective (every rank calls it):
+// units are gathered one at a time and rank 0 writes as they come (memory:
+// one unit's full parameters). Without FSDP only the caller writes; under
+// DDP call it on one rank.
+void save_pretrained(torch::nn::Module& model, const std::string& dir, const SavePretrainedOptions& options = {});
+
+}  // namespace tdist
