@@ -17,6 +17,7 @@ PACKAGES=(
   libisal-dev                    # CRC-32 of checkpoints at ~10 GB/s (zlib: ~4)
   libgtest-dev libgmock-dev      # the test framework
   dataset-fashion-mnist          # the demo's data set
+  fortunes fortunes-min          # English text: examples/gpt.cpp's default corpus
   iproute2                       # network namespaces in multi-host tests
   openmpi-bin libopenmpi-dev     # the mpi backend, and its tests under mpirun
   python3-venv                   # .venv for LibTorch 2.x from PyPI (scripts/torch2.sh)

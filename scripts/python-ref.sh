@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The Python packages tdist's tests check its files against, in the
-# project's .venv (the one scripts/torch2.sh uses): safetensors, pinned, and
-# an importable torch 2.x (scripts/torch2.sh importable), whose torch.load
-# the tests run on tdist's .pt files.
+# project's .venv (the one scripts/torch2.sh uses): safetensors and Hugging
+# Face transformers, pinned, and an importable torch 2.x (scripts/torch2.sh
+# importable), whose torch.load the tests run on tdist's .pt files and whose
+# GPT2LMHeadModel they hold examples/gpt.cpp against.
 # tdist itself never needs Python; the tests use it to show that the files
 # it writes load in the Python tools people use.
 #
@@ -15,6 +16,7 @@
 set -euo pipefail
 
 SAFETENSORS_VERSION=0.8.0
+TRANSFORMERS_VERSION=5.24.0
 MATPLOTLIB_VERSION=3.10.8
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,6 +40,10 @@ install() {
     "$py" -m pip install --quiet --disable-pip-version-check "safetensors==$SAFETENSORS_VERSION"
   fi
   VENV=$venv bash "$root/scripts/torch2.sh" importable
+  if ! have transformers "$TRANSFORMERS_VERSION"; then
+    echo "tdist: installing transformers $TRANSFORMERS_VERSION into $venv" >&2
+    "$py" -m pip install --quiet --disable-pip-version-check "transformers==$TRANSFORMERS_VERSION"
+  fi
 }
 
 install_bench() {

@@ -1,0 +1,128 @@
+// examples/gpt.cpp against Hugging Face's own GPT2LMHeadModel (transformers
+// in .venv, through gpt_hf_check.py): a model made and saved by Python
+// loads into build/bin/gpt under tdist-run at worlds 2 and 3 and gives
+// Python's validation loss; training lowers it; what gpt saves loads back
+// into GPT2LMHeadModel with no missing or unexpected key, bit for bit, and
+// gives the loss gpt printed; a hostile config.json is refused by name.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "tests/util/process.h"
+
+using namespace std::chrono_literals;
+namespace test = tdist::test;
+
+namespace {
+
+const std::string kRun = TDIST_BIN_DIR "/tdist-run";
+const std::string kGpt = TDIST_BIN_DIR "/gpt";
+const std::string kPython = TDIST_SOURCE_DIR "/.venv/bin/python";
+const std::string kCheck = TDIST_SOURCE_DIR "/tests/examples/gpt_hf_check.py";
+
+// The numbers after "key=" on the last line that has them.
+double value_of(const std::string& output, const std::string& key) {
+  const std::regex re(key + "=([-+0-9.eE]+)");
+  double v = -1;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), re); it != std::sregex_iterator(); ++it) {
+    v = std::stod((*it)[1].str());
+  }
+  if (v < 0) ADD_FAILURE() << "no " << key << "= in:\n" << output;
+  return v;
+}
+
+test::CommandResult python(const std::string& args) {
+  return test::run_command(kPython + " " + kCheck + " " + args + " 2>&1", 300s);
+}
+
+class GptExample : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // English text that changes with the repository: its docs.
+    data_ = dir_.path() + "/text.txt";
+    auto r = test::run_command("cat " TDIST_SOURCE_DIR "/README.md " TDIST_SOURCE_DIR "/docs/*.md > " + data_, 30s);
+    ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+    hf_ = dir_.path() + "/hf";
+    r = python("make " + hf_ + " --n-layer 2 --n-head 2 --n-embd 32 --n-positions 64 --seed 3 --max-shard-size 60KB");
+    ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+  }
+  std::string gpt(int world, const std::string& args) {
+    return kRun + " --nproc-per-node " + std::to_string(world) + " " + kGpt + " --data " + data_ +
+           " --block-size 32 --sample-bytes 0 --quiet " + args + " 2>&1";
+  }
+  test::TempDir dir_;
+  std::string data_, hf_;
+};
+
+TEST_F(GptExample, GivesHuggingFacesValidationLossAtWorldsTwoAndThree) {
+  auto py = python("val " + hf_ + " " + data_ + " 32");
+  ASSERT_TRUE(test::exited_ok(py.status)) << py.output;
+  const double expected = value_of(py.output, "val_loss");
+  for (const auto& [world, mode] : {std::pair{2, "--fsdp full"}, std::pair{3, "--fsdp grad_op"}, std::pair{2, "--ddp"}}) {
+    auto r = test::run_command(gpt(world, "--from-pretrained " + hf_ + " --eval-only " + mode), 180s);
+    ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+    EXPECT_NEAR(value_of(r.output, "val_loss"), expected, 1e-4 * expected) << "world " << world << " " << mode;
+  }
+}
+
+TEST_F(GptExample, TrainsAndSavesWhatFromPretrainedLoadsBitForBit) {
+  const std::string out = dir_.path() + "/trained";
+  auto r = test::run_command(gpt(3, "--from-pretrained " + hf_ + " --steps 40 --batch-size 4 --lr 3e-3 --warmup 5 "
+                                    "--eval-interval 40 --save-pretrained " + out + " --max-shard-size 50KB"),
+                             300s);
+  ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex("step 0: val_loss ([0-9.]+)"))) << r.output;
+  const double before = std::stod(m[1].str());
+  const double after = value_of(r.output, "val_loss");
+  EXPECT_LT(after, before - 0.3) << r.output;
+
+  auto load = python("load " + out);
+  ASSERT_TRUE(test::exited_ok(load.status)) << load.output;
+  std::ifstream index(out + "/model.safetensors.index.json");
+  EXPECT_TRUE(index.good()) << "50KB shards: an index expected";
+  auto py = python("val " + out + " " + data_ + " 32");
+  ASSERT_TRUE(test::exited_ok(py.status)) << py.output;
+  EXPECT_NEAR(value_of(py.output, "val_loss"), after, 1e-4 * after);
+}
+
+TEST_F(GptExample, DdpAndFsdpTrainToTheSameWeights) {
+  const std::string fsdp = dir_.path() + "/fsdp", ddp = dir_.path() + "/ddp";
+  const std::string common = "--from-pretrained " + hf_ + " --steps 6 --batch-size 2 --eval-batch 64 --save-pretrained ";
+  auto r = test::run_command(gpt(2, common + fsdp), 180s);
+  ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+  r = test::run_command(gpt(2, common + ddp + " --ddp --activation-checkpointing"), 180s);
+  ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+  auto same = python("same " + fsdp + " " + ddp);
+  ASSERT_TRUE(test::exited_ok(same.status)) << same.output;
+  EXPECT_LT(value_of(same.output, "max_rel_diff"), 1e-5) << same.output;
+}
+
+TEST_F(GptExample, AFreshBf16ModelTrains) {
+  auto r = test::run_command(gpt(2, "--n-layer 1 --n-head 2 --n-embd 32 --steps 8 --batch-size 2 --precision bf16 "
+                                    "--activation-checkpointing --sample-bytes 20"),
+                             180s);
+  ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+  const double v = value_of(r.output, "val_loss");
+  EXPECT_GT(v, 0);
+  EXPECT_LT(v, 10);
+}
+
+TEST_F(GptExample, AHostileConfigIsRefusedByName) {
+  for (const auto& [field, value] : {std::pair{"n_embd", "33"}, std::pair{"n_layer", "1e12"},
+                                     std::pair{"vocab_size", "12"}, std::pair{"model_type", "\"llama\""}}) {
+    auto r = python("set " + hf_ + "/config.json " + field + " '" + value + "'");
+    ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+    r = test::run_command(kGpt + " --from-pretrained " + hf_ + " --data " + data_ + " --eval-only 2>&1", 60s);
+    EXPECT_FALSE(test::exited_ok(r.status)) << field << ": " << r.output;
+    EXPECT_NE(r.output.find("config.json"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(field), std::string::npos) << r.output;
+    python("make " + hf_ + " --n-layer 2 --n-head 2 --n-embd 32 --n-positions 64 --seed 3");  // a good one again
+  }
+}
+
+}  // namespace
