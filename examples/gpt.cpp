@@ -371,7 +371,7 @@ int run(const Args& a, tdist::ProcessGroup& pg) {
   examples::Progress bar(po);
   bar.start(a.steps);
   double train_seconds = 0;
-  std::vector<double> losses;
+  std::vector<double> losses, step_ms;
   for (int64_t step = 0; step < a.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr_at(a, step));
@@ -384,7 +384,9 @@ int run(const Args& a, tdist::ProcessGroup& pg) {
     // The global batch's loss (every rank's mean, averaged) for the display and the JSON.
     torch::Tensor l = loss.detach().to(torch::kDouble).cpu().reshape({1});
     pg.all_reduce(l, {tdist::ReduceOp::AVG})->wait();
-    train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    train_seconds += secs;
+    step_ms.push_back(1000 * secs);
     losses.push_back(l.item<double>());
     bar.step(x.numel() * world, losses.back());
     if (a.eval_interval > 0 && (step + 1) % a.eval_interval == 0 && step + 1 < a.steps) {
@@ -393,9 +395,17 @@ int run(const Args& a, tdist::ProcessGroup& pg) {
     }
   }
   bar.finish();
+  // Peak memory of training (before the evaluation and the save).
+  torch::Tensor mem = torch::zeros({world}, torch::kDouble);
+  mem[rank] = static_cast<double>(status_bytes("VmHWM"));
+  pg.all_reduce(mem)->wait();
+  // Speed: the median step after two warm-up steps, the slowest rank's.
+  torch::Tensor ms = torch::tensor(step_ms.empty() ? std::vector<double>{0.0} : step_ms, torch::kDouble);
+  pg.all_reduce(ms, {tdist::ReduceOp::MAX})->wait();
+  const int64_t warm = std::min<int64_t>(2, ms.numel() - 1);
+  const double median_ms = ms.slice(0, warm).median().item<double>();
+  const double tokens_per_s = median_ms > 0 ? static_cast<double>(a.batch_size * a.block_size * world) / (median_ms / 1000) : 0;
   const double val = evaluate(a.steps);
-  const double tokens_per_s =
-      train_seconds > 0 ? static_cast<double>(a.steps * a.batch_size * a.block_size * world) / train_seconds : 0;
   std::string continuation;
   if (a.sample_bytes > 0) continuation = sample(a, m, pg, device, cfg.vocab_size);
   if (!a.save_pretrained.empty()) {
@@ -409,14 +419,11 @@ int run(const Args& a, tdist::ProcessGroup& pg) {
       tdist::save_pretrained(*m.root, a.save_pretrained, so);
     }
   }
-  torch::Tensor mem = torch::zeros({world}, torch::kDouble);
-  mem[rank] = static_cast<double>(status_bytes("VmHWM"));
-  pg.all_reduce(mem)->wait();
   if (rank == 0) {
     if (!continuation.empty()) std::printf("sample:\n%s\n", continuation.c_str());
     if (a.steps > 0) {
-      std::printf("%lld steps in %.1f s: %.0f tokens/s, %.1f ms/step; peak RSS per rank:",
-                  static_cast<long long>(a.steps), train_seconds, tokens_per_s, 1000 * train_seconds / a.steps);
+      std::printf("%lld steps in %.1f s: %.0f tokens/s (median step %.1f ms); peak RSS per rank:",
+                  static_cast<long long>(a.steps), train_seconds, tokens_per_s, median_ms);
       for (int r = 0; r < world; ++r) std::printf(" %.0f MiB", mem[r].item<double>() / (1 << 20));
       std::printf("\n");
     }
@@ -434,6 +441,8 @@ int run(const Args& a, tdist::ProcessGroup& pg) {
       j["precision"] = a.precision;
       j["parameters"] = params;
       j["tokens_per_s"] = tokens_per_s;
+      j["ms_per_step"] = median_ms;
+      j["step_ms"] = std::vector<double>(ms.data_ptr<double>(), ms.data_ptr<double>() + ms.numel());
       j["train_seconds"] = train_seconds;
       j["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
       j["peak_rss_bytes"] = std::vector<double>(mem.data_ptr<double>(), mem.data_ptr<double>() + world);
