@@ -3,7 +3,7 @@
 #   make test   install what is missing, build and run the whole test suite
 #               twice: against LibTorch 1.13 (Debian, C++17) and against
 #               LibTorch 2.x (the torch wheel from PyPI, C++20)
-# Also: make build | build-2 | test-1.13 | test-2 | test-gpu | bench | asan | tsan | fuzz | clean
+# Also: make build | build-2 | test-1.13 | test-2 | test-gpu | demo-gpt | bench | asan | tsan | fuzz | clean
 
 # LibTorch 1.13 from Debian's libtorch-dev, C++17 (also what make demo uses)
 BUILD      ?= build
@@ -15,7 +15,7 @@ CMAKE_ARGS ?=
 GENERATOR   = $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 CTEST      := ctest -j $(JOBS) --output-on-failure --timeout 300
 
-.PHONY: all deps deps-torch2 deps-pyref configure build build-2 test test-1.13 test-2 test-gpu demo bench slow-link asan tsan fuzz clean
+.PHONY: all deps deps-torch2 deps-pyref configure build build-2 test test-1.13 test-2 test-gpu demo demo-gpt bench slow-link asan tsan fuzz clean
 
 all: build
 
@@ -64,6 +64,12 @@ test-gpu: build-2
 # Fashion-MNIST on 2 ranks with DistributedDataParallel (about a minute here).
 demo: build
 	$(BUILD)/bin/tdist-run --nproc-per-node 2 $(BUILD)/bin/fashion_mnist --epochs 4 --json $(BUILD)/demo.json
+
+# GPT-2 (Hugging Face's layout) on Debian's fortunes, 2 ranks, FSDP
+# FULL_SHARD with a unit per block (a few minutes here; docs/gpt.md).
+demo-gpt: build
+	$(BUILD)/bin/tdist-run --nproc-per-node 2 $(BUILD)/bin/gpt --steps 300 --eval-interval 100 \
+	  --save-pretrained $(BUILD)/gpt-demo --json $(BUILD)/demo-gpt.json
 
 # tdist on both LibTorch versions against the references: PyTorch 1.13
 # (Debian's python3-torch) and PyTorch 2.x (the wheel in .venv, with the

@@ -1,7 +1,7 @@
 // tdist-bench fsdp: what sharding, activation checkpointing and mixed
 // precision save in memory and cost in step time.
 //
-//   tdist-bench fsdp [--model mlp|vit] [--world-size 2] [--blocks B] [--width W] [--hidden H] [--heads N]
+//   tdist-bench fsdp [--model mlp|vit|gpt] [--world-size 2] [--blocks B] [--width W] [--hidden H] [--heads N]
 //       [--batch N] [--steps 6] [--rounds 3] [--variants V,V,...] [--json FILE]
 //
 // The models and variants are in bench/fsdp_models.h. Adam (fp32: 16 bytes
@@ -97,8 +97,7 @@ int run_rank(const FsdpBenchOptions& o) {
   BenchModel model = build_bench_model(o, o.run_variant);
   torch::optim::Adam opt(model.params, torch::optim::AdamOptions(1e-4));
   torch::manual_seed(100 + pg->rank());
-  const auto x = torch::randn({o.batch, model_input_width(o)});
-  const auto y = torch::randint(0, 10, {o.batch}, torch::kLong);
+  const auto [x, y] = bench_batch(o);
   // Per step: the bytes (not FSDP's unit buffers) at its start, kept by
   // its forward, and at its peak over the start.
   int64_t at_start = 0, kept = 0, above_start = 0;
@@ -109,7 +108,7 @@ int run_rank(const FsdpBenchOptions& o) {
     mem.reset_peak_rest();
     torch::Tensor out = model.forward(x);
     kept = std::max(kept, mem.live_rest() - before);
-    torch::nn::functional::cross_entropy(out.to(torch::kFloat), y).backward();
+    torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}).to(torch::kFloat), y.reshape({-1})).backward();
     above_start = std::max(above_start, mem.peak_rest() - before);
     opt.step();
   };
@@ -202,7 +201,7 @@ void print_tables(const FsdpBenchOptions& o, const ModelSize& size, const std::v
               "not counted; peak = allocator peak + symmetric memory; state = at that peak, all but the\n# "
               "activations, against the variant's ZeRO bound; VmHWM = peak RSS over RSS before the model\n",
               o.model.c_str(), o.blocks, static_cast<long long>(o.width), static_cast<long long>(o.hidden),
-              o.model == "vit" ? (", " + std::to_string(o.heads) + " heads").c_str() : "", size.psi / 1e6,
+              o.model != "mlp" ? (", " + std::to_string(o.heads) + " heads").c_str() : "", size.psi / 1e6,
               size.largest_unit / 1e6, static_cast<long long>(o.batch), o.world_size, o.rounds, o.steps);
   std::printf("%-20s %8s %6s %6s %8s %6s %8s %6s %8s %8s %8s %7s %8s\n", "variant", "ms/step", "x ddp", "x fs",
               "act kept", "x fs", "act peak", "x fs", "peak", "state", "bound", "x bound", "VmHWM");
@@ -283,13 +282,13 @@ int run_parent(const FsdpBenchOptions& o, const std::vector<std::string>& args) 
 
 // The model's defaults for the sizes left at 0.
 FsdpBenchOptions with_defaults(FsdpBenchOptions o) {
-  const bool vit = o.model == "vit";
-  if (o.blocks == 0) o.blocks = 8;
-  if (o.width == 0) o.width = vit ? 256 : 1024;
-  if (o.hidden == 0) o.hidden = vit ? 1024 : 4096;
-  if (o.heads == 0) o.heads = vit ? 8 : 1;
+  const bool vit = o.model == "vit", gpt = o.model == "gpt";
+  if (o.blocks == 0) o.blocks = gpt ? 4 : 8;  // gpt: examples/gpt.cpp's default size
+  if (o.width == 0) o.width = vit ? 256 : gpt ? 128 : 1024;
+  if (o.hidden == 0) o.hidden = vit ? 1024 : gpt ? 512 : 4096;
+  if (o.heads == 0) o.heads = vit ? 8 : gpt ? 4 : 1;
   if (o.batch == 0) o.batch = vit ? 64 : 8;
-  if (vit && o.width % o.heads != 0) throw UsageError("tdist-bench fsdp: --width must be a multiple of --heads");
+  if ((vit || gpt) && o.width % o.heads != 0) throw UsageError("tdist-bench fsdp: --width must be a multiple of --heads");
   return o;
 }
 
@@ -299,14 +298,15 @@ void FsdpBenchOptions::add_to(CLI::App& mode) {
   using cli::both_spellings;
   mode.add_option(both_spellings("world-size"), world_size, "ranks, started here")->check(cli::in_range(1, 64))
       ->capture_default_str();
-  mode.add_option("--model", model, "mlp: residual MLP blocks; vit: the fsdp_vit example's transformer")
-      ->check(CLI::IsMember({"mlp", "vit"}))->capture_default_str();
-  mode.add_option("--blocks", blocks, "blocks, one FSDP unit each (default 8)")->check(cli::in_range(1, 1024));
-  mode.add_option("--width", width, "W (default: mlp 1024, vit 256)")->check(cli::in_range(1, 65536));
-  mode.add_option("--hidden", hidden, "H, the blocks' hidden width (default: mlp 4096, vit 1024)")
+  mode.add_option("--model", model, "mlp: residual MLP blocks; vit: the fsdp_vit example's transformer; "
+                                   "gpt: the gpt example's GPT-2 (tied lm_head), 128 tokens a row")
+      ->check(CLI::IsMember({"mlp", "vit", "gpt"}))->capture_default_str();
+  mode.add_option("--blocks", blocks, "blocks, one FSDP unit each (default: 8, gpt 4)")->check(cli::in_range(1, 1024));
+  mode.add_option("--width", width, "W (default: mlp 1024, vit 256, gpt 128)")->check(cli::in_range(1, 65536));
+  mode.add_option("--hidden", hidden, "H, the blocks' hidden width (default: mlp 4096, vit 1024, gpt 512)")
       ->check(cli::in_range(1, 262144));
-  mode.add_option("--heads", heads, "attention heads of vit (default 8)")->check(cli::in_range(1, 1024));
-  mode.add_option("--batch", batch, "rows per rank (default: mlp 8, vit 64)")->check(cli::in_range(1, 65536));
+  mode.add_option("--heads", heads, "attention heads of vit (default 8) and gpt (default 4)")->check(cli::in_range(1, 1024));
+  mode.add_option("--batch", batch, "rows per rank (default: mlp 8, vit 64, gpt 8 rows of 128 tokens)")->check(cli::in_range(1, 65536));
   mode.add_option("--steps", steps, "timed steps per round")->check(cli::in_range(1, 1e6))->capture_default_str();
   mode.add_option("--rounds", rounds, "rounds, the variants taking turns")->check(cli::in_range(1, 1e6))
       ->capture_default_str();

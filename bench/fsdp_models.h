@@ -6,7 +6,10 @@
 // - mlp: Linear(256 -> W), B residual blocks h + fc2(relu(fc1(h))) with
 //   fc1 W -> H and fc2 H -> W, Linear(W -> 10);
 // - vit: examples/vit_model.h (the fsdp_vit example's model) with depth
-//   B, width W, MLP hidden H and `heads` heads, on 28x28 inputs.
+//   B, width W, MLP hidden H and `heads` heads, on 28x28 inputs;
+// - gpt: examples/gpt_model.h (GPT-2 as Hugging Face computes it, lm_head
+//   tied to the token embedding) with B blocks, width W, MLP width H,
+//   `heads` heads, a vocabulary of 256 bytes, on kGptSequence tokens per row.
 // Variants: ddp (DistributedDataParallel), no_shard, shard_grad_op,
 // full_shard, and full_shard with activation checkpointing of every block
 // (checkpoint_module through auto_wrapper_callable, as the example does)
@@ -22,6 +25,7 @@
 #include <vector>
 
 #include "bench/bench_common.h"
+#include "examples/gpt_model.h"
 #include "examples/vit_model.h"
 #include "tdist/tdist.h"
 
@@ -62,8 +66,27 @@ inline examples::VitConfig vit_config(const FsdpBenchOptions& o) {
   return examples::VitConfig{o.blocks, o.width, o.heads, o.hidden};
 }
 
-// The input rows the model takes.
-inline int64_t model_input_width(const FsdpBenchOptions& o) { return o.model == "vit" ? 784 : 256; }
+inline constexpr int64_t kGptSequence = 128;
+
+inline examples::GptConfig gpt_config(const FsdpBenchOptions& o) {
+  examples::GptConfig c;
+  c.n_layer = o.blocks;
+  c.n_embd = o.width;
+  c.n_inner = o.hidden;
+  c.n_head = o.heads;
+  c.n_positions = kGptSequence;
+  return c;
+}
+
+// One rank's inputs and targets (the same every step): mlp and vit rows of
+// numbers and a class each; gpt rows of tokens and the next token of each.
+inline std::pair<torch::Tensor, torch::Tensor> bench_batch(const FsdpBenchOptions& o) {
+  if (o.model == "gpt") {
+    const auto t = torch::randint(0, 256, {o.batch, kGptSequence + 1}, torch::kLong);
+    return {t.narrow(1, 0, kGptSequence).contiguous(), t.narrow(1, 1, kGptSequence).contiguous()};
+  }
+  return {torch::randn({o.batch, o.model == "vit" ? 784 : 256}), torch::randint(0, 10, {o.batch}, torch::kLong)};
+}
 
 // One rank's model as a variant wraps it.
 struct BenchModel {
@@ -80,7 +103,7 @@ BenchModel wrap_for_variant(Net net, const std::string& variant) {
     d.gradient_as_bucket_view = true;
     auto m = std::make_shared<DistributedDataParallel<Net>>(std::move(net), d);
     b.forward = [m](const torch::Tensor& x) { return (*m)(x); };
-    b.params = (*m)->parameters();
+    b.params = unique_parameters(**m);  // a tied parameter once
     b.keep = m;
     return b;
   }
@@ -97,7 +120,7 @@ BenchModel wrap_for_variant(Net net, const std::string& variant) {
   f.auto_wrap_policy = transformer_auto_wrap_policy<Block>();
   auto m = std::make_shared<FSDP<Net>>(std::move(net), f);
   b.forward = [m](const torch::Tensor& x) { return (*m)(x); };
-  b.params = (*m)->parameters();
+  b.params = unique_parameters(**m);
   b.keep = m;
   return b;
 }
@@ -105,6 +128,10 @@ BenchModel wrap_for_variant(Net net, const std::string& variant) {
 inline BenchModel build_bench_model(const FsdpBenchOptions& o, const std::string& variant) {
   if (o.model == "vit") {
     return wrap_for_variant<examples::Vit, examples::VitBlock>(examples::Vit(vit_config(o)), variant);
+  }
+  if (o.model == "gpt") {
+    return wrap_for_variant<examples::GptLMHeadModel, examples::GptBlock>(examples::GptLMHeadModel(gpt_config(o)),
+                                                                          variant);
   }
   return wrap_for_variant<MlpNet, MlpBlock>(MlpNet(o), variant);
 }
@@ -121,12 +148,16 @@ inline ModelSize measure_size(const FsdpBenchOptions& o) {
     examples::Vit v(vit_config(o));
     net = v.ptr();
     blocks = v->blocks;
+  } else if (o.model == "gpt") {
+    examples::GptLMHeadModel g(gpt_config(o));
+    net = g.ptr();
+    blocks = g->transformer->h;
   } else {
     MlpNet m(o);
     net = m.ptr();
     blocks = m->blocks;
   }
-  for (const auto& p : net->parameters()) s.psi += static_cast<double>(p.numel());
+  for (const auto& p : unique_parameters(*net)) s.psi += static_cast<double>(p.numel());
   double block = 0;
   for (const auto& p : blocks->ptr(0)->parameters()) block += static_cast<double>(p.numel());
   s.largest_unit = std::max(block, s.psi - block * static_cast<double>(blocks->size()));
