@@ -176,7 +176,7 @@ void PretrainedSources::add_index(const std::string& path) {
   std::unordered_map<std::string, size_t> file_of;  // name -> in paths_
   for (const auto& [key, name] : sax.weight_map) {
     const std::string why = bad_file_name(name);
-    if (!why.empty()) throw CheckpointError(path + ": the file of '" + key + "' " + why + ": refused");
+    if (!why.empty()) throw CheckpointError(path + ": the file '" + name + "' of '" + key + "' " + why + ": refused");
     if (!file_of.count(name)) {
       file_of.emplace(name, paths_.size());
       if (ends_with(name, ".safetensors")) {
