@@ -91,9 +91,17 @@ class SafetensorsReader {
   bool contains(const std::string& name) const;
   // That tensor only, its checksum checked (when the file has one).
   at::Tensor read(const std::string& name) const;
+  // Rows [first_row, first_row + rows) of a tensor of one dimension or
+  // more (safetensors data is in C order: one byte range of the file), as
+  // a tensor of `rows` rows. The checksum covers the whole tensor, so it is
+  // checked only when the rows are all of it: a partial read of a file
+  // tdist wrote is not verified (files of other writers carry none).
+  // CheckpointError when the rows lie outside the tensor.
+  at::Tensor read_rows(const std::string& name, int64_t first_row, int64_t rows) const;
   const std::string& path() const;
 
  private:
+  at::Tensor read_range(const std::string& name, int64_t first_row, int64_t rows) const;  // rows < 0: whole
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -185,6 +185,10 @@ class PtReader {
   // its storage (ref's numel is checked against the file before anything
   // is allocated from it).
   void check_storage(const PtTensorRef& ref) const;
+  // check_storage, and the view of `ref` stays inside its storage and
+  // names no element twice: what read_tensor checks before it reads.
+  // (Defined in pt_tensor.cpp.)
+  void check_tensor(const PtTensorRef& ref) const;
   // The whole storage record of `ref` (checked against it: size, and bools
   // 0 or 1) into `out`, which holds its storage_numel elements.
   void read_storage(const PtTensorRef& ref, void* out) const;

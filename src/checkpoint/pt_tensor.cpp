@@ -83,6 +83,8 @@ bool is_whole(const at::Tensor& view, const PtTensorRef& ref) {
 
 }  // namespace
 
+void PtReader::check_tensor(const PtTensorRef& ref) const { check_view(*this, ref); }
+
 at::Tensor PtReader::read_tensor(const PtTensorRef& ref) const {
   check_view(*this, ref);
   at::Tensor t = read_whole_storage(*this, ref).as_strided(ref.sizes, ref.strides, ref.storage_offset);

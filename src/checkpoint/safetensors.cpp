@@ -92,17 +92,39 @@ const std::map<std::string, std::string>& SafetensorsReader::metadata() const { 
 const std::string& SafetensorsReader::path() const { return impl_->file.path(); }
 bool SafetensorsReader::contains(const std::string& name) const { return impl_->index.count(name) > 0; }
 
-at::Tensor SafetensorsReader::read(const std::string& name) const {
+at::Tensor SafetensorsReader::read(const std::string& name) const { return read_range(name, 0, -1); }
+
+at::Tensor SafetensorsReader::read_rows(const std::string& name, int64_t first_row, int64_t rows) const {
+  if (rows < 0) throw UsageError("SafetensorsReader::read_rows: a negative number of rows");
+  return read_range(name, first_row, rows);
+}
+
+// rows < 0: the whole tensor (a 0-d one too).
+at::Tensor SafetensorsReader::read_range(const std::string& name, int64_t first_row, int64_t rows) const {
   const Impl& r = *impl_;
   const auto it = r.index.find(name);
   if (it == r.index.end()) throw CheckpointError(path() + ": no tensor '" + name + "'");
   const SafetensorsTensorInfo& e = r.tensors[it->second];
-  const auto [begin, end] = r.spans[it->second];
-  at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(st::dtype_of(e.format_dtype, path(), name)));
+  auto [begin, end] = r.spans[it->second];
+  std::vector<int64_t> shape = e.shape;
+  const bool whole = rows < 0 || (!shape.empty() && first_row == 0 && rows == shape[0]);
+  if (!whole) {
+    if (shape.empty() || first_row < 0 || first_row > shape[0] || rows > shape[0] - first_row) {
+      throw CheckpointError(path() + ": tensor '" + name + "' has no rows [" + std::to_string(first_row) + ", " +
+                            std::to_string(first_row) + " + " + std::to_string(rows) + ")");
+    }
+    // The header check made the whole tensor's byte count exact, so a
+    // row's bytes divide it (a tensor of 0 rows has none to read).
+    const uint64_t row_bytes = shape[0] == 0 ? 0 : (end - begin) / static_cast<uint64_t>(shape[0]);
+    begin += row_bytes * static_cast<uint64_t>(first_row);
+    end = begin + row_bytes * static_cast<uint64_t>(rows);
+    shape[0] = rows;
+  }
+  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(st::dtype_of(e.format_dtype, path(), name)));
   const size_t n = static_cast<size_t>(end - begin);
   r.file.read_at(r.data_start + begin, t.data_ptr(), n);
   const auto crc = r.crcs.find(name);
-  if (crc != r.crcs.end() && crc->second != st::hex32(checkpoint::crc32(0, t.data_ptr(), n))) {
+  if (whole && crc != r.crcs.end() && crc->second != st::hex32(checkpoint::crc32(0, t.data_ptr(), n))) {
     throw CheckpointError(path() + ": tensor '" + name + "' is corrupt (its CRC-32 is " +
                           st::hex32(checkpoint::crc32(0, t.data_ptr(), n)) + ", the header says " + crc->second + ")");
   }
