@@ -109,7 +109,10 @@ TEST(TiedState, StateDictsOptimizerStateAndCheckpointsAcrossWorldSizes) {
   }), "");
 
   // Consolidated: the tied tensor once, under its first name.
-  const std::string consolidated = tdist::consolidate_sharded_model_checkpoints(prefix);
+  tdist::ConsolidateOptions with_optimizer;
+  with_optimizer.optimizer = true;
+  const std::string consolidated =
+      tdist::consolidate_sharded_model_checkpoints(prefix, "_rank-*-of-*.pt", "", with_optimizer);
   const auto saved = tdist::load_consolidated_checkpoint(consolidated);
   ASSERT_TRUE(saved.model.contains("wte.weight"));
   EXPECT_FALSE(saved.model.contains("lm_head.weight"));
