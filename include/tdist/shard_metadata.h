@@ -21,6 +21,9 @@ struct ShardedParamInfo {
   int64_t rows_per_rank = 0;         // every rank's shard is this many rows, padded
   int64_t padding_rows = 0;          // rows_per_rank * world_size - rows
   bool requires_grad = true;
+  // A tied parameter's other original names, in model order (in memory
+  // only: checkpoint files carry the model's names themselves).
+  std::vector<std::string> aliases = {};
 };
 struct ShardedUnitInfo {
   std::string prefix;  // where the wrapper sits in the model ("" for the outermost)

@@ -288,9 +288,13 @@ Staged stage_resharded(const std::string& prefix, const ShardedCheckpointOptions
   for (const auto& t : files.model()) saved[t.name] = &t;
   s.model.metadata = fsdp ? detail::shard_metadata(model) : ShardMetadata{};
   std::set<std::string> names;
-  for (const auto& e : checkpoint::entries_of(model)) {
+  // A tied tensor once, found under any of its names (the file has it under
+  // its first; one from elsewhere may have another).
+  for (const auto& e : checkpoint::unique_entries_of(model)) {
     names.insert(e.name);
-    const auto it = saved.find(e.name);
+    names.insert(e.aliases.begin(), e.aliases.end());
+    auto it = saved.find(e.name);
+    for (size_t i = 0; i < e.aliases.size() && it == saved.end(); ++i) it = saved.find(e.aliases[i]);
     if (it == saved.end()) throw CheckpointError(where + " has no '" + e.name + "'");
     const auto u = units.find(e.name);
     const std::vector<int64_t> full = u != units.end() ? u->second.full_shape : e.tensor.sizes().vec();
@@ -336,7 +340,7 @@ void write_rank_file(PtWriter& writer, ProcessGroup& pg, torch::nn::Module& mode
   std::vector<std::pair<std::string, PtValue>> tensors;
   for (const auto& item : local.tensors) tensors.emplace_back(item.key(), sink.add(item.value()));
   std::vector<PtValue> buffers, modules;
-  for (const auto& e : checkpoint::entries_of(model)) {
+  for (const auto& e : checkpoint::unique_entries_of(model)) {  // as sharded_state_dict names them
     if (!e.parameter) buffers.push_back(PtValue::string(e.name));
   }
   for (const auto& m : checkpoint::module_names(model)) modules.push_back(PtValue::string(m));

@@ -22,25 +22,48 @@ namespace {
 using checkpoint::Entry;
 using checkpoint::entries_of;
 using checkpoint::shape_string;
+using checkpoint::unique_entries_of;
 using checkpoint::Units;
 using checkpoint::units_of;
 
-// The state's tensor for each entry, checked (every name there with the
-// wanted shape; with strict, nothing else) before anything is copied.
+// The state's tensor for each entry (unique_entries_of: a tied tensor once,
+// its other names in aliases), checked before anything is copied: the
+// state holds the tensor under at least one of its names, with the wanted
+// shape; under several names (a tied tensor) the same values, or a
+// CheckpointError naming two that differ; with strict, nothing else.
 std::vector<const at::Tensor*> match(const char* what, const std::vector<Entry>& entries, const StateDict& state,
                                      bool strict, const std::function<std::vector<int64_t>(const Entry&)>& shape) {
   std::vector<const at::Tensor*> out;
   std::set<std::string> names;
   for (const auto& e : entries) {
-    const at::Tensor* t = state.find(e.name);
-    if (!t || !t->defined()) throw CheckpointError(std::string(what) + ": the state has no '" + e.name + "'");
     const std::vector<int64_t> want = shape(e);
-    if (t->sizes() != at::IntArrayRef(want)) {
-      throw CheckpointError(std::string(what) + ": '" + e.name + "' is " + shape_string(t->sizes()) +
-                            " in the state but " + shape_string(want) + " in the model");
+    const at::Tensor* chosen = nullptr;
+    std::string chosen_name;
+    for (size_t i = 0; i <= e.aliases.size(); ++i) {
+      const std::string& name = i == 0 ? e.name : e.aliases[i - 1];
+      names.insert(name);
+      const at::Tensor* t = state.find(name);
+      if (!t || !t->defined()) continue;
+      if (t->sizes() != at::IntArrayRef(want)) {
+        throw CheckpointError(std::string(what) + ": '" + name + "' is " + shape_string(t->sizes()) +
+                              " in the state but " + shape_string(want) + " in the model");
+      }
+      if (!chosen) {
+        chosen = t;
+        chosen_name = name;
+      } else if (!t->is_same(*chosen) && !at::equal(t->to(chosen->dtype()), *chosen)) {
+        throw CheckpointError(std::string(what) + ": '" + chosen_name + "' and '" + name +
+                              "' are one tied parameter in the model but hold different values in the state: "
+                              "keep one of them (or make them equal)");
+      }
     }
-    out.push_back(t);
-    names.insert(e.name);
+    if (!chosen) {
+      std::string also;
+      for (const auto& a : e.aliases) also += (also.empty() ? " (nor its tied names '" : "', '") + a;
+      if (!also.empty()) also += "')";
+      throw CheckpointError(std::string(what) + ": the state has no '" + e.name + "'" + also);
+    }
+    out.push_back(chosen);
   }
   if (strict) {
     for (const auto& item : state) {
@@ -80,25 +103,32 @@ StateDict full_state_dict(torch::nn::Module& model, bool rank0_only) {
     for (const auto& e : entries) out.insert(e.name, at::Tensor());
   }
   at::NoGradGuard no_grad;
+  // A tied tensor is one tensor under each of its names (as Python's
+  // state_dict() hands it out).
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> values;
   if (pg) {
+    std::unordered_map<std::string, const c10::TensorImpl*> unit_impl;  // by the unit's name for it
+    for (const auto& [impl, u] : units) unit_impl.emplace(u.original_name, impl);
     detail::visit_gathered(model, [&](const std::string& name, const at::Tensor& full) {
       if (!keep) return;
-      at::Tensor* slot = out.find(name);
-      TDIST_CHECK(slot != nullptr);
-      *slot = full.detach().clone();
+      const auto it = unit_impl.find(name);
+      TDIST_CHECK(it != unit_impl.end());
+      values[it->second] = full.detach().clone();
     });
   }
   if (keep) {
     const OriginalDtypes original(model);
     for (const auto& e : entries) {
-      if (!units.count(e.tensor.unsafeGetTensorImpl())) out[e.name] = original(e.tensor).clone();
+      at::Tensor& v = values[e.tensor.unsafeGetTensorImpl()];
+      if (!v.defined()) v = original(e.tensor).clone();
+      out[e.name] = v;
     }
   }
   return out;
 }
 
 void load_full_state_dict(torch::nn::Module& model, const StateDict& state, bool strict) {
-  const std::vector<Entry> entries = entries_of(model);
+  const std::vector<Entry> entries = unique_entries_of(model);
   const Units units = units_of(model);
   if (!units.empty()) detail::settle_units(model, "load_full_state_dict");
   const auto full_shape = [&](const Entry& e) {
@@ -116,14 +146,14 @@ void load_full_state_dict(torch::nn::Module& model, const StateDict& state, bool
 }
 
 ShardedStateDict sharded_state_dict(torch::nn::Module& model) {
-  const std::vector<Entry> entries = entries_of(model);
+  const std::vector<Entry> entries = unique_entries_of(model);
   ShardedStateDict out;
   if (detail::units_group(model)) {
     detail::settle_units(model, "sharded_state_dict");
     out.metadata = detail::shard_metadata(model);
   }
   const OriginalDtypes original(model);
-  for (const auto& e : entries) out.tensors.insert(e.name, original(e.tensor));
+  for (const auto& e : entries) out.tensors.insert(e.name, original(e.tensor));  // a tied tensor once
   return out;
 }
 
@@ -150,11 +180,11 @@ std::vector<const at::Tensor*> check_sharded(torch::nn::Module& model, const std
 }  // namespace
 
 void checkpoint::check_sharded_model_state(torch::nn::Module& model, const ShardedStateDict& state) {
-  check_sharded(model, entries_of(model), state, /*strict=*/true);
+  check_sharded(model, unique_entries_of(model), state, /*strict=*/true);
 }
 
 void load_sharded_state_dict(torch::nn::Module& model, const ShardedStateDict& state, bool strict) {
-  const std::vector<Entry> entries = entries_of(model);
+  const std::vector<Entry> entries = unique_entries_of(model);
   const auto sources = check_sharded(model, entries, state, strict);
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < entries.size(); ++i) entries[i].tensor.detach().copy_(*sources[i]);

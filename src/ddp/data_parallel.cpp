@@ -22,6 +22,7 @@
 
 #include <mutex>
 #include <optional>
+#include <unordered_set>
 
 #include "autograd/grad_ready.h"
 #include "ddp/bucket_assignment.h"
@@ -237,8 +238,14 @@ DataParallel::DataParallel(torch::nn::Module& module, DistributedDataParallelOpt
   state_ = std::make_shared<State>(std::move(pg), std::move(options));
   State& s = *state_;
   std::optional<c10::Device> device;
+  // Each tensor once, under its first name: a tied parameter (one tensor
+  // registered under several names) is one bucket entry with one
+  // accumulator, whose gradient (summed over its uses by autograd) is
+  // reduced once.
+  std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
+    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
     if (!device) device = item.value().device();
     if (item.value().device() != *device) {
       throw UsageError("DistributedDataParallel: parameter '" + item.key() + "' is on " + item.value().device().str() +
@@ -248,7 +255,9 @@ DataParallel::DataParallel(torch::nn::Module& module, DistributedDataParallelOpt
     s.names.push_back(item.key());
     s.params.push_back(item.value());
   }
-  for (const auto& b : module.buffers(/*recurse=*/true)) s.buffers.push_back(b);
+  for (const auto& b : module.buffers(/*recurse=*/true)) {
+    if (seen.insert(b.unsafeGetTensorImpl()).second) s.buffers.push_back(b);
+  }
 
   // Every rank must hold the same parameters, in the same order.
   check_same_model(*s.pg, s.names, s.params);

@@ -65,10 +65,33 @@ int64_t nonwrapped_numel(torch::nn::Module& m) {
   return n;
 }
 
+thread_local const std::unordered_set<const c10::TensorImpl*>* t_deferred = nullptr;
+
+// Every parameter registered in m's tree (into wrappers too), except in
+// the subtree `skip`.
+void params_of(torch::nn::Module& m, const torch::nn::Module* skip, std::unordered_set<const c10::TensorImpl*>& out) {
+  if (&m == skip) return;
+  for (const auto& p : m.parameters(/*recurse=*/false)) out.insert(p.unsafeGetTensorImpl());
+  for (const auto& c : m.children()) params_of(*c, skip, out);
+}
+
+// Sets t_deferred for one wrapper's construction.
+class DeferScope {
+ public:
+  explicit DeferScope(const std::unordered_set<const c10::TensorImpl*>* d) : before_(t_deferred) { t_deferred = d; }
+  DeferScope(const DeferScope&) = delete;
+  DeferScope& operator=(const DeferScope&) = delete;
+  ~DeferScope() { t_deferred = before_; }
+
+ private:
+  const std::unordered_set<const c10::TensorImpl*>* before_;
+};
+
 class Walk {
  public:
-  Walk(const FullyShardedDataParallelOptions& options, std::string label)
-      : policy_(options.auto_wrap_policy),
+  Walk(torch::nn::Module& root, const FullyShardedDataParallelOptions& options, std::string label)
+      : root_(root),
+        policy_(options.auto_wrap_policy),
         callable_(options.auto_wrapper_callable),
         child_(child_options(options)),
         label_(std::move(label)) {}
@@ -103,6 +126,14 @@ class Walk {
                        "torch::nn::Sequential, wrap it by hand where it is built (tdist::FSDP<...> or "
                        "tdist::wrap), or give a policy that does not pick it");
     }
+    // The parameters m shares with the rest of root's tree stay out of its unit.
+    std::unordered_set<const c10::TensorImpl*> inside, outside, deferred;
+    params_of(m, nullptr, inside);
+    params_of(root_, &m, outside);
+    for (const auto* impl : inside) {
+      if (outside.count(impl)) deferred.insert(impl);
+    }
+    const DeferScope scope(deferred.empty() ? nullptr : &deferred);
     for (auto it = seq->begin(); it != seq->end(); ++it) {
       if (it->ptr().get() != &m) continue;
       torch::nn::AnyModule wrapped =
@@ -116,6 +147,7 @@ class Walk {
     throw UsageError(label_ + ": '" + path + "' is a child of a torch::nn::Sequential but not one of its entries");
   }
 
+  torch::nn::Module& root_;
   AutoWrapPolicy policy_;
   AutoWrapperCallable callable_;
   FullyShardedDataParallelOptions child_;
@@ -127,8 +159,10 @@ class Walk {
 void auto_wrap_children(torch::nn::Module& root, const FullyShardedDataParallelOptions& options,
                         const std::string& label) {
   if (!options.auto_wrap_policy) return;
-  Walk(options, label).visit(root, "", nullptr, "", /*only_children=*/true);
+  Walk(root, options, label).visit(root, "", nullptr, "", /*only_children=*/true);
 }
+
+const std::unordered_set<const c10::TensorImpl*>* deferred_to_outer() { return t_deferred; }
 
 }  // namespace detail
 }  // namespace tdist

@@ -29,7 +29,18 @@ struct FsdpState : GradReadyListener, std::enable_shared_from_this<FsdpState> {
   std::shared_ptr<ProcessGroup> pg;
   bool reshard_after_forward = true;
   std::unique_ptr<ShardedUnit> unit;
-  std::vector<std::string> original_names;  // per unit parameter: its name without wrapper steps
+  // Per unit parameter: its first name in model order without wrapper
+  // steps, and the other names a tied parameter is registered under.
+  struct OriginalName {
+    std::string name;
+    std::vector<std::string> aliases;
+  };
+  std::vector<OriginalName> original_names;
+  // The unit reduces only at the end of backward: it owns a parameter
+  // used under several names or by an inner unit's modules, whose
+  // accumulator may run more than once per backward (once per
+  // checkpointed use), so its arrival does not mean its gradient is whole.
+  bool ready_at_backward_end = false;
   // Buffers converted to buffer_dtype, with their dtype before.
   std::vector<std::pair<const c10::TensorImpl*, at::ScalarType>> converted_buffers;
   std::optional<GradReadyTracker> tracker;  // over the unit's trainable parameters, in unit order

@@ -9,6 +9,7 @@
 #include <torch/nn/modules/batchnorm.h>
 
 #include <mutex>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "autograd/checkpoint_phase.h"
@@ -24,61 +25,127 @@ namespace tdist::detail {
 
 namespace {
 
-// Which parameters some wrapper shards: a module wrapped twice is refused.
+// Which parameters some wrapper shards, each with the unit that owns it and
+// the name it has there: a parameter is owned by one unit (a module
+// wrapped twice, or a tied parameter two hand-built units both find, is
+// refused).
+struct Claim {
+  std::string label;  // the owning unit's
+  std::string name;   // the parameter's name in that unit
+};
 struct Claims {
   std::mutex mu;
-  std::unordered_set<const c10::TensorImpl*> impls;
+  std::unordered_map<const c10::TensorImpl*, Claim> owner;
 };
 Claims& claims() {
   static Claims* c = new Claims;  // outlives static destruction
   return *c;
 }
 
+bool claimed(const at::Tensor& p) {
+  std::lock_guard<std::mutex> lock(claims().mu);
+  return claims().owner.count(p.unsafeGetTensorImpl()) > 0;
+}
+
+// aliases[k]: params[k]'s other names in this unit's modules (how the
+// error names the uses).
 void claim(const std::string& label, const std::vector<std::string>& names, const std::vector<at::Tensor>& params) {
   std::lock_guard<std::mutex> lock(claims().mu);
   for (size_t k = 0; k < params.size(); ++k) {
-    if (claims().impls.count(params[k].unsafeGetTensorImpl())) {
-      for (size_t j = 0; j < k; ++j) claims().impls.erase(params[j].unsafeGetTensorImpl());
-      throw UsageError(label + ": parameter '" + names[k] +
-                       "' is already sharded by another FSDP wrapper: a module can be wrapped only once");
+    const auto it = claims().owner.find(params[k].unsafeGetTensorImpl());
+    if (it != claims().owner.end()) {
+      const Claim other = it->second;
+      for (size_t j = 0; j < k; ++j) claims().owner.erase(params[j].unsafeGetTensorImpl());
+      throw UsageError(label + ": parameter '" + names[k] + "' is already sharded by another FSDP wrapper (" +
+                       other.label + ", which owns it as '" + other.name +
+                       "'): a module can be wrapped only once, and a parameter shared by several modules (a tied "
+                       "weight) belongs to one unit. If '" + names[k] + "' and '" + other.name +
+                       "' are one tensor used in two units, wrap the modules that share it in one unit (an FSDP "
+                       "wrapper around all of them), or build the units with auto_wrap_policy, which leaves a "
+                       "shared parameter to the wrapper around all its uses");
     }
-    claims().impls.insert(params[k].unsafeGetTensorImpl());
+    claims().owner.emplace(params[k].unsafeGetTensorImpl(), Claim{label, names[k]});
   }
 }
 
 void unclaim(const std::vector<at::Tensor>& params) {
   std::lock_guard<std::mutex> lock(claims().mu);
-  for (const auto& p : params) claims().impls.erase(p.unsafeGetTensorImpl());
+  for (const auto& p : params) claims().owner.erase(p.unsafeGetTensorImpl());
 }
 
 std::string join(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
 
-// The parameters and buffers of `m` and its children, stopping at inner
-// wrappers (they own theirs).
+// The parameters and buffers the unit over `m` owns: those of m and its
+// children, each tensor once (a tied parameter under its first name),
+// stopping at inner wrappers (they own theirs) except for the parameters
+// no wrapper claimed there (auto_wrap_children left a shared one to this
+// wrapper), and leaving out those auto_wrap_children defers to a wrapper
+// around this one.
 // original: the same names without the steps into a wrapper's "module"
 // (a CheckpointModule inside the unit).
 struct Collected {
   std::vector<char> norm;  // per parameter: a BatchNorm's
   std::vector<std::string> names;
-  std::vector<std::string> original;
   std::vector<at::Tensor> params;
   std::vector<at::Tensor> buffers;
+  std::unordered_set<const c10::TensorImpl*> seen;
 };
-void collect(torch::nn::Module& m, const std::string& prefix, const std::string& original, Collected& out) {
+void collect(torch::nn::Module& m, const std::string& prefix, bool in_inner, Collected& out) {
   const bool norm = dynamic_cast<torch::nn::BatchNorm1dImpl*>(&m) || dynamic_cast<torch::nn::BatchNorm2dImpl*>(&m) ||
                     dynamic_cast<torch::nn::BatchNorm3dImpl*>(&m);
+  const auto* deferred = deferred_to_outer();
   for (const auto& p : m.named_parameters(/*recurse=*/false)) {
+    const c10::TensorImpl* impl = p.value().unsafeGetTensorImpl();
+    if (deferred && deferred->count(impl)) continue;
+    if (in_inner && claimed(p.value())) continue;
+    if (!out.seen.insert(impl).second) continue;
     out.norm.push_back(norm);
     out.names.push_back(join(prefix, p.key()));
-    out.original.push_back(join(original, p.key()));
     out.params.push_back(p.value());
   }
-  for (const auto& b : m.named_buffers(/*recurse=*/false)) out.buffers.push_back(b.value());
+  if (!in_inner) {
+    for (const auto& b : m.named_buffers(/*recurse=*/false)) out.buffers.push_back(b.value());
+  }
+  for (const auto& c : m.named_children()) {
+    const bool inner = in_inner || dynamic_cast<FullyShardedModule*>(c.value().get()) != nullptr;
+    collect(*c.value(), join(prefix, c.key()), inner, out);
+  }
+}
+
+// Every parameter registration in m's tree, into wrappers too, in model
+// order: its name without the wrappers' "module" steps, and whether it
+// lies inside a wrapper below m.
+struct Registration {
+  std::string original;
+  bool in_inner;
+};
+void registrations(torch::nn::Module& m, const std::string& original, bool in_inner,
+                   std::unordered_map<const c10::TensorImpl*, std::vector<Registration>>& out) {
+  for (const auto& p : m.named_parameters(/*recurse=*/false)) {
+    out[p.value().unsafeGetTensorImpl()].push_back({join(original, p.key()), in_inner});
+  }
   const bool wrapper = dynamic_cast<WrapperModule*>(&m) != nullptr;
   for (const auto& c : m.named_children()) {
-    if (dynamic_cast<FullyShardedModule*>(c.value().get())) continue;
     const bool step = wrapper && c.key() == "module";
-    collect(*c.value(), join(prefix, c.key()), step ? original : join(original, c.key()), out);
+    const bool inner = in_inner || dynamic_cast<FullyShardedModule*>(c.value().get()) != nullptr;
+    registrations(*c.value(), step ? original : join(original, c.key()), inner, out);
+  }
+}
+
+// Per unit parameter: its first name in model order (without wrapper
+// steps) and its other names. Sets s.ready_at_backward_end where a
+// parameter is registered more than once or inside an inner wrapper (its
+// accumulator may run once per checkpointed use).
+void name_params(torch::nn::Module& module, const std::vector<at::Tensor>& params, FsdpState& s) {
+  std::unordered_map<const c10::TensorImpl*, std::vector<Registration>> regs;
+  registrations(module, "", false, regs);
+  s.original_names.clear();
+  for (const auto& p : params) {
+    const auto& r = regs.at(p.unsafeGetTensorImpl());
+    FsdpState::OriginalName n{r.front().original, {}};
+    for (size_t i = 1; i < r.size(); ++i) n.aliases.push_back(r[i].original);
+    if (r.size() > 1 || r.front().in_inner) s.ready_at_backward_end = true;
+    s.original_names.push_back(std::move(n));
   }
 }
 
@@ -178,11 +245,11 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
   s.options.fp32_reduce_scatter = false;
   auto_wrap_children(module, s.options, label);
   Collected found;
-  collect(module, "", "", found);
+  collect(module, "", false, found);
   const std::vector<std::string>& names = found.names;
   const std::vector<at::Tensor>& params = found.params;
   const std::vector<at::Tensor>& buffers = found.buffers;
-  s.original_names = found.original;
+  name_params(module, params, s);
   claim(label, names, params);
   try {
     check_same_model(*pg, names, params, "FullyShardedDataParallel over " + module.name());

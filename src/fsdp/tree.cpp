@@ -115,7 +115,8 @@ ShardMetadata shard_metadata(torch::nn::Module& root) {
       const auto& pl = u.layout().param(k);
       ShardedParamInfo p;
       p.name = join(join(v.path, "module"), u.names()[k]);
-      p.original_name = join(v.original_path, v.state.original_names[k]);
+      p.original_name = join(v.original_path, v.state.original_names[k].name);
+      for (const auto& a : v.state.original_names[k].aliases) p.aliases.push_back(join(v.original_path, a));
       p.shape = pl.shape;
       p.shard_shape = pl.shard_shape(u.shard_rank());
       p.numel = pl.numel();
@@ -169,7 +170,7 @@ std::vector<UnitParam> unit_params(torch::nn::Module& root) {
     const ShardedUnit& u = *v.state.unit;
     for (size_t k = 0; k < u.params().size(); ++k) {
       const auto& pl = u.layout().param(k);
-      out.push_back({join(v.original_path, v.state.original_names[k]), u.params()[k], pl.shape,
+      out.push_back({join(v.original_path, v.state.original_names[k].name), u.params()[k], pl.shape,
                      pl.first_row_on(u.shard_rank()), pl.rows_on(u.shard_rank()), pl.rows_per_rank, u.sharded()});
     }
   }
@@ -197,7 +198,7 @@ void visit_gathered(torch::nn::Module& root, const std::function<void(const std:
     ShardedUnit& u = *v.state.unit;
     u.unshard(/*exact=*/true);
     try {
-      for (size_t k = 0; k < u.params().size(); ++k) fn(join(v.original_path, v.state.original_names[k]), u.params()[k]);
+      for (size_t k = 0; k < u.params().size(); ++k) fn(join(v.original_path, v.state.original_names[k].name), u.params()[k]);
     } catch (...) {
       u.reshard();
       throw;
