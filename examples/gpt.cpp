@@ -90,6 +90,8 @@ int64_t parse_size(const std::string& s) {
 Args parse(int argc, char** argv) {
   Args a;
   CLI::App app{"GPT-2 (Hugging Face's layout) on byte-level text with FSDP or DDP.", "gpt"};
+  // An option given twice takes its last value (a script's defaults, then the user's).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--fsdp", a.fsdp, "FSDP sharding, each block a unit: full (ZeRO-3), grad_op (ZeRO-2), no (NO_SHARD)")
       ->check(CLI::IsMember({"full", "grad_op", "no"}))->capture_default_str();
   app.add_flag("--ddp", a.ddp, "DistributedDataParallel instead of FSDP");

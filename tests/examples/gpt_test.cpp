@@ -39,24 +39,34 @@ test::CommandResult python(const std::string& args) {
   return test::run_command(kPython + " " + kCheck + " " + args + " 2>&1", 300s);
 }
 
+// One Hugging Face model and one text for the whole suite (Python takes
+// seconds to start).
 class GptExample : public ::testing::Test {
  protected:
-  void SetUp() override {
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir;
     // English text that changes with the repository: its docs.
-    data_ = dir_.path() + "/text.txt";
+    data_ = dir_->path() + "/text.txt";
     auto r = test::run_command("cat " TDIST_SOURCE_DIR "/README.md " TDIST_SOURCE_DIR "/docs/*.md > " + data_, 30s);
     ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
-    hf_ = dir_.path() + "/hf";
+    hf_ = dir_->path() + "/hf";
     r = python("make " + hf_ + " --n-layer 2 --n-head 2 --n-embd 32 --n-positions 64 --seed 3 --max-shard-size 60KB");
     ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
   }
-  std::string gpt(int world, const std::string& args) {
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static std::string gpt(int world, const std::string& args) {
     return kRun + " --nproc-per-node " + std::to_string(world) + " " + kGpt + " --data " + data_ +
            " --block-size 32 --sample-bytes 0 --quiet " + args + " 2>&1";
   }
-  test::TempDir dir_;
-  std::string data_, hf_;
+  test::TempDir own_;  // this test's outputs
+  static test::TempDir* dir_;
+  static std::string data_, hf_;
 };
+test::TempDir* GptExample::dir_ = nullptr;
+std::string GptExample::data_, GptExample::hf_;
 
 TEST_F(GptExample, GivesHuggingFacesValidationLossAtWorldsTwoAndThree) {
   auto py = python("val " + hf_ + " " + data_ + " 32");
@@ -70,7 +80,7 @@ TEST_F(GptExample, GivesHuggingFacesValidationLossAtWorldsTwoAndThree) {
 }
 
 TEST_F(GptExample, TrainsAndSavesWhatFromPretrainedLoadsBitForBit) {
-  const std::string out = dir_.path() + "/trained";
+  const std::string out = own_.path() + "/trained";
   auto r = test::run_command(gpt(3, "--from-pretrained " + hf_ + " --steps 40 --batch-size 4 --lr 3e-3 --warmup 5 "
                                     "--eval-interval 40 --save-pretrained " + out + " --max-shard-size 50KB"),
                              300s);
@@ -91,7 +101,7 @@ TEST_F(GptExample, TrainsAndSavesWhatFromPretrainedLoadsBitForBit) {
 }
 
 TEST_F(GptExample, DdpAndFsdpTrainToTheSameWeights) {
-  const std::string fsdp = dir_.path() + "/fsdp", ddp = dir_.path() + "/ddp";
+  const std::string fsdp = own_.path() + "/fsdp", ddp = own_.path() + "/ddp";
   const std::string common = "--from-pretrained " + hf_ + " --steps 6 --batch-size 2 --eval-batch 64 --save-pretrained ";
   auto r = test::run_command(gpt(2, common + fsdp), 180s);
   ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
@@ -104,7 +114,7 @@ TEST_F(GptExample, DdpAndFsdpTrainToTheSameWeights) {
 
 TEST_F(GptExample, AFreshBf16ModelTrains) {
   auto r = test::run_command(gpt(2, "--n-layer 1 --n-head 2 --n-embd 32 --steps 8 --batch-size 2 --precision bf16 "
-                                    "--activation-checkpointing --sample-bytes 20"),
+                                    "--activation-checkpointing --sample-bytes 20 --prompt Hello"),
                              180s);
   ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
   const double v = value_of(r.output, "val_loss");
@@ -113,15 +123,17 @@ TEST_F(GptExample, AFreshBf16ModelTrains) {
 }
 
 TEST_F(GptExample, AHostileConfigIsRefusedByName) {
+  const std::string hf = own_.path() + "/hf";
   for (const auto& [field, value] : {std::pair{"n_embd", "33"}, std::pair{"n_layer", "1e12"},
                                      std::pair{"vocab_size", "12"}, std::pair{"model_type", "\"llama\""}}) {
-    auto r = python("set " + hf_ + "/config.json " + field + " '" + value + "'");
+    auto r = test::run_command("rm -rf " + hf + " && cp -r " + hf_ + " " + hf, 30s);
     ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
-    r = test::run_command(kGpt + " --from-pretrained " + hf_ + " --data " + data_ + " --eval-only 2>&1", 60s);
+    r = python("set " + hf + "/config.json " + field + " '" + value + "'");
+    ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+    r = test::run_command(kGpt + " --from-pretrained " + hf + " --data " + data_ + " --eval-only 2>&1", 60s);
     EXPECT_FALSE(test::exited_ok(r.status)) << field << ": " << r.output;
     EXPECT_NE(r.output.find("config.json"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find(field), std::string::npos) << r.output;
-    python("make " + hf_ + " --n-layer 2 --n-head 2 --n-embd 32 --n-positions 64 --seed 3");  // a good one again
   }
 }
 
