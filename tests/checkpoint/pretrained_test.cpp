@@ -352,6 +352,38 @@ TEST_F(Pretrained, SavedDirectoriesLoadInTransformersBitForBit) {
   EXPECT_NO_THROW(python(kVenvPython, args));
 }
 
+// SafetensorsReader::read_rows: the rows, and the checksum of the whole
+// tensor checked though only rows are kept.
+TEST(SafetensorsRows, ReadRowsChecksTheWholeTensor) {
+  tdist::test::TempDir out;
+  const std::string path = out.path() + "/t.safetensors";
+  torch::OrderedDict<std::string, at::Tensor> t;
+  t.insert("w", torch::randn({5, 3}));
+  t.insert("v", torch::randn({4}));
+  tdist::save_safetensors(path, t);
+  {
+    tdist::SafetensorsReader r(path);
+    EXPECT_TRUE(torch::equal(r.read_rows("w", 1, 3), t["w"].narrow(0, 1, 3)));
+    EXPECT_EQ(r.read_rows("w", 5, 0).sizes(), (std::vector<int64_t>{0, 3}));
+    EXPECT_THROW(r.read_rows("w", 4, 2), CheckpointError);
+  }
+  // One byte of w's last row changed: reading its first row fails.
+  const auto size = fs::file_size(path);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size - 4 * 4 - 2));
+    f.put('\x55');
+  }
+  tdist::SafetensorsReader r(path);
+  try {
+    r.read_rows("w", 0, 1);
+    ADD_FAILURE() << "read";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("corrupt"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(torch::equal(r.read("v"), t["v"]));
+}
+
 // ---- refused --------------------------------------------------------------------------
 
 // load_pretrained(path) must throw a CheckpointError whose message holds
