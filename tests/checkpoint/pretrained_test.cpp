@@ -291,6 +291,16 @@ TEST_F(Pretrained, HuggingFaceDirectoriesLoadIntoFsdpAtWorlds2And3) {
   }
 }
 
+TEST_F(Pretrained, HuggingFaceDirectoryLoadsIntoDdp) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup&) {
+    tdist::DistributedDataParallel<Tree> model{build(gpt2_specs(), 6)};
+    const auto report = tdist::load_pretrained(*model, in("gpt2-sharded"));
+    WORLD_CHECK(report.loaded.size() == gpt2_specs().size() - 1, report.loaded.size());
+    const std::string d = differs(full_state(*model), in("gpt2.ref.safetensors"));
+    WORLD_CHECK(d.empty(), d);
+  }), "");
+}
+
 // ---- save_pretrained ---------------------------------------------------------------------
 
 TEST_F(Pretrained, SavedDirectoriesLoadInTransformersBitForBit) {
