@@ -61,7 +61,7 @@ struct LoadPretrainedOptions {
   std::string base_model_prefix;
   // ECMAScript regular expressions of file keys that are skipped (GPT-2's
   // old checkpoints carry the attention masks "h.0.attn.bias" and
-  // "h.0.attn.masked_bias").
+  // "h.0.attn.masked_bias"). Keys longer than 1 KiB never match.
   std::vector<std::string> ignore_unexpected;
 };
 

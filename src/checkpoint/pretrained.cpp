@@ -69,6 +69,8 @@ std::string also(const Entry& e) {
   return s + ")";
 }
 
+constexpr size_t kMaxMatchedKey = 1024;
+
 // Each entry's tensor in the files (null: missing), checked: shapes equal,
 // dtypes convertible, every key used or skipped (with strict).
 std::vector<const SourceTensor*> match(const std::vector<Entry>& entries, const Units& units,
@@ -122,8 +124,10 @@ std::vector<const SourceTensor*> match(const std::vector<Entry>& entries, const 
   }
   for (const auto& t : files.tensors()) {
     if (used.count(&t)) continue;
+    // std::regex recurses per character: a hostile key of megabytes would
+    // overflow the stack, so keys past kMaxMatchedKey never match.
     bool skip = false;
-    for (const auto& r : ignore) skip = skip || std::regex_match(t.key, r);
+    for (const auto& r : ignore) skip = skip || (t.key.size() <= kMaxMatchedKey && std::regex_match(t.key, r));
     if (!skip && options.strict) {
       throw CheckpointError("load_pretrained: " + files.files()[t.file] + ": '" + t.key +
                             "' is not in the model (skip it with ignore_unexpected, or load with strict = false)");

@@ -228,6 +228,25 @@ TEST_F(Pretrained, TorchSaveStateDictLoadsIntoAPlainModule) {
     EXPECT_EQ(differs(plain_state(*model), in(name + ".ref.safetensors")), "");
     EXPECT_EQ(model->named_parameters()["head.weight"].data_ptr(), model->named_parameters()["emb.weight"].data_ptr());
   }
+  // {"model": state_dict}, and a pytorch_model.bin.index.json naming .bin shards.
+  {
+    Tree model = build(small_specs(), 1);
+    const auto report = tdist::load_pretrained(*model, in("small-wrapped.pt"));
+    EXPECT_TRUE(report.ignored.empty());
+    EXPECT_EQ(differs(plain_state(*model), in("small.ref.safetensors")), "");
+  }
+  {
+    tdist::test::TempDir dir;
+    fs::copy(in("small.pt"), dir.path() + "/pytorch_model-00001-of-00001.bin");
+    nlohmann::json index;
+    index["metadata"]["total_size"] = 1;
+    for (const auto& s : small_specs()) index["weight_map"][s.name] = "pytorch_model-00001-of-00001.bin";
+    std::ofstream(dir.path() + "/pytorch_model.bin.index.json") << index.dump();
+    Tree model = build(small_specs(), 1);
+    const auto report = tdist::load_pretrained(*model, dir.path());
+    EXPECT_EQ(report.files, std::vector<std::string>{dir.path() + "/pytorch_model-00001-of-00001.bin"});
+    EXPECT_EQ(differs(plain_state(*model), in("small.ref.safetensors")), "");
+  }
   // fp16 and bf16 into an fp32 module, fp32 into bf16: converted.
   auto specs = small_specs();
   for (auto& s : specs) s.dtype = s.dtype == at::kFloat ? at::kBFloat16 : at::kFloat;
