@@ -104,8 +104,9 @@ struct SavePretrainedOptions {
 // removed, so a later load never reads a stale one. Under FSDP collective
 // (every rank calls it): units are gathered one at a time and rank 0
 // writes as they come (memory: one unit's full parameters; within a file
-// the units' tensors come first, in the order they are gathered); an
-// error writing is thrown on rank 0 after the gathering ends. Without
+// the units' tensors come first, in the order they are gathered); every
+// rank returns once the files are in place, or throws rank 0's error (a
+// CheckpointError "rank 0 failed: ..." on the others). Without
 // FSDP only the caller writes; under DDP call it on one rank.
 void save_pretrained(torch::nn::Module& model, const std::string& dir, const SavePretrainedOptions& options = {});
 

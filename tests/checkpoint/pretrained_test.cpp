@@ -367,6 +367,14 @@ TEST_F(Pretrained, SavedDirectoriesLoadInTransformersBitForBit) {
     tdist::load_pretrained(*fsdp, dir("plain"));
     tdist::save_pretrained(*fsdp, dir("fsdp"), one);
     tdist::save_pretrained(*fsdp, dir("fsdp-sharded"), sharded);
+    // Rank 0 cannot write there (a file is on the way): every rank hears it.
+    bool threw = false;
+    try {
+      tdist::save_pretrained(*fsdp, dir("ref.safetensors") + "/sub", one);
+    } catch (const CheckpointError& e) {
+      threw = std::string(e.what()).find("ref.safetensors/sub") != std::string::npos;
+    }
+    WORLD_CHECK(threw, "a save rank 0 could not write did not fail with its words");
   }), "");
   // Back into tdist, and into transformers.
   for (const std::string n : {"plain", "plain-sharded", "sharded-then-one", "fsdp", "fsdp-sharded"}) {
