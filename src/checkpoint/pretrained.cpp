@@ -3,13 +3,6 @@
 // pretrained_sources.h.
 #include "tdist/pretrained.h"
 
-// GCC 12 with -fsanitize=address warns "may be used uninitialized" inside
-// libstdc++'s std::regex compiler (a false positive of its own headers);
-// only in that build, this file says nothing of it.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__SANITIZE_ADDRESS__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <sys/stat.h>
