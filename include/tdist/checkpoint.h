@@ -93,9 +93,10 @@ class SafetensorsReader {
   at::Tensor read(const std::string& name) const;
   // Rows [first_row, first_row + rows) of a tensor of one dimension or
   // more (safetensors data is in C order: one byte range of the file), as
-  // a tensor of `rows` rows. The checksum covers the whole tensor, so it is
-  // checked only when the rows are all of it: a partial read of a file
-  // tdist wrote is not verified (files of other writers carry none).
+  // a tensor of `rows` rows. Memory: those rows (and 1 MiB). The checksum
+  // covers the whole tensor: where the file has one (tdist wrote it; other
+  // writers' files carry none), the bytes around the rows are read through
+  // the CRC too, so a part is checked as a whole read is.
   // CheckpointError when the rows lie outside the tensor.
   at::Tensor read_rows(const std::string& name, int64_t first_row, int64_t rows) const;
   const std::string& path() const;

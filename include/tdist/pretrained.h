@@ -19,9 +19,20 @@
 //
 // Loading is local (no collective: each rank reads the files itself) and
 // reads only what the rank keeps: under FSDP each parameter's rows of this
-// rank (memory: the shard plus at most one tensor's bytes); everything is
-// checked (every entry found, shapes equal, with strict nothing unexpected)
-// before the model changes. Values are converted to the model's dtypes.
+// rank (a safetensors file: those rows' bytes; a .pt file: the tensor's
+// storage, then its rows; memory: the shard plus at most one tensor's
+// bytes); everything is checked (every file opened and its header or zip
+// directory checked, every entry found, shapes equal, dtypes convertible,
+// .pt views inside their storage, with strict nothing unexpected) before
+// the model changes. Only damage that reading itself finds (a checksum
+// that does not match) is raised after earlier entries were copied. Values
+// are converted to the model's dtypes (floating point to floating point,
+// integers to integers) and copied in under NoGradGuard: the parameters
+// stay the same tensors, so optimizers built on them stay valid. A tied
+// entry whose file holds several of its names (Python's state_dict has
+// both) checks each and loads the first in the model's order.
+// Values of a .pt state dict that are not tensors are skipped (listed in
+// the report's `ignored`).
 // Errors: CheckpointError naming the file and the entry (a name or shape
 // that does not match: both names, both shapes); UsageError for bad
 // options. A corrupt, truncated or hostile file is refused with bounded
@@ -50,7 +61,7 @@ struct LoadPretrainedOptions {
   std::string base_model_prefix;
   // ECMAScript regular expressions of file keys that are skipped (GPT-2's
   // old checkpoints carry the attention masks "h.0.attn.bias" and
-  // "h.0.attn.masked_bias").
+  // "h.0.attn.masked_bias"). Keys longer than 1 KiB never match.
   std::vector<std::string> ignore_unexpected;
 };
 
@@ -84,11 +95,19 @@ struct SavePretrainedOptions {
 
 // Writes `dir` (created if missing; files of an earlier save there are
 // replaced, crash-safe one file at a time): each tensor in the model's
-// dtype, in the model's order, with the "format": "pt" metadata
-// transformers requires. Under FSDP collective (every rank calls it):
-// units are gathered one at a time and rank 0 writes as they come (memory:
-// one unit's full parameters). Without FSDP only the caller writes; under
-// DDP call it on one rank.
+// dtype (a buffer FSDP converted: in its own), shards filled in the
+// model's order, with the "format": "pt" metadata transformers requires.
+// Shards are written first, then the index ({"metadata": {"total_size":
+// bytes}, "weight_map": {name: file}}), then config.json; last, files of
+// an earlier save that this one does not name (model-*-of-*.safetensors,
+// model.safetensors beside an index, the index beside one file) are
+// removed, so a later load never reads a stale one. Under FSDP collective
+// (every rank calls it): units are gathered one at a time and rank 0
+// writes as they come (memory: one unit's full parameters; within a file
+// the units' tensors come first, in the order they are gathered); every
+// rank returns once the files are in place, or throws rank 0's error (a
+// CheckpointError "rank 0 failed: ..." on the others). Without
+// FSDP only the caller writes; under DDP call it on one rank.
 void save_pretrained(torch::nn::Module& model, const std::string& dir, const SavePretrainedOptions& options = {});
 
 }  // namespace tdist

@@ -9,9 +9,11 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -69,6 +71,8 @@ std::string also(const Entry& e) {
   return s + ")";
 }
 
+constexpr size_t kMaxMatchedKey = 1024;
+
 // Each entry's tensor in the files (null: missing), checked: shapes equal,
 // dtypes convertible, every key used or skipped (with strict).
 std::vector<const SourceTensor*> match(const std::vector<Entry>& entries, const Units& units,
@@ -122,8 +126,10 @@ std::vector<const SourceTensor*> match(const std::vector<Entry>& entries, const 
   }
   for (const auto& t : files.tensors()) {
     if (used.count(&t)) continue;
+    // std::regex recurses per character: a hostile key of megabytes would
+    // overflow the stack, so keys past kMaxMatchedKey never match.
     bool skip = false;
-    for (const auto& r : ignore) skip = skip || std::regex_match(t.key, r);
+    for (const auto& r : ignore) skip = skip || (t.key.size() <= kMaxMatchedKey && std::regex_match(t.key, r));
     if (!skip && options.strict) {
       throw CheckpointError("load_pretrained: " + files.files()[t.file] + ": '" + t.key +
                             "' is not in the model (skip it with ignore_unexpected, or load with strict = false)");
@@ -225,6 +231,16 @@ void remove_stale(const std::string& dir, const std::set<std::string>& keep) {
   for (const auto& name : stale) ::unlink((dir + "/" + name).c_str());
 }
 
+// Rank 0's words ("" when all went well) on every rank.
+std::string rank0_outcome(ProcessGroup& pg, const std::string& mine) {
+  constexpr int64_t kBytes = 1024;
+  at::Tensor t = at::zeros({kBytes}, at::kByte);
+  if (pg.rank() == 0) std::memcpy(t.data_ptr(), mine.data(), std::min<size_t>(mine.size(), kBytes - 1));
+  pg.broadcast(t)->wait();
+  const char* text = static_cast<const char*>(t.data_ptr());
+  return std::string(text, strnlen(text, kBytes));
+}
+
 }  // namespace
 
 void save_pretrained(torch::nn::Module& model, const std::string& dir, const SavePretrainedOptions& options) {
@@ -287,15 +303,28 @@ void save_pretrained(torch::nn::Module& model, const std::string& dir, const Sav
     if (!gathered[i]) order.push_back(i);
   }
 
+  // Rank 0 keeps its first error and goes on gathering, so that the other
+  // ranks' collectives complete; then every rank hears how it went.
+  std::exception_ptr error;
+  const auto attempt = [&](const std::function<void()>& fn) {
+    if (error) return;
+    try {
+      fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  };
   std::vector<std::unique_ptr<SafetensorsWriter>> writers;
   if (writes) {
-    make_directory(dir);
-    std::vector<std::vector<SafetensorsTensorInfo>> declared(files);
-    for (const size_t i : order) declared[file_of[i]].push_back(infos[i]);
-    for (size_t f = 0; f < files; ++f) {
-      writers.push_back(std::make_unique<SafetensorsWriter>(dir + "/" + names[f], std::move(declared[f]),
-                                                            std::map<std::string, std::string>{{"format", "pt"}}));
-    }
+    attempt([&] {
+      make_directory(dir);
+      std::vector<std::vector<SafetensorsTensorInfo>> declared(files);
+      for (const size_t i : order) declared[file_of[i]].push_back(infos[i]);
+      for (size_t f = 0; f < files; ++f) {
+        writers.push_back(std::make_unique<SafetensorsWriter>(dir + "/" + names[f], std::move(declared[f]),
+                                                              std::map<std::string, std::string>{{"format", "pt"}}));
+      }
+    });
   }
   const auto write = [&](size_t i, const at::Tensor& t) {
     const at::Tensor cpu = t.detach().to(at::TensorOptions().device(at::kCPU).dtype(infos[i].dtype));
@@ -303,37 +332,49 @@ void save_pretrained(torch::nn::Module& model, const std::string& dir, const Sav
   };
   at::NoGradGuard no_grad;
   if (pg && !units.empty()) {
-    // Rank 0 keeps its first error and goes on gathering, so that the
-    // other ranks' collectives complete; it throws at the end.
-    std::exception_ptr error;
     detail::visit_gathered(model, [&](const std::string& name, const at::Tensor& full) {
-      if (!writes || error) return;
+      if (!writes) return;
       const auto it = by_name.find(name);
       if (it == by_name.end() || !gathered[it->second]) return;
-      try {
-        write(it->second, full);
-      } catch (...) {
-        error = std::current_exception();
-      }
+      attempt([&] { write(it->second, full); });
     });
-    if (error) std::rethrow_exception(error);
   }
-  if (!writes) return;
-  for (const size_t i : order) {
-    if (!gathered[i]) write(i, entries[i].tensor);
+  if (writes) {
+    attempt([&] {
+      for (const size_t i : order) {
+        if (!gathered[i]) write(i, entries[i].tensor);
+      }
+      for (auto& w : writers) w->finish();
+      if (files > 1) {
+        Json index;
+        index["metadata"]["total_size"] = total;
+        index["weight_map"] = Json::object();
+        for (size_t i = 0; i < entries.size(); ++i) index["weight_map"][entries[i].name] = names[file_of[i]];
+        write_text(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
+      }
+      std::set<std::string> keep(names.begin(), names.end());
+      if (files > 1) keep.insert("model.safetensors.index.json");
+      remove_stale(dir, keep);
+      if (!options.config_json.empty()) write_text(dir + "/config.json", options.config_json);
+    });
   }
-  for (auto& w : writers) w->finish();
-  if (files > 1) {
-    Json index;
-    index["metadata"]["total_size"] = total;
-    index["weight_map"] = Json::object();
-    for (size_t i = 0; i < entries.size(); ++i) index["weight_map"][entries[i].name] = names[file_of[i]];
-    write_text(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
+  if (pg && !units.empty()) {
+    // Every rank returns once the files are in place, or throws rank 0's error.
+    std::string mine;
+    if (error) {
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& e) {
+        mine = e.what();
+      } catch (...) {
+        mine = "an unknown error";
+      }
+      if (mine.empty()) mine = "an error without a message";
+    }
+    const std::string outcome = rank0_outcome(*pg, mine);
+    if (!outcome.empty() && !error) throw CheckpointError("save_pretrained: rank 0 failed: " + outcome);
   }
-  std::set<std::string> keep(names.begin(), names.end());
-  if (files > 1) keep.insert("model.safetensors.index.json");
-  remove_stale(dir, keep);
-  if (!options.config_json.empty()) write_text(dir + "/config.json", options.config_json);
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace tdist

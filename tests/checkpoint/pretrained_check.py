@@ -1,6 +1,7 @@
 """The Python side of pretrained_test.cpp (run with the .venv's torch 2.x and transformers).
 
-  small PT       torch.save of a small module's state_dict (runs with torch 1.13 too)
+  small PT       torch.save of a small module's state_dict (runs with torch 1.13 too), and
+                 of {"model": state_dict, "step": 3} beside it (PT's stem + "-wrapped.pt")
   make OUT       writes the inputs the test loads into OUT:
                    small.pt            torch.save of a small module's state_dict (a tied weight, two
                                        views of one storage, a transposed weight, fp16 and bf16)
@@ -53,6 +54,7 @@ def small(path):
     assert sd["emb.weight"].storage().data_ptr() == sd["head.weight"].storage().data_ptr()
     assert not sd["proj.weight"].is_contiguous()
     torch.save(sd, path)
+    torch.save({"model": sd, "step": 3}, path[:-3] + "-wrapped.pt")
 
 
 def make(out):

@@ -228,6 +228,25 @@ TEST_F(Pretrained, TorchSaveStateDictLoadsIntoAPlainModule) {
     EXPECT_EQ(differs(plain_state(*model), in(name + ".ref.safetensors")), "");
     EXPECT_EQ(model->named_parameters()["head.weight"].data_ptr(), model->named_parameters()["emb.weight"].data_ptr());
   }
+  // {"model": state_dict}, and a pytorch_model.bin.index.json naming .bin shards.
+  {
+    Tree model = build(small_specs(), 1);
+    const auto report = tdist::load_pretrained(*model, in("small-wrapped.pt"));
+    EXPECT_TRUE(report.ignored.empty());
+    EXPECT_EQ(differs(plain_state(*model), in("small.ref.safetensors")), "");
+  }
+  {
+    tdist::test::TempDir dir;
+    fs::copy(in("small.pt"), dir.path() + "/pytorch_model-00001-of-00001.bin");
+    nlohmann::json index;
+    index["metadata"]["total_size"] = 1;
+    for (const auto& s : small_specs()) index["weight_map"][s.name] = "pytorch_model-00001-of-00001.bin";
+    std::ofstream(dir.path() + "/pytorch_model.bin.index.json") << index.dump();
+    Tree model = build(small_specs(), 1);
+    const auto report = tdist::load_pretrained(*model, dir.path());
+    EXPECT_EQ(report.files, std::vector<std::string>{dir.path() + "/pytorch_model-00001-of-00001.bin"});
+    EXPECT_EQ(differs(plain_state(*model), in("small.ref.safetensors")), "");
+  }
   // fp16 and bf16 into an fp32 module, fp32 into bf16: converted.
   auto specs = small_specs();
   for (auto& s : specs) s.dtype = s.dtype == at::kFloat ? at::kBFloat16 : at::kFloat;
@@ -291,6 +310,16 @@ TEST_F(Pretrained, HuggingFaceDirectoriesLoadIntoFsdpAtWorlds2And3) {
   }
 }
 
+TEST_F(Pretrained, HuggingFaceDirectoryLoadsIntoDdp) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup&) {
+    tdist::DistributedDataParallel<Tree> model{build(gpt2_specs(), 6)};
+    const auto report = tdist::load_pretrained(*model, in("gpt2-sharded"));
+    WORLD_CHECK(report.loaded.size() == gpt2_specs().size() - 1, report.loaded.size());
+    const std::string d = differs(full_state(*model), in("gpt2.ref.safetensors"));
+    WORLD_CHECK(d.empty(), d);
+  }), "");
+}
+
 // ---- save_pretrained ---------------------------------------------------------------------
 
 TEST_F(Pretrained, SavedDirectoriesLoadInTransformersBitForBit) {
@@ -338,6 +367,14 @@ TEST_F(Pretrained, SavedDirectoriesLoadInTransformersBitForBit) {
     tdist::load_pretrained(*fsdp, dir("plain"));
     tdist::save_pretrained(*fsdp, dir("fsdp"), one);
     tdist::save_pretrained(*fsdp, dir("fsdp-sharded"), sharded);
+    // Rank 0 cannot write there (a file is on the way): every rank hears it.
+    bool threw = false;
+    try {
+      tdist::save_pretrained(*fsdp, dir("ref.safetensors") + "/sub", one);
+    } catch (const CheckpointError& e) {
+      threw = std::string(e.what()).find("ref.safetensors/sub") != std::string::npos;
+    }
+    WORLD_CHECK(threw, "a save rank 0 could not write did not fail with its words");
   }), "");
   // Back into tdist, and into transformers.
   for (const std::string n : {"plain", "plain-sharded", "sharded-then-one", "fsdp", "fsdp-sharded"}) {
@@ -350,6 +387,38 @@ TEST_F(Pretrained, SavedDirectoriesLoadInTransformersBitForBit) {
     args += " " + dir(n) + " " + dir("ref.safetensors");
   }
   EXPECT_NO_THROW(python(kVenvPython, args));
+}
+
+// SafetensorsReader::read_rows: the rows, and the checksum of the whole
+// tensor checked though only rows are kept.
+TEST(SafetensorsRows, ReadRowsChecksTheWholeTensor) {
+  tdist::test::TempDir out;
+  const std::string path = out.path() + "/t.safetensors";
+  torch::OrderedDict<std::string, at::Tensor> t;
+  t.insert("w", torch::randn({5, 3}));
+  t.insert("v", torch::randn({4}));
+  tdist::save_safetensors(path, t);
+  {
+    tdist::SafetensorsReader r(path);
+    EXPECT_TRUE(torch::equal(r.read_rows("w", 1, 3), t["w"].narrow(0, 1, 3)));
+    EXPECT_EQ(r.read_rows("w", 5, 0).sizes(), (std::vector<int64_t>{0, 3}));
+    EXPECT_THROW(r.read_rows("w", 4, 2), CheckpointError);
+  }
+  // One byte of w's last row changed: reading its first row fails.
+  const auto size = fs::file_size(path);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size - 4 * 4 - 2));
+    f.put('\x55');
+  }
+  tdist::SafetensorsReader r(path);
+  try {
+    r.read_rows("w", 0, 1);
+    ADD_FAILURE() << "read";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("corrupt"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(torch::equal(r.read("v"), t["v"]));
 }
 
 // ---- refused --------------------------------------------------------------------------
