@@ -17,6 +17,14 @@
 // names the first that does not: a CheckpointError. Values are copied into
 // the model's own tensors (converted to their dtype, as load_state_dict
 // does), so optimizers built on them stay valid.
+//
+// Tied parameters (one tensor registered under several names, as GPT-2's
+// lm_head.weight is its transformer.wte.weight): the full state dict lists
+// every name, one tensor under each (as Python's state_dict()); the sharded
+// state dict, and so sharded checkpoints, hold it once, under its first
+// name in model order. Loading wants at least one of its names (Hugging
+// Face files drop lm_head.weight); two present with different values are a
+// CheckpointError naming both.
 #pragma once
 
 #include <ATen/core/Tensor.h>

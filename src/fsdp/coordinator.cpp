@@ -31,7 +31,7 @@ void FsdpState::before_grad_accumulates(size_t index) {
 
 void FsdpState::on_grad_ready(size_t index) {
   if (!tracker->mark_arrived(index)) return;
-  if (++arrived < tracker->size() || ready_at_backward_end) return;  // end_of_backward launches it
+  if (++arrived < tracker->size()) return;
   if (auto c = current.lock()) c->unit_ready(*this);
 }
 

@@ -35,12 +35,11 @@ struct FsdpState : GradReadyListener, std::enable_shared_from_this<FsdpState> {
     std::string name;
     std::vector<std::string> aliases;
   };
+  // A parameter used under several names, or by an inner unit's modules
+  // too, has one accumulator, which autograd runs once per backward with
+  // the gradients of every use summed (checkpoint_module hands its
+  // gradients to the outer backward): its arrival means it is whole.
   std::vector<OriginalName> original_names;
-  // The unit reduces only at the end of backward: it owns a parameter
-  // used under several names or by an inner unit's modules, whose
-  // accumulator may run more than once per backward (once per
-  // checkpointed use), so its arrival does not mean its gradient is whole.
-  bool ready_at_backward_end = false;
   // Buffers converted to buffer_dtype, with their dtype before.
   std::vector<std::pair<const c10::TensorImpl*, at::ScalarType>> converted_buffers;
   std::optional<GradReadyTracker> tracker;  // over the unit's trainable parameters, in unit order

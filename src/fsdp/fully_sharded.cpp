@@ -47,8 +47,9 @@ bool claimed(const at::Tensor& p) {
   return claims().owner.count(p.unsafeGetTensorImpl()) > 0;
 }
 
-// aliases[k]: params[k]'s other names in this unit's modules (how the
-// error names the uses).
+// Claims params (named as in this unit) for the unit `label`, or, if one is
+// owned already, claims none and throws a UsageError naming both uses and
+// the fix.
 void claim(const std::string& label, const std::vector<std::string>& names, const std::vector<at::Tensor>& params) {
   std::lock_guard<std::mutex> lock(claims().mu);
   for (size_t k = 0; k < params.size(); ++k) {
@@ -80,9 +81,8 @@ std::string join(const std::string& a, const std::string& b) { return a.empty() 
 // stopping at inner wrappers (they own theirs) except for the parameters
 // no wrapper claimed there (auto_wrap_children left a shared one to this
 // wrapper), and leaving out those auto_wrap_children defers to a wrapper
-// around this one.
-// original: the same names without the steps into a wrapper's "module"
-// (a CheckpointModule inside the unit).
+// around this one. Names: in the wrapped module (a CheckpointModule's
+// "module" step included).
 struct Collected {
   std::vector<char> norm;  // per parameter: a BatchNorm's
   std::vector<std::string> names;
@@ -112,40 +112,29 @@ void collect(torch::nn::Module& m, const std::string& prefix, bool in_inner, Col
   }
 }
 
-// Every parameter registration in m's tree, into wrappers too, in model
-// order: its name without the wrappers' "module" steps, and whether it
-// lies inside a wrapper below m.
-struct Registration {
-  std::string original;
-  bool in_inner;
-};
-void registrations(torch::nn::Module& m, const std::string& original, bool in_inner,
-                   std::unordered_map<const c10::TensorImpl*, std::vector<Registration>>& out) {
+// Every name of each parameter in m's tree, into wrappers too, in model
+// order, without the wrappers' "module" steps.
+void registrations(torch::nn::Module& m, const std::string& original,
+                   std::unordered_map<const c10::TensorImpl*, std::vector<std::string>>& out) {
   for (const auto& p : m.named_parameters(/*recurse=*/false)) {
-    out[p.value().unsafeGetTensorImpl()].push_back({join(original, p.key()), in_inner});
+    out[p.value().unsafeGetTensorImpl()].push_back(join(original, p.key()));
   }
   const bool wrapper = dynamic_cast<WrapperModule*>(&m) != nullptr;
   for (const auto& c : m.named_children()) {
     const bool step = wrapper && c.key() == "module";
-    const bool inner = in_inner || dynamic_cast<FullyShardedModule*>(c.value().get()) != nullptr;
-    registrations(*c.value(), step ? original : join(original, c.key()), inner, out);
+    registrations(*c.value(), step ? original : join(original, c.key()), out);
   }
 }
 
 // Per unit parameter: its first name in model order (without wrapper
-// steps) and its other names. Sets s.ready_at_backward_end where a
-// parameter is registered more than once or inside an inner wrapper (its
-// accumulator may run once per checkpointed use).
+// steps) and its other names.
 void name_params(torch::nn::Module& module, const std::vector<at::Tensor>& params, FsdpState& s) {
-  std::unordered_map<const c10::TensorImpl*, std::vector<Registration>> regs;
-  registrations(module, "", false, regs);
+  std::unordered_map<const c10::TensorImpl*, std::vector<std::string>> names;
+  registrations(module, "", names);
   s.original_names.clear();
   for (const auto& p : params) {
-    const auto& r = regs.at(p.unsafeGetTensorImpl());
-    FsdpState::OriginalName n{r.front().original, {}};
-    for (size_t i = 1; i < r.size(); ++i) n.aliases.push_back(r[i].original);
-    if (r.size() > 1 || r.front().in_inner) s.ready_at_backward_end = true;
-    s.original_names.push_back(std::move(n));
+    const auto& all = names.at(p.unsafeGetTensorImpl());
+    s.original_names.push_back({all.front(), std::vector<std::string>(all.begin() + 1, all.end())});
   }
 }
 

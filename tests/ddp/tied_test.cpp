@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "tdist/comm_hooks.h"
 #include "tdist/ddp.h"
 #include "tests/fsdp/tied_models.h"
 #include "tests/util/world.h"
@@ -20,6 +21,15 @@ void train_and_compare(ProcessGroup& pg, const tdist::DistributedDataParallelOpt
   torch::manual_seed(7);
   TiedLm net(true);
   tdist::DistributedDataParallel<TiedLm> ddp(net, o);
+  // What the buckets reduce: each parameter once (the tied tensor too).
+  auto reduced = std::make_shared<int64_t>(0);
+  auto group = tdist::default_group();
+  ddp->register_comm_hook(reduced, [group](const std::shared_ptr<int64_t>& n, tdist::GradBucket& b) {
+    for (const auto& g : b.gradients()) *n += g.numel();
+    return tdist::allreduce_hook(group, b);
+  });
+  int64_t unique_numel = 0;
+  for (const auto& p : tdist::unique_parameters(*net)) unique_numel += p.numel();
   auto opt = tdist::test::tied_optimizer(tdist::unique_parameters(*net));
   for (int step = 0; step < tdist::test::kTiedSteps; ++step) {
     opt.zero_grad();
@@ -30,6 +40,8 @@ void train_and_compare(ProcessGroup& pg, const tdist::DistributedDataParallelOpt
         .backward();
     opt.step();
   }
+  WORLD_CHECK(*reduced == tdist::test::kTiedSteps * unique_numel,
+              "reduced " << *reduced << " gradient elements, not " << tdist::test::kTiedSteps << " x " << unique_numel);
   size_t compared = 0;
   for (const auto& p : net->named_parameters()) {
     const auto& want = reference.at(p.key());

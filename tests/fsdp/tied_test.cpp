@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <map>
 
 #include "tdist/tdist.h"
 #include "tests/fsdp/models.h"
@@ -139,6 +140,86 @@ void run_strategy(ShardingStrategy strategy) {
 TEST(TiedFsdp, FullShardTrainsAsOneProcess) { run_strategy(ShardingStrategy::FULL_SHARD); }
 TEST(TiedFsdp, ShardGradOpTrainsAsOneProcess) { run_strategy(ShardingStrategy::SHARD_GRAD_OP); }
 TEST(TiedFsdp, NoShardTrainsAsOneProcess) { run_strategy(ShardingStrategy::NO_SHARD); }
+
+// The lowest common unit: two blocks inside a picked stage share a tensor
+// (nothing outside the stage uses it), so neither block's unit owns it but
+// the stage's does; training gives one process's weights.
+struct StageImpl : torch::nn::Module {
+  StageImpl() {
+    const auto shared = torch::randn({tdist::test::kTiedVocab, tdist::test::kTiedWidth}) * 0.3;
+    blocks = register_module("blocks", torch::nn::Sequential(TiedBlock(shared), TiedBlock(shared)));
+  }
+  torch::Tensor forward(torch::Tensor x) { return blocks->forward(x); }
+  torch::nn::Sequential blocks{nullptr};
+};
+TORCH_MODULE(Stage);
+
+struct StagedLmImpl : torch::nn::Module {
+  StagedLmImpl() {
+    wte = register_module("wte", torch::nn::Embedding(tdist::test::kTiedVocab, tdist::test::kTiedWidth));
+    h = register_module("h", torch::nn::Sequential(Stage(), TiedBlock()));
+    lm_head = register_module("lm_head", tdist::test::LmHead(wte->weight));
+  }
+  torch::Tensor forward(torch::Tensor ids) { return lm_head(h->forward(wte(ids))); }
+  torch::nn::Embedding wte{nullptr};
+  torch::nn::Sequential h{nullptr};
+  tdist::test::LmHead lm_head{nullptr};
+};
+TORCH_MODULE(StagedLm);
+
+TEST(TiedFsdp, ASharedTensorBelongsToTheLowestUnitAroundItsUses) {
+  std::map<std::string, torch::Tensor> reference;
+  {
+    torch::manual_seed(7);
+    StagedLm net;
+    auto opt = tdist::test::tied_optimizer(tdist::unique_parameters(*net));
+    for (int step = 0; step < tdist::test::kTiedSteps; ++step) {
+      opt.zero_grad();
+      tdist::test::tied_loss(net, tdist::test::tied_batch(step)).backward();
+      opt.step();
+    }
+    for (const auto& p : net->named_parameters()) reference[p.key()] = p.value().detach().clone();
+  }
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    tdist::FullyShardedDataParallelOptions o;
+    o.auto_wrap_policy = tdist::lambda_auto_wrap_policy(
+        [](torch::nn::Module& m) { return m.as<TiedBlock>() != nullptr || m.as<Stage>() != nullptr; });
+    torch::manual_seed(7);
+    tdist::FSDP<StagedLm> model(StagedLm(), o);
+    const auto md = model->get_shard_metadata();
+    WORLD_CHECK(md.units.size() == 5, md.units.size() << " units");
+    size_t owners = 0;
+    for (const auto& u : md.units) {
+      for (const auto& p : u.params) {
+        WORLD_CHECK(p.original_name != "h.0.blocks.1.emb" && p.original_name != "lm_head.weight", p.original_name);
+        if (p.original_name == "wte.weight") WORLD_CHECK(u.prefix.empty(), "wte.weight in " << u.prefix);
+        if (p.original_name != "h.0.blocks.0.emb") continue;
+        ++owners;
+        WORLD_CHECK(u.prefix == "module.h.0", "the shared tensor is owned by '" << u.prefix << "'");
+        WORLD_CHECK(p.aliases == std::vector<std::string>{"h.0.blocks.1.emb"}, p.aliases.size());
+      }
+    }
+    WORLD_CHECK(owners == 1, owners << " units own the shared tensor");
+    auto opt = tdist::test::tied_optimizer(tdist::unique_parameters(*model));
+    for (int step = 0; step < tdist::test::kTiedSteps; ++step) {
+      opt.zero_grad();
+      const auto ids = tdist::test::tied_rows(tdist::test::tied_batch(step), pg.rank(), pg.size());
+      tdist::test::tied_loss(model, ids).backward();
+      opt.step();
+    }
+    auto full = model->summon_full_params(/*writeback=*/false);
+    size_t compared = 0;
+    for (const auto& p : model->named_parameters()) {
+      const std::string name = tdist::test::strip_wrappers(p.key());
+      const auto it = reference.find(name);
+      WORLD_CHECK(it != reference.end(), "no reference parameter " << name);
+      const double err = (p.value() - it->second).norm().item<double>() / it->second.norm().item<double>();
+      WORLD_CHECK(err <= 1e-5, name << " differs by " << err << " (relative)");
+      ++compared;
+    }
+    WORLD_CHECK(compared == reference.size(), compared << " of " << reference.size());
+  }), "");
+}
 
 // The second block wrapped by hand owns the tied tensor (as its "emb"); the
 // outer wrapper then finds it as its own wte.weight and lm_head.weight.
