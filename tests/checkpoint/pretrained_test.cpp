@@ -149,20 +149,9 @@ std::vector<Spec> gpt2_specs(const std::string& prefix = "transformer.", at::Sca
   return out;
 }
 
-// An FSDP model: a unit per block, the rest in the root's. Without the
-// tied names (head.weight, lm_head.weight): FSDP here refuses one
-// parameter registered twice ("already sharded by another FSDP wrapper");
-// issue 35 item 2 makes tied parameters work under FSDP, and with it these
-// tests should keep them (set kFsdpTies).
-constexpr bool kFsdpTies = false;
+// An FSDP model: a unit per block, the rest in the root's (the tied head
+// with its embedding).
 tdist::FSDP<Tree> fsdp_model(std::vector<Spec> specs, uint64_t seed) {
-  if (!kFsdpTies) {
-    std::vector<Spec> untied;
-    for (auto& s : specs) {
-      if (s.tied_to.empty()) untied.push_back(std::move(s));
-    }
-    specs = std::move(untied);
-  }
   return tdist::FSDP<Tree>(build(specs, seed, /*fsdp=*/true), tdist::FullyShardedDataParallelOptions());
 }
 
@@ -260,7 +249,6 @@ TEST_F(Pretrained, TorchSaveStateDictLoadsIntoFsdpAtWorlds2And3) {
     EXPECT_EQ(run_world(world, [](ProcessGroup&) {
       tdist::FSDP<Tree> model = fsdp_model(small_specs(), 2);
       LoadPretrainedOptions o;
-      if (!kFsdpTies) o.ignore_unexpected = {"head\\.weight"};
       tdist::load_pretrained(*model, in("small.pt"), o);
       const std::string d = differs(full_state(*model), in("small.ref.safetensors"));
       WORLD_CHECK(d.empty(), d);
