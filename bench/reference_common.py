@@ -5,6 +5,15 @@ import sys
 import time
 
 
+def vm_kib(field):
+    """A field of /proc/self/status ("VmRSS", "VmHWM") in KiB; 0 if absent."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
 def collect(procs, out, timeout=1800):
     """Rank 0's result; if a rank dies first (its traceback is on stderr),
     stops the others and exits non-zero rather than waiting out the timeout."""

@@ -41,7 +41,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from reference_common import run_ranks
+from reference_common import run_ranks, vm_kib
 
 IN_FEATURES, CLASSES = 32, 10
 
@@ -87,13 +87,6 @@ def batch(step, rank, world, rows):
     y = (step * 7 + torch.arange(lo, hi, dtype=torch.int64)) % CLASSES
     return x, y
 
-
-def vm_kib(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
 
 
 def wrap(net, api):

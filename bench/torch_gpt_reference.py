@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference_common import run_ranks  # noqa: E402
+from reference_common import run_ranks, vm_kib  # noqa: E402
 
 MASK64 = (1 << 64) - 1
 
@@ -68,13 +68,6 @@ def lr_at(a, step):
     progress = min(1.0, (step - a.warmup) / decay)
     return a.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (a.lr - a.min_lr)
 
-
-def vm_kib(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
 
 
 def rank_main(rank, world, port, a, out):

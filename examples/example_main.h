@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -36,6 +37,16 @@ int run_example(const char* name, const std::string& backend, Train train) {
     std::fprintf(stderr, "%s: %s\n", name, e.what());
     return 1;
   }
+}
+
+// A field of /proc/self/status ("VmRSS", "VmHWM") in bytes; 0 if absent.
+inline int64_t proc_status_bytes(const char* field) {
+  std::ifstream f("/proc/self/status");
+  const std::string key = std::string(field) + ":";
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size())) * 1024;
+  }
+  return 0;
 }
 
 // Writes j to path; false (after saying so on stderr) when it cannot.

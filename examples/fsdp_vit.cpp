@@ -78,13 +78,6 @@ Args parse(int argc, char** argv) {
 }
 
 
-int64_t status_bytes(const char* field) {
-  std::ifstream f("/proc/self/status");
-  for (std::string line; std::getline(f, line);) {
-    if (line.rfind(std::string(field) + ":", 0) == 0) return std::stoll(line.substr(std::strlen(field) + 1)) * 1024;
-  }
-  return 0;
-}
 
 int train(const Args& a, tdist::ProcessGroup& pg) {
   const int rank = pg.rank(), world = pg.size();
@@ -105,7 +98,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
     make_block = [&o](const examples::VitConfig& c) { return tdist::wrap(examples::VitBlock(c), o); };
   }
   torch::manual_seed(a.seed);
-  const int64_t rss0 = status_bytes("VmRSS");
+  const int64_t rss0 = examples::proc_status_bytes("VmRSS");
   tdist::FSDP<examples::Vit> model(examples::Vit(examples::VitConfig{a.depth, a.dim, a.heads}, make_block), root);
   if (rank == 0) std::cout << *model << "\n";
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(a.lr).weight_decay(0.01));
@@ -157,7 +150,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
   const double accuracy = examples::test_accuracy(data, pg, [&](const torch::Tensor& x) { return model(x); });
   // Per rank: peak bytes of the process over its size before the model.
   torch::Tensor mem = torch::zeros({world}, torch::kDouble);
-  mem[rank] = static_cast<double>(status_bytes("VmHWM") - rss0);
+  mem[rank] = static_cast<double>(examples::proc_status_bytes("VmHWM") - rss0);
   pg.all_reduce(mem)->wait();
   const double ms_per_step = 1000 * train_seconds / std::max<int64_t>(steps, 1);
   if (rank == 0) {

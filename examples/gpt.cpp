@@ -152,13 +152,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-int64_t status_bytes(const char* field) {
-  std::ifstream f("/proc/self/status");
-  for (std::string line; std::getline(f, line);) {
-    if (line.rfind(std::string(field) + ":", 0) == 0) return std::stoll(line.substr(std::strlen(field) + 1)) * 1024;
-  }
-  return 0;
-}
 
 // The model as trained: its root module (for state dicts, saving,
 // clipping) and its forward, whatever wraps it.
@@ -325,7 +318,7 @@ int run(const Args& a, tdist::ProcessGroup& pg) {
                              std::to_string(cfg.n_positions) + ")");
   }
   const examples::ByteText text(a.data.empty() ? examples::fortunes_corpus() : examples::read_text_file(a.data));
-  const int64_t rss0 = status_bytes("VmRSS");
+  const int64_t rss0 = examples::proc_status_bytes("VmRSS");
   Trained m = build(a, cfg, device);
   if (!a.from_pretrained.empty()) {
     tdist::LoadPretrainedOptions lo;
@@ -399,7 +392,7 @@ int run(const Args& a, tdist::ProcessGroup& pg) {
   bar.finish();
   // Peak memory of training (before the evaluation and the save).
   torch::Tensor mem = torch::zeros({world}, torch::kDouble);
-  mem[rank] = static_cast<double>(status_bytes("VmHWM"));
+  mem[rank] = static_cast<double>(examples::proc_status_bytes("VmHWM"));
   pg.all_reduce(mem)->wait();
   // Speed: the median step after two warm-up steps, the slowest rank's.
   torch::Tensor ms = torch::tensor(step_ms.empty() ? std::vector<double>{0.0} : step_ms, torch::kDouble);
