@@ -4,6 +4,8 @@
 
 #include <cstdio>
 
+#include <ATen/Parallel.h>
+
 #include "store/socket.h"
 #include "tests/util/process.h"
 
@@ -40,6 +42,14 @@ std::string run_world(int world, const std::function<void(ProcessGroup&)>& fn, c
   std::vector<pid_t> kids;
   for (int r = 0; r < world; ++r) {
     kids.push_back(fork_child([&, r] {
+      // One intra-op thread per rank, as tdist-run gives on a small machine.
+      // It is also what makes the fork safe: a parent that already ran an
+      // OpenMP region (a single-process reference computed before the ranks)
+      // leaves its thread pool behind, and libgomp has no fork handler, so a
+      // child's next parallel region would wait forever at that pool's
+      // barrier (seen with the PyPI wheel's libgomp). With one thread ATen
+      // runs every loop inline and never enters the pool.
+      at::set_num_threads(1);
       std::shared_ptr<ProcessGroup> pg;
       bool finished = false;
       const auto finish = [&] {
