@@ -63,7 +63,7 @@ one() {  # one() NAME SHAPE_ARGS STEPS WORLD MODE PRECISION ROUND
   [ "$mode" = ddp ] && tmode="--ddp" && pmode=ddp
   echo "# $tag: tdist"
   if ! "$build/bin/tdist-run" --nproc-per-node "$world" "$build/bin/gpt" $args $tmode --precision "$precision" \
-      --quiet --sample-bytes 0 --json "$out/tdist-$tag.json" --save-pretrained "$out/tdist-$tag" > "$out/tdist-$tag.log" 2>&1; then
+      --quiet --sample-bytes 0 --skip-eval --json "$out/tdist-$tag.json" --save-pretrained "$out/tdist-$tag" > "$out/tdist-$tag.log" 2>&1; then
     echo "tdist failed: $out/tdist-$tag.log" >&2; tail -5 "$out/tdist-$tag.log" >&2; failed=1; return
   fi
   echo "# $tag: PyTorch"

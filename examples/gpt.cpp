@@ -53,6 +53,7 @@ struct Args {
   int64_t warmup = 20;
   uint64_t seed = 1337;
   bool eval_only = false;
+  bool skip_eval = false;
   int64_t eval_interval = 0;
   int64_t eval_batch = 32;
   std::string prompt = "The meaning of life is ";
@@ -123,6 +124,8 @@ Args parse(int argc, char** argv) {
   app.add_option("--warmup", a.warmup, "linear warmup steps")->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--seed", a.seed)->capture_default_str();
   app.add_flag("--eval-only", a.eval_only, "no training: print the validation loss");
+  app.add_flag("--skip-eval", a.skip_eval,
+               "no validation at the end (a big shape's timing run: the full split costs far more than a few steps)");
   app.add_option("--eval-interval", a.eval_interval, "also evaluate every N steps (0: at the end only)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--eval-batch", a.eval_batch, "validation windows per forward")->check(examples::positive())
@@ -147,6 +150,7 @@ Args parse(int argc, char** argv) {
   if (a.ddp && a.precision == "bf16") {
     usage("--precision bf16 is FSDP's mixed precision: with DDP train in fp32 (or use --fsdp no, DDP's strategy with bf16)");
   }
+  if (a.eval_only && a.skip_eval) usage("--eval-only and --skip-eval contradict each other");
   if (a.eval_only) a.steps = 0;
   if (a.prompt.empty() && a.sample_bytes > 0) usage("--prompt must not be empty (or pass --sample-bytes 0)");
   return a;
@@ -400,7 +404,7 @@ int run(const Args& a, tdist::ProcessGroup& pg) {
   const int64_t warm = std::min<int64_t>(2, ms.numel() - 1);
   const double median_ms = ms.slice(0, warm).median().item<double>();
   const double tokens_per_s = median_ms > 0 ? static_cast<double>(a.batch_size * a.block_size * world) / (median_ms / 1000) : 0;
-  const double val = evaluate(a.steps);
+  const double val = a.skip_eval ? std::nan("") : evaluate(a.steps);
   std::string continuation;
   if (a.sample_bytes > 0) continuation = sample(a, m, pg, device, cfg.vocab_size);
   if (!a.save_pretrained.empty()) {
@@ -423,11 +427,11 @@ int run(const Args& a, tdist::ProcessGroup& pg) {
       std::printf("\n");
     }
     if (!a.save_pretrained.empty()) std::printf("saved to %s\n", a.save_pretrained.c_str());
-    std::printf("val_loss=%.8f\n", val);
+    if (!a.skip_eval) std::printf("val_loss=%.8f\n", val);
     std::fflush(stdout);
     if (!a.json.empty()) {
       nlohmann::ordered_json j;
-      j["val_loss"] = val;
+      j["val_loss"] = a.skip_eval ? nlohmann::ordered_json() : nlohmann::ordered_json(val);
       j["val_curve"] = curve;
       j["train_loss"] = losses;
       j["steps"] = a.steps;

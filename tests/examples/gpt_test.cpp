@@ -6,6 +6,8 @@
 // gives the loss gpt printed; a hostile config.json is refused by name.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <cstdio>
 #include <fstream>
 #include <regex>
@@ -103,8 +105,9 @@ TEST_F(GptExample, TrainsAndSavesWhatFromPretrainedLoadsBitForBit) {
 TEST_F(GptExample, DdpAndFsdpTrainToTheSameWeights) {
   const std::string fsdp = own_.path() + "/fsdp", ddp = own_.path() + "/ddp";
   const std::string common = "--from-pretrained " + hf_ + " --steps 6 --batch-size 2 --eval-batch 64 --save-pretrained ";
-  auto r = test::run_command(gpt(2, common + fsdp), 180s);
+  auto r = test::run_command(gpt(2, common + fsdp + " --skip-eval"), 180s);
   ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+  EXPECT_EQ(r.output.find("val_loss="), std::string::npos) << "--skip-eval evaluated:\n" << r.output;
   r = test::run_command(gpt(2, common + ddp + " --ddp --activation-checkpointing"), 180s);
   ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
   auto same = python("same " + fsdp + " " + ddp);
@@ -135,6 +138,9 @@ TEST_F(GptExample, AHostileConfigIsRefusedByName) {
     EXPECT_NE(r.output.find("config.json"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find(field), std::string::npos) << r.output;
   }
+  const auto r = test::run_command(kGpt + " --from-pretrained " + hf_ + " --data " + data_ + " --eval-only --skip-eval 2>&1", 60s);
+  EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2) << r.output;
+  EXPECT_NE(r.output.find("--skip-eval"), std::string::npos) << r.output;
 }
 
 }  // namespace
