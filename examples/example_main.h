@@ -39,9 +39,10 @@ int run_example(const char* name, const std::string& backend, Train train) {
   }
 }
 
-// A field of /proc/self/status ("VmRSS", "VmHWM") in bytes; 0 if absent.
-inline int64_t proc_status_bytes(const char* field) {
-  std::ifstream f("/proc/self/status");
+// A field of /proc/self/status ("VmRSS", "VmHWM"), or of /proc/meminfo
+// ("MemAvailable") with from = "/proc/meminfo", in bytes; 0 if absent.
+inline int64_t proc_status_bytes(const char* field, const char* from = "/proc/self/status") {
+  std::ifstream f(from);
   const std::string key = std::string(field) + ":";
   for (std::string line; std::getline(f, line);) {
     if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size())) * 1024;

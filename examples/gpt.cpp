@@ -18,9 +18,11 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -292,15 +294,39 @@ examples::GptConfig config_of(const Args& a, nlohmann::ordered_json& base) {
   const std::string path = a.from_pretrained + "/config.json";
   const std::string text = examples::read_text_file(path, int64_t{1} << 20);
   try {
-    base = nlohmann::ordered_json::parse(text);
+    base = examples::gpt_config_parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(path + ": not JSON (" + e.what() + ")");
+  } catch (const std::exception& e) {
+    throw std::runtime_error(a.from_pretrained + "/" + e.what());
   }
   try {
     return examples::gpt_config_from_json(base);
   } catch (const std::exception& e) {
     throw std::runtime_error(a.from_pretrained + "/" + e.what());
   }
+}
+
+// Every rank builds the whole model in fp32 before FSDP shards it (and a
+// pretrained one before its weights are read): refuse a size this machine
+// cannot hold, naming where it came from, before allocating any of it.
+void check_fits(const Args& a, const examples::GptConfig& cfg) {
+  const int64_t params = cfg.parameter_count();
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const int64_t ranks = std::max<int64_t>(1, local ? std::atoll(local) : 1);
+  const double need = static_cast<double>(params) * 4 * static_cast<double>(ranks);
+  const int64_t available = examples::proc_status_bytes("MemAvailable", "/proc/meminfo");
+  if (available <= 0 || need <= static_cast<double>(available)) return;
+  const std::string from = a.from_pretrained.empty() ? std::string("--n-layer/--n-head/--n-embd/--block-size")
+                                                     : a.from_pretrained + "/config.json (n_layer, n_embd, n_inner, "
+                                                                           "vocab_size, n_positions)";
+  char msg[512];
+  std::snprintf(msg, sizeof msg,
+                "%s: a model of %.1f M parameters is %.1f GiB in fp32 on each of this node's %lld ranks, "
+                "and this machine has %.1f GiB available",
+                from.c_str(), static_cast<double>(params) / 1e6, static_cast<double>(params) * 4 / (1 << 30),
+                static_cast<long long>(ranks), static_cast<double>(available) / (1 << 30));
+  throw std::runtime_error(msg);
 }
 
 c10::Device device_of(const Args& a) {
@@ -317,6 +343,7 @@ int run(const Args& a, tdist::ProcessGroup& pg) {
   const c10::Device device = device_of(a);
   nlohmann::ordered_json base;
   const examples::GptConfig cfg = config_of(a, base);
+  check_fits(a, cfg);
   if (a.block_size > cfg.n_positions) {
     throw std::runtime_error("--block-size " + std::to_string(a.block_size) + " is longer than the model's n_positions (" +
                              std::to_string(cfg.n_positions) + ")");
@@ -327,7 +354,7 @@ int run(const Args& a, tdist::ProcessGroup& pg) {
   if (!a.from_pretrained.empty()) {
     tdist::LoadPretrainedOptions lo;
     lo.base_model_prefix = "transformer";
-    lo.ignore_unexpected = {R"(\.attn\.(masked_)?bias$)"};  // the causal masks of older checkpoints
+    lo.ignore_unexpected = {R"(.*\.attn\.(masked_)?bias)"};  // older checkpoints' causal masks (whole key)
     const auto report = tdist::load_pretrained(*m.root, a.from_pretrained, lo);
     if (rank == 0) {
       std::printf("loaded %zu tensors from %s (%zu files)\n", report.loaded.size(), a.from_pretrained.c_str(),

@@ -10,7 +10,7 @@ namespace examples {
 namespace {
 
 // A positive integer field within [1, max] (null or absent: `fallback`).
-int64_t size_field(const nlohmann::json& j, const char* key, int64_t fallback, int64_t max) {
+int64_t size_field(const nlohmann::ordered_json& j, const char* key, int64_t fallback, int64_t max) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
   const auto& v = j[key];
   if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > max) {
@@ -20,7 +20,7 @@ int64_t size_field(const nlohmann::json& j, const char* key, int64_t fallback, i
   return v.get<int64_t>();
 }
 
-double real_field(const nlohmann::json& j, const char* key, double fallback, double lo, double hi) {
+double real_field(const nlohmann::ordered_json& j, const char* key, double fallback, double lo, double hi) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
   const auto& v = j[key];
   if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() <= hi)) {
@@ -30,7 +30,7 @@ double real_field(const nlohmann::json& j, const char* key, double fallback, dou
   return v.get<double>();
 }
 
-bool bool_field(const nlohmann::json& j, const char* key, bool fallback) {
+bool bool_field(const nlohmann::ordered_json& j, const char* key, bool fallback) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
   if (!j[key].is_boolean()) throw std::runtime_error(std::string("config.json: '") + key + "' must be true or false");
   return j[key].get<bool>();
@@ -42,7 +42,7 @@ bool known_activation(const std::string& a) {
 
 }  // namespace
 
-GptConfig gpt_config_from_json(const nlohmann::json& j) {
+GptConfig gpt_config_from_json(const nlohmann::ordered_json& j) {
   if (!j.is_object()) throw std::runtime_error("config.json: not a JSON object");
   if (j.contains("model_type") && j["model_type"] != "gpt2") {
     throw std::runtime_error("config.json: model_type is " + j["model_type"].dump() + ", not \"gpt2\"");
@@ -75,6 +75,20 @@ GptConfig gpt_config_from_json(const nlohmann::json& j) {
   c.scale_attn_by_inverse_layer_idx = bool_field(j, "scale_attn_by_inverse_layer_idx", false);
   c.tie_word_embeddings = bool_field(j, "tie_word_embeddings", true);
   return c;
+}
+
+int64_t GptConfig::parameter_count() const {
+  const int64_t e = n_embd, block = 2 * e + (e * 3 * e + 3 * e) + (e * e + e) + 2 * e + (e * inner() + inner()) +
+                                    (inner() * e + e);
+  return vocab_size * e + n_positions * e + n_layer * block + 2 * e + (tie_word_embeddings ? 0 : vocab_size * e);
+}
+
+nlohmann::ordered_json gpt_config_parse(const std::string& text) {
+  constexpr int kMaxDepth = 32;  // GPT-2's config is 2 deep (task_specific_params)
+  return nlohmann::ordered_json::parse(text, [](int depth, nlohmann::ordered_json::parse_event_t, nlohmann::ordered_json&) {
+    if (depth > kMaxDepth) throw std::runtime_error("config.json: nested deeper than " + std::to_string(kMaxDepth));
+    return true;
+  });
 }
 
 nlohmann::ordered_json gpt_config_to_json(const GptConfig& c, const nlohmann::ordered_json& base) {

@@ -47,12 +47,18 @@ struct GptConfig {
   bool scale_attn_by_inverse_layer_idx = false;
   bool tie_word_embeddings = true;
   int64_t inner() const { return n_inner > 0 ? n_inner : 4 * n_embd; }
+  // GPT2LMHeadModel's parameter count (lm_head counted once when tied).
+  // Exact in int64 for every config gpt_config_from_json accepts.
+  int64_t parameter_count() const;
 };
 
 // A Hugging Face config.json's GPT-2 fields (others are ignored), checked:
 // a config that is not GPT-2's, or sizes no machine could hold, is an
-// error naming the field.
-GptConfig gpt_config_from_json(const nlohmann::json& j);
+// error naming the field. Parse the file with gpt_config_parse (bounded
+// depth: a deeply nested value would overflow the stack of anything that
+// walks the tree recursively, dump() included).
+nlohmann::ordered_json gpt_config_parse(const std::string& text);
+GptConfig gpt_config_from_json(const nlohmann::ordered_json& j);
 // config.json for Python: what GPT2Config.from_pretrained reads. `base`
 // (a loaded model's own config.json, or null) keeps its other fields.
 nlohmann::ordered_json gpt_config_to_json(const GptConfig& c, const nlohmann::ordered_json& base = nullptr);

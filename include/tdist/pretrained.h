@@ -59,9 +59,11 @@ struct LoadPretrainedOptions {
   // the model with the head ("transformer.h.0.attn.c_attn.weight"), and the
   // reverse.
   std::string base_model_prefix;
-  // ECMAScript regular expressions of file keys that are skipped (GPT-2's
-  // old checkpoints carry the attention masks "h.0.attn.bias" and
-  // "h.0.attn.masked_bias"). Keys longer than 1 KiB never match.
+  // ECMAScript regular expressions of file keys that are skipped, each
+  // matched against the whole key (std::regex_match: ".*\\.attn\\.bias", not
+  // "\\.attn\\.bias$"; GPT-2's old checkpoints carry the attention masks
+  // "h.0.attn.bias" and "h.0.attn.masked_bias"). Keys longer than 1 KiB
+  // never match.
   std::vector<std::string> ignore_unexpected;
 };
 

@@ -27,6 +27,7 @@
 #include "tdist/checkpoint.h"
 #include "tdist/fsdp.h"
 #include "tdist/process_group.h"
+#include "util/printable.h"
 
 namespace tdist {
 
@@ -99,11 +100,11 @@ std::vector<const SourceTensor*> match(const std::vector<Entry>& entries, const 
         if (!t) continue;
         const std::string& file = files.files()[t->file];
         if (t->shape != want) {
-          throw CheckpointError("load_pretrained: " + file + ": '" + k + "' is " + shape_string(t->shape) +
+          throw CheckpointError("load_pretrained: " + file + ": '" + detail::printable(k) + "' is " + shape_string(t->shape) +
                                 " in the file but " + shape_string(want) + " in the model ('" + e.name + "')");
         }
         if (!convertible(t->dtype, e.tensor.scalar_type())) {
-          throw CheckpointError("load_pretrained: " + file + ": '" + k + "' is " + t->dtype_name +
+          throw CheckpointError("load_pretrained: " + file + ": '" + detail::printable(k) + "' is " + t->dtype_name +
                                 ", which does not convert to the model's " +
                                 std::string(c10::toString(e.tensor.scalar_type())) + " ('" + e.name + "')");
         }
@@ -131,7 +132,7 @@ std::vector<const SourceTensor*> match(const std::vector<Entry>& entries, const 
     bool skip = false;
     for (const auto& r : ignore) skip = skip || (t.key.size() <= kMaxMatchedKey && std::regex_match(t.key, r));
     if (!skip && options.strict) {
-      throw CheckpointError("load_pretrained: " + files.files()[t.file] + ": '" + t.key +
+      throw CheckpointError("load_pretrained: " + files.files()[t.file] + ": '" + detail::printable(t.key) +
                             "' is not in the model (skip it with ignore_unexpected, or load with strict = false)");
     }
     report.ignored.push_back(t.key);

@@ -5,13 +5,14 @@
 #include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
-#include <set>
+#include <map>
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/pt_file.h"
 #include "tdist/checkpoint.h"
 #include "tdist/errors.h"
 #include "util/open_file.h"
+#include "util/printable.h"
 
 namespace tdist::checkpoint {
 
@@ -28,7 +29,7 @@ bool ends_with(const std::string& s, const std::string& tail) {
 // memory is linear in the text (itself bounded by kMaxIndexBytes).
 class IndexSax : public nlohmann::json_sax<Json> {
  public:
-  std::vector<std::pair<std::string, std::string>> weight_map;
+  std::map<std::string, std::string> weight_map;  // each name once: no second set of keys to check against
   bool has_map = false;
   std::string problem;  // the first
 
@@ -40,7 +41,10 @@ class IndexSax : public nlohmann::json_sax<Json> {
   bool binary(binary_t&) override { return value("binary"); }
   bool string(string_t& v) override {
     if (in_map_ && depth_ == 2) {
-      weight_map.emplace_back(std::move(key_), std::move(v));
+      // try_emplace moves neither argument when the key is there already.
+      if (!weight_map.try_emplace(std::move(key_), std::move(v)).second) {
+        return fail("the key '" + detail::printable(key_) + "' is in weight_map twice");
+      }
       return true;
     }
     return value("a string");
@@ -56,10 +60,7 @@ class IndexSax : public nlohmann::json_sax<Json> {
   }
   bool key(string_t& k) override {
     if (depth_ == 1) top_key_ = k;
-    if (in_map_ && depth_ == 2) {
-      if (!keys_.insert(k).second) return fail("the key '" + k + "' is in weight_map twice");
-      key_ = k;
-    }
+    if (in_map_ && depth_ == 2) key_ = k;
     return true;
   }
   bool end_object() override {
@@ -85,7 +86,7 @@ class IndexSax : public nlohmann::json_sax<Json> {
   // values strings.
   bool value(const char* what) {
     if (depth_ == 0 && std::string(what) != "an object") return fail(std::string("the root is ") + what + ", not an object");
-    if (in_map_ && depth_ == 2) return fail("weight_map's '" + key_ + "' is " + what + ", not a file name");
+    if (in_map_ && depth_ == 2) return fail("weight_map's '" + detail::printable(key_) + "' is " + what + ", not a file name");
     return true;
   }
   bool fail(std::string why) {
@@ -95,7 +96,6 @@ class IndexSax : public nlohmann::json_sax<Json> {
   int depth_ = 0;
   bool in_map_ = false;
   std::string top_key_, key_;
-  std::set<std::string> keys_;
 };
 
 // Why a file name of an index cannot be used ("" when it can): it must
@@ -103,7 +103,7 @@ class IndexSax : public nlohmann::json_sax<Json> {
 std::string bad_file_name(const std::string& name) {
   if (name.empty()) return "is empty";
   if (name.find('/') != std::string::npos) return "has a '/' (only files beside the index are read)";
-  if (name == "." || name == "..") return "is '" + name + "'";
+  if (name == "." || name == "..") return "is '" + detail::printable(name) + "'";
   if (name.find('\0') != std::string::npos) return "has a NUL byte";
   return "";
 }
@@ -176,7 +176,7 @@ void PretrainedSources::add_index(const std::string& path) {
   std::unordered_map<std::string, size_t> file_of;  // name -> in paths_
   for (const auto& [key, name] : sax.weight_map) {
     const std::string why = bad_file_name(name);
-    if (!why.empty()) throw CheckpointError(path + ": the file '" + name + "' of '" + key + "' " + why + ": refused");
+    if (!why.empty()) throw CheckpointError(path + ": the file '" + detail::printable(name) + "' of '" + detail::printable(key) + "' " + why + ": refused");
     if (!file_of.count(name)) {
       file_of.emplace(name, paths_.size());
       if (ends_with(name, ".safetensors")) {
@@ -189,8 +189,8 @@ void PretrainedSources::add_index(const std::string& path) {
   for (const auto& [key, name] : sax.weight_map) {
     const SourceTensor* t = find(key);
     if (!t || t->file != file_of.at(name)) {
-      throw CheckpointError(path + ": the index puts '" + key + "' in " + name + ", but " + dir + "/" + name +
-                            " has no such tensor");
+      throw CheckpointError(path + ": the index puts '" + detail::printable(key) + "' in " + detail::printable(name) +
+                            ", but " + dir + "/" + detail::printable(name) + " has no such tensor");
     }
   }
 }
@@ -198,7 +198,7 @@ void PretrainedSources::add_index(const std::string& path) {
 void PretrainedSources::add(SourceTensor t) {
   const auto [it, fresh] = index_.emplace(t.key, tensors_.size());
   if (!fresh) {
-    throw CheckpointError(paths_[t.file] + ": '" + t.key + "' is also in " + paths_[tensors_[it->second].file]);
+    throw CheckpointError(paths_[t.file] + ": '" + detail::printable(t.key) + "' is also in " + paths_[tensors_[it->second].file]);
   }
   tensors_.push_back(std::move(t));
 }

@@ -65,11 +65,15 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : impl_(std::make_
   } catch (const st::FormatError& e) {
     throw CheckpointError(path + ": not a valid safetensors file: " + e.what());
   }
-  for (auto& [key, value] : h.metadata) {
-    if (key.rfind(st::kCrcPrefix, 0) == 0) {
-      r.crcs[key.substr(std::strlen(st::kCrcPrefix))] = std::move(value);
+  // Handed over node by node, never held twice (a header may hold millions
+  // of metadata entries): user entries move as they are, checksum entries
+  // lose their prefix and leave the header's map as they go.
+  while (!h.metadata.empty()) {
+    auto node = h.metadata.extract(h.metadata.begin());
+    if (node.key().rfind(st::kCrcPrefix, 0) == 0) {
+      r.crcs.emplace(node.key().substr(std::strlen(st::kCrcPrefix)), std::move(node.mapped()));
     } else {
-      r.metadata[key] = std::move(value);
+      r.metadata.insert(std::move(node));
     }
   }
   // Moved, not copied: one copy of each name and shape (the header may be

@@ -43,6 +43,8 @@ def make(argv):
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-shard-size", default="5GB")
+    p.add_argument("--old-masks", action="store_true",
+                   help="add the causal-mask buffers older GPT-2 checkpoints carry (h.N.attn.bias, h.N.attn.masked_bias)")
     a = p.parse_args(argv)
     torch.manual_seed(a.seed)
     cfg = GPT2Config(vocab_size=a.vocab, n_positions=a.n_positions, n_embd=a.n_embd, n_layer=a.n_layer,
@@ -50,6 +52,17 @@ def make(argv):
                      bos_token_id=a.vocab - 1, eos_token_id=a.vocab - 1)
     model = GPT2LMHeadModel(cfg)
     model.save_pretrained(a.dir, max_shard_size=a.max_shard_size)
+    if a.old_masks:
+        from safetensors.torch import load_file, save_file
+
+        path = a.dir + "/model.safetensors"
+        sd = load_file(path)
+        prefix = next(k for k in sd if k.endswith("h.0.ln_1.weight"))[: -len("h.0.ln_1.weight")]
+        n = a.n_positions
+        for i in range(a.n_layer):
+            sd[f"{prefix}h.{i}.attn.bias"] = torch.tril(torch.ones(n, n, dtype=torch.bool)).view(1, 1, n, n)
+            sd[f"{prefix}h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+        save_file(sd, path, metadata={"format": "pt"})
 
 
 def windows(data, block):

@@ -125,6 +125,20 @@ TEST_F(GptExample, AFreshBf16ModelTrains) {
   EXPECT_LT(v, 10);
 }
 
+// Older GPT-2 checkpoints (the hub's "gpt2" among them) also carry each
+// block's causal mask as h.N.attn.bias and h.N.attn.masked_bias: gpt skips
+// them and gives transformers' loss.
+TEST_F(GptExample, OldCheckpointsWithTheirAttentionMasksLoad) {
+  const std::string hf = own_.path() + "/old";
+  auto r = python("make " + hf + " --n-layer 2 --n-head 2 --n-embd 32 --n-positions 64 --seed 3 --old-masks");
+  ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+  auto py = python("val " + hf_ + " " + data_ + " 32");  // the same weights without the masks
+  ASSERT_TRUE(test::exited_ok(py.status)) << py.output;
+  r = test::run_command(kGpt + " --from-pretrained " + hf + " --data " + data_ + " --block-size 32 --eval-only 2>&1", 120s);
+  ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+  EXPECT_NEAR(value_of(r.output, "val_loss"), value_of(py.output, "val_loss"), 1e-4 * value_of(py.output, "val_loss"));
+}
+
 TEST_F(GptExample, AHostileConfigIsRefusedByName) {
   const std::string hf = own_.path() + "/hf";
   for (const auto& [field, value] : {std::pair{"n_embd", "33"}, std::pair{"n_layer", "1e12"},
@@ -137,6 +151,37 @@ TEST_F(GptExample, AHostileConfigIsRefusedByName) {
     EXPECT_FALSE(test::exited_ok(r.status)) << field << ": " << r.output;
     EXPECT_NE(r.output.find("config.json"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find(field), std::string::npos) << r.output;
+  }
+  // A model too big for any machine of today (2 blocks 65536 wide: 10^11
+  // parameters), from a tiny file: refused before any of it is allocated,
+  // naming the file and the sizes. The address-space limit only keeps a
+  // failing check from taking the machine's memory.
+  {
+    auto r = test::run_command("rm -rf " + hf + " && cp -r " + hf_ + " " + hf, 30s);
+    ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+    r = python("set " + hf + "/config.json n_embd 65536");
+    ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+    r = test::run_command("ulimit -v 16000000 && " + kGpt + " --from-pretrained " + hf + " --data " + data_ +
+                              " --eval-only 2>&1",
+                          60s);
+    EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1) << r.output;
+    EXPECT_NE(r.output.find("config.json (n_layer, n_embd"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("GiB available"), std::string::npos) << r.output;
+  }
+  // Nested 300000 deep in a 600 KB file (anything that walked that tree
+  // recursively would overflow its stack): refused as it is parsed.
+  {
+    auto r = test::run_command("rm -rf " + hf + " && cp -r " + hf_ + " " + hf, 30s);
+    ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+    std::stringstream text;
+    text << std::ifstream(hf + "/config.json").rdbuf();
+    std::string json = text.str();
+    ASSERT_EQ(json.at(0), '{');
+    json.insert(1, "\"extra\": " + std::string(300000, '[') + std::string(300000, ']') + ", ");
+    std::ofstream(hf + "/config.json", std::ios::trunc) << json;
+    r = test::run_command(kGpt + " --from-pretrained " + hf + " --data " + data_ + " --eval-only 2>&1", 60s);
+    EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1) << r.output;
+    EXPECT_NE(r.output.find("config.json: nested deeper than"), std::string::npos) << r.output;
   }
   const auto r = test::run_command(kGpt + " --from-pretrained " + hf_ + " --data " + data_ + " --eval-only --skip-eval 2>&1", 60s);
   EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2) << r.output;
