@@ -39,16 +39,18 @@ int run_example(const char* name, const std::string& backend, Train train) {
   }
 }
 
-// A field of /proc/self/status ("VmRSS", "VmHWM"), or of /proc/meminfo
-// ("MemAvailable") with from = "/proc/meminfo", in bytes; 0 if absent.
-inline int64_t proc_status_bytes(const char* field, const char* from = "/proc/self/status") {
-  std::ifstream f(from);
+// A "Name:  N kB" field of a /proc file in bytes; 0 if absent.
+inline int64_t proc_field_bytes(const char* file, const char* field) {
+  std::ifstream f(file);
   const std::string key = std::string(field) + ":";
   for (std::string line; std::getline(f, line);) {
     if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size())) * 1024;
   }
   return 0;
 }
+
+// A field of /proc/self/status ("VmRSS", "VmHWM") in bytes; 0 if absent.
+inline int64_t proc_status_bytes(const char* field) { return proc_field_bytes("/proc/self/status", field); }
 
 // Writes j to path; false (after saying so on stderr) when it cannot.
 inline bool write_json(const char* name, const std::string& path, const nlohmann::ordered_json& j) {

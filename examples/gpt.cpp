@@ -315,7 +315,7 @@ void check_fits(const Args& a, const examples::GptConfig& cfg) {
   const char* local = std::getenv("LOCAL_WORLD_SIZE");
   const int64_t ranks = std::max<int64_t>(1, local ? std::atoll(local) : 1);
   const double need = static_cast<double>(params) * 4 * static_cast<double>(ranks);
-  const int64_t available = examples::proc_status_bytes("MemAvailable", "/proc/meminfo");
+  const int64_t available = examples::proc_field_bytes("/proc/meminfo", "MemAvailable");
   if (available <= 0 || need <= static_cast<double>(available)) return;
   const std::string from = a.from_pretrained.empty() ? std::string("--n-layer/--n-head/--n-embd/--block-size")
                                                      : a.from_pretrained + "/config.json (n_layer, n_embd, n_inner, "

@@ -103,7 +103,7 @@ class IndexSax : public nlohmann::json_sax<Json> {
 std::string bad_file_name(const std::string& name) {
   if (name.empty()) return "is empty";
   if (name.find('/') != std::string::npos) return "has a '/' (only files beside the index are read)";
-  if (name == "." || name == "..") return "is '" + detail::printable(name) + "'";
+  if (name == "." || name == "..") return "is '" + name + "'";
   if (name.find('\0') != std::string::npos) return "has a NUL byte";
   return "";
 }
