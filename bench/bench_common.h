@@ -51,6 +51,7 @@ struct DdpBenchOptions {
 
 struct FsdpBenchOptions {
   int world_size = 2;
+  std::string backend = "shm";  // or "gloo"
   std::string model = "mlp";  // or "vit"
   // 0: the model's default (mlp: 8 blocks, W 1024, H 4096, batch 8;
   // vit: 8 blocks, W 256, H 1024, 8 heads, batch 64).

@@ -1,11 +1,11 @@
 // tdist-bench fsdp: what sharding, activation checkpointing and mixed
 // precision save in memory and cost in step time.
 //
-//   tdist-bench fsdp [--model mlp|vit|gpt] [--world-size 2] [--blocks B] [--width W] [--hidden H] [--heads N]
-//       [--batch N] [--steps 6] [--rounds 3] [--variants V,V,...] [--json FILE]
+//   tdist-bench fsdp [--model mlp|vit|gpt] [--backend shm|gloo] [--world-size 2] [--blocks B] [--width W]
+//       [--hidden H] [--heads N] [--batch N] [--steps 6] [--rounds 3] [--variants V,V,...] [--json FILE]
 //
 // The models and variants are in bench/fsdp_models.h. Adam (fp32: 16 bytes
-// per parameter of model state); one thread per rank; shm. Each variant
+// per parameter of model state); one thread per rank; shm (or --backend). Each variant
 // runs as a fresh job (so that VmHWM is its own), the variants taking turns
 // for `rounds` rounds; each number is its median over the rounds. Per
 // variant:
@@ -35,7 +35,8 @@
 // - VmHWM: the process's peak RSS over its RSS before the model;
 // - communication per step: the bytes FSDP all-gathers (the output: the
 //   gathered parameters) and the gradient bytes it reduces (reduce-scatter
-//   or all-reduce input), from ProcessGroup::collective_counts().
+//   or all-reduce input), and how many of those collectives a step makes,
+//   from ProcessGroup::collective_counts().
 // All memory per rank, the largest rank's.
 #include <torch/torch.h>
 
@@ -76,11 +77,14 @@ struct Result {
   double activation_peak = 0;  // the peak of forward and backward above the step's start
   double gathered = 0;         // all-gather output bytes per step
   double reduced = 0;          // gradient reduction input bytes per step
-  static constexpr int kFields = 8;
+  double collectives = 0;      // FSDP's gathers and reductions per step (calls)
+  static constexpr int kFields = 9;
   std::vector<double> fields() const {
-    return {ms, peak, state, hwm, activations, activation_peak, gathered, reduced};
+    return {ms, peak, state, hwm, activations, activation_peak, gathered, reduced, collectives};
   }
-  static Result from(const std::vector<double>& f) { return {f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]}; }
+  static Result from(const std::vector<double>& f) {
+    return {f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8]};
+  }
 };
 
 int64_t block_bytes() { return static_cast<int64_t>(detail::block_bytes()); }
@@ -92,7 +96,9 @@ int run_rank(const FsdpBenchOptions& o) {
   mem.set_excluded(&block_bytes);  // live_rest(): the allocator's bytes but FSDP's unit buffers
   at::set_num_threads(1);
   const int64_t rss0 = proc_status_bytes("VmRSS");
-  auto pg = init_process_group({});
+  InitOptions init;
+  init.backend = o.backend;
+  auto pg = init_process_group(init);
   torch::manual_seed(0);
   BenchModel model = build_bench_model(o, o.run_variant);
   torch::optim::Adam opt(model.params, torch::optim::AdamOptions(1e-4));
@@ -131,9 +137,15 @@ int run_rank(const FsdpBenchOptions& o) {
   r.activations = static_cast<double>(kept);
   r.activation_peak = static_cast<double>(above_start);
   for (const auto& [op, c] : pg->collective_counts()) {
-    if (op == "all_gather_into_tensor") r.gathered += static_cast<double>(c.output_bytes) / o.steps;
-    if (op == "reduce_scatter_tensor" || op == "all_reduce" || op == "all_reduce_coalesced") {
+    const double calls = static_cast<double>(c.calls) / o.steps;
+    if (op == "all_gather_into_tensor" || op == "all_gather_into_tensor_coalesced") {
+      r.gathered += static_cast<double>(c.output_bytes) / o.steps;
+      r.collectives += calls;
+    }
+    if (op == "reduce_scatter_tensor" || op == "reduce_scatter_tensor_coalesced" || op == "all_reduce" ||
+        op == "all_reduce_coalesced") {
       r.reduced += static_cast<double>(c.input_bytes) / o.steps;
+      r.collectives += calls;
     }
   }
   const std::vector<double> f = r.fields();
@@ -195,14 +207,14 @@ void print_tables(const FsdpBenchOptions& o, const ModelSize& size, const std::v
     return it != res.end() && it->second.*field > 0 ? r.*field / (it->second.*field) : 0.0;
   };
   std::printf("\n# FSDP, model %s: %d blocks, W %lld, H %lld%s (Psi = %.1f M parameters, largest unit %.1f M), "
-              "batch %lld per rank, Adam fp32, 1 thread per rank, shm, world size %d\n# %d rounds of %d steps, "
+              "batch %lld per rank, Adam fp32, 1 thread per rank, %s, world size %d\n# %d rounds of %d steps, "
               "each number its median over the rounds; x fs: over full_shard. Memory per rank (the largest rank), MiB: act kept = kept "
               "by the forward for backward;\n# act peak = the step's peak above its start, FSDP's unit buffers "
               "not counted; peak = allocator peak + symmetric memory; state = at that peak, all but the\n# "
               "activations, against the variant's ZeRO bound; VmHWM = peak RSS over RSS before the model\n",
               o.model.c_str(), o.blocks, static_cast<long long>(o.width), static_cast<long long>(o.hidden),
               o.model != "mlp" ? (", " + std::to_string(o.heads) + " heads").c_str() : "", size.psi / 1e6,
-              size.largest_unit / 1e6, static_cast<long long>(o.batch), o.world_size, o.rounds, o.steps);
+              size.largest_unit / 1e6, static_cast<long long>(o.batch), o.backend.c_str(), o.world_size, o.rounds, o.steps);
   std::printf("%-20s %8s %6s %6s %8s %6s %8s %6s %8s %8s %8s %7s %8s\n", "variant", "ms/step", "x ddp", "x fs",
               "act kept", "x fs", "act peak", "x fs", "peak", "state", "bound", "x bound", "VmHWM");
   for (const auto& v : variants) {
@@ -219,12 +231,13 @@ void print_tables(const FsdpBenchOptions& o, const ModelSize& size, const std::v
                 "here, not as state\n");
   }
   std::printf("\n# communication per step and rank, MiB: gathered = all-gather output (parameters), reduced = "
-              "gradient bytes into reduce-scatter / all-reduce\n");
-  std::printf("%-21s %10s %6s %10s %6s\n", "variant", "gathered", "x fs", "reduced", "x fs");
+              "gradient bytes into reduce-scatter / all-reduce; calls = those collectives per step\n");
+  std::printf("%-21s %10s %6s %10s %6s %8s\n", "variant", "gathered", "x fs", "reduced", "x fs", "calls");
   for (const auto& v : variants) {
     const Result& r = res.at(v);
-    std::printf("%-21s %10.1f %6.3f %10.1f %6.3f\n", v.c_str(), r.gathered / mb,
-                ratio("full_shard", &Result::gathered, r), r.reduced / mb, ratio("full_shard", &Result::reduced, r));
+    std::printf("%-21s %10.1f %6.3f %10.1f %6.3f %8.1f\n", v.c_str(), r.gathered / mb,
+                ratio("full_shard", &Result::gathered, r), r.reduced / mb, ratio("full_shard", &Result::reduced, r),
+                r.collectives);
   }
 }
 
@@ -276,6 +289,8 @@ int run_parent(const FsdpBenchOptions& o, const std::vector<std::string>& args) 
     json.field("vmhwm_over_start_bytes", r.hwm);
     json.field("gathered_bytes_per_step", r.gathered);
     json.field("reduced_bytes_per_step", r.reduced);
+    json.field("collectives_per_step", r.collectives);
+    json.field("backend", o.backend);
   }
   return json.finish(o.json);
 }
@@ -297,6 +312,8 @@ FsdpBenchOptions with_defaults(FsdpBenchOptions o) {
 void FsdpBenchOptions::add_to(CLI::App& mode) {
   using cli::both_spellings;
   mode.add_option(both_spellings("world-size"), world_size, "ranks, started here")->check(cli::in_range(1, 64))
+      ->capture_default_str();
+  mode.add_option("--backend", backend, "the process group's backend")->check(CLI::IsMember({"shm", "gloo"}))
       ->capture_default_str();
   mode.add_option("--model", model, "mlp: residual MLP blocks; vit: the fsdp_vit example's transformer; "
                                    "gpt: the gpt example's GPT-2 (tied lm_head), 128 tokens a row")
