@@ -185,12 +185,26 @@ class ProcessGroup {
   // output (size() * input.numel() elements) = inputs of all ranks, concatenated.
   std::shared_ptr<Work> all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input,
                                                const CollectiveOptions& options = {});
+  // all_gather_into_tensor of every pair (outputs[k], inputs[k]) as one op
+  // (one queue entry, one Work, one call of the backend): gloo and mpi
+  // pack the inputs and make one call, nccl one grouped call, shm takes
+  // large tensors on their in-place and single-copy paths and packs the
+  // rest. One dtype for all; every rank passes the same sizes in the same
+  // order. An input may be its own rank's slice of its output.
+  std::shared_ptr<Work> all_gather_into_tensor_coalesced(const std::vector<at::Tensor>& outputs,
+                                                         const std::vector<at::Tensor>& inputs,
+                                                         const CollectiveOptions& options = {});
   // output = op over ranks of their inputs[rank()].
   std::shared_ptr<Work> reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
                                        const ReduceScatterOptions& options = {});
   // output = op over ranks of their input's rank()-th slice.
   std::shared_ptr<Work> reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
                                               const ReduceScatterOptions& options = {});
+  // reduce_scatter_tensor of every pair (outputs[k], inputs[k]) as one op,
+  // as all_gather_into_tensor_coalesced. No output may overlap an input.
+  std::shared_ptr<Work> reduce_scatter_tensor_coalesced(const std::vector<at::Tensor>& outputs,
+                                                        const std::vector<at::Tensor>& inputs,
+                                                        const ReduceScatterOptions& options = {});
   // On root, outputs[r] = rank r's input; elsewhere outputs must be empty.
   std::shared_ptr<Work> gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
                                const RootOptions& options = {});

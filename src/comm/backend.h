@@ -169,6 +169,23 @@ class Backend {
   // widens inside its own copy and reduce passes.
   virtual void all_reduce_coalesced_as(const std::vector<Piece>& pieces, DataType t, DataType wire, ReduceOp op,
                                        Deadline d);
+  // all_gather of several buffers as one op: for each k, out[k] (size() *
+  // in[k].count elements of t) receives every rank's in[k], rank r's at
+  // element r * in[k].count. Every rank passes the same counts, in the same
+  // order (CollectiveMismatchError otherwise); in[k] may alias rank()'s
+  // slot of out[k]. The default packs the inputs into one buffer, makes one
+  // all_gather and copies each rank's part out (a network backend pays its
+  // per-call latency once); shm takes large pieces one by one on their
+  // in-place and single-copy paths and packs the rest.
+  virtual void all_gather_coalesced(const std::vector<Piece>& in, const std::vector<Piece>& out, DataType t,
+                                    Deadline d);
+  // reduce_scatter of several buffers as one op: for each k, out[k]
+  // (in[k].count / size() elements) = op over the ranks of their in[k]'s
+  // rank()-th slice. The same counts on every rank; no piece of out may
+  // overlap a piece of in. The default packs the inputs rank by rank into
+  // one buffer and makes one reduce_scatter; shm as for all_gather.
+  virtual void reduce_scatter_coalesced(const std::vector<Piece>& in, const std::vector<Piece>& out, DataType t,
+                                        ReduceOp op, Deadline d);
   virtual void broadcast(void* buf, size_t bytes, int root, Deadline d) = 0;
   // Only root's buf receives the result; the others' bufs are unchanged.
   virtual void reduce(void* buf, size_t count, DataType t, ReduceOp op, int root, Deadline d) = 0;
@@ -221,8 +238,8 @@ class Backend {
 
   int rank_;
   int size_;
-  // The packed buffer of the default coalesced all-reduces, kept between
-  // calls (fresh megabytes every step cost page faults). Collectives of one
+  // The packed buffer of the default coalesced ops, kept between calls
+  // (fresh megabytes every step cost page faults). Collectives of one
   // backend run on one thread at a time.
   std::vector<uint8_t> pack_;
 };

@@ -5,6 +5,8 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <vector>
 
 #include "cuda/cuda_check.h"
 
@@ -72,6 +74,20 @@ class StagingBackend final : public comm::Backend {
     void* hout = host_only(b_, bytes);
     inner_.reduce_scatter(hin, hout, count, t, op, d);
     to_device(out, hout, bytes);
+  }
+
+  void all_gather_coalesced(const std::vector<Piece>& in, const std::vector<Piece>& out, DataType t,
+                            Deadline d) override {
+    stage_coalesced(in, out, t, [&](const std::vector<Piece>& hin, const std::vector<Piece>& hout) {
+      inner_.all_gather_coalesced(hin, hout, t, d);
+    });
+  }
+
+  void reduce_scatter_coalesced(const std::vector<Piece>& in, const std::vector<Piece>& out, DataType t,
+                                ReduceOp op, Deadline d) override {
+    stage_coalesced(in, out, t, [&](const std::vector<Piece>& hin, const std::vector<Piece>& hout) {
+      inner_.reduce_scatter_coalesced(hin, hout, t, op, d);
+    });
   }
 
   void gather(const void* in, void* out, size_t bytes, int root, Deadline d) override {
@@ -169,6 +185,28 @@ class StagingBackend final : public comm::Backend {
       to_device(p.data, static_cast<const uint8_t*>(h) + off, p.count * es);
       off += p.count * es;
     }
+  }
+
+  // A coalesced op on host copies: the inputs packed in a_, the outputs
+  // laid end to end in b_, each copied back to its device piece.
+  template <typename Call>
+  void stage_coalesced(const std::vector<Piece>& in, const std::vector<Piece>& out, DataType t, Call&& call) {
+    const size_t es = comm::dtype_size(t);
+    size_t in_total = 0, out_total = 0;
+    auto* hin = static_cast<uint8_t*>(pack(in, t, &in_total));
+    for (const auto& p : out) out_total += p.count;
+    auto* hout = static_cast<uint8_t*>(host_only(b_, out_total * es));
+    std::vector<Piece> host_in, host_out;
+    for (const auto& p : in) {
+      host_in.push_back({hin, p.count});
+      hin += p.count * es;
+    }
+    for (const auto& p : out) {
+      host_out.push_back({hout, p.count});
+      hout += p.count * es;
+    }
+    call(host_in, host_out);
+    for (size_t k = 0; k < out.size(); ++k) to_device(out[k].data, host_out[k].data, out[k].count * es);
   }
 
   comm::Backend& inner_;

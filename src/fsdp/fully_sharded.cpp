@@ -262,11 +262,14 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
     }
     const std::vector<char> keep_dtype = keep_norm_dtype(s.options, found.norm);
     if (!s.tracked.empty()) make_tracker(s, params, keep_dtype, s.tracked);
-    s.unit = std::make_unique<ShardedUnit>(pg, label, names, params,
-                                           s.options.sharding_strategy != ShardingStrategy::NO_SHARD,
-                                           /*keep_full=*/s.options.sharding_strategy == ShardingStrategy::SHARD_GRAD_OP,
-                                           s.options.mixed_precision.param_dtype,
-                                           s.options.mixed_precision.reduce_dtype, keep_dtype);
+    std::vector<FsdpParamSpec> specs;
+    for (size_t k = 0; k < params.size(); ++k) specs.push_back({names[k], params[k], k < keep_dtype.size() && keep_dtype[k] != 0});
+    UnitOptions unit_options;
+    unit_options.shard = s.options.sharding_strategy != ShardingStrategy::NO_SHARD;
+    unit_options.keep_full = s.options.sharding_strategy == ShardingStrategy::SHARD_GRAD_OP;
+    unit_options.compute_dtype = s.options.mixed_precision.param_dtype;
+    unit_options.reduce_dtype = s.options.mixed_precision.reduce_dtype;
+    s.unit = std::make_unique<ShardedUnit>(pg, label, std::move(specs), unit_options);
   } catch (...) {
     unclaim(params);
     throw;
@@ -276,7 +279,11 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
 
 FullyShardedCore::~FullyShardedCore() {
   if (!state_) return;
-  if (state_->unit) unclaim(state_->unit->params());
+  if (state_->unit) {
+    std::vector<at::Tensor> params;
+    for (const FsdpParam& p : state_->unit->params()) params.push_back(p.param);
+    unclaim(params);
+  }
   if (state_->own) state_->own->forget_units();  // it refers back to state_
 }
 

@@ -73,9 +73,9 @@ double clip_grad_norm(torch::nn::Module& root, double max_norm, double norm_type
     }
     const ShardedUnit& u = *v.state.unit;
     const bool counts = u.sharded() || pg->rank() == 0;
-    for (size_t k = 0; k < u.params().size(); ++k) {
-      const at::Tensor& g = u.params()[k].grad();
-      if (!u.trainable(k) || !g.defined()) continue;
+    for (const FsdpParam& p : u.params()) {
+      const at::Tensor& g = p.param.grad();
+      if (!p.trainable || !g.defined()) continue;
       grads.push_back(g);
       if (!counts || g.numel() == 0) continue;
       const at::Tensor gd = g.to(at::kDouble);
@@ -114,7 +114,7 @@ ShardMetadata shard_metadata(torch::nn::Module& root) {
     for (size_t k = 0; k < u.params().size(); ++k) {
       const auto& pl = u.layout().param(k);
       ShardedParamInfo p;
-      p.name = join(join(v.path, "module"), u.names()[k]);
+      p.name = join(join(v.path, "module"), u.params()[k].name);
       p.original_name = join(v.original_path, v.state.original_names[k].name);
       for (const auto& a : v.state.original_names[k].aliases) p.aliases.push_back(join(v.original_path, a));
       p.shape = pl.shape;
@@ -123,7 +123,7 @@ ShardMetadata shard_metadata(torch::nn::Module& root) {
       p.first_row = pl.first_row_on(u.shard_rank());
       p.rows_per_rank = pl.rows_per_rank;
       p.padding_rows = pl.rows_per_rank * world - pl.rows;
-      p.requires_grad = u.trainable(k);
+      p.requires_grad = u.params()[k].trainable;
       info.params.push_back(std::move(p));
     }
     md.units.push_back(std::move(info));
@@ -170,7 +170,7 @@ std::vector<UnitParam> unit_params(torch::nn::Module& root) {
     const ShardedUnit& u = *v.state.unit;
     for (size_t k = 0; k < u.params().size(); ++k) {
       const auto& pl = u.layout().param(k);
-      out.push_back({join(v.original_path, v.state.original_names[k].name), u.params()[k], pl.shape,
+      out.push_back({join(v.original_path, v.state.original_names[k].name), u.params()[k].param, pl.shape,
                      pl.first_row_on(u.shard_rank()), pl.rows_on(u.shard_rank()), pl.rows_per_rank, u.sharded()});
     }
   }
@@ -198,7 +198,7 @@ void visit_gathered(torch::nn::Module& root, const std::function<void(const std:
     ShardedUnit& u = *v.state.unit;
     u.unshard(/*exact=*/true);
     try {
-      for (size_t k = 0; k < u.params().size(); ++k) fn(join(v.original_path, v.state.original_names[k].name), u.params()[k]);
+      for (size_t k = 0; k < u.params().size(); ++k) fn(join(v.original_path, v.state.original_names[k].name), u.params()[k].param);
     } catch (...) {
       u.reshard();
       throw;

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <exception>
 
 #include "process_group/async_ops.h"
@@ -17,25 +18,20 @@ namespace {
 
 constexpr int64_t kAlign = 16;  // elements: every shard and full parameter starts 64-byte aligned (fp32)
 
-std::vector<std::vector<int64_t>> shapes_of(const std::vector<at::Tensor>& params) {
+std::vector<std::vector<int64_t>> shapes_of(const std::vector<FsdpParamSpec>& params) {
   std::vector<std::vector<int64_t>> out;
-  for (const auto& p : params) out.emplace_back(p.sizes().begin(), p.sizes().end());
+  for (const auto& p : params) out.emplace_back(p.param.sizes().begin(), p.param.sizes().end());
   return out;
 }
 
-// Waits for every work, also after one has failed (the others may still
-// be writing into memory the caller is about to free), then rethrows the
-// first failure. Every wait has the group's timeout, so this ends.
-void wait_all(const std::vector<std::shared_ptr<Work>>& works) {
-  std::exception_ptr first;
-  for (const auto& w : works) {
-    try {
-      w->wait();
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
+// Waits for a work, if any, ignoring its error (the failure was reported
+// where it happened). Every wait has the group's timeout, so this ends.
+void wait_quietly(const std::shared_ptr<Work>& work) noexcept {
+  if (!work) return;
+  try {
+    work->wait();
+  } catch (...) {
   }
-  if (first) std::rethrow_exception(first);
 }
 
 // Rows [first, first + n) of a full parameter (the whole of a 0-d one).
@@ -57,22 +53,25 @@ void repoint(at::Tensor& param, const at::Tensor& data) {
   }
 }
 
-at::ScalarType check_params(const std::string& label, const std::vector<std::string>& names,
-                            const std::vector<at::Tensor>& params) {
-  at::ScalarType dtype = params.empty() ? at::kFloat : params[0].scalar_type();
-  for (size_t k = 0; k < params.size(); ++k) {
-    const at::Tensor& p = params[k];
+// The parameters' dtype; UsageError unless they are dense, on one device,
+// of one dtype.
+at::ScalarType check_params(const std::string& label, const std::vector<FsdpParamSpec>& params) {
+  if (params.empty()) return at::kFloat;
+  const FsdpParamSpec& first = params[0];
+  const at::ScalarType dtype = first.param.scalar_type();
+  for (const auto& spec : params) {
+    const at::Tensor& p = spec.param;
     if (p.layout() != at::kStrided) {
-      throw UsageError(label + ": parameter '" + names[k] + "' is not a dense tensor; FSDP shards dense parameters");
+      throw UsageError(label + ": parameter '" + spec.name + "' is not a dense tensor; FSDP shards dense parameters");
     }
-    if (p.device() != params[0].device()) {
-      throw UsageError(label + ": parameter '" + names[k] + "' is on " + p.device().str() + " but '" + names[0] +
-                       "' is on " + params[0].device().str() + "; a unit's parameters live on one device (pass "
+    if (p.device() != first.param.device()) {
+      throw UsageError(label + ": parameter '" + spec.name + "' is on " + p.device().str() + " but '" + first.name +
+                       "' is on " + first.param.device().str() + "; a unit's parameters live on one device (pass "
                        "device_id to move the module there)");
     }
     if (p.scalar_type() != dtype) {
-      throw UsageError(label + ": parameter '" + names[k] + "' is " + std::string(c10::toString(p.scalar_type())) +
-                       " but '" + names[0] + "' is " + c10::toString(dtype) +
+      throw UsageError(label + ": parameter '" + spec.name + "' is " + std::string(c10::toString(p.scalar_type())) +
+                       " but '" + first.name + "' is " + c10::toString(dtype) +
                        "; a unit holds one dtype: wrap the modules of each dtype in units of their own");
     }
   }
@@ -81,70 +80,84 @@ at::ScalarType check_params(const std::string& label, const std::vector<std::str
 
 }  // namespace
 
-ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, std::vector<std::string> names,
-                         std::vector<at::Tensor> params, bool shard, bool keep_full,
-                         std::optional<at::ScalarType> compute_dtype, std::optional<at::ScalarType> reduce_dtype,
-                         std::vector<char> keep_dtype)
+
+// ---- made: the shards ---------------------------------------------------------
+
+ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, std::vector<FsdpParamSpec> specs,
+                         const UnitOptions& options)
     : pg_(std::move(pg)),
       label_(std::move(label)),
-      names_(std::move(names)),
-      params_(std::move(params)),
-      sharded_(shard && pg_->size() > 1),
+      sharded_(options.shard && pg_->size() > 1),
       shard_rank_(sharded_ ? pg_->rank() : 0),
-      layout_(shapes_of(params_), sharded_ ? pg_->size() : 1, kAlign),
-      device_(params_.empty() ? c10::Device(c10::kCPU) : params_[0].device()),
-      dtype_(check_params(label_, names_, params_)),
-      compute_dtype_(compute_dtype.value_or(dtype_)),
-      reduce_dtype_(reduce_dtype.value_or(compute_dtype_)),
-      cast_(compute_dtype_ != dtype_),
-      swaps_(sharded_ || cast_),
-      full_(compute_dtype_, swaps_ ? layout_.full_numel() : 0, device_),
+      layout_(shapes_of(specs), sharded_ ? pg_->size() : 1, kAlign),
+      device_(specs.empty() ? c10::Device(c10::kCPU) : specs[0].param.device()),
+      dtype_(check_params(label_, specs)),
+      compute_dtype_(options.compute_dtype.value_or(dtype_)),
+      reduce_dtype_(options.reduce_dtype.value_or(compute_dtype_)),
+      keep_full_(sharded_ && options.keep_full && compute_dtype_ == dtype_),
+      full_(compute_dtype_, swaps() ? layout_.full_numel() : 0, device_),
       grad_full_(reduce_dtype_, sharded_ ? layout_.full_numel() : 0, device_) {
-  keep_full_ = sharded_ && keep_full && !cast_;
-  keep_dtype_ = std::move(keep_dtype);
-  keep_dtype_.resize(params_.size(), 0);
   at::NoGradGuard no_grad;
-  for (const auto& p : params_) {
-    trainable_.push_back(p.requires_grad());
-    has_frozen_ = has_frozen_ || !p.requires_grad();
-    has_trainable_ = has_trainable_ || p.requires_grad();
+  params_.reserve(specs.size());
+  for (size_t k = 0; k < specs.size(); ++k) {
+    FsdpParam p;
+    p.name = std::move(specs[k].name);
+    p.param = std::move(specs[k].param);
+    p.layout = &layout_.param(k);
+    p.trainable = p.param.requires_grad();
+    p.keep_dtype = specs[k].keep_dtype;
+    params_.push_back(std::move(p));
   }
   if (keep_full_) {
     // The full parameters stay; a shard is this rank's rows of them.
     // In symmetric memory where the group has it: each rank's gather then
     // reads the others' shards straight from their copies.
     full_.adopt(zeroed(layout_.full_numel()));
-    for (size_t k = 0; k < params_.size(); ++k) {
-      const auto& pl = layout_.param(k);
-      if (pl.numel() > 0) full_.tensor_at(pl.offset_in_full, pl.shape).copy_(params_[k]);
-      shard_views_.push_back(
-          full_.tensor_at(pl.offset_in_full + shard_rank_ * pl.shard_numel(), pl.shard_shape(shard_rank_)));
+    for (FsdpParam& p : params_) {
+      const ParamShardLayout& pl = *p.layout;
+      if (pl.numel() > 0) full_of(p).copy_(p.param);
+      p.shard = full_.tensor_at(pl.offset_in_full + shard_rank_ * pl.shard_numel(), pl.shard_shape(shard_rank_));
     }
   } else {
     chunk_ = zeroed(layout_.chunk_numel());
-    for (size_t k = 0; k < params_.size(); ++k) {
-      const auto& pl = layout_.param(k);
-      at::Tensor view = tensor_on(chunk_.storage(), dtype_, pl.offset_in_chunk, pl.shard_shape(shard_rank_));
-      if (view.numel() > 0) view.copy_(rows_of(params_[k], pl, shard_rank_));
-      shard_views_.push_back(std::move(view));
+    for (FsdpParam& p : params_) {
+      const ParamShardLayout& pl = *p.layout;
+      p.shard = tensor_on(chunk_.storage(), dtype_, pl.offset_in_chunk, pl.shard_shape(shard_rank_));
+      if (p.shard.numel() > 0) p.shard.copy_(rows_of(p.param, pl, shard_rank_));
     }
   }
-  set_aside_.resize(params_.size());
-  aside_.assign(params_.size(), 0);
   point_at_shards();  // the full tensors the module built are freed here
-  state_ = swaps_ ? State::kSharded : State::kFull;
+  state_ = swaps() ? State::kSharded : State::kFull;
 }
 
 ShardedUnit::~ShardedUnit() { drop_in_flight(); }
+
+bool ShardedUnit::has_frozen() const {
+  return std::any_of(params_.begin(), params_.end(), [](const FsdpParam& p) { return !p.trainable; });
+}
+
+bool ShardedUnit::has_trainable() const {
+  return std::any_of(params_.begin(), params_.end(), [](const FsdpParam& p) { return p.trainable; });
+}
 
 at::Tensor ShardedUnit::zeroed(int64_t numel) const {
   if (device_.is_cpu()) return pg_->empty_symmetric({numel}, dtype_);  // symmetric where the group has it
   return at::zeros({numel}, at::TensorOptions().dtype(dtype_).device(device_));
 }
 
-void ShardedUnit::point_at_shards() {
-  for (size_t k = 0; k < params_.size(); ++k) repoint(params_[k], shard_views_[k]);
+at::Tensor ShardedUnit::full_of(const FsdpParam& p) const {
+  return full_.tensor_at(p.layout->offset_in_full, p.layout->shape);
 }
+
+at::Tensor ShardedUnit::padded_full_of(const FsdpParam& p) const {
+  return full_.tensor_at(p.layout->offset_in_full, {p.layout->shard_numel() * layout_.world_size()});
+}
+
+void ShardedUnit::point_at_shards() {
+  for (FsdpParam& p : params_) repoint(p.param, p.shard);
+}
+
+// ---- unshard: one all-gather ------------------------------------------------------
 
 void ShardedUnit::start_unshard(bool exact) {
   if (state_ != State::kSharded) return;
@@ -157,77 +170,84 @@ void ShardedUnit::start_unshard(bool exact) {
     // Mixed precision without sharding: the full parameters in the compute
     // dtype are a local conversion.
     at::NoGradGuard no_grad;
-    for (size_t k = 0; k < params_.size(); ++k) {
-      const auto& pl = layout_.param(k);
-      if (pl.numel() > 0) full_.tensor_at(pl.offset_in_full, pl.shape).copy_(shard_views_[k]);
+    for (const FsdpParam& p : params_) {
+      if (p.layout->numel() > 0) full_of(p).copy_(p.shard);
     }
     return;
   }
   // The all-gather input in the dtype of the output (a converted copy in a
   // pooled block: like the unit's other buffers, it comes and goes with
   // every gather).
+  Gather g;
   at::Tensor source = chunk_;
   if (full_.dtype() != dtype_ && !keep_full_) {
-    source = pooled_empty(full_.dtype(), layout_.chunk_numel(), device_);
-    source.copy_(chunk_);
+    g.source = pooled_empty(full_.dtype(), layout_.chunk_numel(), device_);
+    g.source.copy_(chunk_);
+    source = g.source;
   }
-  for (size_t k = 0; k < params_.size(); ++k) {
-    const auto& pl = layout_.param(k);
-    if (pl.shard_numel() == 0) continue;  // every rank skips it: an empty parameter
-    at::Tensor out = full_.tensor_at(pl.offset_in_full, {pl.shard_numel() * layout_.world_size()});
+  std::vector<at::Tensor> outs, ins;
+  for (const FsdpParam& p : params_) {
+    if (p.empty()) continue;  // every rank skips it: an empty parameter
+    const int64_t n = p.layout->shard_numel();
+    outs.push_back(padded_full_of(p));
     // With the full parameters kept, this rank's shard is its slot of the
     // output (an all-gather in place).
-    at::Tensor in = keep_full_ ? out.narrow(0, shard_rank_ * pl.shard_numel(), pl.shard_numel())
-                               : source.narrow(0, pl.offset_in_chunk, pl.shard_numel());
-    gathers_.push_back(pg_->all_gather_into_tensor(out, in));
-    gather_inputs_.push_back(std::move(in));
+    ins.push_back(keep_full_ ? outs.back().narrow(0, shard_rank_ * n, n)
+                             : source.narrow(0, p.layout->offset_in_chunk, n));
   }
-}
-
-void ShardedUnit::release_full() {
-  if (!keep_full_) full_.release();
+  if (!ins.empty()) g.work = pg_->all_gather_into_tensor_coalesced(outs, ins);
+  gather_ = std::move(g);
 }
 
 void ShardedUnit::finish_unshard() {
   if (state_ == State::kFull) return;
   start_unshard();
-  try {
-    wait_all(gathers_);
-  } catch (...) {
-    gathers_.clear();
-    gather_inputs_.clear();
-    release_full();
-    state_ = State::kSharded;
-    throw;
+  if (gather_) {
+    Gather g = std::move(*gather_);
+    gather_.reset();
+    try {
+      if (g.work) g.work->wait();
+    } catch (...) {
+      release_full();
+      state_ = State::kSharded;
+      throw;
+    }
   }
-  gathers_.clear();
-  gather_inputs_.clear();
-  for (size_t k = 0; k < params_.size(); ++k) {
-    const auto& pl = layout_.param(k);
-    if (keep_dtype_[k] && full_.dtype() != dtype_) {
-      repoint(params_[k], sharded_ ? full_.tensor_at(pl.offset_in_full, pl.shape).to(dtype_) : shard_views_[k]);
+  for (FsdpParam& p : params_) {
+    if (p.keep_dtype && full_.dtype() != dtype_) {
+      repoint(p.param, sharded_ ? full_of(p).to(dtype_) : p.shard);  // a copy in its own dtype
     } else {
-      repoint(params_[k], full_.tensor_at(pl.offset_in_full, pl.shape));
+      repoint(p.param, full_of(p));
     }
   }
   state_ = State::kFull;
 }
 
+void ShardedUnit::unshard(bool exact) {
+  if (exact && !sharded_ && state_ == State::kSharded) return;  // the shards are whole and exact
+  start_unshard(exact);
+  finish_unshard();
+}
+
+// ---- reshard ------------------------------------------------------------------------
+
+void ShardedUnit::release_full() {
+  if (!keep_full_) full_.release();
+}
+
 void ShardedUnit::reshard() {
-  if (!swaps_ || state_ == State::kSharded) return;
+  if (!swaps() || state_ == State::kSharded) return;
   if (state_ == State::kGathering) {
     // A prefetch nobody used: wait it out (it writes the full storage).
-    std::vector<std::shared_ptr<Work>> gathers = std::move(gathers_);
-    gathers_.clear();
+    std::optional<Gather> g = std::move(gather_);
+    gather_.reset();
     state_ = State::kSharded;
     try {
-      wait_all(gathers);
+      if (g && g->work) g->work->wait();
     } catch (...) {
-      gather_inputs_.clear();
       release_full();
       throw;
     }
-    gather_inputs_.clear();
     release_full();
     return;
   }
@@ -236,40 +256,44 @@ void ShardedUnit::reshard() {
   state_ = State::kSharded;
 }
 
+// ---- summon_full_params ---------------------------------------------------------------
+
 void ShardedUnit::write_back() {
   TDIST_CHECK(state_ == State::kFull);
-  if (!swaps_ || keep_full_) return;  // the shards are the full parameters' rows
+  if (!swaps() || keep_full_) return;  // the shards are the full parameters' rows
   at::NoGradGuard no_grad;
-  for (size_t k = 0; k < params_.size(); ++k) {
-    if (shard_views_[k].numel() > 0) shard_views_[k].copy_(rows_of(params_[k], layout_.param(k), shard_rank_));
+  for (FsdpParam& p : params_) {
+    if (p.shard.numel() > 0) p.shard.copy_(rows_of(p.param, *p.layout, shard_rank_));
   }
 }
 
 void ShardedUnit::save_shards() {
   saved_shards_.clear();
   if (!keep_full_) return;
-  for (const auto& v : shard_views_) saved_shards_.push_back(v.clone());
+  for (const FsdpParam& p : params_) saved_shards_.push_back(p.shard.clone());
 }
 
 void ShardedUnit::restore_shards() {
   at::NoGradGuard no_grad;
-  for (size_t k = 0; k < saved_shards_.size(); ++k) shard_views_[k].copy_(saved_shards_[k]);
+  for (size_t k = 0; k < saved_shards_.size(); ++k) params_[k].shard.copy_(saved_shards_[k]);
   saved_shards_.clear();
 }
 
 void ShardedUnit::check_params_in_place() const {
-  const c10::StorageImpl* expected = keep_full_ || (state_ == State::kFull && swaps_)
+  const c10::StorageImpl* expected = keep_full_ || (state_ == State::kFull && swaps())
                                          ? full_.storage_impl()
                                          : chunk_.storage().unsafeGetStorageImpl();
-  for (size_t k = 0; k < params_.size(); ++k) {
-    if (state_ == State::kFull && keep_dtype_[k] && full_.dtype() != dtype_) continue;  // a copy of its own
-    if (params_[k].storage().unsafeGetStorageImpl() != expected) {
-      throw UsageError(label_ + ": parameter '" + names_[k] +
+  for (const FsdpParam& p : params_) {
+    if (state_ == State::kFull && p.keep_dtype && full_.dtype() != dtype_) continue;  // a copy of its own
+    if (p.param.storage().unsafeGetStorageImpl() != expected) {
+      throw UsageError(label_ + ": parameter '" + p.name +
                        "' was replaced after wrapping (module.to(), set_data or loading into the module): FSDP "
                        "shards the parameters it was given, so convert, move and load before wrapping");
     }
   }
 }
+
+// ---- backward: gradients accumulate in the full buffer ------------------------------
 
 void ShardedUnit::ensure_grad_buffer() {
   if (grad_full_.allocated()) return;
@@ -278,29 +302,29 @@ void ShardedUnit::ensure_grad_buffer() {
 }
 
 void ShardedUnit::set_aside_grad(size_t k) {
-  if (!sharded_ || grads_full_ || !trainable_[k] || aside_[k]) return;
-  set_aside_[k] = params_[k].grad();
+  FsdpParam& p = params_[k];
+  if (!sharded_ || grads_full_ || !p.trainable || p.grad_set_aside) return;
+  p.grad_before = p.param.grad();
   // Autograd accumulates into a .grad that exists: the full gradient lands
   // in its place in the unit's gradient buffer, the reduce-scatter input.
   ensure_grad_buffer();
-  const auto& pl = layout_.param(k);
-  params_[k].mutable_grad() = grad_full_.tensor_at(pl.offset_in_full, pl.shape);
-  aside_[k] = 1;
+  p.param.mutable_grad() = grad_full_.tensor_at(p.layout->offset_in_full, p.layout->shape);
+  p.grad_set_aside = true;
 }
 
 void ShardedUnit::set_aside_shard_grads() {
   for (size_t k = 0; k < params_.size(); ++k) set_aside_grad(k);
 }
 
-at::Tensor ShardedUnit::take_full_grad(size_t k) {
-  const auto& pl = layout_.param(k);
-  at::Tensor& g = params_[k].mutable_grad();
+at::Tensor ShardedUnit::take_full_grad(FsdpParam& p) {
+  const ParamShardLayout& pl = *p.layout;
+  at::Tensor& g = p.param.mutable_grad();
   at::Tensor region = grad_full_.tensor_at(pl.offset_in_full, {pl.numel()});
   if (!g.defined()) {
     region.zero_();  // .grad was dropped after a no_sync backward: nothing to add
   } else if (g.storage().unsafeGetStorageImpl() != grad_full_.storage_impl()) {
     if (g.numel() != pl.numel()) {
-      throw UsageError(label_ + ": the gradient of '" + names_[k] + "' has " + std::to_string(g.numel()) +
+      throw UsageError(label_ + ": the gradient of '" + p.name + "' has " + std::to_string(g.numel()) +
                        " elements where the full parameter has " + std::to_string(pl.numel()) +
                        " (was .grad set by hand, or an optimizer stepped during no_sync?)");
     }
@@ -310,115 +334,100 @@ at::Tensor ShardedUnit::take_full_grad(size_t k) {
   return grad_full_.tensor_at(pl.offset_in_full, {pl.shard_numel() * layout_.world_size()});
 }
 
+// ---- reduce: one reduce-scatter (or all-reduce) ---------------------------------------
+
 void ShardedUnit::start_reduce() {
   TDIST_CHECK(!reduce_.has_value());
-  if (!has_trainable_) return;
+  if (!has_trainable()) return;
   at::NoGradGuard no_grad;
   const detail::AsyncOpsScope async;  // backward goes on: the worker runs them
   set_aside_shard_grads();  // a unit whose backward never ran still takes part
   Reduce r;
   if (!sharded_) {
-    for (size_t k = 0; k < params_.size(); ++k) {
-      if (!trainable_[k] || params_[k].numel() == 0) continue;
-      at::Tensor& g = params_[k].mutable_grad();
-      if (!g.defined()) g = at::zeros(params_[k].sizes(), at::TensorOptions().dtype(dtype_).device(device_));
+    for (FsdpParam& p : params_) {
+      if (!p.trainable || p.param.numel() == 0) continue;
+      at::Tensor& g = p.param.mutable_grad();
+      if (!g.defined()) g = at::zeros(p.param.sizes(), at::TensorOptions().dtype(dtype_).device(device_));
       if (!g.is_contiguous()) g = g.contiguous();
       // In reduce_dtype_: a converted copy, converted back when it is done.
       r.inputs.push_back(g.scalar_type() == reduce_dtype_ ? g : g.to(reduce_dtype_));
-      r.targets.push_back(k);
+      r.targets.push_back(&p);
     }
-    if (!r.inputs.empty()) r.works.push_back(pg_->all_reduce_coalesced(r.inputs, {ReduceOp::AVG}));
+    if (!r.inputs.empty()) r.work = pg_->all_reduce_coalesced(r.inputs, {ReduceOp::AVG});
     reduce_ = std::move(r);
     return;
   }
   ensure_grad_buffer();
   r.out = pooled_empty(reduce_dtype_, layout_.chunk_numel(), device_);
-  for (size_t k = 0; k < params_.size(); ++k) {
-    const auto& pl = layout_.param(k);
-    if (!trainable_[k] || pl.shard_numel() == 0) continue;
-    at::Tensor in = take_full_grad(k);
-    r.works.push_back(pg_->reduce_scatter_tensor(r.out.narrow(0, pl.offset_in_chunk, pl.shard_numel()), in,
-                                                 {ReduceOp::AVG}));
-    r.inputs.push_back(std::move(in));
+  std::vector<at::Tensor> outs, ins;
+  for (FsdpParam& p : params_) {
+    if (!p.trainable || p.empty()) continue;
+    ins.push_back(take_full_grad(p));
+    outs.push_back(r.out.narrow(0, p.layout->offset_in_chunk, p.layout->shard_numel()));
   }
+  if (!ins.empty()) r.work = pg_->reduce_scatter_tensor_coalesced(outs, ins, {ReduceOp::AVG});
   reduce_ = std::move(r);
-}
-
-bool ShardedUnit::reduce_done() const {
-  if (!reduce_) return true;
-  for (const auto& w : reduce_->works) {
-    if (!w->is_completed()) return false;
-  }
-  return true;
 }
 
 void ShardedUnit::finish_reduce() {
   if (!reduce_) return;
   Reduce r = std::move(*reduce_);
   reduce_.reset();
-  wait_all(r.works);
+  if (r.work) r.work->wait();
   grads_full_ = false;
-  if (!sharded_) {  // reduced in place, or in converted copies
-    at::NoGradGuard no_grad;
-    for (size_t i = 0; i < r.inputs.size(); ++i) {
-      at::Tensor& g = params_[r.targets[i]].mutable_grad();
-      if (!r.inputs[i].is_same(g)) g.copy_(r.inputs[i]);
-    }
+  if (!sharded_) {
+    finish_reduce_unsharded(r);
     return;
   }
-  r.inputs.clear();
   grad_full_.release();
   at::NoGradGuard no_grad;
   // The shard gradients are views of one pooled chunk, in the shards' dtype
   // (reduced in another: each reduced shard converted into it, the reduced
   // chunk freed after).
   at::Tensor grads = reduce_dtype_ == dtype_ ? r.out : pooled_empty(dtype_, layout_.chunk_numel(), device_);
-  for (size_t k = 0; k < params_.size(); ++k) {
-    if (!trainable_[k]) continue;
-    const auto& pl = layout_.param(k);
-    if (!grads.is_same(r.out) && pl.shard_numel() > 0) {
-      const auto rows = [&](const at::Tensor& chunk) { return chunk.narrow(0, pl.offset_in_chunk, pl.shard_numel()); };
-      rows(grads).copy_(rows(r.out));
+  for (FsdpParam& p : params_) {
+    if (!p.trainable) continue;
+    const ParamShardLayout& pl = *p.layout;
+    if (!grads.is_same(r.out) && !p.empty()) {
+      grads.narrow(0, pl.offset_in_chunk, pl.shard_numel()).copy_(r.out.narrow(0, pl.offset_in_chunk, pl.shard_numel()));
     }
-    at::Tensor g = tensor_on(grads.storage(), dtype_, pl.offset_in_chunk, shard_views_[k].sizes());
-    if (set_aside_[k].defined()) {
-      set_aside_[k].add_(g);
-      params_[k].mutable_grad() = std::move(set_aside_[k]);
+    at::Tensor g = tensor_on(grads.storage(), dtype_, pl.offset_in_chunk, p.shard.sizes());
+    if (p.grad_before.defined()) {
+      p.grad_before.add_(g);
+      p.param.mutable_grad() = std::move(p.grad_before);
     } else {
-      params_[k].mutable_grad() = std::move(g);
+      p.param.mutable_grad() = std::move(g);
     }
-    set_aside_[k] = at::Tensor();
-    aside_[k] = 0;
+    p.grad_before = at::Tensor();
+    p.grad_set_aside = false;
   }
 }
 
+void ShardedUnit::finish_reduce_unsharded(Reduce& r) {
+  // Reduced in place, or in converted copies.
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < r.inputs.size(); ++i) {
+    at::Tensor& g = r.targets[i]->param.mutable_grad();
+    if (!r.inputs[i].is_same(g)) g.copy_(r.inputs[i]);
+  }
+}
+
+// ---- after a failure ------------------------------------------------------------------
+
 void ShardedUnit::drop_in_flight() noexcept {
-  for (auto& w : gathers_) {
-    try {
-      w->wait();
-    } catch (...) {
-    }
-  }
-  gathers_.clear();
-  gather_inputs_.clear();
-  if (reduce_) {
-    for (auto& w : reduce_->works) {
-      try {
-        w->wait();
-      } catch (...) {
-      }
-    }
-    reduce_.reset();
-  }
+  if (gather_) wait_quietly(gather_->work);
+  gather_.reset();
+  if (reduce_) wait_quietly(reduce_->work);
+  reduce_.reset();
   if (!grads_full_) {
-    for (size_t k = 0; k < params_.size(); ++k) {
-      if (aside_[k]) params_[k].mutable_grad() = std::move(set_aside_[k]);
-      set_aside_[k] = at::Tensor();
-      aside_[k] = 0;
+    for (FsdpParam& p : params_) {
+      if (p.grad_set_aside) p.param.mutable_grad() = std::move(p.grad_before);
+      p.grad_before = at::Tensor();
+      p.grad_set_aside = false;
     }
     grad_full_.release();
   }
-  if (swaps_ && state_ != State::kSharded) {
+  if (swaps() && state_ != State::kSharded) {
     if (state_ == State::kFull) point_at_shards();
     release_full();
     state_ = State::kSharded;

@@ -1,26 +1,34 @@
 // ShardedUnit: one FSDP unit's parameters, in their two forms, and the
 // collectives that move between them (docs/fsdp.md).
 //
-// The unit owns a set of the module's parameters (the tensors registered in
-// the module: the unit never replaces them, it re-points them with
-// set_data). Between iterations each parameter is this rank's shard of it
-// (its rows by ShardLayout, padding not included): what the optimizer
-// steps. unshard() all-gathers every parameter straight into its place in
-// the unit's FullStorage and points the parameters at the full tensors;
-// reshard() points them back at the shards and releases the full memory.
-// Gradients: just before a parameter's gradient accumulates, its .grad is
-// pointed at its place in the unit's full gradient buffer (laid out as the
-// full parameters, padding zero), so autograd accumulates there;
-// reduce() reduce-scatters that buffer (AVG) into shard-shaped .grad
-// (adding what .grad held before this backward), or, without sharding
-// (NO_SHARD), all-reduces autograd's own .grad in place.
+// The life of a unit, step by step:
+// - Made: each parameter (an FsdpParam, below) keeps this rank's rows of
+//   itself (ShardLayout) in the unit's chunk, and the parameter the module
+//   holds is pointed at them: what the optimizer steps.
+// - unshard(): ONE all-gather of the whole unit (every parameter's shard
+//   straight into its place in the FullStorage), then the parameters are
+//   pointed at the full tensors.
+// - Backward: just before a parameter's gradient accumulates, its .grad
+//   (the shard gradient of earlier backwards) is set aside and .grad is
+//   pointed at the parameter's place in the unit's full gradient buffer
+//   (laid out as the full parameters, padding zero), so autograd
+//   accumulates there.
+// - reduce(): ONE reduce-scatter of the whole unit (AVG) into a chunk of
+//   shard gradients, added to what was set aside; without sharding
+//   (NO_SHARD) one all-reduce of autograd's own .grads in place.
+// - reshard(): the parameters point at their shards again and the full
+//   memory goes back to the pool.
+// A failed backward calls drop_in_flight(), which waits the collectives
+// out and puts every .grad back as it was.
 //
-// Owns: the chunk (this rank's shards back to back, padding zero: the
-// all-gather input; none when the full storage is kept), the full storage, the shard gradients set aside during
-// a backward, and the collectives in flight.
+// Owns: the records of its parameters, the chunk (this rank's shards back
+// to back, padding zero: the all-gather input; none when the full storage
+// is kept), the full storage and the full gradient buffer, and the
+// collectives in flight.
 // Threading: not synchronised: the training thread (forward, backward hooks
 // and callbacks on the CPU autograd engine's caller thread) uses it.
-// Lifetime: the parameters stay the module's; the unit must outlive any
+// Lifetime: the parameters stay the module's (the unit never replaces
+// them, it re-points them with set_data); the unit must outlive any
 // collective it launched (drop_in_flight() waits them out).
 #pragma once
 
@@ -37,38 +45,60 @@
 
 namespace tdist::detail {
 
+// What a unit is made from, per parameter.
+struct FsdpParamSpec {
+  std::string name;  // how messages name it
+  at::Tensor param;  // CPU or one CUDA device, dense, full as the module built it (equal on every rank)
+  // Forward and backward see it in its own dtype even with a compute dtype
+  // (BatchNorm's: its kernels take fp32 weights with bf16 inputs); it is
+  // still gathered in the compute dtype.
+  bool keep_dtype = false;
+};
+
+// How a unit shards and computes.
+struct UnitOptions {
+  bool shard = true;  // false: NO_SHARD (every rank keeps every parameter whole)
+  // SHARD_GRAD_OP (ZeRO-2): the full storage is never released and the
+  // shards are this rank's rows of it, so the full parameters cost no
+  // second copy of the shards. Ignored with a compute dtype of its own.
+  bool keep_full = false;
+  // The dtype forward and backward see the full parameters in (gathered in
+  // it; the shards keep the parameters' dtype), and the one gradients are
+  // reduced in. Empty: the parameters' (the reduce dtype: the compute one).
+  std::optional<at::ScalarType> compute_dtype;
+  std::optional<at::ScalarType> reduce_dtype;
+};
+
+// One parameter of a unit (as FSDP2's FSDPParam): the module's tensor, its
+// place in the unit's buffers, and its gradient's state in a backward.
+struct FsdpParam {
+  std::string name;
+  at::Tensor param;  // the module's tensor: re-pointed, never replaced
+  const ParamShardLayout* layout = nullptr;  // its shape and offsets (in the unit's ShardLayout)
+  bool trainable = false;                    // requires_grad when wrapped
+  bool keep_dtype = false;                   // FsdpParamSpec::keep_dtype
+  at::Tensor shard;                          // this rank's real rows (in the chunk or the kept full storage)
+  // While its gradient accumulates in the full buffer: the shard-shaped
+  // .grad from before this backward (undefined if there was none).
+  at::Tensor grad_before;
+  bool grad_set_aside = false;
+
+  bool empty() const { return layout->shard_numel() == 0; }
+};
+
 class ShardedUnit {
  public:
-  // params: CPU, dense, one dtype, full as the module built them (already
-  // equal on every rank). shard: false for NO_SHARD (every rank keeps
-  // every parameter whole). keep_full (SHARD_GRAD_OP, ZeRO-2): the full
-  // storage is never released and the shards are this rank's rows of it,
-  // so the full parameters cost no second copy of the shards. label: how
-  // messages name the unit.
-  // compute_dtype: the dtype forward and backward see the full parameters
-  // in (gathered in it; the shards keep the parameters' dtype);
-  // reduce_dtype: the dtype gradients are reduced in. Either may be the
-  // parameters' dtype. With a compute dtype of its own the full storage is
-  // never kept (keep_full is ignored) and, without sharding, unshard()
-  // converts locally.
-  // keep_dtype (empty, or one flag per parameter): parameters that forward
-  // and backward see in their own dtype even with a compute dtype (those of
-  // BatchNorm, whose kernels take fp32 weights with bf16 inputs and fp32
-  // running statistics, but not bf16 weights); they are still gathered in
-  // the compute dtype.
-  ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, std::vector<std::string> names,
-              std::vector<at::Tensor> params, bool shard, bool keep_full, std::optional<at::ScalarType> compute_dtype,
-              std::optional<at::ScalarType> reduce_dtype, std::vector<char> keep_dtype = {});
+  // params: one dtype, one device. label: how messages name the unit.
+  ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, std::vector<FsdpParamSpec> params,
+              const UnitOptions& options);
   ShardedUnit(const ShardedUnit&) = delete;
   ShardedUnit& operator=(const ShardedUnit&) = delete;
   ~ShardedUnit();
 
   const std::string& label() const { return label_; }
-  const std::vector<std::string>& names() const { return names_; }
-  const std::vector<at::Tensor>& params() const { return params_; }
-  bool trainable(size_t k) const { return trainable_[k]; }
-  bool has_frozen() const { return has_frozen_; }
-  bool has_trainable() const { return has_trainable_; }
+  const std::vector<FsdpParam>& params() const { return params_; }
+  bool has_frozen() const;
+  bool has_trainable() const;
   bool sharded() const { return sharded_; }
   // The layout (world 1 without sharding) and this rank's place in it.
   const ShardLayout& layout() const { return layout_; }
@@ -79,19 +109,15 @@ class ShardedUnit {
   // Whether the parameters hold their full values (always, without sharding).
   bool unsharded() const { return state_ == State::kFull; }
   bool gathering() const { return state_ == State::kGathering; }
-  // Launches the all-gathers (nothing when unsharded or already gathering),
-  // in the compute dtype, or with exact in the shards' own (for
-  // summon_full_params).
+  // Launches the unit's all-gather (nothing when unsharded or already
+  // gathering), in the compute dtype, or with exact in the shards' own
+  // (for summon_full_params).
   void start_unshard(bool exact = false);
-  // Waits for them and points the parameters at the full tensors. A failed
+  // Waits for it and points the parameters at the full tensors. A failed
   // gather raises (PeerFailureError, TimeoutError...) and leaves the unit
   // sharded.
   void finish_unshard();
-  void unshard(bool exact = false) {
-    if (exact && !sharded_ && state_ == State::kSharded) return;  // the shards are whole and exact
-    start_unshard(exact);
-    finish_unshard();
-  }
+  void unshard(bool exact = false);
   // Points the parameters at their shards and releases the full memory.
   void reshard();
   // Copies this rank's rows of the full parameters into the shards (after
@@ -107,7 +133,7 @@ class ShardedUnit {
   void check_params_in_place() const;
 
   // ---- gradients ----
-  // Before parameter k's gradient accumulates in a backward: moves its
+  // Before parameter k's gradient accumulates in a backward: sets its
   // shard-shaped .grad aside (autograd accumulates the full gradient into
   // .grad). Once per backward; nothing while full gradients are kept from
   // a no_sync backward, or without sharding.
@@ -117,14 +143,14 @@ class ShardedUnit {
   // Whether the full-gradient buffer is taken (the unit's gradients are
   // accumulating, or kept from no_sync).
   bool has_grad_buffer() const { return grad_full_.allocated(); }
-  // Launches the reduction of the full gradients (zeros for a parameter
-  // that got none, so every rank takes part).
+  // Launches the unit's reduction (zeros for a parameter that got no
+  // gradient, so every rank takes part).
   void start_reduce();
   // Waits for it; .grad = the shard gradient plus what was set aside.
   void finish_reduce();
   bool reducing() const { return reduce_.has_value(); }
   // Whether the reduction in flight has finished (finish_reduce will not wait).
-  bool reduce_done() const;
+  bool reduce_done() const { return !reduce_ || !reduce_->work || reduce_->work->is_completed(); }
   // no_sync: the full gradients stay in .grad; the next synchronised
   // backward accumulates into them and reduces them.
   void keep_full_grads() { grads_full_ = true; }
@@ -136,55 +162,54 @@ class ShardedUnit {
 
  private:
   enum class State { kSharded, kGathering, kFull };
+  struct Gather {
+    std::shared_ptr<Work> work;
+    at::Tensor source;  // the all-gather input when converted to the compute dtype
+  };
   struct Reduce {
-    std::vector<std::shared_ptr<Work>> works;
-    at::Tensor out;                  // sharded: the reduce-scatter output, a chunk
-    std::vector<at::Tensor> inputs;  // kept alive until the works are done
-    std::vector<size_t> targets;     // not sharded: the parameter of each input
+    std::shared_ptr<Work> work;              // null: nothing to reduce
+    at::Tensor out;                          // sharded: the reduce-scatter output, a chunk
+    std::vector<at::Tensor> inputs;          // not sharded: the all-reduced gradients (converted copies or .grads)
+    std::vector<FsdpParam*> targets;         // not sharded: the parameter of each input
   };
 
+  // Whether the parameters move between shards and full storage.
+  bool swaps() const { return sharded_ || compute_dtype_ != dtype_; }
+  // Parameter p's full tensor (its shape) or its padded region in the
+  // full storage.
+  at::Tensor full_of(const FsdpParam& p) const;
+  at::Tensor padded_full_of(const FsdpParam& p) const;
   void ensure_grad_buffer();
-  // Parameter k's full gradient, padded, in the gradient buffer (zeros if
+  // Parameter p's full gradient, padded, in the gradient buffer (zeros if
   // it got none); .grad is dropped.
-  at::Tensor take_full_grad(size_t k);
+  at::Tensor take_full_grad(FsdpParam& p);
   // numel zeros of the shards' dtype on the unit's device; on the CPU in
   // symmetric memory where the group has it.
   at::Tensor zeroed(int64_t numel) const;
   void point_at_shards();
-  void release_full();  // unless keep_full
+  void release_full();  // unless the full storage is kept
+  void finish_reduce_unsharded(Reduce& r);
 
   std::shared_ptr<ProcessGroup> pg_;
   std::string label_;
-  std::vector<std::string> names_;
-  std::vector<at::Tensor> params_;
-  std::vector<char> trainable_;
-  bool has_frozen_ = false;
-  bool has_trainable_ = false;
   bool sharded_;
-  bool keep_full_;
   int shard_rank_;
-  ShardLayout layout_;
+  ShardLayout layout_;            // before params_: they point into it
   c10::Device device_;            // the parameters' (all on one device)
   at::ScalarType dtype_;          // the shards' (the parameters' as built)
   at::ScalarType compute_dtype_;  // the full parameters' in forward and backward
   at::ScalarType reduce_dtype_;   // the gradients' in the reduction
-  bool cast_;                     // compute_dtype_ != dtype_
-  bool swaps_;                    // the parameters move between shards and full storage (sharded_ || cast_)
-  std::vector<char> keep_dtype_;  // per parameter: computes in dtype_ (a converted copy of its gathered values)
+  bool keep_full_;                // SHARD_GRAD_OP without a compute dtype of its own
+  std::vector<FsdpParam> params_;
 
-  at::Tensor chunk_;                      // this rank's shards, padding zero
-  std::vector<at::Tensor> shard_views_;   // per parameter: its real rows in chunk_
-  FullStorage full_;
+  at::Tensor chunk_;       // this rank's shards, padding zero (none when the full storage is kept)
+  FullStorage full_;       // the full parameters, in the full layout
   FullStorage grad_full_;  // sharded: the full gradients, in the full layout (the reduce-scatter input)
   State state_ = State::kSharded;
-  std::vector<std::shared_ptr<Work>> gathers_;
-  std::vector<at::Tensor> gather_inputs_;  // kept alive until the gathers are done
-  std::vector<at::Tensor> saved_shards_;   // save_shards()
-
-  std::vector<at::Tensor> set_aside_;     // per parameter: .grad before this backward
-  std::vector<char> aside_;               // per parameter: set_aside_[k] holds it
-  bool grads_full_ = false;
+  bool grads_full_ = false;  // a no_sync backward left full gradients in .grad
+  std::optional<Gather> gather_;
   std::optional<Reduce> reduce_;
+  std::vector<at::Tensor> saved_shards_;  // save_shards()
 };
 
 }  // namespace tdist::detail

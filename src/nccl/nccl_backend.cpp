@@ -203,6 +203,55 @@ class NcclBackend final : public comm::Backend {
         [&](void** p, cudaStream_t s) { return ncclReduceScatter(p[0], p[1], count, to_nccl(t), rop, comm_, s); });
   }
 
+  // One NCCL group of an all-gather per piece, launched together.
+  void all_gather_coalesced(const std::vector<Piece>& in, const std::vector<Piece>& out, DataType t,
+                            Deadline d) override {
+    check_pairs("all_gather_coalesced", in, out, /*out_is_larger=*/true);
+    const size_t es = comm::dtype_size(t), n = static_cast<size_t>(size());
+    std::vector<Buf> bufs;
+    size_t total = 0;
+    for (size_t k = 0; k < in.size(); ++k) {
+      bufs.push_back({in[k].data, in[k].count * es, true, false});
+      bufs.push_back({out[k].data, in[k].count * es * n, false, true});
+      total += in[k].count;
+    }
+    run(bufs, "all_gather_coalesced(" + std::string(comm::dtype_name(t)) + " x " + std::to_string(total) + ")", d,
+        [&](void** p, cudaStream_t s) {
+          ncclResult_t r = ncclGroupStart();
+          for (size_t k = 0; k < in.size() && r == ncclSuccess; ++k) {
+            if (in[k].count > 0) r = ncclAllGather(p[2 * k], p[2 * k + 1], in[k].count * es, ncclUint8, comm_, s);
+          }
+          const ncclResult_t e = ncclGroupEnd();
+          return r != ncclSuccess ? r : e;
+        });
+  }
+
+  // One NCCL group of a reduce-scatter per piece, launched together.
+  void reduce_scatter_coalesced(const std::vector<Piece>& in, const std::vector<Piece>& out, DataType t,
+                                ReduceOp op, Deadline d) override {
+    check_pairs("reduce_scatter_coalesced", in, out, /*out_is_larger=*/false);
+    const ncclRedOp_t rop = to_nccl(op, t, "reduce_scatter_coalesced");
+    const size_t es = comm::dtype_size(t);
+    std::vector<Buf> bufs;
+    size_t total = 0;
+    for (size_t k = 0; k < in.size(); ++k) {
+      bufs.push_back({in[k].data, in[k].count * es, true, false});
+      bufs.push_back({out[k].data, out[k].count * es, false, true});
+      total += out[k].count;
+    }
+    run(bufs, "reduce_scatter_coalesced(" + std::string(comm::dtype_name(t)) + " x " + std::to_string(total) + ")",
+        d, [&](void** p, cudaStream_t s) {
+          ncclResult_t r = ncclGroupStart();
+          for (size_t k = 0; k < in.size() && r == ncclSuccess; ++k) {
+            if (out[k].count > 0) {
+              r = ncclReduceScatter(p[2 * k], p[2 * k + 1], out[k].count, to_nccl(t), rop, comm_, s);
+            }
+          }
+          const ncclResult_t e = ncclGroupEnd();
+          return r != ncclSuccess ? r : e;
+        });
+  }
+
   // Gather and scatter are exchanges in which only the root talks to
   // every rank.
   void gather(const void* in, void* out, size_t bytes, int root, Deadline d) override {
@@ -357,6 +406,21 @@ class NcclBackend final : public comm::Backend {
   // Runs an op: on the current stream for device buffers (without waiting),
   // or through scratch memory on the backend's stream for host buffers
   // (waited for).
+  // UsageError unless each output holds size() times its input
+  // (all_gather) or each input size() times its output (reduce_scatter).
+  void check_pairs(const char* op, const std::vector<Piece>& in, const std::vector<Piece>& out,
+                   bool out_is_larger) const {
+    const size_t n = static_cast<size_t>(size());
+    bool ok = in.size() == out.size();
+    for (size_t k = 0; ok && k < in.size(); ++k) {
+      ok = out_is_larger ? out[k].count == in[k].count * n : in[k].count == out[k].count * n;
+    }
+    if (!ok) {
+      throw UsageError(std::string("nccl: ") + op + ": each " + (out_is_larger ? "output" : "input") +
+                       " must hold " + std::to_string(n) + " times its " + (out_is_larger ? "input" : "output"));
+    }
+  }
+
   template <typename Launch>
   void run(const std::vector<Buf>& bufs, const std::string& what, Deadline d, Launch&& fn) {
     errors_->rethrow_if_failed();

@@ -20,6 +20,7 @@
 #include "comm/backend.h"
 #include "process_group/device_runtime.h"
 #include "process_group/fingerprint.h"
+#include "process_group/op_counts.h"
 #include "process_group/task_queue.h"
 #include "process_group/tensor_util.h"
 #include "tdist/process_group.h"
@@ -38,8 +39,7 @@ struct ProcessGroup::Impl {
   std::string master_addr;  // handed to network backends
   int next_subgroup = 0;
   std::optional<detail::FingerprintCheck> fingerprints;  // TDIST_DEBUG=detail
-  mutable std::mutex counts_mu;  // enqueue may run on any thread
-  std::map<std::string, CollectiveCount> counts;
+  detail::OpCounts counts;  // enqueue may run on any thread: atomics, no lock
   // CUDA ops (device_runtime.h), made at the group's first one: the group's
   // stream on its device and, when the backend moves host memory only, the
   // staging backend over it (destroyed before `backend`).
@@ -54,8 +54,10 @@ struct ProcessGroup::Impl {
   }
 
   // Queues an op and counts it (collective_counts) with the bytes of this
-  // rank's input and output. With TDIST_DEBUG=detail, a non-empty
-  // fingerprint is checked across ranks just before the op runs.
+  // rank's input and output. With TDIST_DEBUG=detail, describe() (a
+  // callable returning the op's fingerprint, e.g. "all_reduce float[4]
+  // SUM") is called and checked across ranks just before the op runs;
+  // otherwise it is never called, so an op costs no string.
   struct Traffic {
     int64_t input_bytes = 0;
     int64_t output_bytes = 0;
@@ -63,14 +65,19 @@ struct ProcessGroup::Impl {
   // `device`: where the op's tensors live (op_device); for a CUDA device the
   // body runs in the group's DeviceQueue scope, ordered after what the
   // caller queued on its current stream.
-  std::shared_ptr<Work> enqueue(const char* name, Traffic traffic, const std::optional<Milliseconds>& t,
-                                detail::TaskBody body, std::string fingerprint = "",
+  template <typename Describe>
+  std::shared_ptr<Work> enqueue(detail::GroupOp op, Traffic traffic, const std::optional<Milliseconds>& t,
+                                detail::TaskBody body, Describe&& describe,
                                 const std::optional<c10::Device>& device = std::nullopt) {
-    if (fingerprints && !fingerprint.empty()) {
-      body = [this, fp = std::move(fingerprint), inner = std::move(body)](comm::Deadline d) {
-        fingerprints->check(fp, d);
-        return inner(d);
-      };
+    const char* name = detail::group_op_name(op);
+    if (fingerprints) {
+      std::string fp = describe();  // empty: an op with no fingerprint (send, recv)
+      if (!fp.empty()) {
+        body = [this, fp = std::move(fp), inner = std::move(body)](comm::Deadline d) {
+          fingerprints->check(fp, d);
+          return inner(d);
+        };
+      }
     }
     const Milliseconds to = t.value_or(timeout);
     if (to.count() <= 0) throw UsageError(std::string(name) + ": the timeout must be positive");
@@ -99,11 +106,7 @@ struct ProcessGroup::Impl {
         if (errors) errors->rethrow_if_failed();
       });
     }
-    std::lock_guard<std::mutex> lock(counts_mu);
-    CollectiveCount& c = counts[name];
-    ++c.calls;
-    c.input_bytes += traffic.input_bytes;
-    c.output_bytes += traffic.output_bytes;
+    counts.add(op, traffic.input_bytes, traffic.output_bytes);
     return work;
   }
 

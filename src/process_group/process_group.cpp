@@ -89,7 +89,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(const at::Tensor& tensor, const A
   comm::Backend* b = impl_->backend_for(dev, "all_reduce");
   const int64_t wire_bytes = tensor.numel() * static_cast<int64_t>(comm::dtype_size(wire));
   const Impl::Traffic traffic{wire_bytes, wire_bytes};
-  return impl_->enqueue("all_reduce", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kAllReduce, traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     if (wire == dt) {
       b->all_reduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), dt, op, d);
     } else {
@@ -97,7 +97,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(const at::Tensor& tensor, const A
                                  op, d);
     }
     return {tensor};
-  }, "all_reduce " + shape_of(tensor) + wire_note(dt, wire) + " " + reduce_name(o.op), dev);
+  }, [&] { return std::string("all_reduce " + shape_of(tensor) + wire_note(dt, wire) + " " + reduce_name(o.op)); }, dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::all_reduce_coalesced(const std::vector<at::Tensor>& tensors,
@@ -118,27 +118,21 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_coalesced(const std::vector<at::T
   comm::Backend* b = impl_->backend_for(dev, "all_reduce_coalesced");
   const int64_t wire_bytes = total * static_cast<int64_t>(comm::dtype_size(wire));
   const Impl::Traffic traffic{wire_bytes, wire_bytes};
-  return impl_->enqueue("all_reduce_coalesced", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kAllReduceCoalesced, traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     std::vector<comm::Piece> pieces;
     pieces.reserve(tensors.size());
     for (const auto& t : tensors) pieces.push_back({t.data_ptr(), static_cast<size_t>(t.numel())});
     b->all_reduce_coalesced_as(pieces, dt, wire, op, d);  // wire == dt: a plain all_reduce_coalesced
     return tensors;
-  }, "all_reduce_coalesced " + std::string(c10::toString(tensors[0].scalar_type())) + " x " +
-         std::to_string(total) + wire_note(dt, wire) + " " + reduce_name(o.op), dev);
+  }, [&] { return std::string("all_reduce_coalesced " + std::string(c10::toString(tensors[0].scalar_type())) + " x " +
+         std::to_string(total) + wire_note(dt, wire) + " " + reduce_name(o.op)); }, dev);
 }
 
 // ---- accounting ------------------------------------------------------------------
 
-std::map<std::string, CollectiveCount> ProcessGroup::collective_counts() const {
-  std::lock_guard<std::mutex> lock(impl_->counts_mu);
-  return impl_->counts;
-}
+std::map<std::string, CollectiveCount> ProcessGroup::collective_counts() const { return impl_->counts.read(); }
 
-void ProcessGroup::reset_collective_counts() {
-  std::lock_guard<std::mutex> lock(impl_->counts_mu);
-  impl_->counts.clear();
-}
+void ProcessGroup::reset_collective_counts() { impl_->counts.reset(); }
 
 // ---- symmetric memory ------------------------------------------------------------
 
@@ -168,7 +162,7 @@ at::Tensor ProcessGroup::empty_symmetric(at::IntArrayRef sizes, at::ScalarType d
   const size_t bytes = static_cast<size_t>(c10::multiply_integers(sizes)) * c10::elementSize(dtype);
   comm::Backend* b = impl_->backend.get();
   const std::string group = impl_->group_name;
-  auto work = impl_->enqueue("empty_symmetric", {}, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  auto work = impl_->enqueue(detail::GroupOp::kEmptySymmetric, {}, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     std::string why_not;
     std::shared_ptr<void> block = b->allocate_symmetric(bytes, d, &why_not);
     if (!block) {
@@ -182,7 +176,7 @@ at::Tensor ProcessGroup::empty_symmetric(at::IntArrayRef sizes, at::ScalarType d
       block.reset();
       symmetric_bytes_live().fetch_sub(static_cast<int64_t>(bytes));
     }, options)};
-  }, "empty_symmetric " + std::to_string(bytes) + " bytes");
+  }, [&] { return std::string("empty_symmetric " + std::to_string(bytes) + " bytes"); });
   work->wait();
   return work->result().at(0);
 }
@@ -193,10 +187,10 @@ std::shared_ptr<Work> ProcessGroup::broadcast(const at::Tensor& tensor, const Br
   const auto dev = impl_->op_device("broadcast", tensor);
   comm::Backend* b = impl_->backend_for(dev, "broadcast");
   const Impl::Traffic traffic{nb(tensor), nb(tensor)};
-  return impl_->enqueue("broadcast", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kBroadcast, traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->broadcast(tensor.data_ptr(), tensor.nbytes(), o.root, d);
     return {tensor};
-  }, "broadcast " + shape_of(tensor) + " root " + std::to_string(o.root), dev);
+  }, [&] { return std::string("broadcast " + shape_of(tensor) + " root " + std::to_string(o.root)); }, dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce(const at::Tensor& tensor, const ReduceOptions& o) {
@@ -207,10 +201,10 @@ std::shared_ptr<Work> ProcessGroup::reduce(const at::Tensor& tensor, const Reduc
   const auto dev = impl_->op_device("reduce", tensor);
   comm::Backend* b = impl_->backend_for(dev, "reduce");
   const Impl::Traffic traffic{nb(tensor), rank() == o.root ? nb(tensor) : 0};
-  return impl_->enqueue("reduce", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kReduce, traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->reduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), dt, op, o.root, d);
     return {tensor};
-  }, "reduce " + shape_of(tensor) + " " + reduce_name(o.op) + " root " + std::to_string(o.root), dev);
+  }, [&] { return std::string("reduce " + shape_of(tensor) + " " + reduce_name(o.op) + " root " + std::to_string(o.root)); }, dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input,
@@ -222,10 +216,10 @@ std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const at::Tensor& out
   const auto dev = impl_->op_device("all_gather_into_tensor", input, output);
   comm::Backend* b = impl_->backend_for(dev, "all_gather_into_tensor");
   const Impl::Traffic traffic{nb(input), nb(output)};
-  return impl_->enqueue("all_gather_into_tensor", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kAllGatherIntoTensor, traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->all_gather(input.data_ptr(), output.data_ptr(), input.nbytes(), d);
     return {output};
-  }, "all_gather " + shape_of(input), dev);
+  }, [&] { return std::string("all_gather " + shape_of(input)); }, dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
@@ -235,12 +229,12 @@ std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<at::Tensor>& ou
   const auto dev = impl_->op_device("all_gather", outputs, input);
   comm::Backend* b = impl_->backend_for(dev, "all_gather");
   const Impl::Traffic traffic{nb(input), nb(input) * size()};
-  return impl_->enqueue("all_gather", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kAllGather, traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor flat = at::empty({input.numel() * static_cast<int64_t>(outputs.size())}, input.options());
     b->all_gather(input.data_ptr(), flat.data_ptr(), input.nbytes(), d);
     detail::unflatten_into(flat, outputs);
     return outputs;
-  }, "all_gather " + shape_of(input), dev);
+  }, [&] { return std::string("all_gather " + shape_of(input)); }, dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
@@ -254,10 +248,133 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const at::Tensor& outp
   const auto dev = impl_->op_device("reduce_scatter_tensor", input, output);
   comm::Backend* b = impl_->backend_for(dev, "reduce_scatter_tensor");
   const Impl::Traffic traffic{nb(input), nb(output)};
-  return impl_->enqueue("reduce_scatter_tensor", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kReduceScatterTensor, traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->reduce_scatter(input.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()), dt, op, d);
     return {output};
-  }, "reduce_scatter " + shape_of(output) + " " + reduce_name(o.op), dev);
+  }, [&] { return std::string("reduce_scatter " + shape_of(output) + " " + reduce_name(o.op)); }, dev);
+}
+
+namespace {
+
+// The checks of a coalesced op's lists: as many outputs as inputs (at
+// least one), one dtype, each output `ratio` times its input's elements
+// (all_gather) or each input `ratio` times its output's (reduce_scatter).
+// Returns the dtype and the elements of the smaller sides, summed.
+struct CoalescedShape {
+  comm::DataType dtype;
+  int64_t elements = 0;
+};
+
+CoalescedShape check_coalesced(const ProcessGroup::Impl& impl, const std::vector<at::Tensor>& outputs,
+                               const std::vector<at::Tensor>& inputs, const char* op, bool output_larger) {
+  if (inputs.empty()) throw UsageError(std::string(op) + ": no tensors given");
+  if (outputs.size() != inputs.size()) {
+    throw UsageError(std::string(op) + ": " + std::to_string(outputs.size()) + " outputs for " +
+                     std::to_string(inputs.size()) + " inputs; give one output per input");
+  }
+  CoalescedShape shape{impl.check(inputs[0], op, "inputs[0]"), 0};
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const std::string in_name = "inputs[" + std::to_string(k) + "]";
+    const std::string out_name = "outputs[" + std::to_string(k) + "]";
+    impl.check(inputs[k], op, in_name.c_str());
+    impl.check(outputs[k], op, out_name.c_str());
+    detail::check_same_dtype(inputs[0], inputs[k], op);
+    detail::check_same_dtype(inputs[0], outputs[k], op);
+    if (output_larger) {
+      detail::check_numel(outputs[k], inputs[k].numel() * impl.size, op, out_name.c_str());
+      shape.elements += inputs[k].numel();
+    } else {
+      detail::check_numel(inputs[k], outputs[k].numel() * impl.size, op, in_name.c_str());
+      shape.elements += outputs[k].numel();
+    }
+  }
+  return shape;
+}
+
+// UsageError when an output's bytes overlap an input's (a reduce-scatter
+// that takes pieces one by one would read what it already wrote).
+void check_no_overlap(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs, const char* op) {
+  struct Span {
+    uintptr_t begin, end;
+    bool output;
+    size_t index;
+  };
+  std::vector<Span> spans;
+  const auto add = [&](const std::vector<at::Tensor>& ts, bool output) {
+    for (size_t k = 0; k < ts.size(); ++k) {
+      if (ts[k].numel() == 0) continue;
+      const auto b = reinterpret_cast<uintptr_t>(ts[k].data_ptr());
+      spans.push_back({b, b + ts[k].nbytes(), output, k});
+    }
+  };
+  add(outputs, true);
+  add(inputs, false);
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  // Sweep: the span reaching furthest so far of each kind.
+  const Span* reach[2] = {nullptr, nullptr};
+  for (const Span& s : spans) {
+    const Span* other = reach[s.output ? 0 : 1];
+    if (other && other->end > s.begin) {
+      const Span& out = s.output ? s : *other;
+      const Span& in = s.output ? *other : s;
+      throw UsageError(std::string(op) + ": outputs[" + std::to_string(out.index) + "] overlaps inputs[" +
+                       std::to_string(in.index) + "]; give the outputs memory of their own");
+    }
+    const Span*& mine = reach[s.output ? 1 : 0];
+    if (!mine || s.end > mine->end) mine = &s;
+  }
+}
+
+std::vector<comm::Piece> pieces_of(const std::vector<at::Tensor>& ts) {
+  std::vector<comm::Piece> pieces;
+  pieces.reserve(ts.size());
+  for (const auto& t : ts) pieces.push_back({t.data_ptr(), static_cast<size_t>(t.numel())});
+  return pieces;
+}
+
+}  // namespace
+
+std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor_coalesced(const std::vector<at::Tensor>& outputs,
+                                                                     const std::vector<at::Tensor>& inputs,
+                                                                     const CollectiveOptions& o) {
+  const char* op = "all_gather_into_tensor_coalesced";
+  const CoalescedShape shape = check_coalesced(*impl_, outputs, inputs, op, /*output_larger=*/true);
+  const auto dev = impl_->op_device(op, inputs, outputs);
+  comm::Backend* b = impl_->backend_for(dev, op);
+  const int64_t bytes = shape.elements * static_cast<int64_t>(comm::dtype_size(shape.dtype));
+  const Impl::Traffic traffic{bytes, bytes * size()};
+  const comm::DataType dt = shape.dtype;
+  return impl_->enqueue(detail::GroupOp::kAllGatherIntoTensorCoalesced, traffic, o.timeout,
+                        [=](comm::Deadline d) -> std::vector<at::Tensor> {
+    b->all_gather_coalesced(pieces_of(inputs), pieces_of(outputs), dt, d);
+    return outputs;
+  }, [&] {
+    return std::string("all_gather_coalesced ") + c10::toString(inputs[0].scalar_type()) + " x " +
+           std::to_string(shape.elements) + " in " + std::to_string(inputs.size());
+  }, dev);
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor_coalesced(const std::vector<at::Tensor>& outputs,
+                                                                    const std::vector<at::Tensor>& inputs,
+                                                                    const ReduceScatterOptions& o) {
+  const char* op = "reduce_scatter_tensor_coalesced";
+  const CoalescedShape shape = check_coalesced(*impl_, outputs, inputs, op, /*output_larger=*/false);
+  check_no_overlap(outputs, inputs, op);
+  const auto rop = to_comm(o.op);
+  comm::check_reduction(shape.dtype, rop);
+  const auto dev = impl_->op_device(op, inputs, outputs);
+  comm::Backend* b = impl_->backend_for(dev, op);
+  const int64_t bytes = shape.elements * static_cast<int64_t>(comm::dtype_size(shape.dtype));
+  const Impl::Traffic traffic{bytes * size(), bytes};
+  const comm::DataType dt = shape.dtype;
+  return impl_->enqueue(detail::GroupOp::kReduceScatterTensorCoalesced, traffic, o.timeout,
+                        [=](comm::Deadline d) -> std::vector<at::Tensor> {
+    b->reduce_scatter_coalesced(pieces_of(inputs), pieces_of(outputs), dt, rop, d);
+    return outputs;
+  }, [&] {
+    return std::string("reduce_scatter_coalesced ") + c10::toString(outputs[0].scalar_type()) + " x " +
+           std::to_string(shape.elements) + " in " + std::to_string(outputs.size()) + " " + reduce_name(o.op);
+  }, dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
@@ -269,11 +386,11 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(const at::Tensor& output, con
   const auto dev = impl_->op_device("reduce_scatter", inputs, output);
   comm::Backend* b = impl_->backend_for(dev, "reduce_scatter");
   const Impl::Traffic traffic{nb(output) * size(), nb(output)};
-  return impl_->enqueue("reduce_scatter", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kReduceScatter, traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor flat = detail::flatten(inputs);
     b->reduce_scatter(flat.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()), dt, op, d);
     return {output};
-  }, "reduce_scatter " + shape_of(output) + " " + reduce_name(o.op), dev);
+  }, [&] { return std::string("reduce_scatter " + shape_of(output) + " " + reduce_name(o.op)); }, dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::gather(const std::vector<at::Tensor>& outputs, const at::Tensor& input,
@@ -290,12 +407,12 @@ std::shared_ptr<Work> ProcessGroup::gather(const std::vector<at::Tensor>& output
   comm::Backend* b = impl_->backend_for(dev, "gather");
   const int world = size();
   const Impl::Traffic traffic{nb(input), is_root ? nb(input) * world : 0};
-  return impl_->enqueue("gather", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kGather, traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor flat = is_root ? at::empty({input.numel() * world}, input.options()) : at::Tensor();
     b->gather(input.data_ptr(), is_root ? flat.data_ptr() : nullptr, input.nbytes(), o.root, d);
     if (is_root) detail::unflatten_into(flat, outputs);
     return outputs;
-  }, "gather " + shape_of(input) + " root " + std::to_string(o.root), dev);
+  }, [&] { return std::string("gather " + shape_of(input) + " root " + std::to_string(o.root)); }, dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::scatter(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
@@ -311,11 +428,11 @@ std::shared_ptr<Work> ProcessGroup::scatter(const at::Tensor& output, const std:
   const auto dev = impl_->op_device("scatter", inputs, output);
   comm::Backend* b = impl_->backend_for(dev, "scatter");
   const Impl::Traffic traffic{is_root ? nb(output) * size() : 0, nb(output)};
-  return impl_->enqueue("scatter", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kScatter, traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor flat = is_root ? detail::flatten(inputs) : at::Tensor();
     b->scatter(is_root ? flat.data_ptr() : nullptr, output.data_ptr(), output.nbytes(), o.root, d);
     return {output};
-  }, "scatter " + shape_of(output) + " root " + std::to_string(o.root), dev);
+  }, [&] { return std::string("scatter " + shape_of(output) + " root " + std::to_string(o.root)); }, dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::all_to_all_single(const at::Tensor& output, const at::Tensor& input,
@@ -330,10 +447,10 @@ std::shared_ptr<Work> ProcessGroup::all_to_all_single(const at::Tensor& output, 
   const auto dev = impl_->op_device("all_to_all_single", input, output);
   comm::Backend* b = impl_->backend_for(dev, "all_to_all_single");
   const Impl::Traffic traffic{nb(input), nb(output)};
-  return impl_->enqueue("all_to_all_single", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kAllToAllSingle, traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->all_to_all(input.data_ptr(), send.bytes, send.offsets, output.data_ptr(), recv.bytes, recv.offsets, d);
     return {output};
-  }, std::string("all_to_all ") + c10::toString(input.scalar_type()), dev);
+  }, [&] { return std::string("all_to_all ") + c10::toString(input.scalar_type()); }, dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<at::Tensor>& outputs,
@@ -350,7 +467,7 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<at::Tensor>& ou
   const auto dev = impl_->op_device("all_to_all", outputs, inputs);
   comm::Backend* b = impl_->backend_for(dev, "all_to_all");
   const Impl::Traffic traffic{total_bytes(inputs), total_bytes(outputs)};
-  return impl_->enqueue("all_to_all", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kAllToAll, traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor in = detail::flatten(inputs);
     std::vector<size_t> send_bytes, send_off, recv_bytes, recv_off;
     size_t off = 0;
@@ -369,15 +486,15 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<at::Tensor>& ou
     b->all_to_all(in.data_ptr(), send_bytes, send_off, out.data_ptr(), recv_bytes, recv_off, d);
     detail::unflatten_into(out, outputs);
     return outputs;
-  }, std::string("all_to_all ") + c10::toString(inputs[0].scalar_type()), dev);
+  }, [&] { return std::string("all_to_all ") + c10::toString(inputs[0].scalar_type()); }, dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::barrier(const CollectiveOptions& o) {
   comm::Backend* b = impl_->backend.get();
-  return impl_->enqueue("barrier", {}, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kBarrier, {}, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->barrier(d);
     return {};
-  }, "barrier");
+  }, [&] { return std::string("barrier"); });
 }
 
 std::shared_ptr<Work> ProcessGroup::send(const at::Tensor& tensor, int dst, int tag, const CollectiveOptions& o) {
@@ -387,10 +504,10 @@ std::shared_ptr<Work> ProcessGroup::send(const at::Tensor& tensor, int dst, int 
   const auto dev = impl_->op_device("send", tensor);
   comm::Backend* b = impl_->backend_for(dev, "send");
   const Impl::Traffic traffic{nb(tensor), 0};
-  return impl_->enqueue("send", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kSend, traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->send(tensor.data_ptr(), tensor.nbytes(), dst, tag, d);
     return {tensor};
-  }, "", dev);
+  }, [] { return std::string(); }, dev);
 }
 
 std::shared_ptr<Work> ProcessGroup::recv(const at::Tensor& tensor, int src, int tag, const CollectiveOptions& o) {
@@ -400,10 +517,10 @@ std::shared_ptr<Work> ProcessGroup::recv(const at::Tensor& tensor, int src, int 
   const auto dev = impl_->op_device("recv", tensor);
   comm::Backend* b = impl_->backend_for(dev, "recv");
   const Impl::Traffic traffic{0, nb(tensor)};
-  return impl_->enqueue("recv", traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kRecv, traffic, o.timeout, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->recv(tensor.data_ptr(), tensor.nbytes(), src, tag, d);
     return {tensor};
-  }, "", dev);
+  }, [] { return std::string(); }, dev);
 }
 
 }  // namespace tdist

@@ -126,6 +126,53 @@ std::string strategy_name(ShardingStrategy s) {
   return "?";
 }
 
+// One collective per unit each way, on every backend: a step of the
+// nested model (3 blocks and the root: 4 units) gathers each unit once in
+// forward and, under FULL_SHARD, once more in backward (not the root, which
+// stays gathered), and reduce-scatters each unit once; nothing per
+// parameter. The weights still match the one-process run (gloo packs the
+// pieces, shm takes large ones alone).
+class OneCollectivePerUnit : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(OneCollectivePerUnit, EachWayPerStep) {
+  const auto [backend, world] = GetParam();
+  tdist::test::WorldOptions wo;
+  wo.backend = backend;
+  for (ShardingStrategy strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP}) {
+    EXPECT_EQ(run_world(world, [strategy](ProcessGroup& pg) {
+      const Case c = kCases[1];  // nested-adam
+      train_sharded(pg, strategy, c);
+      torch::manual_seed(7);
+      tdist::FullyShardedDataParallelOptions o;
+      o.sharding_strategy = strategy;
+      tdist::FSDP<Net> model(Net(&o), o);
+      const auto step = [&] {
+        auto [x, y] = batch(0, 0);
+        torch::mse_loss(model(x), y).backward();
+      };
+      step();
+      pg.reset_collective_counts();
+      step();
+      const auto counts = pg.collective_counts();
+      const auto calls = [&](const char* op) { return counts.count(op) ? counts.at(op).calls : 0; };
+      const int64_t units = 4;
+      const int64_t gathers = strategy == ShardingStrategy::FULL_SHARD ? 2 * units - 1 : units;
+      WORLD_CHECK(calls("all_gather_into_tensor_coalesced") == gathers,
+                  "gathers per step: " << calls("all_gather_into_tensor_coalesced") << ", want " << gathers);
+      WORLD_CHECK(calls("reduce_scatter_tensor_coalesced") == units,
+                  "reductions per step: " << calls("reduce_scatter_tensor_coalesced") << ", want " << units);
+      WORLD_CHECK(calls("all_gather_into_tensor") == 0 && calls("reduce_scatter_tensor") == 0,
+                  "per-parameter collectives remain");
+    }, wo), "") << strategy_name(strategy);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, OneCollectivePerUnit,
+                         ::testing::Combine(::testing::Values("shm", "gloo"), ::testing::Values(2, 3)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_world" + std::to_string(std::get<1>(info.param));
+                         });
+
 INSTANTIATE_TEST_SUITE_P(Worlds, Parity,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4),
                                             ::testing::Values(ShardingStrategy::FULL_SHARD,

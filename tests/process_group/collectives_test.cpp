@@ -28,6 +28,10 @@ TEST_P(Collectives, ReduceToEveryRoot) { run(conformance::ReduceToEveryRoot); }
 TEST_P(Collectives, BroadcastFromEveryRoot) { run(conformance::BroadcastFromEveryRoot); }
 TEST_P(Collectives, AllGatherBothForms) { run(conformance::AllGatherBothForms); }
 TEST_P(Collectives, ReduceScatterBothForms) { run(conformance::ReduceScatterBothForms); }
+TEST_P(Collectives, AllGatherCoalescedMatchesEachAllGather) { run(conformance::AllGatherCoalescedMatchesEachAllGather); }
+TEST_P(Collectives, ReduceScatterCoalescedMatchesEachReduceScatter) {
+  run(conformance::ReduceScatterCoalescedMatchesEachReduceScatter);
+}
 TEST_P(Collectives, GatherAndReduceScatterOnSymmetricMemory) {
   run(conformance::GatherAndReduceScatterOnSymmetricMemory);
 }

@@ -173,6 +173,72 @@ inline void ReduceScatterBothForms(ProcessGroup& pg) {
     }
 }
 
+// Per-rank sizes of the coalesced cases' pieces: empty, tiny, odd, and
+// large ones (shm takes pieces of 32 KiB and more alone, packs the rest).
+inline const std::vector<int64_t> kPieceSizes = {5, 0, 1, 20'011, 3, 9'000, 70'001, 2};
+
+inline void AllGatherCoalescedMatchesEachAllGather(ProcessGroup& pg) {
+    const int n = pg.size(), r = pg.rank();
+    for (auto t : {at::kFloat, at::kLong, at::kHalf}) {
+      for (bool in_place : {false, true}) {
+        std::vector<at::Tensor> ins, outs;
+        for (size_t k = 0; k < kPieceSizes.size(); ++k) {
+          const int64_t size = kPieceSizes[k];
+          at::Tensor x = input(r + static_cast<int>(k), size, t, ReduceOp::SUM);
+          outs.push_back(at::full({size * n}, -7, x.options()));
+          if (in_place) {  // the input is this rank's slot of the output
+            at::Tensor slot = outs.back().slice(0, r * size, (r + 1) * size);
+            slot.copy_(x);
+            x = slot;
+          }
+          ins.push_back(x);
+        }
+        pg.all_gather_into_tensor_coalesced(outs, ins)->wait();
+        for (size_t k = 0; k < kPieceSizes.size(); ++k) {
+          const int64_t size = kPieceSizes[k];
+          for (int i = 0; i < n; ++i) {
+            EQUAL_OR_THROW(outs[k].slice(0, i * size, (i + 1) * size),
+                           input(i + static_cast<int>(k), size, t, ReduceOp::SUM),
+                           "all_gather_into_tensor_coalesced " << name(t) << (in_place ? " in place" : "")
+                                                               << ", piece " << k << " from rank " << i);
+          }
+        }
+      }
+    }
+}
+
+inline void ReduceScatterCoalescedMatchesEachReduceScatter(ProcessGroup& pg) {
+    const int n = pg.size(), r = pg.rank();
+    for (auto t : {at::kFloat, at::kBFloat16, at::kInt}) {
+      for (auto op : {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::MAX}) {
+        if (op == ReduceOp::AVG && !floating(t)) continue;
+        // Piece k of rank q: n blocks, block b (going to rank b) input_for(q + 10 b + k).
+        std::vector<at::Tensor> ins, outs;
+        for (size_t k = 0; k < kPieceSizes.size(); ++k) {
+          const int64_t size = kPieceSizes[k];
+          std::vector<at::Tensor> blocks;
+          for (int b = 0; b < n; ++b) blocks.push_back(input_for(r + 10 * b + static_cast<int>(k), n, size, t, op));
+          ins.push_back(at::cat(blocks));
+          outs.push_back(at::full({size}, -7, ins.back().options()));
+        }
+        pg.reduce_scatter_tensor_coalesced(outs, ins, {op})->wait();
+        for (size_t k = 0; k < kPieceSizes.size(); ++k) {
+          const int64_t size = kPieceSizes[k];
+          // Every rank q's block r of piece k, reduced.
+          std::vector<at::Tensor> mine;
+          for (int q = 0; q < n; ++q) mine.push_back(input_for(q + 10 * r + static_cast<int>(k), n, size, t, op));
+          at::Tensor want = mine[0].to(at::kDouble);
+          for (int q = 1; q < n; ++q) {
+            want = op == ReduceOp::MAX ? at::maximum(want, mine[q].to(at::kDouble)) : want + mine[q].to(at::kDouble);
+          }
+          if (op == ReduceOp::AVG) want = want / n;
+          EQUAL_OR_THROW(outs[k], want.to(t),
+                         "reduce_scatter_tensor_coalesced " << name(t) << " " << op_name(op) << ", piece " << k);
+        }
+      }
+    }
+}
+
 inline void GatherAndScatterAtEveryRoot(ProcessGroup& pg) {
     const int n = pg.size(), r = pg.rank();
     for (int root = 0; root < n; ++root) {
@@ -592,6 +658,8 @@ inline const std::vector<std::pair<const char*, void (*)(ProcessGroup&)>>& all_c
       {"BroadcastFromEveryRoot", BroadcastFromEveryRoot},
       {"AllGatherBothForms", AllGatherBothForms},
       {"ReduceScatterBothForms", ReduceScatterBothForms},
+      {"AllGatherCoalescedMatchesEachAllGather", AllGatherCoalescedMatchesEachAllGather},
+      {"ReduceScatterCoalescedMatchesEachReduceScatter", ReduceScatterCoalescedMatchesEachReduceScatter},
       {"GatherAndReduceScatterOnSymmetricMemory", GatherAndReduceScatterOnSymmetricMemory},
       {"GatherAndScatterAtEveryRoot", GatherAndScatterAtEveryRoot},
       {"AllToAllEqualAndUnevenSplits", AllToAllEqualAndUnevenSplits},

@@ -312,6 +312,11 @@ TEST(Groups, SubgroupsAndTheWorldRunSideBySide) {
 }
 
 // collective_counts: calls and this rank's input/output bytes per op.
+tdist::CollectiveCount get_count(const std::map<std::string, tdist::CollectiveCount>& c, const std::string& op) {
+  const auto it = c.find(op);
+  return it == c.end() ? tdist::CollectiveCount{} : it->second;
+}
+
 class Accounting : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Accounting, CollectiveCountsTallyEachOpsBytes) {
@@ -330,8 +335,19 @@ TEST_P(Accounting, CollectiveCountsTallyEachOpsBytes) {
     pg.reduce_scatter_tensor(shard, at::ones({15}, at::kHalf))->wait();
     pg.reduce(at::ones({2}), {0})->wait();
     pg.all_reduce_coalesced({at::ones({3}), at::ones({5})}, {ReduceOp::AVG, std::nullopt, at::kHalf})->wait();
+    // Coalesced: one call, every piece's bytes.
+    pg.all_gather_into_tensor_coalesced({at::empty({6}), at::empty({3 * 5})}, {at::ones({2}), at::ones({5})})->wait();
+    pg.reduce_scatter_tensor_coalesced({at::empty({1}), at::empty({2})}, {at::ones({3}), at::ones({6})})->wait();
     pg.barrier()->wait();
     const auto c = pg.collective_counts();
+    WORLD_CHECK(get_count(c, "all_gather_into_tensor_coalesced").calls == 1 &&
+                    get_count(c, "all_gather_into_tensor_coalesced").input_bytes == 28 &&
+                    get_count(c, "all_gather_into_tensor_coalesced").output_bytes == 84,
+                "all_gather_into_tensor_coalesced count");
+    WORLD_CHECK(get_count(c, "reduce_scatter_tensor_coalesced").calls == 1 &&
+                    get_count(c, "reduce_scatter_tensor_coalesced").input_bytes == 36 &&
+                    get_count(c, "reduce_scatter_tensor_coalesced").output_bytes == 12,
+                "reduce_scatter_tensor_coalesced count");
     auto get = [&](const std::string& op) {
       WORLD_CHECK(c.count(op) == 1, "no count for " << op);
       return c.at(op);
@@ -348,7 +364,7 @@ TEST_P(Accounting, CollectiveCountsTallyEachOpsBytes) {
                     get("all_reduce_coalesced").output_bytes == 16,
                 "all_reduce_coalesced bytes " << get("all_reduce_coalesced").input_bytes);
     WORLD_CHECK(get("barrier").calls == 1 && get("barrier").input_bytes == 0, "barrier");
-    WORLD_CHECK(c.size() == 6, "ops counted: " << c.size());
+    WORLD_CHECK(c.size() == 8, "ops counted: " << c.size());
     // A refused call is not counted.
     try {
       pg.all_gather_into_tensor(at::empty({5}), at::ones({4}));
@@ -411,6 +427,30 @@ TEST_F(Misuse, BadArgumentsAreNamed) {
   // Nothing of the above reached the backend: the group still works.
   pg_->all_reduce(t)->wait();
   EXPECT_TRUE(t.eq(1).all().item<bool>());
+}
+
+TEST_F(Misuse, BadCoalescedListsAreNamed) {
+  at::Tensor a = at::ones({4}), b = at::ones({3});
+  const auto gather = [&](std::vector<at::Tensor> outs, std::vector<at::Tensor> ins) {
+    return expect_throw<tdist::UsageError>([&] { pg_->all_gather_into_tensor_coalesced(outs, ins); }, "gather");
+  };
+  const auto scatter = [&](std::vector<at::Tensor> outs, std::vector<at::Tensor> ins) {
+    return expect_throw<tdist::UsageError>([&] { pg_->reduce_scatter_tensor_coalesced(outs, ins); }, "scatter");
+  };
+  EXPECT_TRUE(contains(gather({}, {}), "no tensors")) << gather({}, {});
+  EXPECT_TRUE(contains(gather({a}, {a, b}), "1 outputs for 2 inputs"));
+  EXPECT_TRUE(contains(gather({a, at::ones({2})}, {a, b}), "outputs[1] must have 3 elements"));
+  EXPECT_TRUE(contains(gather({a, at::ones({3}, at::kDouble)}, {a, b}), "Double"));
+  EXPECT_TRUE(contains(scatter({a, b}, {at::ones({4}), at::ones({5})}), "inputs[1] must have 3 elements"));
+  // An output over an input: a reduce-scatter taking pieces one by one
+  // would read what it already wrote.
+  at::Tensor big = at::arange(8, at::kFloat);
+  const std::string overlap = scatter({big.slice(0, 2, 5), b}, {big.slice(0, 4, 7), at::ones({3})});
+  EXPECT_TRUE(contains(overlap, "outputs[0] overlaps inputs[0]")) << overlap;
+  // Neighbours are no overlap; nothing above was queued.
+  pg_->reduce_scatter_tensor_coalesced({big.slice(0, 0, 4), b}, {big.slice(0, 4, 8), at::full({3}, 2.0f)})->wait();
+  EXPECT_TRUE(at::equal(big.slice(0, 0, 4), at::arange(4, 8, at::kFloat)));
+  EXPECT_TRUE(b.eq(2).all().item<bool>());
 }
 
 TEST_F(Misuse, UnknownBackendListsTheKnownOnes) {

@@ -100,6 +100,30 @@ class ShmBackend final : public Backend {
                  SymSpan::find(*sym_, in, bytes, rank()), cma());
   }
 
+  // Pieces of at least small_bytes (per rank) go one by one, each on the
+  // paths of all_gather (in place from symmetric memory, single-copy);
+  // the rest are packed into one op. Counts decide, so every rank splits
+  // the same way.
+  void all_gather_coalesced(const std::vector<Piece>& in, const std::vector<Piece>& out, DataType t,
+                            Deadline d) override {
+    const size_t es = dtype_size(t);
+    std::vector<Piece> small_in, small_out;
+    std::vector<size_t> large;
+    split_pieces(in, out, es, /*per_rank_in=*/true, small_in, small_out, large);
+    if (!small_in.empty()) Backend::all_gather_coalesced(small_in, small_out, t, d);
+    for (size_t k : large) all_gather(in[k].data, out[k].data, in[k].count * es, d);
+  }
+
+  void reduce_scatter_coalesced(const std::vector<Piece>& in, const std::vector<Piece>& out, DataType t,
+                                ReduceOp op, Deadline d) override {
+    const size_t es = dtype_size(t);
+    std::vector<Piece> small_in, small_out;
+    std::vector<size_t> large;
+    split_pieces(in, out, es, /*per_rank_in=*/false, small_in, small_out, large);
+    if (!small_in.empty()) Backend::reduce_scatter_coalesced(small_in, small_out, t, op, d);
+    for (size_t k : large) reduce_scatter(in[k].data, out[k].data, out[k].count, t, op, d);
+  }
+
   void gather(const void* in, void* out, size_t bytes, int root, Deadline d) override {
     check_root(root);
     algo::gather(rounds_, in, out, bytes, root,
@@ -161,6 +185,30 @@ class ShmBackend final : public Backend {
   void check_root(int root) const {
     if (root < 0 || root >= size()) {
       throw UsageError("root " + std::to_string(root) + " is not a rank of this group of " + std::to_string(size()));
+    }
+  }
+
+  // The pieces of a coalesced op that go packed (small_in/small_out) and
+  // the indices of those that go alone: a piece is large when its
+  // per-rank part (in[k] for all_gather, out[k] for reduce_scatter) has at
+  // least small_bytes. Mismatched counts go to the base class, which
+  // refuses them.
+  void split_pieces(const std::vector<Piece>& in, const std::vector<Piece>& out, size_t es, bool per_rank_in,
+                    std::vector<Piece>& small_in, std::vector<Piece>& small_out, std::vector<size_t>& large) const {
+    if (in.size() != out.size()) {
+      small_in = in;
+      small_out = out;
+      return;
+    }
+    for (size_t k = 0; k < in.size(); ++k) {
+      const size_t part = (per_rank_in ? in[k].count : out[k].count) * es;
+      const size_t whole = (per_rank_in ? out[k].count : in[k].count) * es;
+      if (part >= opt_.small_bytes && part > 0 && whole == part * static_cast<size_t>(size())) {
+        large.push_back(k);
+      } else {
+        small_in.push_back(in[k]);
+        small_out.push_back(out[k]);
+      }
     }
   }
 

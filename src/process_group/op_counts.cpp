@@ -1,0 +1,52 @@
+// OpCounts: the op names and reading the counters. The contract is in
+// op_counts.h.
+#include "process_group/op_counts.h"
+
+namespace tdist::detail {
+
+const char* group_op_name(GroupOp op) {
+  switch (op) {
+    case GroupOp::kAllReduce: return "all_reduce";
+    case GroupOp::kAllReduceCoalesced: return "all_reduce_coalesced";
+    case GroupOp::kBroadcast: return "broadcast";
+    case GroupOp::kReduce: return "reduce";
+    case GroupOp::kAllGather: return "all_gather";
+    case GroupOp::kAllGatherIntoTensor: return "all_gather_into_tensor";
+    case GroupOp::kAllGatherIntoTensorCoalesced: return "all_gather_into_tensor_coalesced";
+    case GroupOp::kReduceScatter: return "reduce_scatter";
+    case GroupOp::kReduceScatterTensor: return "reduce_scatter_tensor";
+    case GroupOp::kReduceScatterTensorCoalesced: return "reduce_scatter_tensor_coalesced";
+    case GroupOp::kGather: return "gather";
+    case GroupOp::kScatter: return "scatter";
+    case GroupOp::kAllToAllSingle: return "all_to_all_single";
+    case GroupOp::kAllToAll: return "all_to_all";
+    case GroupOp::kBarrier: return "barrier";
+    case GroupOp::kSend: return "send";
+    case GroupOp::kRecv: return "recv";
+    case GroupOp::kEmptySymmetric: return "empty_symmetric";
+    case GroupOp::kCount: break;
+  }
+  return "unknown op";
+}
+
+std::map<std::string, CollectiveCount> OpCounts::read() const {
+  std::map<std::string, CollectiveCount> out;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    const int64_t calls = s.calls.load(std::memory_order_relaxed);
+    if (calls == 0) continue;
+    out[group_op_name(static_cast<GroupOp>(i))] = CollectiveCount{
+        calls, s.input_bytes.load(std::memory_order_relaxed), s.output_bytes.load(std::memory_order_relaxed)};
+  }
+  return out;
+}
+
+void OpCounts::reset() {
+  for (Slot& s : slots_) {
+    s.calls.store(0, std::memory_order_relaxed);
+    s.input_bytes.store(0, std::memory_order_relaxed);
+    s.output_bytes.store(0, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace tdist::detail
