@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "tdist/ddp.h"  // detail::collect_tensors
+#include "tdist/device_mesh.h"
 #include "tdist/process_group.h"
 #include "tdist/shard_metadata.h"
 #include "tdist/wrapped_forward.h"
@@ -58,6 +59,14 @@ enum class ShardingStrategy {
   FULL_SHARD,     // ZeRO-3: parameters, gradients and optimizer state sharded
   SHARD_GRAD_OP,  // ZeRO-2: full parameters kept from forward to the end of backward
   NO_SHARD,       // every rank keeps everything; gradients all-reduced (DDP)
+  // Hybrid sharding (HSDP): FULL_SHARD within a group of ranks (a node),
+  // replicated across the groups. Gathers stay inside the group; gradients
+  // are reduce-scattered inside it, then all-reduced across the groups (a
+  // shard's worth of bytes per rank leaves the node, not the model's). The
+  // groups come from device_mesh (2-D: dimension 0 replicates, 1 shards),
+  // from sharding_groups, or else from LOCAL_WORLD_SIZE (one group per node).
+  HYBRID_SHARD,
+  HYBRID_SHARD_ZERO2,  // the same with SHARD_GRAD_OP inside the group (PyTorch's _HYBRID_SHARD_ZERO2)
 };
 
 enum class BackwardPrefetch {
@@ -103,6 +112,19 @@ using AutoWrapperCallable =
 struct FullyShardedDataParallelOptions {
   std::shared_ptr<ProcessGroup> process_group;  // null: the default group
   ShardingStrategy sharding_strategy = ShardingStrategy::FULL_SHARD;
+  // The ranks as a mesh (tdist/device_mesh.h), as PyTorch's device_mesh:
+  // 1-D, its group is the process group; 2-D, hybrid sharding over it
+  // (dimension 0 replicates, dimension 1 shards; FULL_SHARD and
+  // SHARD_GRAD_OP then mean HYBRID_SHARD and HYBRID_SHARD_ZERO2, as
+  // fully_shard does with a 2-D mesh). Give the same mesh to every wrapper
+  // of a model: its groups are made once.
+  std::shared_ptr<DeviceMesh> device_mesh;
+  // torch_xla's form of hybrid sharding: the groups of ranks (of
+  // process_group) that shard together, equal in size, each rank in one;
+  // ranks at the same place in every group replicate. Made into a
+  // device_mesh at construction, which the wrappers auto_wrap_policy makes
+  // share.
+  std::vector<std::vector<int>> sharding_groups;
   // Free the full parameters after the unit's forward (and gather them again
   // for its backward). Unset: true for FULL_SHARD, false otherwise. The
   // outermost wrapper keeps its own until the end of backward either way
@@ -205,8 +227,15 @@ struct UnitParam {
   bool sharded = false;            // false: every rank holds it whole
 };
 std::vector<UnitParam> unit_params(torch::nn::Module& root);
-// The process group of root's wrappers, or null without any.
+// The process group of root's wrappers (the shard group under hybrid
+// sharding), or null without any.
 std::shared_ptr<ProcessGroup> units_group(torch::nn::Module& root);
+// Under hybrid sharding, the group replicating this rank's shards (null
+// otherwise, or without wrappers).
+std::shared_ptr<ProcessGroup> units_replicate_group(torch::nn::Module& root);
+// The wrappers' whole group (the shard group's ranks and their replicas),
+// or null without any.
+std::shared_ptr<ProcessGroup> units_world_group(torch::nn::Module& root);
 // Settles the last iteration of root's wrappers (every unit sharded, no
 // collective in flight); UsageError inside a forward, a backward or
 // summon_full_params. `what` names the caller in that message.

@@ -4,6 +4,7 @@
 #include "tdist/config.h"
 #include "tdist/checkpoint.h"
 #include "tdist/ddp.h"
+#include "tdist/device_mesh.h"
 #include "tdist/errors.h"
 #include "tdist/checkpoint_module.h"
 #include "tdist/fsdp.h"

@@ -196,7 +196,7 @@ void put(torch::nn::Module& model, torch::optim::Optimizer& opt, const Optimizer
 }  // namespace
 
 OptimizerStateDict full_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer& opt, bool rank0_only) {
-  const auto pg = detail::units_group(model);
+  const auto pg = detail::units_world_group(model);  // rank 0 of them all (hybrid sharding: of every replica)
   const bool keep = !pg || !rank0_only || pg->rank() == 0;
   return take(model, opt, /*gather=*/true, keep, "full_optimizer_state_dict");
 }

@@ -369,10 +369,40 @@ void write_rank_file(PtWriter& writer, ProcessGroup& pg, torch::nn::Module& mode
   sink.write(writer, root);
 }
 
-}  // namespace
 
-void save_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& model,
-                             torch::optim::Optimizer* optimizer, const ShardedCheckpointOptions& options) {
+// Hybrid sharding: the replicas hold the same shards, so the files are
+// those of one shard group, the first replica's (rank r of the shard
+// group writes rank r's file); every replica loads them. `pg` may be the
+// wrappers' whole group or their shard group. fn(shard group) runs the
+// save or load where it applies; then every rank hears from the ranks
+// holding its shards, so a failure anywhere fails every rank's call.
+template <typename Fn>
+bool across_replicas(const char* what, ProcessGroup& pg, torch::nn::Module& model, bool first_replica_only,
+                     const ShardedCheckpointOptions& options, Fn&& fn) {
+  const auto replicate = detail::units_replicate_group(model);
+  if (!replicate) return false;
+  const auto shard = detail::units_group(model);
+  const auto world = detail::units_world_group(model);
+  if (&pg != world.get() && &pg != shard.get()) {
+    throw UsageError(std::string(what) + ": the model is hybrid-sharded over " + std::to_string(world->size()) +
+                     " ranks (shard groups of " + std::to_string(shard->size()) +
+                     "); pass its whole group (the device mesh's) or its shard group");
+  }
+  std::string error;
+  if (!first_replica_only || replicate->rank() == 0) {
+    try {
+      fn(*shard);
+    } catch (const std::exception& e) {
+      error = *e.what() ? e.what() : "an error without words";
+    }
+  }
+  const std::string failed = first_error(what, *replicate, error, options.timeout);
+  if (!failed.empty()) throw CheckpointError(std::string(what) + ", hybrid sharding: replica " + failed);
+  return true;
+}
+
+void save_on(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& model,
+             torch::optim::Optimizer* optimizer, const ShardedCheckpointOptions& options) {
   const char* what = "save_sharded_checkpoint";
   const int64_t save_id = agreed_save_id(pg, options.timeout);
   std::optional<PtWriter> writer;
@@ -407,8 +437,8 @@ void save_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch:
   first_error(what, pg, "", options.timeout);  // every file in place when any rank returns
 }
 
-void load_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& model,
-                             torch::optim::Optimizer* optimizer, const ShardedCheckpointOptions& options) {
+void load_on(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& model,
+             torch::optim::Optimizer* optimizer, const ShardedCheckpointOptions& options) {
   const char* what = "load_sharded_checkpoint";
   std::optional<Staged> staged;
   int64_t save_id = 0;
@@ -476,6 +506,26 @@ void load_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch:
   if (ddp && staged->ddp_buckets) ddp->set_bucket_indices(*staged->ddp_buckets);
   if (optimizer) load_sharded_optimizer_state_dict(model, *optimizer, *staged->optimizer);
   if (options.comm_hook_state) options.comm_hook_state->load_state_dict(*staged->comm_hook);
+}
+
+}  // namespace
+
+void save_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& model,
+                             torch::optim::Optimizer* optimizer, const ShardedCheckpointOptions& options) {
+  if (across_replicas("save_sharded_checkpoint", pg, model, /*first_replica_only=*/true, options,
+                      [&](ProcessGroup& shard) { save_on(prefix, shard, model, optimizer, options); })) {
+    return;
+  }
+  save_on(prefix, pg, model, optimizer, options);
+}
+
+void load_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& model,
+                             torch::optim::Optimizer* optimizer, const ShardedCheckpointOptions& options) {
+  if (across_replicas("load_sharded_checkpoint", pg, model, /*first_replica_only=*/false, options,
+                      [&](ProcessGroup& shard) { load_on(prefix, shard, model, optimizer, options); })) {
+    return;
+  }
+  load_on(prefix, pg, model, optimizer, options);
 }
 
 }  // namespace tdist

@@ -95,7 +95,7 @@ class OriginalDtypes {
 
 StateDict full_state_dict(torch::nn::Module& model, bool rank0_only) {
   const std::vector<Entry> entries = entries_of(model);
-  const auto pg = detail::units_group(model);
+  const auto pg = detail::units_world_group(model);  // rank 0 of them all (hybrid sharding: of every replica)
   const Units units = units_of(model);
   const bool keep = !pg || !rank0_only || pg->rank() == 0;
   StateDict out;

@@ -26,7 +26,13 @@ class Coordinator;
 
 struct FsdpState : GradReadyListener, std::enable_shared_from_this<FsdpState> {
   FullyShardedDataParallelOptions options;
+  // The groups it works over: pg shards (the unit's gathers and
+  // reduce-scatters); replicate_pg, under hybrid sharding, all-reduces the
+  // shard gradients across the shard groups (null otherwise); world_pg is
+  // both together (the checks and broadcast at construction).
   std::shared_ptr<ProcessGroup> pg;
+  std::shared_ptr<ProcessGroup> replicate_pg;
+  std::shared_ptr<ProcessGroup> world_pg;
   bool reshard_after_forward = true;
   std::unique_ptr<ShardedUnit> unit;
   // Per unit parameter: its first name in model order without wrapper

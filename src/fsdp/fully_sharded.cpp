@@ -8,6 +8,8 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/modules/batchnorm.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -17,6 +19,7 @@
 #include "fsdp/auto_wrap.h"
 #include "fsdp/coordinator.h"
 #include "fsdp/fsdp_state.h"
+#include "fsdp/wrapper_groups.h"
 #include "process_group/async_ops.h"
 #include "tdist/errors.h"
 #include "tdist/fsdp.h"
@@ -216,18 +219,21 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
   if (dynamic_cast<FullyShardedModule*>(&module)) {
     throw UsageError("FullyShardedDataParallel: the module is already an FSDP wrapper; wrap the inner module once");
   }
-  auto pg = options.process_group ? options.process_group : default_group();
-  if (!pg) throw UsageError("FullyShardedDataParallel: call init_process_group first, or pass a process_group");
+  const WrapperGroups groups = resolve_groups(options);
+  const auto& pg = groups.shard;
   if (options.device_id) module.to(*options.device_id);
   state_ = std::make_shared<FsdpState>();
   FsdpState& s = *state_;
-  s.pg = pg;
+  s.pg = groups.shard;
+  s.replicate_pg = groups.replicate;
+  s.world_pg = groups.world;
   s.options = std::move(options);
-  s.reshard_after_forward = s.options.sharding_strategy != ShardingStrategy::NO_SHARD &&
-                            s.options.reshard_after_forward.value_or(s.options.sharding_strategy ==
-                                                                     ShardingStrategy::FULL_SHARD);
+  const ShardingStrategy strategy = s.options.sharding_strategy;
+  const bool zero3 = strategy == ShardingStrategy::FULL_SHARD || strategy == ShardingStrategy::HYBRID_SHARD;
+  s.reshard_after_forward =
+      strategy != ShardingStrategy::NO_SHARD && s.options.reshard_after_forward.value_or(zero3);
   const std::string label = "FullyShardedDataParallel over " + module.name() + " (rank " +
-                            std::to_string(pg->rank()) + ")";
+                            std::to_string(s.world_pg->rank()) + ")";
   s.options.mixed_precision = resolve_mixed_precision(s.options, label);
   s.options.compute_dtype.reset();  // resolved into mixed_precision, which the children's options copy
   s.options.buffer_dtype.reset();
@@ -241,10 +247,10 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
   name_params(module, params, s);
   claim(label, names, params);
   try {
-    check_same_model(*pg, names, params, "FullyShardedDataParallel over " + module.name());
+    check_same_model(*s.world_pg, names, params, "FullyShardedDataParallel over " + module.name());
     if (s.options.sync_module_states) {
-      broadcast_from_rank0(*pg, params);
-      broadcast_from_rank0(*pg, buffers);
+      broadcast_from_rank0(*s.world_pg, params);
+      broadcast_from_rank0(*s.world_pg, buffers);
     }
     if (const auto bt = s.options.mixed_precision.buffer_dtype) {
       at::NoGradGuard no_grad;
@@ -266,7 +272,9 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
     for (size_t k = 0; k < params.size(); ++k) specs.push_back({names[k], params[k], k < keep_dtype.size() && keep_dtype[k] != 0});
     UnitOptions unit_options;
     unit_options.shard = s.options.sharding_strategy != ShardingStrategy::NO_SHARD;
-    unit_options.keep_full = s.options.sharding_strategy == ShardingStrategy::SHARD_GRAD_OP;
+    unit_options.keep_full =
+        strategy == ShardingStrategy::SHARD_GRAD_OP || strategy == ShardingStrategy::HYBRID_SHARD_ZERO2;
+    unit_options.replicate_group = s.replicate_pg;
     unit_options.compute_dtype = s.options.mixed_precision.param_dtype;
     unit_options.reduce_dtype = s.options.mixed_precision.reduce_dtype;
     s.unit = std::make_unique<ShardedUnit>(pg, label, std::move(specs), unit_options);
@@ -301,7 +309,8 @@ at::Tensor FullyShardedCore::cast_input(const at::Tensor& t) const {
 
 void FullyShardedCore::pretty_print(std::ostream& stream) const {
   const ShardedUnit& u = *state_->unit;
-  static const char* const kNames[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"};
+  static const char* const kNames[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
+                                       "HYBRID_SHARD_ZERO2"};
   int64_t total = 0;
   int64_t here = 0;
   for (const auto& pl : u.layout().params()) {

@@ -183,6 +183,18 @@ std::shared_ptr<ProcessGroup> units_group(torch::nn::Module& root) {
   return all.empty() ? nullptr : all[0].state.pg;
 }
 
+std::shared_ptr<ProcessGroup> units_replicate_group(torch::nn::Module& root) {
+  std::vector<Visit> all;
+  walk(root, "", "", all);
+  return all.empty() ? nullptr : all[0].state.replicate_pg;
+}
+
+std::shared_ptr<ProcessGroup> units_world_group(torch::nn::Module& root) {
+  std::vector<Visit> all;
+  walk(root, "", "", all);
+  return all.empty() ? nullptr : all[0].state.world_pg;
+}
+
 void settle_units(torch::nn::Module& root, const char* what) { settled_wrappers(root, what); }
 
 std::vector<std::pair<const c10::TensorImpl*, at::ScalarType>> converted_buffers(torch::nn::Module& root) {

@@ -86,6 +86,7 @@ at::ScalarType check_params(const std::string& label, const std::vector<FsdpPara
 ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, std::vector<FsdpParamSpec> specs,
                          const UnitOptions& options)
     : pg_(std::move(pg)),
+      replicate_(options.replicate_group && options.replicate_group->size() > 1 ? options.replicate_group : nullptr),
       label_(std::move(label)),
       sharded_(options.shard && pg_->size() > 1),
       shard_rank_(sharded_ ? pg_->rank() : 0),
@@ -353,7 +354,9 @@ void ShardedUnit::start_reduce() {
       r.inputs.push_back(g.scalar_type() == reduce_dtype_ ? g : g.to(reduce_dtype_));
       r.targets.push_back(&p);
     }
-    if (!r.inputs.empty()) r.work = pg_->all_reduce_coalesced(r.inputs, {ReduceOp::AVG});
+    // Hybrid sharding over shard groups of one: the replicas hold it all.
+    ProcessGroup& group = replicate_ && pg_->size() == 1 ? *replicate_ : *pg_;
+    if (!r.inputs.empty()) r.work = group.all_reduce_coalesced(r.inputs, {ReduceOp::AVG});
     reduce_ = std::move(r);
     return;
   }
@@ -365,7 +368,17 @@ void ShardedUnit::start_reduce() {
     ins.push_back(take_full_grad(p));
     outs.push_back(r.out.narrow(0, p.layout->offset_in_chunk, p.layout->shard_numel()));
   }
-  if (!ins.empty()) r.work = pg_->reduce_scatter_tensor_coalesced(outs, ins, {ReduceOp::AVG});
+  if (!ins.empty()) {
+    r.work = pg_->reduce_scatter_tensor_coalesced(outs, ins, {ReduceOp::AVG});
+    if (replicate_) {
+      // Then across the replicas: queued by the shard group's worker once
+      // the reduce-scatter is done, so every rank queues them in the order
+      // of its reductions.
+      r.work = r.work->chain([replicate = replicate_, outs](Work&) {
+        return replicate->all_reduce_coalesced(outs, {ReduceOp::AVG});
+      });
+    }
+  }
   reduce_ = std::move(r);
 }
 

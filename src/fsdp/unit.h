@@ -14,8 +14,9 @@
 //   (laid out as the full parameters, padding zero), so autograd
 //   accumulates there.
 // - reduce(): ONE reduce-scatter of the whole unit (AVG) into a chunk of
-//   shard gradients, added to what was set aside; without sharding
-//   (NO_SHARD) one all-reduce of autograd's own .grads in place.
+//   shard gradients (under hybrid sharding chained with one all-reduce of
+//   that chunk across the replicas), added to what was set aside; without
+//   sharding (NO_SHARD) one all-reduce of autograd's own .grads in place.
 // - reshard(): the parameters point at their shards again and the full
 //   memory goes back to the pool.
 // A failed backward calls drop_in_flight(), which waits the collectives
@@ -67,6 +68,10 @@ struct UnitOptions {
   // reduced in. Empty: the parameters' (the reduce dtype: the compute one).
   std::optional<at::ScalarType> compute_dtype;
   std::optional<at::ScalarType> reduce_dtype;
+  // Hybrid sharding: the ranks holding the same shards in the other shard
+  // groups. The reduced shard gradients are all-reduced (AVG) over it, so
+  // they average over every rank; gathers stay in the shard group.
+  std::shared_ptr<ProcessGroup> replicate_group;
 };
 
 // One parameter of a unit (as FSDP2's FSDPParam): the module's tensor, its
@@ -191,6 +196,7 @@ class ShardedUnit {
   void finish_reduce_unsharded(Reduce& r);
 
   std::shared_ptr<ProcessGroup> pg_;
+  std::shared_ptr<ProcessGroup> replicate_;  // hybrid sharding (UnitOptions::replicate_group), else null
   std::string label_;
   bool sharded_;
   int shard_rank_;
