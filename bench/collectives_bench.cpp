@@ -14,7 +14,8 @@
 // nccl-tests defines them), the busbw the memory model allows, the fraction
 // of it reached, and #wrong (elements that differ from the expected result in
 // a checked run). --symmetric puts the buffers in symmetric memory
-// (ProcessGroup::empty_symmetric).
+// (ProcessGroup::empty_symmetric). First of all it prints the per-op
+// overhead of the process group (op_overhead_ns below).
 #include <ATen/ATen.h>
 #include <unistd.h>
 
@@ -191,6 +192,27 @@ std::vector<double> timed_samples(ProcessGroup& pg, const std::string& op, Buffe
   return std::vector<double>(s, s + iters);
 }
 
+// What the process group adds to every op (checks, queue entry, Work,
+// accounting, the wait): an all_reduce of one float32 on a group of this
+// rank alone, where the backend has nothing to move, queued and waited
+// for; the median of 15 batches of 2000, in ns.
+double op_overhead_ns(ProcessGroup& pg) {
+  std::shared_ptr<ProcessGroup> solo;
+  for (int r = 0; r < pg.size(); ++r) {
+    if (auto g = pg.new_group({r})) solo = std::move(g);
+  }
+  at::Tensor x = at::ones({1});
+  for (int i = 0; i < 1000; ++i) solo->all_reduce(x)->wait();
+  std::vector<double> per_op;
+  for (int batch = 0; batch < 15; ++batch) {
+    constexpr int kOps = 2000;
+    const auto t0 = Clock::now();
+    for (int i = 0; i < kOps; ++i) solo->all_reduce(x)->wait();
+    per_op.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kOps);
+  }
+  return percentile(per_op, 50);
+}
+
 int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
   InitOptions io;
   io.backend = o.backend;
@@ -217,6 +239,11 @@ int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
     std::printf("# (backend %s has no symmetric memory: ordinary tensors)\n", pg->backend_name().c_str());
   }
 
+  const double overhead_ns = op_overhead_ns(*pg);
+  if (rank == 0) {
+    std::printf("# per-op overhead: %.0f ns (all_reduce of one float32 on a group of one rank, queued and waited "
+                "for: what the process group adds to every op)\n", overhead_ns);
+  }
   JsonRows json;
   for (const auto& op : ops) {
     if (rank == 0) {
@@ -273,6 +300,7 @@ int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
         json.field("memcpy_one_core_GBps", mem_one);
         json.field("memcpy_all_cores_GBps", mem_all);
         json.field("wrong", static_cast<double>(wrong_t.item<int64_t>()));
+        json.field("op_overhead_ns", overhead_ns);
       }
     }
   }
