@@ -208,6 +208,13 @@ class FullyShardedModule : public WrapperModule {
 double clip_grad_norm(torch::nn::Module& root, double max_norm, double norm_type);
 void set_require_sync(torch::nn::Module& root, bool on);
 bool require_sync(torch::nn::Module& root);
+// FSDP2's controls, on root's wrapper or (recurse) every wrapper in its tree.
+void set_requires_gradient_sync(torch::nn::Module& root, bool on, bool recurse);
+void set_reshard_after_backward(torch::nn::Module& root, bool on, bool recurse);
+void set_modules_to_prefetch(torch::nn::Module& root, const std::vector<std::shared_ptr<FullyShardedModule>>& modules,
+                             bool forward);
+// Every unit of root's tree sharded, nothing in flight.
+void reshard_units(torch::nn::Module& root);
 ShardMetadata shard_metadata(torch::nn::Module& root);
 // Gathers every unit's full parameters; end_summon() frees them again,
 // after copying this rank's rows back into the shards when writeback.
@@ -274,6 +281,40 @@ class FullyShardedBase : public torch::nn::Module, public detail::FullyShardedMo
 
   // The wrappers in this tree: names, shapes and this rank's rows.
   ShardMetadata get_shard_metadata() { return detail::shard_metadata(*this); }
+
+  // ---- FSDP2's controls (PyTorch's FSDPModule names) ----
+  // Whether backward reduces this wrapper's gradients (recurse: every
+  // wrapper's in its tree). Off, they accumulate full and unreduced, as
+  // under no_sync(), until a backward with it on reduces them: gradient
+  // accumulation without re-entering a guard. Every rank must set the same.
+  void set_requires_gradient_sync(bool requires_gradient_sync, bool recurse = true) {
+    detail::set_requires_gradient_sync(*this, requires_gradient_sync, recurse);
+  }
+  // Whether backward frees the full parameters (default on). Off, they
+  // stay gathered into the next forward, which then gathers nothing: for
+  // the micro-batches of gradient accumulation (with gradient sync off),
+  // trading memory for communication. Before the optimizer steps, turn it
+  // back on for the last backward or call reshard(): the optimizer steps
+  // the shards.
+  void set_reshard_after_backward(bool reshard_after_backward, bool recurse = true) {
+    detail::set_reshard_after_backward(*this, reshard_after_backward, recurse);
+  }
+  // Explicit prefetching: when this wrapper's forward (backward) starts,
+  // start gathering these wrappers' units, in place of forward_prefetch
+  // (backward_prefetch). E.g. two blocks ahead:
+  //   blocks[i]->set_modules_to_forward_prefetch({blocks[i + 1].ptr(), blocks[i + 2].ptr()});
+  // Each gathered unit holds its full parameters until its own forward
+  // (backward) uses them; every rank must name the same.
+  void set_modules_to_forward_prefetch(const std::vector<std::shared_ptr<detail::FullyShardedModule>>& modules) {
+    detail::set_modules_to_prefetch(*this, modules, /*forward=*/true);
+  }
+  void set_modules_to_backward_prefetch(const std::vector<std::shared_ptr<detail::FullyShardedModule>>& modules) {
+    detail::set_modules_to_prefetch(*this, modules, /*forward=*/false);
+  }
+  // Frees every gathered unit of this tree now (after backwards that kept
+  // them with set_reshard_after_backward(false)). Not inside a forward or
+  // backward.
+  void reshard() { detail::reshard_units(*this); }
 
   // Gradient accumulation: while the guard lives, backward keeps full
   // gradients locally (one unit's worth of memory per unit, as PyTorch's

@@ -45,14 +45,35 @@ void Coordinator::reset_flags() {
   }
 }
 
-void Coordinator::settle() {
+bool Coordinator::syncs(const FsdpState& s) const { return require_sync && s.requires_gradient_sync; }
+
+void Coordinator::prefetch(const std::vector<std::weak_ptr<FsdpState>>& units) {
+  const detail::AsyncOpsScope async;  // prefetches: the worker runs them while this unit computes
+  for (const auto& w : units) {
+    if (auto t = w.lock()) t->unit->start_unshard();
+  }
+}
+
+void Coordinator::prefetch_forward(FsdpState& s) {
+  if (s.explicit_forward_prefetch) {
+    prefetch(s.forward_prefetch_units);
+  } else if (s.options.forward_prefetch) {
+    if (FsdpState* next = next_in_last_forward(s)) {
+      const detail::AsyncOpsScope async;  // a prefetch: the worker runs it while this unit computes
+      next->unit->start_unshard();
+    }
+  }
+}
+
+void Coordinator::settle(bool keep_gathered) {
   const bool dirty = backward_started_;
   for (auto& s : order_) {
     if (dirty || s->unit->reducing() || s->unit->gathering()) {
       s->unit->drop_in_flight();
-    } else {
-      s->unit->reshard();
+    } else if (!keep_gathered || !s->kept_after_backward) {
+      s->unit->reshard();  // else kept gathered for the next forward (set_reshard_after_backward)
     }
+    s->kept_after_backward = false;
   }
   in_flight_ = nullptr;
   backward_started_ = false;
@@ -66,7 +87,7 @@ void Coordinator::forget_units() {
 }
 
 void Coordinator::begin_iteration() {
-  settle();
+  settle(/*keep_gathered=*/true);
   reset_flags();
   if (!order_.empty()) last_order_ = std::move(order_);
   order_.clear();
@@ -98,7 +119,9 @@ void Coordinator::pre_backward(FsdpState& s) {
   if (s.prepared) return;
   s.prepared = true;
   s.unit->finish_unshard();
-  if (s.options.backward_prefetch == BackwardPrefetch::BACKWARD_PRE && s.order_index > 0) {
+  if (s.explicit_backward_prefetch) {
+    prefetch(s.backward_prefetch_units);
+  } else if (s.options.backward_prefetch == BackwardPrefetch::BACKWARD_PRE && s.order_index > 0) {
     FsdpState& next = *order_[s.order_index - 1];
     if (!next.prepared) {
       const detail::AsyncOpsScope async;  // a prefetch: the worker runs it while this unit computes
@@ -113,8 +136,10 @@ void Coordinator::unit_ready(FsdpState& s) {
   // Its backward is over: the full parameters can go, unless a frozen
   // parameter's backward (which reads them but reports nothing) may still
   // be to come, or this is the outermost unit (ended with the backward).
-  if (s.reshard_after_forward && !s.is_root && !s.unit->has_frozen()) s.unit->reshard();
-  if (require_sync) launch_ready_in_order();
+  if (s.reshard_after_forward && s.reshard_after_backward && !s.is_root && !s.unit->has_frozen()) {
+    s.unit->reshard();
+  }
+  launch_ready_in_order();
 }
 
 void Coordinator::poll_in_flight() {
@@ -141,26 +166,33 @@ void Coordinator::launch_ready_in_order() {
   while (launched_ < order_.size()) {
     FsdpState& s = *order_[order_.size() - 1 - launched_];
     if (!s.ready) return;
-    launch(s);
+    if (syncs(s)) launch(s);  // else its full gradients stay (end_of_backward)
     ++launched_;
   }
 }
 
 void Coordinator::end_of_backward() {
-  if (require_sync) {
-    while (launched_ < order_.size()) {
-      launch(*order_[order_.size() - 1 - launched_]);
-      ++launched_;
-    }
-    for (auto& s : order_) s->unit->finish_reduce();
-  } else {
-    for (auto& s : order_) {
+  while (launched_ < order_.size()) {
+    FsdpState& s = *order_[order_.size() - 1 - launched_];
+    if (syncs(s)) launch(s);
+    ++launched_;
+  }
+  for (auto& s : order_) {
+    if (syncs(*s)) {
+      s->unit->finish_reduce();
+    } else {
       s->unit->set_aside_shard_grads();
       s->unit->keep_full_grads();
     }
   }
   in_flight_ = nullptr;
-  for (auto& s : order_) s->unit->reshard();
+  for (auto& s : order_) {
+    if (s->reshard_after_backward) {
+      s->unit->reshard();
+    } else {
+      s->kept_after_backward = true;
+    }
+  }
   backward_started_ = false;
   reset_flags();
   // The order stays for the next iteration's forward prefetch and cleanup.

@@ -33,8 +33,10 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   void begin_iteration();
   // A unit's forward with gradients on starts (once per unit per iteration).
   void record_forward(FsdpState& s);
-  // Forward prefetch: the unit that followed s in the last iteration.
+  // Forward prefetch: the unit that followed s in the last iteration, or
+  // the units s names.
   FsdpState* next_in_last_forward(const FsdpState& s) const;
+  void prefetch_forward(FsdpState& s);
   // Backward reached one of s's outputs.
   void pre_backward(FsdpState& s);
   // s's tracked gradients have all arrived.
@@ -53,15 +55,20 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   // Whether a backward has started and not ended.
   bool in_backward() const { return backward_started_; }
   // Every unit of this iteration: waited out and resharded (summon, and
-  // begin_iteration).
-  void settle();
+  // begin_iteration, which keeps the units that set_reshard_after_backward
+  // keeps gathered for the next forward).
+  void settle(bool keep_gathered = false);
   // Drops its references to the units' states: the wrapper that owns it is
   // going away (its own state is among them: a cycle otherwise).
   void forget_units();
 
-  bool require_sync = true;
+  bool require_sync = true;  // no_sync() clears it for the whole model
 
  private:
+  // Whether s's gradients are reduced in this backward (else kept full).
+  bool syncs(const FsdpState& s) const;
+  // Starts gathering the units s names (set_modules_to_*_prefetch).
+  static void prefetch(const std::vector<std::weak_ptr<FsdpState>>& units);
   void launch_ready_in_order();
   void launch(FsdpState& s);
   void reset_flags();

@@ -34,6 +34,19 @@ struct FsdpState : GradReadyListener, std::enable_shared_from_this<FsdpState> {
   std::shared_ptr<ProcessGroup> replicate_pg;
   std::shared_ptr<ProcessGroup> world_pg;
   bool reshard_after_forward = true;
+  // FSDP2's controls (set_requires_gradient_sync, set_reshard_after_backward,
+  // set_modules_to_forward_prefetch / _backward_prefetch): whether its
+  // backward reduces its gradients (else they accumulate full, as under
+  // no_sync), whether its full parameters are freed after backward, and
+  // the units it starts gathering when its forward / backward starts (in
+  // place of forward_prefetch / backward_prefetch).
+  bool requires_gradient_sync = true;
+  bool reshard_after_backward = true;
+  std::vector<std::weak_ptr<FsdpState>> forward_prefetch_units;
+  std::vector<std::weak_ptr<FsdpState>> backward_prefetch_units;
+  bool explicit_forward_prefetch = false;
+  bool explicit_backward_prefetch = false;
+  bool kept_after_backward = false;  // the last backward left it gathered (reshard_after_backward off)
   std::unique_ptr<ShardedUnit> unit;
   // Per unit parameter: its first name in model order without wrapper
   // steps, and the other names a tied parameter is registered under.

@@ -353,12 +353,7 @@ void FullyShardedCore::begin_forward() {
     // In a checkpointed forward gradients are off, but they will come.
     if (at::GradMode::is_enabled() || phase == CheckpointPhase::kForward) active->record_forward(s);
     s.unit->finish_unshard();
-    if (s.options.forward_prefetch) {
-      if (FsdpState* next = active->next_in_last_forward(s)) {
-        const detail::AsyncOpsScope async;  // a prefetch: the worker runs it while this unit computes
-        next->unit->start_unshard();
-      }
-    }
+    active->prefetch_forward(s);
   } catch (...) {
     abort_forward();
     throw;

@@ -52,6 +52,7 @@ std::vector<Visit> settled_wrappers(torch::nn::Module& root, const char* what) {
     if (v.state.summoned) throw UsageError(std::string(what) + ": inside summon_full_params");
   }
   c.settle();
+  for (const auto& v : all) v.state.unit->reshard();  // units kept or prefetched outside the last forward
   return all;
 }
 
@@ -96,6 +97,49 @@ double clip_grad_norm(torch::nn::Module& root, double max_norm, double norm_type
   }
   return norm;
 }
+
+namespace {
+
+// The states a control applies to: root's own wrapper, or with recurse
+// every wrapper in its tree.
+std::vector<FsdpState*> targets(torch::nn::Module& root, bool recurse) {
+  std::vector<FsdpState*> out;
+  for (const auto& v : wrappers(root)) {
+    out.push_back(&v.state);
+    if (!recurse) break;  // the first is root's own
+  }
+  return out;
+}
+
+std::vector<std::weak_ptr<FsdpState>> states_of(const std::vector<std::shared_ptr<FullyShardedModule>>& modules,
+                                                const char* what) {
+  std::vector<std::weak_ptr<FsdpState>> out;
+  for (const auto& m : modules) {
+    if (!m) throw UsageError(std::string(what) + ": a null module in the list");
+    out.push_back(m->fsdp_core().state());
+  }
+  return out;
+}
+
+}  // namespace
+
+void set_requires_gradient_sync(torch::nn::Module& root, bool on, bool recurse) {
+  for (FsdpState* s : targets(root, recurse)) s->requires_gradient_sync = on;
+}
+
+void set_reshard_after_backward(torch::nn::Module& root, bool on, bool recurse) {
+  for (FsdpState* s : targets(root, recurse)) s->reshard_after_backward = on;
+}
+
+void set_modules_to_prefetch(torch::nn::Module& root, const std::vector<std::shared_ptr<FullyShardedModule>>& modules,
+                             bool forward) {
+  FsdpState& s = *targets(root, false)[0];
+  auto states = states_of(modules, forward ? "set_modules_to_forward_prefetch" : "set_modules_to_backward_prefetch");
+  (forward ? s.forward_prefetch_units : s.backward_prefetch_units) = std::move(states);
+  (forward ? s.explicit_forward_prefetch : s.explicit_backward_prefetch) = true;
+}
+
+void reshard_units(torch::nn::Module& root) { settled_wrappers(root, "reshard"); }
 
 void set_require_sync(torch::nn::Module& root, bool on) { wrappers(root)[0].state.own->require_sync = on; }
 bool require_sync(torch::nn::Module& root) { return wrappers(root)[0].state.own->require_sync; }

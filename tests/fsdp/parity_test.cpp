@@ -122,6 +122,8 @@ std::string strategy_name(ShardingStrategy s) {
     case ShardingStrategy::FULL_SHARD: return "FULL_SHARD";
     case ShardingStrategy::SHARD_GRAD_OP: return "SHARD_GRAD_OP";
     case ShardingStrategy::NO_SHARD: return "NO_SHARD";
+    case ShardingStrategy::HYBRID_SHARD: return "HYBRID_SHARD";
+    case ShardingStrategy::HYBRID_SHARD_ZERO2: return "HYBRID_SHARD_ZERO2";
   }
   return "?";
 }
@@ -172,6 +174,103 @@ INSTANTIATE_TEST_SUITE_P(Backends, OneCollectivePerUnit,
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_world" + std::to_string(std::get<1>(info.param));
                          });
+
+// FSDP2's controls: gradient accumulation with set_requires_gradient_sync
+// instead of the no_sync guard, the full parameters kept from one
+// micro-batch's backward into the next forward, explicit prefetch lists,
+// all against the one-process run of nested-sgd-clip-nosync's schedule (two
+// micro-batches a step, no clipping).
+struct Fsdp2Nets {
+  tdist::FullyShardedDataParallelOptions o;
+  std::vector<tdist::FSDP<tdist::test::Block>> blocks;
+};
+
+TEST(Fsdp2Controls, AccumulateKeepGatheredAndPrefetchMatchOneProcess) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup& pg) {
+    const Case c{"controls", true, false, 0, 2};
+    const auto reference = train_reference(c);
+    torch::manual_seed(7);
+    tdist::FullyShardedDataParallelOptions o;
+    tdist::FSDP<Net> model(Net(&o), o);
+    // block0's forward starts gathering blocks 1 and 2; block2's backward
+    // starts gathering blocks 1 and 0.
+    std::vector<std::shared_ptr<tdist::detail::FullyShardedModule>> blocks;
+    for (const auto& child : model->module()->named_children()) {
+      if (auto w = std::dynamic_pointer_cast<tdist::detail::FullyShardedModule>(child.value())) blocks.push_back(w);
+    }
+    WORLD_CHECK(blocks.size() == 3, blocks.size() << " block wrappers");
+    const auto as_module = [](const std::shared_ptr<tdist::detail::FullyShardedModule>& w) {
+      return std::dynamic_pointer_cast<torch::nn::Module>(w);
+    };
+    using Block = tdist::FullyShardedDataParallelImpl<tdist::test::Block>;
+    auto b0 = std::dynamic_pointer_cast<Block>(as_module(blocks[0]));
+    auto b2 = std::dynamic_pointer_cast<Block>(as_module(blocks[2]));
+    WORLD_CHECK(b0 && b2, "block wrappers of an unexpected type");
+    b0->set_modules_to_forward_prefetch({blocks[1], blocks[2]});
+    b2->set_modules_to_backward_prefetch({blocks[1], blocks[0]});
+    auto opt = make_optimizer(model->parameters(), c.adam);
+    const int64_t rows = kBatch / pg.size();
+    int64_t forward_gathers_kept = -1;
+    for (int step = 0; step < kSteps; ++step) {
+      zero_grads(model->parameters());
+      for (int m = 0; m < c.accumulate; ++m) {
+        const bool last = m + 1 == c.accumulate;
+        model->set_requires_gradient_sync(last);
+        model->set_reshard_after_backward(last);  // the first micro-batch's units stay gathered
+        auto [x, y] = batch(step, m);
+        pg.reset_collective_counts();
+        auto out = model(x.narrow(0, pg.rank() * rows, rows));
+        const auto counts = pg.collective_counts();
+        const int64_t gathers = counts.count("all_gather_into_tensor_coalesced")
+                                    ? counts.at("all_gather_into_tensor_coalesced").calls
+                                    : 0;
+        if (m == 1) forward_gathers_kept = gathers;
+        pg.reset_collective_counts();
+        torch::mse_loss(out, y.narrow(0, pg.rank() * rows, rows)).backward();
+        const auto after = pg.collective_counts();
+        WORLD_CHECK(last == (after.count("reduce_scatter_tensor_coalesced") > 0),
+                    "micro-batch " << m << (last ? " reduced nothing" : " reduced with gradient sync off"));
+      }
+      opt->step();
+    }
+    // The second micro-batch's forward found every unit gathered: the root
+    // stays gathered anyway, the blocks were kept from the first backward.
+    WORLD_CHECK(forward_gathers_kept == 0, forward_gathers_kept << " gathers in a forward after a kept backward");
+    auto full = model->summon_full_params(/*writeback=*/false);
+    for (const auto& p : model->named_parameters()) {
+      const auto& want = reference.at(tdist::test::strip_wrappers(p.key()));
+      const double err = (p.value() - want).norm().item<double>() / std::max(want.norm().item<double>(), 1e-12);
+      WORLD_CHECK(err <= 1e-5, p.key() << " differs by " << err);
+    }
+  }), "");
+}
+
+TEST(Fsdp2Controls, ReshardFreesKeptUnitsBeforeTheOptimizerSteps) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup& pg) {
+    torch::manual_seed(7);
+    tdist::FullyShardedDataParallelOptions o;
+    tdist::FSDP<Net> model(Net(&o), o);
+    auto opt = make_optimizer(model->parameters(), true);
+    std::vector<int64_t> shard_sizes;
+    for (const auto& p : model->parameters()) shard_sizes.push_back(p.numel());
+    model->set_reshard_after_backward(false);
+    auto [x, y] = batch(0, 0);
+    torch::mse_loss(model(x), y).backward();
+    bool full = false;
+    size_t k = 0;
+    for (const auto& p : model->parameters()) full = full || p.numel() != shard_sizes[k++];
+    WORLD_CHECK(full || pg.size() == 1, "no unit stayed gathered after backward");
+    model->reshard();
+    k = 0;
+    for (const auto& p : model->parameters()) {
+      WORLD_CHECK(p.numel() == shard_sizes[k], "not resharded");
+      WORLD_CHECK(!p.requires_grad() || p.grad().numel() == shard_sizes[k], "a full gradient after the reduction");
+      ++k;
+    }
+    opt->step();  // steps the shards
+    model->set_reshard_after_backward(true);
+  }), "");
+}
 
 INSTANTIATE_TEST_SUITE_P(Worlds, Parity,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4),
