@@ -47,6 +47,15 @@ void Backend::all_reduce_coalesced_as(const std::vector<Piece>& pieces, DataType
 
 namespace {
 
+// The packed buffer is kept between calls up to this size; a larger one
+// (a big FSDP unit on gloo) is given back after its call, so that no
+// backend holds a model-sized buffer for good.
+constexpr size_t kKeptPackBytes = size_t{64} << 20;
+
+void trim(std::vector<uint8_t>& pack) {
+  if (pack.capacity() > kKeptPackBytes) std::vector<uint8_t>().swap(pack);
+}
+
 // UsageError unless in and out pair up as `op` needs: out[k] holds
 // `ratio` times in[k] (all_gather), or in[k] holds it times out[k]
 // (reduce_scatter). Returns the total elements of the smaller side.
@@ -100,6 +109,7 @@ void Backend::all_gather_coalesced(const std::vector<Piece>& in, const std::vect
       off += bytes;
     }
   }
+  trim(pack_);
 }
 
 void Backend::reduce_scatter_coalesced(const std::vector<Piece>& in, const std::vector<Piece>& out, DataType t,
@@ -130,6 +140,7 @@ void Backend::reduce_scatter_coalesced(const std::vector<Piece>& in, const std::
     if (p.count > 0) std::memcpy(p.data, result + off, p.count * es);
     off += p.count * es;
   }
+  trim(pack_);
 }
 
 std::shared_ptr<void> Backend::allocate_symmetric(size_t, Deadline, std::string* why_not) {
@@ -151,6 +162,7 @@ void Backend::packed_all_reduce(const std::vector<Piece>& pieces, DataType t, Da
   walk.for_each(0, walk.count(), [&](uint8_t* p, size_t off, size_t n) {
     convert(p, t, pack_.data() + off * ws, wire, n);
   });
+  trim(pack_);
 }
 
 }  // namespace tdist::comm

@@ -239,8 +239,8 @@ class Backend {
   int rank_;
   int size_;
   // The packed buffer of the default coalesced ops, kept between calls
-  // (fresh megabytes every step cost page faults). Collectives of one
-  // backend run on one thread at a time.
+  // (fresh megabytes every step cost page faults) up to 64 MiB. Collectives
+  // of one backend run on one thread at a time.
   std::vector<uint8_t> pack_;
 };
 
