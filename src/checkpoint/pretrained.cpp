@@ -254,7 +254,7 @@ void save_pretrained(torch::nn::Module& model, const std::string& dir, const Sav
     }
   }
   const Units units = checkpoint::units_of(model);
-  const auto pg = detail::units_group(model);
+  const auto pg = detail::units_world_group(model);  // hybrid sharding: one writer over every replica
   if (!units.empty()) detail::settle_units(model, "save_pretrained");
   const bool writes = !pg || pg->rank() == 0;
 

@@ -437,8 +437,11 @@ void save_on(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& mod
   first_error(what, pg, "", options.timeout);  // every file in place when any rank returns
 }
 
+// replicas (hybrid sharding): the ranks holding this rank's shards in the
+// other shard groups, which must all succeed before any rank applies.
 void load_on(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& model,
-             torch::optim::Optimizer* optimizer, const ShardedCheckpointOptions& options) {
+             torch::optim::Optimizer* optimizer, const ShardedCheckpointOptions& options,
+             ProcessGroup* replicas = nullptr) {
   const char* what = "load_sharded_checkpoint";
   std::optional<Staged> staged;
   int64_t save_id = 0;
@@ -488,7 +491,12 @@ void load_on(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& mod
   } catch (const std::exception& e) {
     error = *e.what() ? e.what() : "an error without words";
   }
-  const std::string failed = first_error(what, pg, error, options.timeout);
+  std::string failed = first_error(what, pg, error, options.timeout);
+  // Every replica's verdict before any rank applies: replicas that loaded
+  // different things would train apart without noticing.
+  if (replicas) {
+    failed = first_error(what, *replicas, failed.empty() ? "" : "replica of " + failed, options.timeout);
+  }
   if (!failed.empty()) throw CheckpointError(std::string(what) + ": " + failed + " (nothing was loaded)");
   // Every rank read the same save (its own files can be from different ones
   // when a save was cut short between renames).
@@ -522,7 +530,10 @@ void save_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch:
 void load_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& model,
                              torch::optim::Optimizer* optimizer, const ShardedCheckpointOptions& options) {
   if (across_replicas("load_sharded_checkpoint", pg, model, /*first_replica_only=*/false, options,
-                      [&](ProcessGroup& shard) { load_on(prefix, shard, model, optimizer, options); })) {
+                      [&](ProcessGroup& shard) {
+                        load_on(prefix, shard, model, optimizer, options,
+                                detail::units_replicate_group(model).get());
+                      })) {
     return;
   }
   load_on(prefix, pg, model, optimizer, options);

@@ -171,9 +171,11 @@ class Backend {
                                        Deadline d);
   // all_gather of several buffers as one op: for each k, out[k] (size() *
   // in[k].count elements of t) receives every rank's in[k], rank r's at
-  // element r * in[k].count. Every rank passes the same counts, in the same
-  // order (CollectiveMismatchError otherwise); in[k] may alias rank()'s
-  // slot of out[k]. The default packs the inputs into one buffer, makes one
+  // element r * in[k].count. Every rank passes the same counts, in the
+  // same order: a different total is a CollectiveMismatchError, a
+  // different split of the same total is not caught here (the process
+  // group's TDIST_DEBUG=detail fingerprint lists every piece's count).
+  // in[k] may alias rank()'s slot of out[k], and overlap no other output. The default packs the inputs into one buffer, makes one
   // all_gather and copies each rank's part out (a network backend pays its
   // per-call latency once); shm takes large pieces one by one on their
   // in-place and single-copy paths and packs the rest.

@@ -47,25 +47,37 @@ void Coordinator::reset_flags() {
 
 bool Coordinator::syncs(const FsdpState& s) const { return require_sync && s.requires_gradient_sync; }
 
+void Coordinator::prefetch_one(FsdpState& s) {
+  if (s.unit->unsharded() || s.unit->gathering()) return;
+  const detail::AsyncOpsScope async;  // a prefetch: the worker runs it while this unit computes
+  s.unit->start_unshard();
+  prefetched_.push_back(s.weak_from_this());
+}
+
 void Coordinator::prefetch(const std::vector<std::weak_ptr<FsdpState>>& units) {
-  const detail::AsyncOpsScope async;  // prefetches: the worker runs them while this unit computes
   for (const auto& w : units) {
-    if (auto t = w.lock()) t->unit->start_unshard();
+    if (auto t = w.lock()) prefetch_one(*t);
   }
+}
+
+void Coordinator::drop_unused_prefetches() {
+  for (const auto& w : prefetched_) {
+    auto t = w.lock();
+    if (t && !t->recorded && !t->summoned) t->unit->reshard();
+  }
+  prefetched_.clear();
 }
 
 void Coordinator::prefetch_forward(FsdpState& s) {
   if (s.explicit_forward_prefetch) {
     prefetch(s.forward_prefetch_units);
   } else if (s.options.forward_prefetch) {
-    if (FsdpState* next = next_in_last_forward(s)) {
-      const detail::AsyncOpsScope async;  // a prefetch: the worker runs it while this unit computes
-      next->unit->start_unshard();
-    }
+    if (FsdpState* next = next_in_last_forward(s)) prefetch_one(*next);
   }
 }
 
 void Coordinator::settle(bool keep_gathered) {
+  drop_unused_prefetches();
   const bool dirty = backward_started_;
   for (auto& s : order_) {
     if (dirty || s->unit->reducing() || s->unit->gathering()) {
@@ -123,10 +135,7 @@ void Coordinator::pre_backward(FsdpState& s) {
     prefetch(s.backward_prefetch_units);
   } else if (s.options.backward_prefetch == BackwardPrefetch::BACKWARD_PRE && s.order_index > 0) {
     FsdpState& next = *order_[s.order_index - 1];
-    if (!next.prepared) {
-      const detail::AsyncOpsScope async;  // a prefetch: the worker runs it while this unit computes
-      next.unit->start_unshard();
-    }
+    if (!next.prepared) prefetch_one(next);
   }
 }
 
@@ -136,7 +145,7 @@ void Coordinator::unit_ready(FsdpState& s) {
   // Its backward is over: the full parameters can go, unless a frozen
   // parameter's backward (which reads them but reports nothing) may still
   // be to come, or this is the outermost unit (ended with the backward).
-  if (s.reshard_after_forward && s.reshard_after_backward && !s.is_root && !s.unit->has_frozen()) {
+  if (s.reshard_after_forward && (s.reshard_after_backward || syncs(s)) && !s.is_root && !s.unit->has_frozen()) {
     s.unit->reshard();
   }
   launch_ready_in_order();
@@ -186,13 +195,17 @@ void Coordinator::end_of_backward() {
     }
   }
   in_flight_ = nullptr;
+  // A unit stays gathered only while its gradients stay full: one whose
+  // gradients were reduced now holds shard gradients, which the optimizer
+  // steps with the shards.
   for (auto& s : order_) {
-    if (s->reshard_after_backward) {
+    if (s->reshard_after_backward || syncs(*s)) {
       s->unit->reshard();
     } else {
       s->kept_after_backward = true;
     }
   }
+  drop_unused_prefetches();
   backward_started_ = false;
   reset_flags();
   // The order stays for the next iteration's forward prefetch and cleanup.

@@ -68,7 +68,11 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   // Whether s's gradients are reduced in this backward (else kept full).
   bool syncs(const FsdpState& s) const;
   // Starts gathering the units s names (set_modules_to_*_prefetch).
-  static void prefetch(const std::vector<std::weak_ptr<FsdpState>>& units);
+  void prefetch(const std::vector<std::weak_ptr<FsdpState>>& units);
+  void prefetch_one(FsdpState& s);
+  // Reshards the units prefetched in this iteration that did not run in
+  // it (a gather from before the optimizer's step must not be used).
+  void drop_unused_prefetches();
   void launch_ready_in_order();
   void launch(FsdpState& s);
   void reset_flags();
@@ -77,6 +81,7 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   std::vector<std::shared_ptr<FsdpState>> last_order_;  // the last iteration's
   size_t launched_ = 0;                                 // units reduced, counted from the end of order_
   FsdpState* in_flight_ = nullptr;                      // the unit whose reduction may still run
+  std::vector<std::weak_ptr<FsdpState>> prefetched_;    // started gathering ahead, this iteration
   bool backward_started_ = false;
 };
 

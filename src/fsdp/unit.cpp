@@ -160,8 +160,7 @@ void ShardedUnit::point_at_shards() {
 
 // ---- unshard: one all-gather ------------------------------------------------------
 
-void ShardedUnit::start_unshard(bool exact) {
-  if (state_ != State::kSharded) return;
+void ShardedUnit::launch_unshard(bool exact) {
   if (!keep_full_) {
     full_.set_dtype(exact ? dtype_ : compute_dtype_);
     full_.allocate();
@@ -198,6 +197,19 @@ void ShardedUnit::start_unshard(bool exact) {
   }
   if (!ins.empty()) g.work = pg_->all_gather_into_tensor_coalesced(outs, ins);
   gather_ = std::move(g);
+}
+
+void ShardedUnit::start_unshard(bool exact) {
+  if (state_ != State::kSharded) return;
+  try {
+    launch_unshard(exact);
+  } catch (...) {
+    // Nothing was queued (a refused op or a failed allocation): sharded again.
+    gather_.reset();
+    release_full();
+    state_ = State::kSharded;
+    throw;
+  }
 }
 
 void ShardedUnit::finish_unshard() {
@@ -374,8 +386,12 @@ void ShardedUnit::start_reduce() {
       // Then across the replicas: queued by the shard group's worker once
       // the reduce-scatter is done, so every rank queues them in the order
       // of its reductions.
-      r.work = r.work->chain([replicate = replicate_, outs](Work&) {
-        return replicate->all_reduce_coalesced(outs, {ReduceOp::AVG});
+      r.scatter = r.work;
+      r.across = std::make_shared<std::shared_ptr<Work>>();
+      r.work = r.work->chain([replicate = replicate_, outs, across = r.across](Work&) {
+        const detail::AsyncOpsScope async;  // nobody waits on it inline: the worker runs it at once
+        *across = replicate->all_reduce_coalesced(outs, {ReduceOp::AVG});
+        return *across;
       });
     }
   }
@@ -387,6 +403,8 @@ void ShardedUnit::finish_reduce() {
   Reduce r = std::move(*reduce_);
   reduce_.reset();
   if (r.work) r.work->wait();
+  if (r.scatter) r.scatter->wait();
+  if (r.across && *r.across) (*r.across)->wait();
   grads_full_ = false;
   if (!sharded_) {
     finish_reduce_unsharded(r);
@@ -430,7 +448,11 @@ void ShardedUnit::finish_reduce_unsharded(Reduce& r) {
 void ShardedUnit::drop_in_flight() noexcept {
   if (gather_) wait_quietly(gather_->work);
   gather_.reset();
-  if (reduce_) wait_quietly(reduce_->work);
+  if (reduce_) {
+    wait_quietly(reduce_->work);
+    wait_quietly(reduce_->scatter);
+    if (reduce_->across) wait_quietly(*reduce_->across);
+  }
   reduce_.reset();
   if (!grads_full_) {
     for (FsdpParam& p : params_) {

@@ -172,7 +172,12 @@ class ShardedUnit {
     at::Tensor source;  // the all-gather input when converted to the compute dtype
   };
   struct Reduce {
-    std::shared_ptr<Work> work;              // null: nothing to reduce
+    std::shared_ptr<Work> work;              // null: nothing to reduce (hybrid: the chain of the two below)
+    // Hybrid sharding: the reduce-scatter and the all-reduce across the
+    // replicas, each waited for too (a CUDA op's Work makes the caller's
+    // stream wait for its end; the chain's Work alone does not).
+    std::shared_ptr<Work> scatter;
+    std::shared_ptr<std::shared_ptr<Work>> across;
     at::Tensor out;                          // sharded: the reduce-scatter output, a chunk
     std::vector<at::Tensor> inputs;          // not sharded: the all-reduced gradients (converted copies or .grads)
     std::vector<FsdpParam*> targets;         // not sharded: the parameter of each input
@@ -192,6 +197,7 @@ class ShardedUnit {
   // symmetric memory where the group has it.
   at::Tensor zeroed(int64_t numel) const;
   void point_at_shards();
+  void launch_unshard(bool exact);  // start_unshard's work, from the sharded state
   void release_full();  // unless the full storage is kept
   void finish_reduce_unsharded(Reduce& r);
 

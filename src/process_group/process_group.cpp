@@ -325,6 +325,38 @@ void check_no_overlap(const std::vector<at::Tensor>& outputs, const std::vector<
   }
 }
 
+// UsageError when an input's bytes overlap an output other than its own
+// rank's slot of its own output (the one aliasing an all-gather allows):
+// pieces go one by one or packed, so another piece's output may be written
+// before that input is read.
+void check_inputs_outside_outputs(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                                  int rank, const char* op) {
+  const auto span = [](const at::Tensor& t) {
+    const auto b = reinterpret_cast<uintptr_t>(t.data_ptr());
+    return std::make_pair(b, b + t.nbytes());
+  };
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    if (inputs[k].numel() == 0) continue;
+    const auto in = span(inputs[k]);
+    for (size_t j = 0; j < outputs.size(); ++j) {
+      if (outputs[j].numel() == 0) continue;
+      const auto out = span(outputs[j]);
+      if (in.second <= out.first || out.second <= in.first) continue;
+      const uintptr_t own_slot = out.first + static_cast<uintptr_t>(rank) * inputs[k].nbytes();
+      if (j == k && in.first == own_slot) continue;  // in place
+      throw UsageError(std::string(op) + ": inputs[" + std::to_string(k) + "] overlaps outputs[" + std::to_string(j) +
+                       "] other than as its own rank's slot of outputs[" + std::to_string(k) + "]");
+    }
+  }
+}
+
+// "[n0,n1,...]": a coalesced op's piece sizes, for its fingerprint.
+std::string counts_of(const std::vector<at::Tensor>& ts) {
+  std::string s = "[";
+  for (size_t k = 0; k < ts.size(); ++k) s += (k ? "," : "") + std::to_string(ts[k].numel());
+  return s + "]";
+}
+
 std::vector<comm::Piece> pieces_of(const std::vector<at::Tensor>& ts) {
   std::vector<comm::Piece> pieces;
   pieces.reserve(ts.size());
@@ -339,6 +371,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor_coalesced(const std::
                                                                      const CollectiveOptions& o) {
   const char* op = "all_gather_into_tensor_coalesced";
   const CoalescedShape shape = check_coalesced(*impl_, outputs, inputs, op, /*output_larger=*/true);
+  check_inputs_outside_outputs(outputs, inputs, rank(), op);
   const auto dev = impl_->op_device(op, inputs, outputs);
   comm::Backend* b = impl_->backend_for(dev, op);
   const int64_t bytes = shape.elements * static_cast<int64_t>(comm::dtype_size(shape.dtype));
@@ -350,7 +383,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor_coalesced(const std::
     return outputs;
   }, [&] {
     return std::string("all_gather_coalesced ") + c10::toString(inputs[0].scalar_type()) + " x " +
-           std::to_string(shape.elements) + " in " + std::to_string(inputs.size());
+           counts_of(inputs);
   }, dev);
 }
 
@@ -373,7 +406,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor_coalesced(const std::v
     return outputs;
   }, [&] {
     return std::string("reduce_scatter_coalesced ") + c10::toString(outputs[0].scalar_type()) + " x " +
-           std::to_string(shape.elements) + " in " + std::to_string(outputs.size()) + " " + reduce_name(o.op);
+           counts_of(outputs) + " " + reduce_name(o.op);
   }, dev);
 }
 

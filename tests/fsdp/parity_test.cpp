@@ -246,29 +246,74 @@ TEST(Fsdp2Controls, AccumulateKeepGatheredAndPrefetchMatchOneProcess) {
 }
 
 TEST(Fsdp2Controls, ReshardFreesKeptUnitsBeforeTheOptimizerSteps) {
-  EXPECT_EQ(run_world(2, [](ProcessGroup& pg) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup&) {
     torch::manual_seed(7);
     tdist::FullyShardedDataParallelOptions o;
     tdist::FSDP<Net> model(Net(&o), o);
     auto opt = make_optimizer(model->parameters(), true);
     std::vector<int64_t> shard_sizes;
     for (const auto& p : model->parameters()) shard_sizes.push_back(p.numel());
-    model->set_reshard_after_backward(false);
+    const auto gathered = [&] {
+      bool full = false;
+      size_t k = 0;
+      for (const auto& p : model->parameters()) full = full || p.numel() != shard_sizes[k++];
+      return full;
+    };
     auto [x, y] = batch(0, 0);
+    // Kept gathered only while the gradients stay full (sync off)...
+    model->set_reshard_after_backward(false);
+    model->set_requires_gradient_sync(false);
     torch::mse_loss(model(x), y).backward();
-    bool full = false;
-    size_t k = 0;
-    for (const auto& p : model->parameters()) full = full || p.numel() != shard_sizes[k++];
-    WORLD_CHECK(full || pg.size() == 1, "no unit stayed gathered after backward");
+    WORLD_CHECK(gathered(), "no unit stayed gathered after a backward without sync");
     model->reshard();
-    k = 0;
+    WORLD_CHECK(!gathered(), "reshard() left a unit gathered");
+    // ...never after a backward that reduced: the optimizer steps shards.
+    model->set_requires_gradient_sync(true);
+    torch::mse_loss(model(x), y).backward();
+    WORLD_CHECK(!gathered(), "a unit stayed gathered holding shard gradients");
+    size_t k = 0;
     for (const auto& p : model->parameters()) {
-      WORLD_CHECK(p.numel() == shard_sizes[k], "not resharded");
       WORLD_CHECK(!p.requires_grad() || p.grad().numel() == shard_sizes[k], "a full gradient after the reduction");
       ++k;
     }
     opt->step();  // steps the shards
     model->set_reshard_after_backward(true);
+  }), "");
+}
+
+// A unit prefetched but not run in an iteration must not keep that gather:
+// its shards change before it runs (here by hand, as an optimizer would).
+struct SkipNetImpl : torch::nn::Module {
+  explicit SkipNetImpl(const tdist::FullyShardedDataParallelOptions& o) {
+    a = register_module("a", tdist::FSDP<tdist::test::Block>(tdist::test::Block(), o));
+    b = register_module("b", tdist::FSDP<tdist::test::Block>(tdist::test::Block(), o));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = a(x);
+    return use_b ? b(h) : h;
+  }
+  tdist::FSDP<tdist::test::Block> a{nullptr}, b{nullptr};
+  bool use_b = true;
+};
+TORCH_MODULE(SkipNet);
+
+TEST(Fsdp2Controls, APrefetchedUnitThatDidNotRunGathersAfresh) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup&) {
+    torch::manual_seed(7);
+    tdist::FullyShardedDataParallelOptions o;
+    tdist::FSDP<SkipNet> model(SkipNet(o), o);
+    model->module()->a->set_modules_to_forward_prefetch({model->module()->b.ptr()});
+    const auto x = torch::randn({4, 7});
+    model->module()->use_b = false;  // b is prefetched by a's forward, then never runs
+    model(x).sum().backward();
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : model->module()->b->parameters()) p.mul_(2);  // its shards change
+    }
+    model->module()->use_b = true;
+    const auto first = model(x).detach();
+    const auto again = model(x).detach();
+    WORLD_CHECK(at::equal(first, again), "the first forward used b's gather from before its shards changed");
   }), "");
 }
 

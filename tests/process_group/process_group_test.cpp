@@ -447,6 +447,11 @@ TEST_F(Misuse, BadCoalescedListsAreNamed) {
   at::Tensor big = at::arange(8, at::kFloat);
   const std::string overlap = scatter({big.slice(0, 2, 5), b}, {big.slice(0, 4, 7), at::ones({3})});
   EXPECT_TRUE(contains(overlap, "outputs[0] overlaps inputs[0]")) << overlap;
+  // An all-gather input inside another piece's output; its own slot is fine.
+  at::Tensor outs = at::zeros({10});
+  const std::string inside = gather({outs.slice(0, 0, 4), outs.slice(0, 4, 7)}, {outs.slice(0, 5, 9), b});
+  EXPECT_TRUE(contains(inside, "inputs[0] overlaps outputs[1]")) << inside;
+  pg_->all_gather_into_tensor_coalesced({outs.slice(0, 0, 4)}, {outs.slice(0, 0, 4)})->wait();
   // Neighbours are no overlap; nothing above was queued.
   pg_->reduce_scatter_tensor_coalesced({big.slice(0, 0, 4), b}, {big.slice(0, 4, 8), at::full({3}, 2.0f)})->wait();
   EXPECT_TRUE(at::equal(big.slice(0, 0, 4), at::arange(4, 8, at::kFloat)));
