@@ -69,8 +69,8 @@ void Coordinator::drop_unused_prefetches() {
 }
 
 void Coordinator::prefetch_forward(FsdpState& s) {
-  if (s.explicit_forward_prefetch) {
-    prefetch(s.forward_prefetch_units);
+  if (s.forward_prefetch_units) {
+    prefetch(*s.forward_prefetch_units);
   } else if (s.options.forward_prefetch) {
     if (FsdpState* next = next_in_last_forward(s)) prefetch_one(*next);
   }
@@ -131,8 +131,8 @@ void Coordinator::pre_backward(FsdpState& s) {
   if (s.prepared) return;
   s.prepared = true;
   s.unit->finish_unshard();
-  if (s.explicit_backward_prefetch) {
-    prefetch(s.backward_prefetch_units);
+  if (s.backward_prefetch_units) {
+    prefetch(*s.backward_prefetch_units);
   } else if (s.options.backward_prefetch == BackwardPrefetch::BACKWARD_PRE && s.order_index > 0) {
     FsdpState& next = *order_[s.order_index - 1];
     if (!next.prepared) prefetch_one(next);

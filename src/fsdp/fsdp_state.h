@@ -42,10 +42,8 @@ struct FsdpState : GradReadyListener, std::enable_shared_from_this<FsdpState> {
   // place of forward_prefetch / backward_prefetch).
   bool requires_gradient_sync = true;
   bool reshard_after_backward = true;
-  std::vector<std::weak_ptr<FsdpState>> forward_prefetch_units;
-  std::vector<std::weak_ptr<FsdpState>> backward_prefetch_units;
-  bool explicit_forward_prefetch = false;
-  bool explicit_backward_prefetch = false;
+  std::optional<std::vector<std::weak_ptr<FsdpState>>> forward_prefetch_units;  // set: replaces forward_prefetch
+  std::optional<std::vector<std::weak_ptr<FsdpState>>> backward_prefetch_units;
   bool kept_after_backward = false;  // the last backward left it gathered (reshard_after_backward off)
   std::unique_ptr<ShardedUnit> unit;
   // Per unit parameter: its first name in model order without wrapper

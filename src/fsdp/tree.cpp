@@ -136,7 +136,6 @@ void set_modules_to_prefetch(torch::nn::Module& root, const std::vector<std::sha
   FsdpState& s = *targets(root, false)[0];
   auto states = states_of(modules, forward ? "set_modules_to_forward_prefetch" : "set_modules_to_backward_prefetch");
   (forward ? s.forward_prefetch_units : s.backward_prefetch_units) = std::move(states);
-  (forward ? s.explicit_forward_prefetch : s.explicit_backward_prefetch) = true;
 }
 
 void reshard_units(torch::nn::Module& root) { settled_wrappers(root, "reshard"); }

@@ -291,46 +291,12 @@ CoalescedShape check_coalesced(const ProcessGroup::Impl& impl, const std::vector
   return shape;
 }
 
-// UsageError when an output's bytes overlap an input's (a reduce-scatter
-// that takes pieces one by one would read what it already wrote).
-void check_no_overlap(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs, const char* op) {
-  struct Span {
-    uintptr_t begin, end;
-    bool output;
-    size_t index;
-  };
-  std::vector<Span> spans;
-  const auto add = [&](const std::vector<at::Tensor>& ts, bool output) {
-    for (size_t k = 0; k < ts.size(); ++k) {
-      if (ts[k].numel() == 0) continue;
-      const auto b = reinterpret_cast<uintptr_t>(ts[k].data_ptr());
-      spans.push_back({b, b + ts[k].nbytes(), output, k});
-    }
-  };
-  add(outputs, true);
-  add(inputs, false);
-  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
-  // Sweep: the span reaching furthest so far of each kind.
-  const Span* reach[2] = {nullptr, nullptr};
-  for (const Span& s : spans) {
-    const Span* other = reach[s.output ? 0 : 1];
-    if (other && other->end > s.begin) {
-      const Span& out = s.output ? s : *other;
-      const Span& in = s.output ? *other : s;
-      throw UsageError(std::string(op) + ": outputs[" + std::to_string(out.index) + "] overlaps inputs[" +
-                       std::to_string(in.index) + "]; give the outputs memory of their own");
-    }
-    const Span*& mine = reach[s.output ? 1 : 0];
-    if (!mine || s.end > mine->end) mine = &s;
-  }
-}
-
-// UsageError when an input's bytes overlap an output other than its own
-// rank's slot of its own output (the one aliasing an all-gather allows):
-// pieces go one by one or packed, so another piece's output may be written
-// before that input is read.
-void check_inputs_outside_outputs(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
-                                  int rank, const char* op) {
+// UsageError when an input's bytes overlap an output's: pieces go one by
+// one or packed, so one piece's output may be written before another's
+// input is read. own_slot_rank >= 0 (an all-gather) allows the one overlap
+// an all-gather has in place: input k exactly that rank's slot of output k.
+void check_no_overlap(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs, const char* op,
+                      int own_slot_rank = -1) {
   const auto span = [](const at::Tensor& t) {
     const auto b = reinterpret_cast<uintptr_t>(t.data_ptr());
     return std::make_pair(b, b + t.nbytes());
@@ -342,7 +308,11 @@ void check_inputs_outside_outputs(const std::vector<at::Tensor>& outputs, const 
       if (outputs[j].numel() == 0) continue;
       const auto out = span(outputs[j]);
       if (in.second <= out.first || out.second <= in.first) continue;
-      const uintptr_t own_slot = out.first + static_cast<uintptr_t>(rank) * inputs[k].nbytes();
+      if (own_slot_rank < 0) {
+        throw UsageError(std::string(op) + ": outputs[" + std::to_string(j) + "] overlaps inputs[" +
+                         std::to_string(k) + "]; give the outputs memory of their own");
+      }
+      const uintptr_t own_slot = out.first + static_cast<uintptr_t>(own_slot_rank) * inputs[k].nbytes();
       if (j == k && in.first == own_slot) continue;  // in place
       throw UsageError(std::string(op) + ": inputs[" + std::to_string(k) + "] overlaps outputs[" + std::to_string(j) +
                        "] other than as its own rank's slot of outputs[" + std::to_string(k) + "]");
@@ -371,7 +341,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor_coalesced(const std::
                                                                      const CollectiveOptions& o) {
   const char* op = "all_gather_into_tensor_coalesced";
   const CoalescedShape shape = check_coalesced(*impl_, outputs, inputs, op, /*output_larger=*/true);
-  check_inputs_outside_outputs(outputs, inputs, rank(), op);
+  check_no_overlap(outputs, inputs, op, /*own_slot_rank=*/rank());
   const auto dev = impl_->op_device(op, inputs, outputs);
   comm::Backend* b = impl_->backend_for(dev, op);
   const int64_t bytes = shape.elements * static_cast<int64_t>(comm::dtype_size(shape.dtype));
