@@ -86,8 +86,9 @@ class Work : public std::enable_shared_from_this<Work> {
   static std::shared_ptr<Work> completed(std::vector<at::Tensor> result);
   void set_info(uint64_t seq, std::string op_name);
   // For process groups: how wait() may run the op on the waiting thread
-  // (returns whether it did). Set before the work is handed out.
-  void set_runner(std::function<bool()> run_here);
+  // (called with this work; returns whether it ran it). Set before the
+  // work is handed out.
+  void set_runner(std::function<bool(const Work&)> run_here);
   // For ops on CUDA tensors: run by wait() once the op has completed, and
   // before then()/chain() run their function, on that thread. It makes the
   // thread's current stream wait for the op's end on the GPU, and raises an

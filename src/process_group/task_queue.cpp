@@ -79,13 +79,16 @@ void TaskQueue::stop() {
 
 std::shared_ptr<Work> TaskQueue::enqueue(const char* name, Milliseconds timeout, TaskBody body) {
   auto work = std::make_shared<Work>();
-  work->set_runner([g = gate_, w = work.get()] { return run_inline(g, w); });
+  // Captures one shared_ptr: small enough for std::function to hold
+  // without a heap block.
+  work->set_runner([g = gate_](const Work& w) { return run_inline(g, &w); });
   bool wake_worker = false, wake_watcher = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) throw UsageError(std::string(name) + ": the process group '" + group_name_ + "' is shut down");
-    work->set_info(next_seq_++, name);  // under the lock: chains enqueue from the worker too
-    Task task{work, timeout, std::move(body), SteadyClock::now(), false};
+    const uint64_t seq = next_seq_++;
+    work->set_info(seq, name);  // under the lock: chains enqueue from the worker too
+    Task task{work, timeout, std::move(body), seq};
     if (current_queue == this) {
       task.for_worker = true;
       queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(continuations_++), std::move(task));
@@ -93,8 +96,10 @@ std::shared_ptr<Work> TaskQueue::enqueue(const char* name, Milliseconds timeout,
       task.for_worker = async_ops || running_ || !queue_.empty();
       queue_.push_back(std::move(task));
     }
-    queued_.fetch_add(1, std::memory_order_release);
-    activity_.fetch_add(1, std::memory_order_release);
+    if (!queue_.front().for_worker && queue_.size() == 1) {
+      watched_.fresh.store(queue_.front().seq + 1, std::memory_order_relaxed);
+    }
+    watched_.activity.fetch_add(1, std::memory_order_release);
     // The worker when it can take the task at once; else the watcher, which
     // hands the task over after its grace period (only a sleeping one
     // needs waking: a polling one sees the count).
@@ -112,7 +117,9 @@ TaskQueue::Task TaskQueue::pop_front_locked() {
   Task task = std::move(queue_.front());
   queue_.pop_front();
   continuations_ = 0;
-  queued_.fetch_sub(1, std::memory_order_relaxed);
+  // What is left behind the popped task was queued while it waited: handed
+  // to the worker already, none fresh.
+  if (watched_.fresh.load(std::memory_order_relaxed) != 0) watched_.fresh.store(0, std::memory_order_relaxed);
   running_ = true;
   return task;
 }
@@ -133,7 +140,6 @@ bool TaskQueue::run_inline(const std::shared_ptr<Gate>& gate, const Work* w) {
     if (self.running_ || self.queue_.empty() || self.queue_.front().work.get() != w) return false;
     task = self.pop_front_locked();
   }
-  self.activity_.fetch_add(1, std::memory_order_release);
   // Callbacks of the task run here too: what they queue goes first, as on
   // the worker.
   const void* outer = current_queue;
@@ -161,8 +167,19 @@ void TaskQueue::execute(Task& task) {
 }
 
 bool TaskQueue::hand_over_expired_locked(SteadyClock::time_point now) {
-  if (running_ || queue_.empty() || queue_.front().for_worker || now - queue_.front().queued_at < kGrace) return false;
+  if (running_ || queue_.empty() || queue_.front().for_worker) return false;
+  Task& front = queue_.front();
+  if (front.seen_at == SteadyClock::time_point{}) {
+    front.seen_at = now;
+    return false;
+  }
+  return now - front.seen_at >= kGrace && hand_over_locked(front.seq, now);
+}
+
+bool TaskQueue::hand_over_locked(uint64_t seq, SteadyClock::time_point now) {
+  if (running_ || queue_.empty() || queue_.front().for_worker || queue_.front().seq != seq) return false;
   queue_.front().for_worker = true;
+  watched_.fresh.store(0, std::memory_order_relaxed);
   tick_ = kTickMin;
   last_hand_over_ = now;
   return true;
@@ -171,7 +188,7 @@ bool TaskQueue::hand_over_expired_locked(SteadyClock::time_point now) {
 void TaskQueue::run() {
   current_queue = this;
   pthread_setname_np(pthread_self(), "tdist-worker");  // for top -H, perf, gdb
-  uint64_t seen = activity_.load(std::memory_order_acquire);
+  uint64_t seen = watched_.activity.load(std::memory_order_acquire);
   auto active_until = SteadyClock::now() + kActive;
   for (;;) {
     Task task;
@@ -186,14 +203,19 @@ void TaskQueue::run() {
         // fresh op is taken within tick_ even when the cores are too busy
         // for the idle-priority watcher to run.
         const auto now = SteadyClock::now();
-        const uint64_t a = activity_.load(std::memory_order_acquire);
+        const uint64_t a = watched_.activity.load(std::memory_order_acquire);
         if (a != seen) {
           seen = a;
           active_until = now + kActive;
         }
         worker_asleep_ = true;
         worker_ticking_ = now < active_until;
-        if (!worker_ticking_) {
+        // A fresh task seen on this look is due at the end of its grace.
+        const bool due_soon = !queue_.empty() && !queue_.front().for_worker &&
+                              queue_.front().seen_at != SteadyClock::time_point{};
+        if (due_soon) {
+          cv_.wait_until(lock, queue_.front().seen_at + kGrace);
+        } else if (!worker_ticking_) {
           cv_.wait(lock);
         } else if (cv_.wait_until(lock, now + tick_) == std::cv_status::timeout && !done() &&
                    SteadyClock::now() - last_hand_over_ > kKeepTick) {
@@ -214,20 +236,28 @@ void TaskQueue::watch() {
   sched_param idle{};
   (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);  // refused: polls at normal priority
   pthread_setname_np(pthread_self(), "tdist-watcher");
-  uint64_t seen = activity_.load(std::memory_order_acquire);
+  uint64_t seen = watched_.activity.load(std::memory_order_acquire);
   auto active_until = SteadyClock::now() + kWatch;
+  uint64_t fresh_seen = 0;
+  SteadyClock::time_point fresh_at{};
   for (;;) {
     const auto now = SteadyClock::now();
-    if (queued_.load(std::memory_order_acquire) > 0 && !running_.load(std::memory_order_acquire)) {
+    // A fresh task's grace runs from when this loop first saw it; only
+    // one past its grace takes the lock.
+    const uint64_t fresh = watched_.fresh.load(std::memory_order_relaxed);
+    if (fresh != fresh_seen) {
+      fresh_seen = fresh;
+      fresh_at = now;
+    } else if (fresh != 0 && now - fresh_at >= kGrace) {
       bool wake = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        wake = hand_over_expired_locked(now) && worker_asleep_;
+        wake = hand_over_locked(fresh - 1, now) && worker_asleep_;
       }
       if (wake) cv_.notify_one();
     }
-    const uint64_t a = activity_.load(std::memory_order_acquire);
-    if (a != seen || running_.load(std::memory_order_acquire)) {
+    const uint64_t a = watched_.activity.load(std::memory_order_acquire);
+    if (a != seen || fresh != 0) {
       seen = a;
       active_until = now + kWatch;
     }
@@ -246,7 +276,7 @@ void TaskQueue::watch() {
     watch_cv_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !queue_.front().for_worker); });
     watcher_asleep_ = false;
     if (stopping_) return;
-    seen = activity_.load(std::memory_order_acquire);
+    seen = watched_.activity.load(std::memory_order_acquire);
     active_until = SteadyClock::now() + kWatch;
   }
 }

@@ -11,7 +11,9 @@
 // pollers (the runs "stuck at 30-60 us per op" of issue 18). So:
 // - A fresh op (queued while nothing ran or waited in the queue) is left
 //   for a grace period (kGrace, task_queue.cpp) to a thread that may wait
-//   for it. Past that it is handed to the worker. An op queued behind
+//   for it. Past that it is handed to the worker. The grace runs from when
+//   the watcher (or the worker) first sees the op unclaimed, so queuing
+//   reads no clock. An op queued behind
 //   another, by a callback on this queue's own thread, or inside an
 //   AsyncOpsScope (async_ops.h: DDP's buckets, FSDP's prefetches) goes to
 //   the worker at once (its caller could not, or will not, run it then).
@@ -84,7 +86,10 @@ class TaskQueue {
     std::shared_ptr<Work> work;
     Milliseconds timeout;
     TaskBody body;
-    std::chrono::steady_clock::time_point queued_at;
+    uint64_t seq = 0;  // its Work's sequence number
+    // When the worker first found it fresh at the front (its grace runs
+    // from there; zero: not yet). The caller reads no clock to queue it.
+    std::chrono::steady_clock::time_point seen_at{};
     // Handed to the worker: queued where its caller could not run it at
     // once (behind another task, or from this queue's thread), or left
     // unclaimed past its grace period (the watcher hands it over).
@@ -101,9 +106,14 @@ class TaskQueue {
   Task pop_front_locked();
   // Whether the worker may take the front task now; REQUIRES mu_.
   bool worker_may_take_locked() const;
-  // Hands the front task to the worker if nobody claimed it within its
-  // grace period; whether it did. REQUIRES mu_.
+  // The worker's look at a fresh front task: notes when it first saw it,
+  // and hands it over once that is a grace period ago; whether it did.
+  // REQUIRES mu_.
   bool hand_over_expired_locked(std::chrono::steady_clock::time_point now);
+  // Hands the front task over if it is still the fresh task `seq` (the
+  // watcher saw it unclaimed for a grace period); whether it did.
+  // REQUIRES mu_.
+  bool hand_over_locked(uint64_t seq, std::chrono::steady_clock::time_point now);
   void run();
   // The watcher's loop (see above).
   void watch();
@@ -119,8 +129,17 @@ class TaskQueue {
   // How many continuations (tasks queued from this queue's thread) lead
   // the queue; they run before anything queued by other threads.
   size_t continuations_ = 0;
-  std::atomic<size_t> queued_{0};      // the watcher polls it
-  std::atomic<uint64_t> activity_{0};  // bumped by every enqueue and inline run
+  // What the watcher polls, on a cache line of its own, written once per
+  // enqueue and once per start of a task: a poll costs the queue's users
+  // no transfer of the line that holds mu_.
+  struct alignas(64) Watched {
+    // 1 + the sequence number of the front task while it is fresh (not
+    // handed to the worker; nothing runs then); 0 otherwise. The watcher
+    // times how long it sees one value.
+    std::atomic<uint64_t> fresh{0};
+    std::atomic<uint64_t> activity{0};  // bumped by every enqueue
+  };
+  Watched watched_;
   bool worker_asleep_ = false;   // on cv_; under mu_
   bool worker_ticking_ = false;  // asleep with a timeout (the group is busy); under mu_
   std::chrono::microseconds tick_{64000};  // the worker's timeout then; under mu_

@@ -20,7 +20,7 @@ struct Work::State {
   std::vector<std::function<void()>> callbacks;  // run once, on completion
   uint64_t seq = 0;
   std::string op_name = "work";
-  std::function<bool()> run_here;  // set before the work is shared
+  std::function<bool(const Work&)> run_here;  // set before the work is shared
   std::function<void()> device_wait;  // likewise
 };
 
@@ -31,7 +31,7 @@ void Work::set_info(uint64_t seq, std::string op_name) {
   state_->seq = seq;
   state_->op_name = std::move(op_name);
 }
-void Work::set_runner(std::function<bool()> run_here) { state_->run_here = std::move(run_here); }
+void Work::set_runner(std::function<bool(const Work&)> run_here) { state_->run_here = std::move(run_here); }
 void Work::set_device_wait(std::function<void()> device_wait) { state_->device_wait = std::move(device_wait); }
 
 uint64_t Work::seq() const { return state_->seq; }
@@ -68,17 +68,26 @@ constexpr auto kSpin = std::chrono::microseconds(30);
 
 void Work::wait() {
   // While the op has not started, this thread may run it itself (its queue
-  // says whether it is next); it retries while an op ahead of it runs.
-  const auto spin_end = std::chrono::steady_clock::now() + kSpin;
+  // says whether it is next); it retries while an op ahead of it runs. The
+  // clock is read only once the first try failed: a synchronous op run
+  // here costs no clock read.
+  std::chrono::steady_clock::time_point spin_end{};
   while (!is_completed()) {
-    if (state_->run_here && state_->run_here()) continue;
-    if (std::chrono::steady_clock::now() >= spin_end) break;
+    if (state_->run_here && state_->run_here(*this)) continue;
+    const auto now = std::chrono::steady_clock::now();
+    if (spin_end == std::chrono::steady_clock::time_point{}) {
+      spin_end = now + kSpin;
+    } else if (now >= spin_end) {
+      break;
+    }
     sched_yield();
   }
-  std::unique_lock<std::mutex> lock(state_->mu);
-  state_->done_cv.wait(lock, [&] { return state_->done.load(); });
+  if (!is_completed()) {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->done_cv.wait(lock, [&] { return state_->done.load(); });
+  }
+  // done was stored (release) after error, which is never written again.
   if (state_->error) std::rethrow_exception(state_->error);
-  lock.unlock();
   if (state_->device_wait) state_->device_wait();
 }
 

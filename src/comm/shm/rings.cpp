@@ -88,7 +88,7 @@ void PointToPoint::ring_write(Ring& ring, uint8_t* data, const void* src, size_t
     if (head - tail == cap) {
       waiter_.wait_until([&] { return head - ring.tail.load(std::memory_order_acquire) < cap; },
                          [&] { return std::vector<int>{dst}; },
-                         "send to rank " + std::to_string(waiter_.global(dst)) + " (tag " + std::to_string(tag) + ")",
+                         [&] { return "send to rank " + std::to_string(waiter_.global(dst)) + " (tag " + std::to_string(tag) + ")"; },
                          d);
       tail = ring.tail.load(std::memory_order_acquire);
     }
@@ -113,7 +113,7 @@ void PointToPoint::ring_read(Ring& ring, const uint8_t* data, void* dst_buf, siz
     if (head == tail) {
       waiter_.wait_until([&] { return ring.head.load(std::memory_order_acquire) != tail; },
                          [&] { return std::vector<int>{src}; },
-                         "recv from rank " + std::to_string(waiter_.global(src)) + " (tag " + std::to_string(tag) + ")",
+                         [&] { return "recv from rank " + std::to_string(waiter_.global(src)) + " (tag " + std::to_string(tag) + ")"; },
                          d);
       head = ring.head.load(std::memory_order_acquire);
     }

@@ -41,7 +41,7 @@ void Rounds::barrier_round(const OpDesc& desc, Deadline deadline) {
         }
         return missing;
       },
-      describe(desc), deadline);
+      [&] { return describe(desc); }, deadline);
   g_ = target;
 }
 

@@ -67,17 +67,20 @@ struct CmaOffer {
   uint32_t probe = 0;    // 1: it reached everyone; 2: it could not
 };
 
+// A rank's slot. round and desc share the first cache line: a peer
+// waiting at a barrier reads both with one transfer.
 struct alignas(kAlign) Slot {
   std::atomic<uint64_t> round;  // barriers passed
+  OpDesc desc[2];  // by round parity
   std::atomic<int32_t> pid;
   std::atomic<uint64_t> start_time;
-  OpDesc desc[2];  // by round parity
   // With desc: the key of the symmetric buffers an all_reduce was given
   // (0: none), by round parity.
   uint64_t sym_key[2][2];
   // With desc: the rank's single-copy offer, by round parity.
   CmaOffer cma[2];
 };
+static_assert(sizeof(std::atomic<uint64_t>) + 2 * sizeof(OpDesc) <= kAlign, "round and desc fit one cache line");
 
 struct alignas(kAlign) Ring {
   std::atomic<uint64_t> head;  // bytes written by the sender

@@ -6,11 +6,17 @@
 //   set_abort may be called from any thread, and notify from the thread
 //   that just published something.
 // - wait_until(ready, waiting_for, what, deadline) returns once ready()
-//   holds. It polls: a pause loop for `spin` (at least 64 pauses), then
+//   holds. what() names the wait for an error (e.g. "all_reduce #7"); it
+//   is called only when the wait fails, so a wait builds no string. It
+//   polls: a pause loop for `spin` (at least 64 pauses), then
 //   sched_yield() for `yield` (never past the deadline): ranks on their own
 //   cores answer within microseconds, and a rank that shares its core hands
-//   it over. Then it sleeps on the header's futex word, which every
-//   notify() (any rank's) bumps. A sleeper wakes at least every 100 ms to
+//   it over. Then it sleeps on the header's futex word, which notify() (any
+//   rank's) bumps when someone sleeps. A sleeper counts itself in
+//   `sleepers` before it reads the word and looks at ready() a last time; a
+//   publisher stores, fences, then reads `sleepers`: one of the two sees
+//   the other, so no wake-up is lost, and while nobody sleeps a notify()
+//   writes nothing shared. A sleeper wakes at least every 100 ms to
 //   check that the ranks waiting_for() names are alive (/proc/<pid>/stat,
 //   with the process start time against pid reuse) and to honour its
 //   deadline.
@@ -57,8 +63,9 @@ class Waiter {
   // Blocks until ready() or deadline. ready() is re-evaluated after every
   // wake-up; waiting_for() names the ranks that hold us up (for liveness
   // checks and the timeout message).
-  template <typename Ready, typename Missing>
-  void wait_until(Ready&& ready, Missing&& waiting_for, const std::string& what, Deadline deadline) {
+  template <typename Ready, typename Missing, typename What>
+  void wait_until(Ready&& ready, Missing&& waiting_for, What&& what, Deadline deadline) {
+    if (ready()) return;  // the others are there already: no clock read
     Header* h = seg_.header();
     const auto start = Clock::now();
     const auto spin_end = start + spin_;
@@ -77,6 +84,9 @@ class Waiter {
     }
     auto next_liveness = Clock::now();
     for (;;) {
+      // Counted as a sleeper before the last look at ready(): see notify().
+      // Every way out of this iteration (return, throw) uncounts it.
+      Sleeping counted(h);
       const uint32_t w = h->wake.load();
       if (ready()) return;
       check_alive_state();
@@ -91,30 +101,29 @@ class Waiter {
         if (dead >= 0) {
           if (ready()) return;
           const auto missing = waiting_for();
-          if (std::find(missing.begin(), missing.end(), dead) != missing.end()) fail_dead(dead, pid, what);
+          if (std::find(missing.begin(), missing.end(), dead) != missing.end()) fail_dead(dead, pid, what());
         }
         next_liveness = now + std::chrono::milliseconds(100);
       }
       if (now >= deadline) {
         std::string ranks;
         for (int r : waiting_for()) ranks += (ranks.empty() ? "" : ", ") + std::to_string(global(r));
-        fail(AbortKind::kTimeout, -1,
-             what + " timed out; rank(s) " + (ranks.empty() ? "?" : ranks) + " never arrived");
+        fail(AbortKind::kTimeout, -1, what() + " timed out; rank(s) " + (ranks.empty() ? "?" : ranks) + " never arrived");
       }
       const auto slice = std::min<Clock::duration>(std::min(deadline, next_liveness) - now, std::chrono::milliseconds(100));
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
       timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(std::max<int64_t>(ns % 1'000'000'000, 1000))};
-      h->sleepers.fetch_add(1);
       futex(&h->wake, FUTEX_WAIT, w, &ts);
-      h->sleepers.fetch_sub(1);
     }
   }
 
   // Wakes every rank sleeping in wait_until (after a release store).
   void notify() {
     Header* h = seg_.header();
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // the store before the read of sleepers
+    if (h->sleepers.load(std::memory_order_relaxed) == 0) return;
     h->wake.fetch_add(1);
-    if (h->sleepers.load() > 0) futex(&h->wake, FUTEX_WAKE, INT32_MAX, nullptr);
+    futex(&h->wake, FUTEX_WAKE, INT32_MAX, nullptr);
   }
 
   // Raises if the group was aborted, by this rank or another.
@@ -131,6 +140,18 @@ class Waiter {
   [[noreturn]] void fail(AbortKind kind, int peer, const std::string& msg);
 
  private:
+  // Counts this rank among the header's sleepers while it lives.
+  struct Sleeping {
+    explicit Sleeping(Header* h) : h_(h) {
+      h_->sleepers.fetch_add(1);
+      std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with notify()'s fence
+    }
+    ~Sleeping() { h_->sleepers.fetch_sub(1); }
+    Sleeping(const Sleeping&) = delete;
+    Sleeping& operator=(const Sleeping&) = delete;
+    Header* h_;
+  };
+
   [[noreturn]] void raise(AbortKind kind, int peer, const std::string& msg) const;
   // check_alive_state's raise, once the group is known aborted.
   [[noreturn]] void raise_aborted(AbortKind kind) const;

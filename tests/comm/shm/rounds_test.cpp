@@ -165,6 +165,26 @@ TEST(Waiter, AbortFromAnotherThreadWakesASleepingWaiter) {
   EXPECT_TRUE(contains(message(errors[0]), "aborted by rank 1: stopped by the test")) << message(errors[0]);
 }
 
+// A waiter that sleeps counts itself before its last look, and a rank that
+// arrives reads that count after its store (waiter.h): each barrier must
+// wake the sleepers. A lost wake-up would cost a sleeper its 100 ms nap;
+// 300 barriers of three ranks that always sleep then take ~30 s, found
+// woken they take well under a second.
+TEST(Waiter, EveryArrivalWakesTheRanksAsleepAtTheBarrier) {
+  GroupOptions o;
+  o.size = 3;
+  o.yield = std::chrono::microseconds(0);  // straight to the futex
+  constexpr int kRounds = 300;
+  auto errors = run_group(o, [&](Member& m) {
+    const OpDesc desc = m.rounds.make_desc(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0);
+    m.rounds.first_barrier(desc, in(30s));
+    const auto start = Clock::now();
+    for (int i = 0; i < kRounds; ++i) m.rounds.barrier_round(desc, in(30s));
+    EXPECT_LT(Clock::now() - start, 8s) << "rank " << m.rounds.rank() << ": sleepers were not woken";
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(message(errors[r]), "") << "rank " << r;
+}
+
 // Liveness is checked through the pid and start time each rank recorded in
 // its slot. Ranks here are threads of one process, so a dead or replaced
 // peer is staged by rewriting the late rank's slot.
