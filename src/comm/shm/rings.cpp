@@ -86,7 +86,7 @@ void PointToPoint::ring_write(Ring& ring, uint8_t* data, const void* src, size_t
   while (bytes > 0) {
     uint64_t tail = ring.tail.load(std::memory_order_acquire);
     if (head - tail == cap) {
-      waiter_.wait_until([&] { return head - ring.tail.load(std::memory_order_acquire) < cap; },
+      waiter_.wait_until([&] { return head - ring.tail.load() < cap; },  // seq_cst: see Waiter::notify
                          [&] { return std::vector<int>{dst}; },
                          [&] { return "send to rank " + std::to_string(waiter_.global(dst)) + " (tag " + std::to_string(tag) + ")"; },
                          d);
@@ -98,7 +98,7 @@ void PointToPoint::ring_write(Ring& ring, uint8_t* data, const void* src, size_t
     head += len;
     p += len;
     bytes -= len;
-    ring.head.store(head, std::memory_order_release);
+    ring.head.store(head);  // seq_cst: see Waiter::notify
     waiter_.notify();
   }
 }
@@ -111,7 +111,7 @@ void PointToPoint::ring_read(Ring& ring, const uint8_t* data, void* dst_buf, siz
   while (bytes > 0) {
     uint64_t head = ring.head.load(std::memory_order_acquire);
     if (head == tail) {
-      waiter_.wait_until([&] { return ring.head.load(std::memory_order_acquire) != tail; },
+      waiter_.wait_until([&] { return ring.head.load() != tail; },  // seq_cst: see Waiter::notify
                          [&] { return std::vector<int>{src}; },
                          [&] { return "recv from rank " + std::to_string(waiter_.global(src)) + " (tag " + std::to_string(tag) + ")"; },
                          d);
@@ -123,7 +123,7 @@ void PointToPoint::ring_read(Ring& ring, const uint8_t* data, void* dst_buf, siz
     tail += len;
     p += len;
     bytes -= len;
-    ring.tail.store(tail, std::memory_order_release);
+    ring.tail.store(tail);  // seq_cst: see Waiter::notify
     waiter_.notify();
   }
 }

@@ -24,13 +24,13 @@ OpDesc Rounds::make_desc(OpKind k, DataType t, ReduceOp op, int root, size_t cou
 void Rounds::barrier_round(const OpDesc& desc, Deadline deadline) {
   waiter_.check_alive_state();
   const uint64_t target = g_ + 1;
-  seg_.slot(rank_)->round.store(target, std::memory_order_release);
+  seg_.slot(rank_)->round.store(target);  // seq_cst: see Waiter::notify
   waiter_.notify();
   const int n = size_;
   waiter_.wait_until(
       [&] {
         for (int r = 0; r < n; ++r) {
-          if (seg_.slot(r)->round.load(std::memory_order_acquire) < target) return false;
+          if (seg_.slot(r)->round.load() < target) return false;  // seq_cst: see Waiter::notify
         }
         return true;
       },

@@ -14,14 +14,14 @@
 //   it over. Then it sleeps on the header's futex word, which notify() (any
 //   rank's) bumps when someone sleeps. A sleeper counts itself in
 //   `sleepers` before it reads the word and looks at ready() a last time; a
-//   publisher stores, fences, then reads `sleepers`: one of the two sees
-//   the other, so no wake-up is lost, and while nobody sleeps a notify()
-//   writes nothing shared. A sleeper wakes at least every 100 ms to
+//   publisher stores, then reads `sleepers`, all seq_cst: one of the two
+//   sees the other, so no wake-up is lost, and while nobody sleeps a
+//   notify() writes nothing shared. A sleeper wakes at least every 100 ms to
 //   check that the ranks waiting_for() names are alive (/proc/<pid>/stat,
 //   with the process start time against pid reuse) and to honour its
 //   deadline.
 // - ready() runs between polls and must read what others publish with
-//   acquire loads; publishers store with release, then call notify().
+//   seq_cst loads; publishers store with seq_cst, then call notify().
 // - Failures abort the whole group through the header's abort record, then
 //   raise on this rank: TimeoutError past the deadline (naming the ranks
 //   that never arrived), PeerFailureError for a dead peer, or the error of
@@ -117,11 +117,15 @@ class Waiter {
     }
   }
 
-  // Wakes every rank sleeping in wait_until (after a release store).
+  // Wakes every rank sleeping in wait_until, after a seq_cst store of what
+  // it waits for. Every operation of the handshake is seq_cst, so they
+  // fall in one total order: if this load of sleepers comes before a
+  // sleeper's increment, the sleeper's later look at ready() (seq_cst
+  // loads) sees the store; otherwise this call sees the sleeper and wakes
+  // it. (Plain atomics rather than fences, which TSan cannot follow.)
   void notify() {
     Header* h = seg_.header();
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // the store before the read of sleepers
-    if (h->sleepers.load(std::memory_order_relaxed) == 0) return;
+    if (h->sleepers.load() == 0) return;
     h->wake.fetch_add(1);
     futex(&h->wake, FUTEX_WAKE, INT32_MAX, nullptr);
   }
@@ -142,10 +146,7 @@ class Waiter {
  private:
   // Counts this rank among the header's sleepers while it lives.
   struct Sleeping {
-    explicit Sleeping(Header* h) : h_(h) {
-      h_->sleepers.fetch_add(1);
-      std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with notify()'s fence
-    }
+    explicit Sleeping(Header* h) : h_(h) { h_->sleepers.fetch_add(1); }  // seq_cst: see notify()
     ~Sleeping() { h_->sleepers.fetch_sub(1); }
     Sleeping(const Sleeping&) = delete;
     Sleeping& operator=(const Sleeping&) = delete;
