@@ -76,6 +76,21 @@ enum class BackwardPrefetch {
 
 struct FullyShardedDataParallelOptions;
 
+// FSDP2's reshard_after_forward, a bool or an int. true: free the full
+// parameters after a unit's forward and gather them again over the shard
+// group for its backward. false: keep them until the backward. An int k
+// (ZeRO++'s hpZ): after forward keep 1/k of the full parameters, in the
+// compute dtype, on each rank of a block of k consecutive ranks of the
+// shard group, and gather the unit for its backward within that block
+// only (e.g. within a node). k must divide the shard group's size; k equal
+// to it is true, k = 1 is false.
+struct ReshardAfterForward {
+  ReshardAfterForward(bool on) : ranks(on ? 0 : 1) {}  // NOLINT: implicit, as Python's bool
+  ReshardAfterForward(int k) : ranks(k) {}             // NOLINT: implicit, as Python's int
+  // 0: the whole shard group (true); 1: no reshard (false); else k.
+  int ranks = 0;
+};
+
 // Mixed precision, as PyTorch's FSDP names it. The shards (what the
 // optimizer steps) keep the parameters' dtype; a unit's forward and
 // backward compute with full parameters gathered in param_dtype (half the
@@ -126,11 +141,12 @@ struct FullyShardedDataParallelOptions {
   // share.
   std::vector<std::vector<int>> sharding_groups;
   // Free the full parameters after the unit's forward (and gather them again
-  // for its backward). Unset: true for FULL_SHARD, false otherwise. The
-  // outermost wrapper keeps its own until the end of backward either way
-  // (its backward comes first), and forwards without gradient
-  // (NoGradGuard) or in eval mode always free them.
-  std::optional<bool> reshard_after_forward;
+  // for its backward), or keep a 1/k share of them within blocks of k
+  // ranks (ReshardAfterForward above). Unset: true for FULL_SHARD, false
+  // otherwise. The outermost wrapper keeps its own until the end of
+  // backward either way (its backward comes first), and forwards without
+  // gradient (NoGradGuard) or in eval mode always free them all.
+  std::optional<ReshardAfterForward> reshard_after_forward;
   // Broadcast rank 0's parameters and buffers at construction. Off: every
   // rank must have built the same values itself (same seed).
   bool sync_module_states = true;

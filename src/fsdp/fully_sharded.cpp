@@ -230,8 +230,10 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
   s.options = std::move(options);
   const ShardingStrategy strategy = s.options.sharding_strategy;
   const bool zero3 = strategy == ShardingStrategy::FULL_SHARD || strategy == ShardingStrategy::HYBRID_SHARD;
-  s.reshard_after_forward =
-      strategy != ShardingStrategy::NO_SHARD && s.options.reshard_after_forward.value_or(zero3);
+  const ReshardAfterForward after_forward = s.options.reshard_after_forward.value_or(ReshardAfterForward(zero3));
+  s.reshard_after_forward = strategy != ShardingStrategy::NO_SHARD && after_forward.ranks != 1;
+  std::shared_ptr<ProcessGroup> post_forward;  // hpZ: made before any wrapper's group use, in order on every rank
+  if (s.reshard_after_forward) post_forward = post_forward_group(s.pg, after_forward.ranks);
   const std::string label = "FullyShardedDataParallel over " + module.name() + " (rank " +
                             std::to_string(s.world_pg->rank()) + ")";
   s.options.mixed_precision = resolve_mixed_precision(s.options, label);
@@ -275,6 +277,7 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
     unit_options.keep_full =
         strategy == ShardingStrategy::SHARD_GRAD_OP || strategy == ShardingStrategy::HYBRID_SHARD_ZERO2;
     unit_options.replicate_group = s.replicate_pg;
+    unit_options.post_forward_group = post_forward;
     unit_options.compute_dtype = s.options.mixed_precision.param_dtype;
     unit_options.reduce_dtype = s.options.mixed_precision.reduce_dtype;
     s.unit = std::make_unique<ShardedUnit>(pg, label, std::move(specs), unit_options);
@@ -381,7 +384,11 @@ void FullyShardedCore::end_forward(const std::vector<at::Tensor>& outputs, bool 
   }
   // Eval forwards free everything too: a backward after one (rare) gathers
   // again through the hooks above.
-  if (!grad || !training || (s.reshard_after_forward && !s.is_root)) s.unit->reshard();
+  if (!grad || !training) {
+    s.unit->reshard();
+  } else if (s.reshard_after_forward && !s.is_root) {
+    s.unit->reshard_after_forward();  // everything, or all but a post-forward share (hpZ)
+  }
   if (s.is_root) set_active_coordinator(nullptr);
 }
 

@@ -99,6 +99,10 @@ ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, st
       full_(compute_dtype_, swaps() ? layout_.full_numel() : 0, device_),
       grad_full_(reduce_dtype_, sharded_ ? layout_.full_numel() : 0, device_) {
   at::NoGradGuard no_grad;
+  if (sharded_ && !keep_full_ && options.post_forward_group && options.post_forward_group->size() > 1) {
+    post_pg_ = options.post_forward_group;
+    post_layout_.emplace(shapes_of(specs), post_pg_->size(), kAlign);
+  }
   params_.reserve(specs.size());
   for (size_t k = 0; k < specs.size(); ++k) {
     FsdpParam p;
@@ -161,6 +165,10 @@ void ShardedUnit::point_at_shards() {
 // ---- unshard: one all-gather ------------------------------------------------------
 
 void ShardedUnit::launch_unshard(bool exact) {
+  // A post-forward chunk serves when the shards have not changed since it
+  // was taken (an optimizer step moves the version counters).
+  const bool from_post = post_ && !exact && post_->versions == param_versions();
+  if (!from_post) post_.reset();
   if (!keep_full_) {
     full_.set_dtype(exact ? dtype_ : compute_dtype_);
     full_.allocate();
@@ -179,6 +187,11 @@ void ShardedUnit::launch_unshard(bool exact) {
   // pooled block: like the unit's other buffers, it comes and goes with
   // every gather).
   Gather g;
+  if (from_post) {
+    launch_post_forward_gather(g);
+    gather_ = std::move(g);
+    return;
+  }
   at::Tensor source = chunk_;
   if (full_.dtype() != dtype_ && !keep_full_) {
     g.source = pooled_empty(full_.dtype(), layout_.chunk_numel(), device_);
@@ -197,6 +210,30 @@ void ShardedUnit::launch_unshard(bool exact) {
   }
   if (!ins.empty()) g.work = pg_->all_gather_into_tensor_coalesced(outs, ins);
   gather_ = std::move(g);
+}
+
+// The post-forward layout's rows of every parameter sit at the start of its
+// padded region in the full storage (k divides the group's size, so the k
+// ranks' padded rows are no more than the group's): each rank's piece of
+// the chunk gathers there, within the k ranks.
+void ShardedUnit::launch_post_forward_gather(Gather& g) {
+  const ShardLayout& post = *post_layout_;
+  g.source = std::move(post_->chunk);
+  post_.reset();
+  std::vector<at::Tensor> outs, ins;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t n = post.param(i).shard_numel();
+    if (n == 0) continue;
+    outs.push_back(padded_full_of(params_[i]).narrow(0, 0, n * post.world_size()));
+    ins.push_back(g.source.narrow(0, post.param(i).offset_in_chunk, n));
+  }
+  if (!ins.empty()) g.work = post_pg_->all_gather_into_tensor_coalesced(outs, ins);
+}
+
+int64_t ShardedUnit::param_versions() const {
+  int64_t sum = 0;
+  for (const FsdpParam& p : params_) sum += static_cast<int64_t>(p.param._version());
+  return sum;
 }
 
 void ShardedUnit::start_unshard(bool exact) {
@@ -249,6 +286,7 @@ void ShardedUnit::release_full() {
 }
 
 void ShardedUnit::reshard() {
+  post_.reset();
   if (!swaps() || state_ == State::kSharded) return;
   if (state_ == State::kGathering) {
     // A prefetch nobody used: wait it out (it writes the full storage).
@@ -267,6 +305,28 @@ void ShardedUnit::reshard() {
   point_at_shards();
   release_full();
   state_ = State::kSharded;
+}
+
+void ShardedUnit::reshard_after_forward() {
+  if (!post_pg_ || state_ != State::kFull) {
+    reshard();
+    return;
+  }
+  const ShardLayout& post = *post_layout_;
+  const int64_t me = post_pg_->rank();
+  PostForward pf;
+  {
+    at::NoGradGuard no_grad;
+    pf.chunk = pooled_empty(full_.dtype(), post.chunk_numel(), device_);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const int64_t n = post.param(i).shard_numel();
+      if (n == 0) continue;
+      pf.chunk.narrow(0, post.param(i).offset_in_chunk, n).copy_(padded_full_of(params_[i]).narrow(0, me * n, n));
+    }
+  }
+  reshard();
+  pf.versions = param_versions();  // as the parameters stand on their shards
+  post_ = std::move(pf);
 }
 
 // ---- summon_full_params ---------------------------------------------------------------

@@ -19,6 +19,15 @@
 //   sharding (NO_SHARD) one all-reduce of autograd's own .grads in place.
 // - reshard(): the parameters point at their shards again and the full
 //   memory goes back to the pool.
+// - reshard_after_forward() with a post-forward group of k ranks (hpZ):
+//   reshard(), but first this rank's 1/k of the full parameters (its rows
+//   in a ShardLayout over k ranks, which fit inside the full layout's
+//   padded rows since k divides the group's size) is copied into a
+//   post-forward chunk. The next unshard() gathers from those chunks
+//   within the k ranks, unless a parameter changed since (its version
+//   counter moved: an optimizer step), in which case it gathers over the
+//   whole group. reshard() drops the post-forward chunk (the Coordinator's
+//   settle reshards every unit at a forward after a missing backward).
 // A failed backward calls drop_in_flight(), which waits the collectives
 // out and puts every .grad back as it was.
 //
@@ -72,6 +81,10 @@ struct UnitOptions {
   // groups. The reduced shard gradients are all-reduced (AVG) over it, so
   // they average over every rank; gathers stay in the shard group.
   std::shared_ptr<ProcessGroup> replicate_group;
+  // reshard_after_forward as an int k (hpZ): the block of k consecutive
+  // ranks of the shard group holding this rank (post_forward_group). Null:
+  // reshard_after_forward() frees everything.
+  std::shared_ptr<ProcessGroup> post_forward_group;
 };
 
 // One parameter of a unit (as FSDP2's FSDPParam): the module's tensor, its
@@ -123,8 +136,14 @@ class ShardedUnit {
   // sharded.
   void finish_unshard();
   void unshard(bool exact = false);
-  // Points the parameters at their shards and releases the full memory.
+  // Points the parameters at their shards and releases the full memory
+  // (and a post-forward chunk).
   void reshard();
+  // After a forward whose backward comes later: reshard(), keeping a
+  // post-forward chunk when the unit has a post-forward group (above).
+  void reshard_after_forward();
+  // Whether a post-forward chunk is held.
+  bool has_post_forward() const { return post_.has_value(); }
   // Copies this rank's rows of the full parameters into the shards (after
   // the user edited full parameters). REQUIRES: unsharded().
   void write_back();
@@ -169,7 +188,14 @@ class ShardedUnit {
   enum class State { kSharded, kGathering, kFull };
   struct Gather {
     std::shared_ptr<Work> work;
-    at::Tensor source;  // the all-gather input when converted to the compute dtype
+    at::Tensor source;  // the all-gather input when converted to the compute dtype, or a post-forward chunk
+  };
+  // hpZ: this rank's rows of the full parameters in the post-forward
+  // layout, and the parameters' version counters (summed) when they were
+  // taken.
+  struct PostForward {
+    at::Tensor chunk;
+    int64_t versions = 0;
   };
   struct Reduce {
     std::shared_ptr<Work> work;              // null: nothing to reduce (hybrid: the chain of the two below)
@@ -198,15 +224,20 @@ class ShardedUnit {
   at::Tensor zeroed(int64_t numel) const;
   void point_at_shards();
   void launch_unshard(bool exact);  // start_unshard's work, from the sharded state
+  // The post-forward gather (launch_unshard's, when the chunk is usable).
+  void launch_post_forward_gather(Gather& g);
+  int64_t param_versions() const;
   void release_full();  // unless the full storage is kept
   void finish_reduce_unsharded(Reduce& r);
 
   std::shared_ptr<ProcessGroup> pg_;
   std::shared_ptr<ProcessGroup> replicate_;  // hybrid sharding (UnitOptions::replicate_group), else null
+  std::shared_ptr<ProcessGroup> post_pg_;    // hpZ (UnitOptions::post_forward_group), else null
   std::string label_;
   bool sharded_;
   int shard_rank_;
   ShardLayout layout_;            // before params_: they point into it
+  std::optional<ShardLayout> post_layout_;  // hpZ: the layout over post_pg_'s ranks
   c10::Device device_;            // the parameters' (all on one device)
   at::ScalarType dtype_;          // the shards' (the parameters' as built)
   at::ScalarType compute_dtype_;  // the full parameters' in forward and backward
@@ -221,6 +252,7 @@ class ShardedUnit {
   bool grads_full_ = false;  // a no_sync backward left full gradients in .grad
   std::optional<Gather> gather_;
   std::optional<Reduce> reduce_;
+  std::optional<PostForward> post_;  // hpZ: kept from the last forward
   std::vector<at::Tensor> saved_shards_;  // save_shards()
 };
 

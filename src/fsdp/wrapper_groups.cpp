@@ -98,5 +98,35 @@ WrapperGroups resolve_groups(FullyShardedDataParallelOptions& o) {
   return {mesh.group(), mesh.get_group(1), mesh.get_group(0)};
 }
 
+std::shared_ptr<ProcessGroup> post_forward_group(const std::shared_ptr<ProcessGroup>& shard, int k) {
+  const int n = shard->size();
+  if (k < 0 || k > n || (k > 0 && n % k != 0)) {
+    throw UsageError("FullyShardedDataParallel: reshard_after_forward=" + std::to_string(k) +
+                     " must divide the shard group's " + std::to_string(n) +
+                     " ranks (the ranks each unit is resharded to after forward)");
+  }
+  if (k <= 1 || k == n) return nullptr;
+  struct Made {
+    std::weak_ptr<ProcessGroup> shard;
+    int k;
+    std::weak_ptr<ProcessGroup> group;
+  };
+  static std::mutex mu;
+  static std::vector<Made>* made = new std::vector<Made>;  // outlives static destruction
+  std::lock_guard<std::mutex> lock(mu);
+  made->erase(std::remove_if(made->begin(), made->end(), [](const Made& m) { return m.group.expired(); }),
+              made->end());
+  for (const Made& m : *made) {
+    if (m.shard.lock() == shard && m.k == k) return m.group.lock();
+  }
+  std::shared_ptr<ProcessGroup> mine;
+  for (int first = 0; first < n; first += k) {
+    std::vector<int> block;
+    for (int r = first; r < first + k; ++r) block.push_back(r);
+    if (auto g = shard->new_group(block)) mine = std::move(g);
+  }
+  made->push_back({shard, k, mine});
+  return mine;
+}
 
 }  // namespace tdist::detail

@@ -28,4 +28,11 @@ struct WrapperGroups {
 // and SHARD_GRAD_OP into their hybrid forms.
 WrapperGroups resolve_groups(FullyShardedDataParallelOptions& o);
 
+// reshard_after_forward as an int k (hpZ): the block of k consecutive ranks
+// of `shard` holding this rank, a subgroup made once per (shard, k) and
+// shared by every wrapper over them (made collectively by the first, on
+// every rank of `shard`). Null when k is 0, 1 or shard's size (nothing to
+// make); UsageError unless k divides shard's size.
+std::shared_ptr<ProcessGroup> post_forward_group(const std::shared_ptr<ProcessGroup>& shard, int k);
+
 }  // namespace tdist::detail

@@ -79,8 +79,6 @@ void TaskQueue::stop() {
 
 std::shared_ptr<Work> TaskQueue::enqueue(const char* name, Milliseconds timeout, TaskBody body) {
   auto work = std::make_shared<Work>();
-  // Captures one shared_ptr: small enough for std::function to hold
-  // without a heap block.
   work->set_runner([g = gate_](const Work& w) { return run_inline(g, &w); });
   bool wake_worker = false, wake_watcher = false;
   {
@@ -247,7 +245,7 @@ void TaskQueue::watch() {
     const uint64_t fresh = watched_.fresh.load(std::memory_order_relaxed);
     if (fresh != fresh_seen) {
       fresh_seen = fresh;
-      fresh_at = now;
+      fresh_at = SteadyClock::now();  // read after the sighting: the grace is never cut short
     } else if (fresh != 0 && now - fresh_at >= kGrace) {
       bool wake = false;
       {
@@ -261,6 +259,10 @@ void TaskQueue::watch() {
       seen = a;
       active_until = now + kWatch;
     }
+    // An op running (inline, say) keeps it polling too, so that the next
+    // synchronous op finds it awake; read only when about to sleep, to
+    // stay off the line of the queue's lock.
+    if (now >= active_until && running_.load(std::memory_order_acquire)) active_until = now + kWatch;
     if (now < active_until) {
       sched_yield();
       continue;

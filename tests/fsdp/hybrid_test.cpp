@@ -71,7 +71,8 @@ Trained train(ProcessGroup& world, const tdist::FullyShardedDataParallelOptions&
     for (auto p : (*t.model)->parameters()) p.mutable_grad().reset();
     auto [x, y] = batch(step);
     const int64_t first = world.rank() * rows;
-    torch::mse_loss((*t.model)(x.narrow(0, first, rows)), y.narrow(0, first, rows)).backward();
+    // (as float: a compute dtype's forward returns it)
+    torch::mse_loss((*t.model)(x.narrow(0, first, rows)).to(torch::kFloat), y.narrow(0, first, rows)).backward();
     t.opt->step();
   }
   return t;
@@ -204,6 +205,78 @@ TEST(HybridShard, CheckpointsAreTheFirstReplicasFiles) {
     // A full state dict, rank 0 of all four only.
     const auto full = tdist::full_state_dict(**a.model);
     WORLD_CHECK((world.rank() == 0) == (full.size() > 0), "rank0_only state dict on rank " << world.rank());
+  }), "");
+}
+
+// Gathers of the world group per step (FSDP's, before any summon).
+int64_t gathers_of(const ProcessGroup& pg) {
+  const auto counts = pg.collective_counts();
+  const auto it = counts.find("all_gather_into_tensor_coalesced");
+  return it == counts.end() ? 0 : it->second.calls;
+}
+
+// reshard_after_forward as an int (ZeRO++ hpZ): after forward each pair
+// keeps the full parameters split two ways, and a unit's backward gathers
+// within the pair. Training matches FULL_SHARD; the backward gathers leave
+// the world group; a share taken before the parameters changed is not used.
+TEST(ReshardAfterForward, AnIntGathersTheBackwardWithinBlocksOfThatSize) {
+  EXPECT_EQ(run_world(kWorld, [](ProcessGroup& world) {
+    const Weights reference = train_reference();
+    tdist::FullyShardedDataParallelOptions full_shard, hpz;
+    hpz.reshard_after_forward = 2;
+    world.reset_collective_counts();
+    Trained fs = train(world, full_shard);
+    const int64_t fs_gathers = gathers_of(world);
+    world.reset_collective_counts();
+    Trained t = train(world, hpz);
+    const int64_t hpz_gathers = gathers_of(world);
+    // 4 units (3 blocks and the root): FULL_SHARD gathers 4 in forward and
+    // the 3 blocks again in backward, all over the world group; hpZ gathers
+    // the blocks' backward within the pairs.
+    WORLD_CHECK(fs_gathers == 7 * kSteps, "FULL_SHARD: " << fs_gathers << " gathers");
+    WORLD_CHECK(hpz_gathers == 4 * kSteps, "hpZ: " << hpz_gathers << " gathers over the world group, want "
+                                                   << 4 * kSteps);
+    const Weights want = summoned(*fs.model);
+    const Weights got = summoned(*t.model);
+    WORLD_CHECK(max_relative(got, want) <= 1e-6, "hpZ vs FULL_SHARD: " << max_relative(got, want));
+    WORLD_CHECK(max_relative(got, reference) <= 1e-5, "hpZ vs one process: " << max_relative(got, reference));
+
+    // A forward whose backward never comes, then the shards change (as an
+    // optimizer step changes them): the next backward must see the new
+    // values, not the share kept from that forward.
+    for (Trained* m : {&fs, &t}) {
+      auto [x, y] = batch(99);
+      const int64_t rows = kBatch / world.size(), first = world.rank() * rows;
+      (void)(*m->model)(x.narrow(0, first, rows));  // kept shares, no backward
+      {
+        torch::NoGradGuard no_grad;
+        for (auto p : (*m->model)->parameters()) p.mul_(0.5);
+      }
+      for (auto p : (*m->model)->parameters()) p.mutable_grad().reset();
+      torch::mse_loss((*m->model)(x.narrow(0, first, rows)), y.narrow(0, first, rows)).backward();
+      m->opt->step();
+    }
+    const double after = max_relative(summoned(*t.model), summoned(*fs.model));
+    WORLD_CHECK(after <= 1e-6, "after a forward without backward and a change of the shards: " << after);
+
+    // With a compute dtype the share is kept in it: the same bf16 values
+    // as FULL_SHARD gathers again.
+    full_shard.mixed_precision.param_dtype = torch::kBFloat16;
+    hpz.mixed_precision.param_dtype = torch::kBFloat16;
+    const Weights fs_bf16 = summoned(*train(world, full_shard, 4).model);
+    const Weights hpz_bf16 = summoned(*train(world, hpz, 4).model);
+    WORLD_CHECK(max_relative(hpz_bf16, fs_bf16) <= 1e-6, "bf16 hpZ vs FULL_SHARD: " << max_relative(hpz_bf16, fs_bf16));
+
+    // k must divide the shard group.
+    tdist::FullyShardedDataParallelOptions bad;
+    bad.reshard_after_forward = 3;
+    try {
+      tdist::FSDP<Net> model(Net(&bad), bad);
+      WORLD_CHECK(false, "reshard_after_forward=3 at world 4 was accepted");
+    } catch (const tdist::UsageError& e) {
+      WORLD_CHECK(std::string(e.what()).find("reshard_after_forward=3 must divide the shard group's 4 ranks") !=
+                      std::string::npos, e.what());
+    }
   }), "");
 }
 

@@ -47,8 +47,8 @@ struct Header {
   uint64_t round_bytes;
   uint64_t ring_bytes;
   uint64_t total_bytes;
-  alignas(kAlign) std::atomic<uint32_t> wake;      // futex word: bumped by every arrival
-  std::atomic<uint32_t> sleepers;                  // waiters inside futex_wait
+  alignas(kAlign) std::atomic<uint32_t> wake;      // futex word: bumped by an arrival while someone sleeps
+  std::atomic<uint32_t> sleepers;                  // waiters in their sleeping phase (waiter.h)
   alignas(kAlign) std::atomic<uint32_t> abort_claimed;  // the first aborter wins
   std::atomic<uint32_t> aborted;   // AbortKind, stored last: reason/from/peer are valid once set
   std::atomic<int32_t> abort_from;                 // rank that aborted

@@ -167,9 +167,9 @@ TEST(Waiter, AbortFromAnotherThreadWakesASleepingWaiter) {
 
 // A waiter that sleeps counts itself before its last look, and a rank that
 // arrives reads that count after its store (waiter.h): each barrier must
-// wake the sleepers. A lost wake-up would cost a sleeper its 100 ms nap;
-// 300 barriers of three ranks that always sleep then take ~30 s, found
-// woken they take well under a second.
+// wake the sleepers. A lost wake-up costs a sleeper its 100 ms nap: no
+// barrier may take 80 ms, and 300 of them (three ranks that always sleep)
+// take well under a second.
 TEST(Waiter, EveryArrivalWakesTheRanksAsleepAtTheBarrier) {
   GroupOptions o;
   o.size = 3;
@@ -179,8 +179,14 @@ TEST(Waiter, EveryArrivalWakesTheRanksAsleepAtTheBarrier) {
     const OpDesc desc = m.rounds.make_desc(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0);
     m.rounds.first_barrier(desc, in(30s));
     const auto start = Clock::now();
-    for (int i = 0; i < kRounds; ++i) m.rounds.barrier_round(desc, in(30s));
+    Clock::duration slowest{0};
+    for (int i = 0; i < kRounds; ++i) {
+      const auto t0 = Clock::now();
+      m.rounds.barrier_round(desc, in(30s));
+      slowest = std::max(slowest, Clock::now() - t0);
+    }
     EXPECT_LT(Clock::now() - start, 8s) << "rank " << m.rounds.rank() << ": sleepers were not woken";
+    EXPECT_LT(slowest, 80ms) << "rank " << m.rounds.rank() << ": a barrier waited out a nap (a lost wake-up)";
   });
   for (int r = 0; r < 3; ++r) EXPECT_EQ(message(errors[r]), "") << "rank " << r;
 }
