@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "tdist/errors.h"
 #include "util/env.h"
@@ -13,30 +15,38 @@ namespace tdist::detail {
 
 namespace {
 
-// The (replicate, shard) mesh of `rows` over base, made once: wrappers
-// built one by one (each with options naming only sharding_groups or
-// LOCAL_WORLD_SIZE) share its groups, as clip_grad_norm_ and the
-// checkpoints need. Every rank makes its wrappers in the same order, so
-// the first one makes the mesh (collectively) on every rank.
-std::shared_ptr<DeviceMesh> shared_mesh(const std::string& device, const std::vector<std::vector<int>>& rows,
-                                        const std::shared_ptr<ProcessGroup>& base) {
+// What make() returns for (over, key), made once and shared while anybody
+// holds it. Every rank makes its wrappers in the same order, so the first
+// wrapper asking makes it (collectively) on every rank and the others find
+// it. `over` is held weakly: a group that is gone matches nothing.
+template <typename T, typename Key, typename Make>
+std::shared_ptr<T> made_once(const std::shared_ptr<ProcessGroup>& over, const Key& key, Make make) {
   struct Made {
-    std::weak_ptr<ProcessGroup> base;
-    std::vector<std::vector<int>> rows;
-    std::string device;
-    std::weak_ptr<DeviceMesh> mesh;
+    std::weak_ptr<ProcessGroup> over;
+    Key key;
+    std::weak_ptr<T> value;
   };
   static std::mutex mu;
   static std::vector<Made>* made = new std::vector<Made>;  // outlives static destruction
   std::lock_guard<std::mutex> lock(mu);
-  made->erase(std::remove_if(made->begin(), made->end(), [](const Made& m) { return m.mesh.expired(); }),
+  made->erase(std::remove_if(made->begin(), made->end(), [](const Made& m) { return m.value.expired(); }),
               made->end());
   for (const Made& m : *made) {
-    if (m.base.lock() == base && m.rows == rows && m.device == device) return m.mesh.lock();
+    if (m.over.lock() == over && m.key == key) return m.value.lock();
   }
-  auto mesh = DeviceMesh::from_rows(device, rows, {"replicate", "shard"}, base);
-  made->push_back({base, rows, device, mesh});
-  return mesh;
+  std::shared_ptr<T> value = make();
+  made->push_back({over, key, value});
+  return value;
+}
+
+// The (replicate, shard) mesh of `rows` over base: wrappers built one by
+// one (each with options naming only sharding_groups or LOCAL_WORLD_SIZE)
+// share its groups, as clip_grad_norm_ and the checkpoints need.
+std::shared_ptr<DeviceMesh> shared_mesh(const std::string& device, const std::vector<std::vector<int>>& rows,
+                                        const std::shared_ptr<ProcessGroup>& base) {
+  return made_once<DeviceMesh>(base, std::make_pair(device, rows), [&] {
+    return DeviceMesh::from_rows(device, rows, {"replicate", "shard"}, base);
+  });
 }
 
 }  // namespace
@@ -106,27 +116,15 @@ std::shared_ptr<ProcessGroup> post_forward_group(const std::shared_ptr<ProcessGr
                      " ranks (the ranks each unit is resharded to after forward)");
   }
   if (k <= 1 || k == n) return nullptr;
-  struct Made {
-    std::weak_ptr<ProcessGroup> shard;
-    int k;
-    std::weak_ptr<ProcessGroup> group;
-  };
-  static std::mutex mu;
-  static std::vector<Made>* made = new std::vector<Made>;  // outlives static destruction
-  std::lock_guard<std::mutex> lock(mu);
-  made->erase(std::remove_if(made->begin(), made->end(), [](const Made& m) { return m.group.expired(); }),
-              made->end());
-  for (const Made& m : *made) {
-    if (m.shard.lock() == shard && m.k == k) return m.group.lock();
-  }
-  std::shared_ptr<ProcessGroup> mine;
-  for (int first = 0; first < n; first += k) {
-    std::vector<int> block;
-    for (int r = first; r < first + k; ++r) block.push_back(r);
-    if (auto g = shard->new_group(block)) mine = std::move(g);
-  }
-  made->push_back({shard, k, mine});
-  return mine;
+  return made_once<ProcessGroup>(shard, k, [&] {
+    std::shared_ptr<ProcessGroup> mine;
+    for (int first = 0; first < n; first += k) {
+      std::vector<int> block;
+      for (int r = first; r < first + k; ++r) block.push_back(r);
+      if (auto g = shard->new_group(block)) mine = std::move(g);
+    }
+    return mine;
+  });
 }
 
 }  // namespace tdist::detail
