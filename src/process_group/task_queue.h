@@ -124,7 +124,7 @@ class TaskQueue {
   std::deque<Task> queue_;
   uint64_t next_seq_ = 0;
   // A task is running (on the worker, or inline): one at a time. Written
-  // under mu_; the worker's poll reads it without.
+  // under mu_; the watcher reads it without, only when about to sleep.
   std::atomic<bool> running_{false};
   // How many continuations (tasks queued from this queue's thread) lead
   // the queue; they run before anything queued by other threads.
