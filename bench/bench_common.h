@@ -30,6 +30,9 @@ struct CollectivesBenchOptions {
   std::string dtype = "float32";
   double seconds = 0.25;
   bool symmetric = false;
+  // Each timed op queued and its Work waited for (async_op=true), instead
+  // of one synchronous call (async_op=false, as MPI's blocking calls).
+  bool async = false;
   std::string json;
   // Set by the parent for its ranks: the machine's memcpy bandwidth.
   double memcpy_one = 0, memcpy_all = 0;

@@ -14,8 +14,10 @@
 // nccl-tests defines them), the busbw the memory model allows, the fraction
 // of it reached, and #wrong (elements that differ from the expected result in
 // a checked run). --symmetric puts the buffers in symmetric memory
-// (ProcessGroup::empty_symmetric). First of all it prints the per-op
-// overhead of the process group (op_overhead_ns below).
+// (ProcessGroup::empty_symmetric). Each timed op is a synchronous call
+// (async_op=false, as MPI's blocking calls), or with --async queued and its
+// Work waited for. First of all it prints the per-op overhead of the
+// process group, both ways (op_overhead_ns below).
 #include <ATen/ATen.h>
 #include <unistd.h>
 
@@ -115,13 +117,32 @@ Buffers make_buffers(ProcessGroup& pg, const std::string& op, int64_t count, at:
   return b;
 }
 
-std::shared_ptr<Work> launch(ProcessGroup& pg, const std::string& op, Buffers& b) {
-  if (op == "all_reduce") return pg.all_reduce(b.in);
-  if (op == "broadcast") return pg.broadcast(b.in);
-  if (op == "reduce") return pg.reduce(b.in);
-  if (op == "all_gather") return pg.all_gather_into_tensor(b.out, b.in);
-  if (op == "reduce_scatter") return pg.reduce_scatter_tensor(b.out, b.in);
-  return pg.all_to_all_single(b.out, b.in);
+// One op on the buffers; done when this returns (a synchronous call, or
+// queued and waited for when `async`).
+void run_op(ProcessGroup& pg, const std::string& op, Buffers& b, bool async = false) {
+  std::shared_ptr<Work> w;
+  if (op == "all_reduce") {
+    AllreduceOptions o;
+    o.async_op = async;
+    w = pg.all_reduce(b.in, o);
+  } else if (op == "broadcast") {
+    BroadcastOptions o;
+    o.async_op = async;
+    w = pg.broadcast(b.in, o);
+  } else if (op == "reduce") {
+    ReduceOptions o;
+    o.async_op = async;
+    w = pg.reduce(b.in, o);
+  } else if (op == "reduce_scatter") {
+    ReduceScatterOptions o;
+    o.async_op = async;
+    w = pg.reduce_scatter_tensor(b.out, b.in, o);
+  } else {
+    CollectiveOptions o;
+    o.async_op = async;
+    w = op == "all_gather" ? pg.all_gather_into_tensor(b.out, b.in, o) : pg.all_to_all_single(b.out, b.in, {}, {}, o);
+  }
+  w->wait();  // a no-op for a synchronous call: it is done
 }
 
 // Fills inputs with rank-dependent small integers and counts the elements of
@@ -131,7 +152,7 @@ int64_t check(ProcessGroup& pg, const std::string& op, Buffers& b) {
   const auto t = b.in.scalar_type();
   auto pattern = [&](int64_t len, int rank) { return ((at::arange(len, at::kLong) + rank * 3) % 7).to(t); };
   b.in.copy_(pattern(b.in.numel(), r));
-  launch(pg, op, b)->wait();
+  run_op(pg, op, b);
   at::Tensor got, want;
   if (op == "all_reduce" || (op == "reduce" && r == 0)) {
     got = b.in;
@@ -179,38 +200,48 @@ std::vector<std::string> parse_ops(const std::string& arg) {
 }
 
 // Per-op times on this rank, then element-wise the slowest rank's.
-std::vector<double> timed_samples(ProcessGroup& pg, const std::string& op, Buffers& b, int iters) {
+std::vector<double> timed_samples(ProcessGroup& pg, const std::string& op, Buffers& b, int iters, bool async) {
   at::Tensor t = at::empty({iters}, at::kDouble);
   double* s = t.data_ptr<double>();
   pg.barrier()->wait();
   for (int i = 0; i < iters; ++i) {
     const auto t0 = Clock::now();
-    launch(pg, op, b)->wait();
+    run_op(pg, op, b, async);
     s[i] = std::chrono::duration<double>(Clock::now() - t0).count();
   }
   pg.all_reduce(t, {ReduceOp::MAX})->wait();
   return std::vector<double>(s, s + iters);
 }
 
-// What the process group adds to every op (checks, queue entry, Work,
-// accounting, the wait): an all_reduce of one float32 on a group of this
-// rank alone, where the backend has nothing to move, queued and waited
-// for; the median of 15 batches of 2000, in ns.
-double op_overhead_ns(ProcessGroup& pg) {
-  std::shared_ptr<ProcessGroup> solo;
-  for (int r = 0; r < pg.size(); ++r) {
-    if (auto g = pg.new_group({r})) solo = std::move(g);
-  }
+// What the process group adds to every op (checks, the queue or the
+// synchronous call, Work, accounting, the wait): an all_reduce of one
+// float32 on a group of this rank alone, where the backend has almost
+// nothing to move; the median of 15 batches of 2000, in ns, made as `async`
+// says.
+double op_overhead_ns(ProcessGroup& solo, bool async) {
   at::Tensor x = at::ones({1});
-  for (int i = 0; i < 1000; ++i) solo->all_reduce(x)->wait();
+  AllreduceOptions o;
+  o.async_op = async;
+  for (int i = 0; i < 1000; ++i) solo.all_reduce(x, o)->wait();
   std::vector<double> per_op;
   for (int batch = 0; batch < 15; ++batch) {
     constexpr int kOps = 2000;
     const auto t0 = Clock::now();
-    for (int i = 0; i < kOps; ++i) solo->all_reduce(x)->wait();
+    for (int i = 0; i < kOps; ++i) solo.all_reduce(x, o)->wait();
     per_op.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kOps);
   }
   return percentile(per_op, 50);
+}
+
+struct Overheads {
+  double sync_ns = 0, async_ns = 0;
+};
+Overheads op_overheads(ProcessGroup& pg) {
+  std::shared_ptr<ProcessGroup> solo;
+  for (int r = 0; r < pg.size(); ++r) {
+    if (auto g = pg.new_group({r})) solo = std::move(g);
+  }
+  return {op_overhead_ns(*solo, false), op_overhead_ns(*solo, true)};
 }
 
 int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
@@ -239,10 +270,13 @@ int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
     std::printf("# (backend %s has no symmetric memory: ordinary tensors)\n", pg->backend_name().c_str());
   }
 
-  const double overhead_ns = op_overhead_ns(*pg);
+  const Overheads overhead = op_overheads(*pg);
   if (rank == 0) {
-    std::printf("# per-op overhead: %.0f ns (all_reduce of one float32 on a group of one rank, queued and waited "
-                "for: what the process group adds to every op)\n", overhead_ns);
+    std::printf("# per-op overhead: %.0f ns synchronous (async_op=false), %.0f ns queued and waited for (all_reduce "
+                "of one float32 on a group of one rank: what the process group adds to every op)\n",
+                overhead.sync_ns, overhead.async_ns);
+    std::printf("# timed calls: %s\n", o.async ? "queued, then waited for (async_op=true, then Work::wait)"
+                                               : "synchronous (async_op=false)");
   }
   JsonRows json;
   for (const auto& op : ops) {
@@ -265,11 +299,11 @@ int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
       Buffers b = make_buffers(*pg, op, count, dtype, symmetric);
       const int64_t wrong = check(*pg, op, b);
       // Warm up, then agree on an iteration count that fills o.seconds.
-      for (int i = 0; i < 3; ++i) launch(*pg, op, b)->wait();
-      const std::vector<double> est = timed_samples(*pg, op, b, 3);
+      for (int i = 0; i < 3; ++i) run_op(*pg, op, b, o.async);
+      const std::vector<double> est = timed_samples(*pg, op, b, 3, o.async);
       const int iters =
           static_cast<int>(std::clamp(o.seconds / std::max(percentile(est, 50), 1e-7), 20.0, 20000.0));
-      const std::vector<double> samples = timed_samples(*pg, op, b, iters);
+      const std::vector<double> samples = timed_samples(*pg, op, b, iters, o.async);
       at::Tensor wrong_t = at::tensor({wrong}, at::kLong);
       pg->all_reduce(wrong_t)->wait();
       if (rank == 0) {
@@ -300,7 +334,9 @@ int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
         json.field("memcpy_one_core_GBps", mem_one);
         json.field("memcpy_all_cores_GBps", mem_all);
         json.field("wrong", static_cast<double>(wrong_t.item<int64_t>()));
-        json.field("op_overhead_ns", overhead_ns);
+        json.field("async_op", o.async ? 1.0 : 0.0);
+        json.field("op_overhead_ns", overhead.sync_ns);
+        json.field("op_overhead_async_ns", overhead.async_ns);
       }
     }
   }
@@ -319,6 +355,8 @@ void CollectivesBenchOptions::add_to(CLI::App& mode) {
                   "all_reduce, broadcast, reduce, all_gather, reduce_scatter, all_to_all, a comma-separated list, or all")
       ->capture_default_str();
   mode.add_flag("--symmetric", symmetric, "buffers in symmetric memory (ProcessGroup::empty_symmetric)");
+  mode.add_flag("--async", async,
+                "queue each timed op and wait for its Work (async_op=true); default: synchronous calls");
   const CLI::Validator size(
       [](std::string& s) -> std::string {
         try {

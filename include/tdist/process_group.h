@@ -107,6 +107,13 @@ class Work : public std::enable_shared_from_this<Work> {
 
 // ---------------------------------------------------------------------------
 // Per-collective options. A timeout left empty uses the group's timeout.
+// async_op = false (PyTorch's async_op=False) makes the call synchronous:
+// the op has run when it returns (its error is thrown from the call) and
+// the Work it returns is completed. It runs on the calling thread, with no
+// Work queued, when the group has nothing else queued or running (the
+// cheapest way to make a small op); else it waits its turn behind them. Not
+// from a then()/chain() function of the same group (UsageError: it would
+// wait for itself).
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::SUM;
   std::optional<Milliseconds> timeout = std::nullopt;
@@ -116,26 +123,32 @@ struct AllreduceOptions {
   // tensors (shm narrows and widens inside its own passes). What
   // fp16_compress_hook / bf16_compress_hook compute, as one collective.
   std::optional<at::ScalarType> wire_dtype = std::nullopt;
+  bool async_op = true;
 };
 struct BroadcastOptions {
   int root = 0;  // rank in the group
   std::optional<Milliseconds> timeout = std::nullopt;
+  bool async_op = true;
 };
 struct ReduceOptions {
   int root = 0;
   ReduceOp op = ReduceOp::SUM;
   std::optional<Milliseconds> timeout = std::nullopt;
+  bool async_op = true;
 };
 struct ReduceScatterOptions {
   ReduceOp op = ReduceOp::SUM;
   std::optional<Milliseconds> timeout = std::nullopt;
+  bool async_op = true;
 };
 struct RootOptions {  // gather, scatter
   int root = 0;
   std::optional<Milliseconds> timeout = std::nullopt;
+  bool async_op = true;
 };
 struct CollectiveOptions {  // all_gather, all_to_all, barrier, send, recv
   std::optional<Milliseconds> timeout = std::nullopt;
+  bool async_op = true;
 };
 
 // ProcessGroup::collective_counts(): one op's tally on this rank.

@@ -11,21 +11,26 @@
 
 namespace tdist::comm {
 
-PieceWalker::PieceWalker(const std::vector<Piece>& pieces, size_t element_size)
-    : pieces_(pieces), es_(element_size) {
-  starts_.reserve(pieces.size() + 1);
-  size_t total = 0;
-  for (const Piece& p : pieces) {
-    starts_.push_back(total);
-    total += p.count;
+PieceWalker::PieceWalker(const Piece* pieces, size_t n, size_t element_size)
+    : pieces_(pieces), n_(n), es_(element_size), inline_{} {
+  if (n <= kInline) {
+    starts_ = inline_;
+  } else {
+    heap_.resize(n + 1);
+    starts_ = heap_.data();
   }
-  starts_.push_back(total);
+  size_t total = 0;
+  for (size_t k = 0; k < n; ++k) {
+    starts_[k] = total;
+    total += pieces[k].count;
+  }
+  starts_[n] = total;
 }
 
 size_t PieceWalker::locate(size_t element) const {
   // The last piece starting at or before element (skips empty pieces).
-  auto it = std::upper_bound(starts_.begin(), starts_.end() - 1, element);
-  return static_cast<size_t>(it - starts_.begin()) - 1;
+  const size_t* it = std::upper_bound(starts_, starts_ + n_, element);
+  return static_cast<size_t>(it - starts_) - 1;
 }
 
 void Backend::all_reduce_coalesced(const std::vector<Piece>& pieces, DataType t, ReduceOp op, Deadline d) {

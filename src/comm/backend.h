@@ -44,11 +44,17 @@ struct Piece {
 
 // The elements [begin, begin + len) of a buffer made of pieces, walked
 // piece by piece: fn(pointer, offset from begin, elements) for each stretch
-// that lies in one piece.
+// that lies in one piece. It points at the caller's pieces (they must
+// outlive it) and allocates nothing for up to kInline of them: a small
+// op's walk costs no heap.
 class PieceWalker {
  public:
-  PieceWalker(const std::vector<Piece>& pieces, size_t element_size);
-  size_t count() const { return starts_.empty() ? 0 : starts_.back(); }
+  PieceWalker(const Piece* pieces, size_t n, size_t element_size);
+  PieceWalker(const std::vector<Piece>& pieces, size_t element_size)
+      : PieceWalker(pieces.data(), pieces.size(), element_size) {}
+  PieceWalker(const PieceWalker&) = delete;
+  PieceWalker& operator=(const PieceWalker&) = delete;
+  size_t count() const { return starts_[n_]; }
   template <typename Fn>
   void for_each(size_t begin, size_t len, Fn&& fn) const {
     if (len == 0) return;
@@ -64,10 +70,16 @@ class PieceWalker {
   }
 
  private:
+  static constexpr size_t kInline = 4;
   size_t locate(size_t element) const;  // the piece holding element
-  const std::vector<Piece>& pieces_;
+  const Piece* pieces_;
+  size_t n_;
   size_t es_;
-  std::vector<size_t> starts_;  // starts_[k]: first element of piece k; back(): the total
+  // starts_[k]: first element of piece k; starts_[n_]: the total. Points
+  // into inline_ for up to kInline pieces, else into heap_.
+  size_t inline_[kInline + 1];
+  std::vector<size_t> heap_;
+  size_t* starts_;
 };
 
 // What a rank is about to do, compared across ranks to catch mismatches.

@@ -62,25 +62,42 @@ struct ProcessGroup::Impl {
     int64_t input_bytes = 0;
     int64_t output_bytes = 0;
   };
-  // `device`: where the op's tensors live (op_device); for a CUDA device the
-  // body runs in the group's DeviceQueue scope, ordered after what the
-  // caller queued on its current stream.
-  template <typename Describe>
+  // `body(deadline)` runs the op and returns Work's result. `async_op`
+  // false: the op has run when this returns (on this thread when the queue
+  // is idle: TaskQueue::run_now), its error thrown from here. `device`:
+  // where the op's tensors live (op_device); for a CUDA device the body
+  // runs in the group's DeviceQueue scope, ordered after what the caller
+  // queued on its current stream.
+  template <typename Body, typename Describe>
   std::shared_ptr<Work> enqueue(detail::GroupOp op, Traffic traffic, const std::optional<Milliseconds>& t,
-                                detail::TaskBody body, Describe&& describe,
+                                bool async_op, Body&& body, Describe&& describe,
                                 const std::optional<c10::Device>& device = std::nullopt) {
     const char* name = detail::group_op_name(op);
-    if (fingerprints) {
-      std::string fp = describe();  // empty: an op with no fingerprint (send, recv)
-      if (!fp.empty()) {
-        body = [this, fp = std::move(fp), inner = std::move(body)](comm::Deadline d) {
-          fingerprints->check(fp, d);
-          return inner(d);
-        };
-      }
-    }
+    std::string fp;  // empty: unchecked (debug off, or an op with no fingerprint: send, recv)
+    if (fingerprints) fp = describe();
     const Milliseconds to = t.value_or(timeout);
     if (to.count() <= 0) throw UsageError(std::string(name) + ": the timeout must be positive");
+    if (!async_op && !device) {
+      std::vector<at::Tensor> result;
+      const auto seq = queue->run_now(name, to, [&](comm::Deadline d) {
+        counts.add(op, traffic.input_bytes, traffic.output_bytes);
+        if (!fp.empty()) fingerprints->check(fp, d);
+        result = body(d);
+      });
+      if (seq) {
+        auto work = std::make_shared<Work>();
+        work->set_info(*seq, name);
+        work->mark_completed(std::move(result));
+        return work;
+      }
+    }
+    detail::TaskBody task = std::forward<Body>(body);
+    if (!fp.empty()) {
+      task = [this, fp = std::move(fp), inner = std::move(task)](comm::Deadline d) {
+        fingerprints->check(fp, d);
+        return inner(d);
+      };
+    }
     std::shared_ptr<detail::DeviceEvent> ready;
     detail::DeviceQueue* dq = nullptr;
     std::shared_ptr<std::shared_ptr<detail::DeviceEvent>> end;  // CUDA ops only: no allocation for CPU ones
@@ -91,7 +108,7 @@ struct ProcessGroup::Impl {
       // A backend on host memory has the data in place when the body ends;
       // one that queues GPU work leaves the wait to the consumer's stream.
       const bool host_wait = !backend->supports_cuda();
-      body = [dq, ready, end, host_wait, index = device->index(), inner = std::move(body)](comm::Deadline d) {
+      task = [dq, ready, end, host_wait, index = device->index(), inner = std::move(task)](comm::Deadline d) {
         detail::OpDeviceScope on_device(index);
         auto scope = dq->enter(*ready);
         auto result = inner(d);
@@ -99,7 +116,7 @@ struct ProcessGroup::Impl {
         return result;
       };
     }
-    auto work = queue->enqueue(name, to, std::move(body));
+    auto work = queue->enqueue(name, to, std::move(task));
     if (device) {
       work->set_device_wait([end, errors = backend->async_errors()] {
         if (*end) (*end)->block_current();
@@ -107,6 +124,7 @@ struct ProcessGroup::Impl {
       });
     }
     counts.add(op, traffic.input_bytes, traffic.output_bytes);
+    if (!async_op) work->wait();
     return work;
   }
 

@@ -53,6 +53,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,6 +79,24 @@ class TaskQueue {
   // numbered in enqueue order (Work's sequence number).
   std::shared_ptr<Work> enqueue(const char* name, Milliseconds timeout, TaskBody body);
 
+  // The synchronous path (async_op=false): when nothing is queued or
+  // running, runs fn(deadline) on this thread at once as the next op (no
+  // Work, no queue entry) and returns its sequence number; fn's exception
+  // propagates. nullopt when the queue is busy: the caller queues the op
+  // and waits for it. UsageError on this queue's own thread (a callback
+  // that waited would wait for itself) and once stopped.
+  template <typename Fn>
+  std::optional<uint64_t> run_now(const char* name, Milliseconds timeout, Fn&& fn) {
+    const std::optional<uint64_t> seq = claim_idle(name);
+    if (!seq) return seq;
+    struct Release {
+      TaskQueue* queue;
+      ~Release() { queue->release_idle(); }
+    } release{this};
+    fn(comm::Clock::now() + timeout);
+    return seq;
+  }
+
   // Runs what is queued, then stops the worker. Idempotent.
   void stop();
 
@@ -100,6 +119,10 @@ class TaskQueue {
     TaskQueue* queue = nullptr;
   };
 
+  // run_now's two halves: marks the idle queue running and numbers the op
+  // (nullopt: not idle); then marks it idle again.
+  std::optional<uint64_t> claim_idle(const char* name);
+  void release_idle();
   static bool run_inline(const std::shared_ptr<Gate>& gate, const Work* w);
   static void execute(Task& task);
   // Takes the front task; REQUIRES mu_, a task queued and none running.

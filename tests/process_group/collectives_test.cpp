@@ -40,6 +40,7 @@ TEST_P(Collectives, AllToAllEqualAndUnevenSplits) { run(conformance::AllToAllEqu
 TEST_P(Collectives, SendRecvWithTagsAndBarrier) { run(conformance::SendRecvWithTagsAndBarrier); }
 TEST_P(Collectives, ManyQueuedOpsCompleteInOrder) { run(conformance::ManyQueuedOpsCompleteInOrder); }
 TEST_P(Collectives, WaitersOnSeveralThreadsKeepTheOrder) { run(conformance::WaitersOnSeveralThreadsKeepTheOrder); }
+TEST_P(Collectives, SynchronousCallsAreDoneOnReturn) { run(conformance::SynchronousCallsAreDoneOnReturn); }
 
 std::string param_name(const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
   return std::get<0>(info.param) + "_world" + std::to_string(std::get<1>(info.param));

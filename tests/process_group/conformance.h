@@ -648,6 +648,71 @@ inline void GatherAndReduceScatterOnSymmetricMemory(ProcessGroup& pg) {
   }
 }
 
+// async_op=false: every op has run when the call returns (its Work is
+// completed, with the result of the queued form), whether the group was
+// idle (the op runs on the calling thread) or still busy with ops queued
+// before it (it waits its turn behind them).
+inline void SynchronousCallsAreDoneOnReturn(ProcessGroup& pg) {
+  const int n = pg.size(), r = pg.rank();
+  tdist::AllreduceOptions ar;
+  ar.async_op = false;
+  tdist::CollectiveOptions co;
+  co.async_op = false;
+  for (int64_t size : {int64_t(0), int64_t(1), int64_t(1001), int64_t(300'007)}) {
+    const auto f = at::kFloat;
+    at::Tensor x = input(r, size, f, ReduceOp::SUM);
+    auto w = pg.all_reduce(x, ar);
+    WORLD_CHECK(w->is_success(), "all_reduce x " << size << " returned undone");
+    WORLD_CHECK(w->result().size() == 1 && w->result()[0].is_same(x), "all_reduce's result");
+    EQUAL_OR_THROW(x, expected(n, size, f, ReduceOp::SUM), "synchronous all_reduce x " << size);
+
+    tdist::BroadcastOptions bo;
+    bo.root = n - 1;
+    bo.async_op = false;
+    at::Tensor b = input(r, size, f, ReduceOp::SUM);
+    WORLD_CHECK(pg.broadcast(b, bo)->is_success(), "broadcast returned undone");
+    EQUAL_OR_THROW(b, input(n - 1, size, f, ReduceOp::SUM), "synchronous broadcast x " << size);
+
+    tdist::ReduceOptions ro;
+    ro.async_op = false;
+    at::Tensor y = input(r, size, f, ReduceOp::SUM);
+    WORLD_CHECK(pg.reduce(y, ro)->is_success(), "reduce returned undone");
+    if (r == 0) EQUAL_OR_THROW(y, expected(n, size, f, ReduceOp::SUM), "synchronous reduce x " << size);
+
+    at::Tensor flat = at::empty({size * n});
+    WORLD_CHECK(pg.all_gather_into_tensor(flat, input(r, size, f, ReduceOp::SUM), co)->is_success(),
+                "all_gather returned undone");
+    for (int q = 0; q < n; ++q) {
+      EQUAL_OR_THROW(flat.slice(0, q * size, (q + 1) * size), input(q, size, f, ReduceOp::SUM),
+                     "synchronous all_gather x " << size << ", from rank " << q);
+    }
+
+    tdist::ReduceScatterOptions rso;
+    rso.async_op = false;
+    at::Tensor all = input(r, size * n, f, ReduceOp::SUM);
+    at::Tensor part = at::empty({size});
+    WORLD_CHECK(pg.reduce_scatter_tensor(part, all, rso)->is_success(), "reduce_scatter returned undone");
+    EQUAL_OR_THROW(part, expected(n, size * n, f, ReduceOp::SUM).slice(0, r * size, (r + 1) * size),
+                   "synchronous reduce_scatter x " << size);
+    WORLD_CHECK(pg.barrier(co)->is_success(), "barrier returned undone");
+  }
+  // Behind queued ops: they have all run, in order, when it returns.
+  std::vector<at::Tensor> ts;
+  std::vector<std::shared_ptr<tdist::Work>> queued;
+  for (int i = 0; i < 20; ++i) {
+    ts.push_back(at::full({40'000}, static_cast<float>(r + i)));
+    queued.push_back(pg.all_reduce(ts.back()));
+  }
+  at::Tensor last = at::full({3}, static_cast<float>(r));
+  WORLD_CHECK(pg.all_reduce(last, ar)->is_success(), "the all_reduce behind queued ones returned undone");
+  EQUAL_OR_THROW(last, at::full({3}, static_cast<float>(n * (n - 1) / 2)), "the all_reduce behind queued ones");
+  for (int i = 0; i < 20; ++i) {
+    WORLD_CHECK(queued[i]->is_completed(), "queued all_reduce " << i << " had not run before the synchronous one");
+    WORLD_CHECK(queued[i]->seq() < queued.back()->seq() + 1, "sequence numbers");
+    WORLD_CHECK(ts[i].eq(static_cast<float>(n * (n - 1) / 2 + n * i)).all().item<bool>(), "queued all_reduce " << i);
+  }
+}
+
 inline const std::vector<std::pair<const char*, void (*)(ProcessGroup&)>>& all_cases() {
   static const std::vector<std::pair<const char*, void (*)(ProcessGroup&)>> cases = {
       {"AllReduceEveryDtypeOpAndSize", AllReduceEveryDtypeOpAndSize},
@@ -666,6 +731,7 @@ inline const std::vector<std::pair<const char*, void (*)(ProcessGroup&)>>& all_c
       {"SendRecvWithTagsAndBarrier", SendRecvWithTagsAndBarrier},
       {"ManyQueuedOpsCompleteInOrder", ManyQueuedOpsCompleteInOrder},
       {"WaitersOnSeveralThreadsKeepTheOrder", WaitersOnSeveralThreadsKeepTheOrder},
+      {"SynchronousCallsAreDoneOnReturn", SynchronousCallsAreDoneOnReturn},
   };
   return cases;
 }

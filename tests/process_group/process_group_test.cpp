@@ -85,6 +85,28 @@ TEST_P(Failures, ATimeoutNamesTheOpItsSequenceNumberAndTheMissingRank) {
   EXPECT_EQ(failures, "");
 }
 
+// async_op=false: the op's error is thrown from the call itself.
+TEST_P(Failures, ASynchronousCallThrowsItsErrorFromTheCall) {
+  WorldOptions o;
+  o.backend = GetParam();
+  o.final_barrier = false;
+  const std::string failures = run_world(2, [](ProcessGroup& pg) {
+    at::Tensor t = at::ones({10});
+    tdist::AllreduceOptions sync;
+    sync.async_op = false;
+    pg.all_reduce(t, sync);  // #0 succeeds
+    if (pg.rank() == 0) {
+      sync.timeout = 300ms;
+      const std::string msg = expect_throw<tdist::TimeoutError>([&] { pg.all_reduce(t, sync); }, "synchronous call");
+      WORLD_CHECK(contains(msg, "all_reduce") && contains(msg, "#1"), msg);
+      WORLD_CHECK(contains(msg, "rank(s) 1 never arrived"), msg);
+    } else {
+      std::this_thread::sleep_for(1500ms);  // miss the deadline
+    }
+  }, o);
+  EXPECT_EQ(failures, "");
+}
+
 TEST_P(Failures, AKilledRankIsNamedWithinSeconds) {
   WorldOptions o;
   o.backend = GetParam();

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -186,6 +187,136 @@ TEST(TaskQueue, TheWatcherPollsAtIdlePriorityAndAQuietQueueSleeps) {
     return true;
   };
   EXPECT_TRUE(wait_for(all_asleep, 2000ms));
+}
+
+// run_now, the synchronous call's path: on the calling thread when the
+// queue is idle, numbered in line with queued ops; refused while an op
+// waits or runs (the caller then queues it); the error of its function
+// reaches the caller and leaves the queue usable.
+TEST(TaskQueue, RunNowRunsOnTheCallingThreadWhenIdleInLineWithQueuedOps) {
+  TaskQueue q("test");
+  auto empty = [](tdist::comm::Deadline) { return std::vector<at::Tensor>{}; };
+  auto w0 = q.enqueue("op", 10s, empty);
+  w0->wait();
+  std::thread::id ran;
+  auto seq = q.run_now("op", 10s, [&](tdist::comm::Deadline d) {
+    ran = std::this_thread::get_id();
+    EXPECT_GT(d, tdist::comm::Clock::now() + 9s);
+  });
+  ASSERT_TRUE(seq.has_value());
+  EXPECT_EQ(*seq, w0->seq() + 1);
+  EXPECT_EQ(ran, std::this_thread::get_id());
+  EXPECT_EQ(q.enqueue("op", 10s, empty)->seq(), *seq + 1);
+
+  // Busy: an op runs (on the worker), and one is queued behind it.
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  std::atomic<bool> started{false};
+  auto blocker = q.enqueue("blocker", 10s, [&](tdist::comm::Deadline) {
+    started = true;
+    released.wait();
+    return std::vector<at::Tensor>{};
+  });
+  ASSERT_TRUE(wait_for([&] { return started.load(); }, 5000ms));
+  bool called = false;
+  EXPECT_FALSE(q.run_now("op", 10s, [&](tdist::comm::Deadline) { called = true; }).has_value());
+  auto behind = q.enqueue("behind", 10s, empty);
+  release.set_value();
+  // Once it may run here, what was queued before it has run.
+  bool behind_done = true;
+  if (q.run_now("op", 10s, [&](tdist::comm::Deadline) { behind_done = behind->is_completed(); })) {
+    EXPECT_TRUE(behind_done);
+  }
+  behind->wait();
+  EXPECT_TRUE(blocker->is_success());
+
+  // An error propagates; the queue is idle again afterwards.
+  EXPECT_THROW(q.run_now("op", 10s, [](tdist::comm::Deadline) { throw std::runtime_error("broke"); }),
+               std::runtime_error);
+  EXPECT_TRUE(q.run_now("op", 10s, [&](tdist::comm::Deadline) { called = true; }).has_value());
+  EXPECT_TRUE(called);
+}
+
+// An op queued by another thread while run_now's function runs goes to the
+// worker after it, not beside it.
+TEST(TaskQueue, AnOpQueuedDuringRunNowRunsAfterIt) {
+  TaskQueue q("test");
+  std::atomic<int> running{0}, overlaps{0};
+  std::vector<int> order;
+  std::mutex order_mu;
+  auto note = [&](int who) {
+    if (running.fetch_add(1) != 0) ++overlaps;
+    std::this_thread::sleep_for(200us);
+    {
+      std::lock_guard<std::mutex> lock(order_mu);
+      order.push_back(who);
+    }
+    running.fetch_sub(1);
+  };
+  std::vector<std::shared_ptr<tdist::Work>> works;
+  std::thread other([&] {
+    for (int i = 0; i < 50; ++i) {
+      works.push_back(q.enqueue("async", 10s, [&](tdist::comm::Deadline) {
+        note(1);
+        return std::vector<at::Tensor>{};
+      }));
+      std::this_thread::sleep_for(100us);
+    }
+  });
+  int ran_now = 0;
+  for (int i = 0; i < 200; ++i) {
+    if (q.run_now("sync", 10s, [&](tdist::comm::Deadline) { note(0); })) ++ran_now;
+  }
+  other.join();
+  for (auto& w : works) w->wait();
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_GT(ran_now, 0);
+  EXPECT_EQ(order.size(), 50u + static_cast<size_t>(ran_now));
+}
+
+// From a callback on the queue's own thread, run_now would wait for itself
+// when busy: refused, always (the callback's own op still runs).
+TEST(TaskQueue, RunNowFromTheQueuesOwnThreadIsRefused) {
+  TaskQueue q("test");
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  auto first = q.enqueue("first", 10s, [&](tdist::comm::Deadline) {
+    released.wait();
+    return std::vector<at::Tensor>{};
+  });
+  std::string refused;
+  auto next = first->then([&](tdist::Work&) {
+    try {
+      q.run_now("all_reduce", 10s, [](tdist::comm::Deadline) {});
+    } catch (const tdist::UsageError& e) {
+      refused = e.what();
+    }
+    return std::vector<at::Tensor>{};
+  });
+  release.set_value();
+  next->wait();
+  EXPECT_NE(refused.find("async_op=false"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("'test'"), std::string::npos) << refused;
+}
+
+// stop() while a synchronous op runs: it waits for it, and does not hang.
+TEST(TaskQueue, StopWaitsForARunNowInProgress) {
+  TaskQueue q("test");
+  std::atomic<bool> started{false}, finished{false};
+  std::thread caller([&] {
+    q.run_now("op", 10s, [&](tdist::comm::Deadline) {
+      started = true;
+      std::this_thread::sleep_for(100ms);
+      finished = true;
+    });
+  });
+  ASSERT_TRUE(wait_for([&] { return started.load(); }, 5000ms));
+  const auto t0 = std::chrono::steady_clock::now();
+  q.stop();
+  EXPECT_TRUE(finished.load());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  caller.join();
+  EXPECT_THROW(q.run_now("late", 10s, [](tdist::comm::Deadline) {}), tdist::UsageError);
 }
 
 }  // namespace

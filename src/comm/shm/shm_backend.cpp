@@ -63,12 +63,13 @@ class ShmBackend final : public Backend {
   // ---- collectives ------------------------------------------------------
 
   void all_reduce(void* buf, size_t count, DataType t, ReduceOp op, Deadline d) override {
-    all_reduce_coalesced({Piece{buf, count}}, t, op, d);
+    const Piece piece{buf, count};
+    all_reduce_pieces(&piece, 1, t, t, op, d);
   }
 
   // Reads and writes the pieces in place: no packing.
   void all_reduce_coalesced(const std::vector<Piece>& pieces, DataType t, ReduceOp op, Deadline d) override {
-    all_reduce_pieces(pieces, t, t, op, d);
+    all_reduce_pieces(pieces.data(), pieces.size(), t, t, op, d);
   }
 
   // Narrows while it copies out and reduces, widens while it copies back.
@@ -77,14 +78,14 @@ class ShmBackend final : public Backend {
     if (!can_convert(wire, t)) {
       throw UsageError(std::string("shm backend: cannot carry ") + dtype_name(t) + " as " + dtype_name(wire));
     }
-    all_reduce_pieces(pieces, t, wire, op, d);
+    all_reduce_pieces(pieces.data(), pieces.size(), t, wire, op, d);
   }
 
   void reduce(void* buf, size_t count, DataType t, ReduceOp op, int root, Deadline d) override {
     check_reduction(t, op);
     check_root(root);
-    const std::vector<Piece> pieces{Piece{buf, count}};
-    algo::reduce_scatter_gather(rounds_, PieceWalker(pieces, dtype_size(t)), t, t, op,
+    const Piece piece{buf, count};
+    algo::reduce_scatter_gather(rounds_, PieceWalker(&piece, 1, dtype_size(t)), t, t, op,
                                 rounds_.make_desc(OpKind::kReduce, t, op, root, count), root, d);
   }
 
@@ -215,17 +216,17 @@ class ShmBackend final : public Backend {
   // all_reduce of the pieces carried as wire (see algorithms.h): one round
   // when small, else in place when the pieces are symmetric on every rank,
   // else staged.
-  void all_reduce_pieces(const std::vector<Piece>& pieces, DataType t, DataType wire, ReduceOp op, Deadline d) {
+  void all_reduce_pieces(const Piece* pieces, size_t n, DataType t, DataType wire, ReduceOp op, Deadline d) {
     check_reduction(wire, op);
     const size_t es = dtype_size(t), ws = dtype_size(wire);
-    const PieceWalker walk(pieces, es);
+    const PieceWalker walk(pieces, n, es);
     const size_t count = walk.count();
     const OpDesc desc = rounds_.make_desc(OpKind::kAllReduce, wire, op, -1, count);
     if (count * ws <= std::min(opt_.small_bytes, opt_.round_bytes)) {
       algo::all_reduce_small(rounds_, walk, t, wire, op, desc, d);
       return;
     }
-    sym_reduce_.plan(pieces, es, rank());
+    sym_reduce_.plan(std::vector<Piece>(pieces, pieces + n), es, rank());
     algo::reduce_scatter_gather(rounds_, walk, t, wire, op, desc, /*root=*/-1, d, &sym_reduce_, cma());
   }
 
