@@ -5,13 +5,15 @@
 # python3-torch; 2.x: the venv of scripts/torch2.sh) one after the other,
 # so that a noisy spell on a shared machine hits all of them alike. float32,
 # SUM, world size WORLD (2), OPS (all_reduce,reduce_scatter,all_gather), every
-# op timed call by call. The summary gives, per op and size, the median over
+# op timed call by call. tdist's ops are synchronous calls (async_op=false,
+# as MPI's blocking calls and torch.distributed's default); ASYNC=1 times
+# them queued and waited for instead (tdist-bench --async). The summary gives, per op and size, the median over
 # the rounds of each tool's median time (and of tdist shm's p99), busbw, and
 # tdist shm's busbw as a multiple of the others'; tdist shm's "of ceil" is
 # its fraction of the memory-model ceiling (bench/collective_model.h)
 # measured in the same round. Everything is kept as JSON in OUT_DIR
 # (<tool>-<round>.json).
-#   [REPEATS=3] [WORLD=2] [OPS=...] [MAX_BYTES=64M] [SECONDS_PER_ROW=0.25]
+#   [REPEATS=3] [WORLD=2] [OPS=...] [MAX_BYTES=64M] [SECONDS_PER_ROW=0.25] [ASYNC=0]
 #   [TORCH1_PYTHON=/usr/bin/python3] [TORCH2_PYTHON=<repo>/.venv/bin/python]
 #     bench/compare_collectives.sh [BUILD_DIR=build] [OUT_DIR=BUILD_DIR/bench]
 # A PyTorch whose interpreter cannot import torch.distributed with Gloo is
@@ -28,6 +30,8 @@ world=${WORLD:-2}
 ops=${OPS:-all_reduce,reduce_scatter,all_gather}
 max_bytes=${MAX_BYTES:-64M}
 seconds=${SECONDS_PER_ROW:-0.25}
+call_flags=()
+[ "${ASYNC:-0}" = 1 ] && call_flags=(--async)
 sizes=(--min-bytes 4 --max-bytes "$max_bytes" --step-factor 4 --seconds "$seconds")
 torch1_python=${TORCH1_PYTHON:-/usr/bin/python3}
 torch2_python=${TORCH2_PYTHON:-$root/.venv/bin/python}
@@ -58,13 +62,13 @@ for f in "${tools[@]}"; do rm -f "$out/$f"-*.json; done
 for ((r = 1; r <= repeats; r++)); do
   echo "#### round $r of $repeats"
   "$build/bin/tdist-bench" collectives --backend shm --world-size "$world" --op "$ops" "${sizes[@]}" \
-    --json "$out/tdist-shm-$r.json" || failed=1
+    ${call_flags[@]+"${call_flags[@]}"} --json "$out/tdist-shm-$r.json" || failed=1
   if [ $have_mpi = 1 ]; then
     mpirun --allow-run-as-root --oversubscribe -np "$world" "$out/mpi_collectives_reference" "$ops" 4 \
       "$(bytes "$max_bytes")" 4 "$seconds" "$out/openmpi-$r.json" || failed=1
   fi
   "$build/bin/tdist-bench" collectives --backend gloo --world-size "$world" --op "$ops" "${sizes[@]}" \
-    --json "$out/tdist-gloo-$r.json" || failed=1
+    ${call_flags[@]+"${call_flags[@]}"} --json "$out/tdist-gloo-$r.json" || failed=1
   run_reference "PyTorch 1.13 Gloo" "$torch1_python" "apt-get install python3-torch" "$out/torch-gloo-$r.json" \
     "$here/torch_collectives_reference.py" --world-size "$world" --op "$ops" "${sizes[@]}"
   run_reference "PyTorch 2.x Gloo" "$torch2_python" "bash scripts/torch2.sh python installs it" \
