@@ -15,6 +15,7 @@
 #include "tdist/process_group.h"
 #include "tdist/rendezvous.h"
 #include "tdist/sharded_checkpoint.h"
+#include "tdist/checkpointer.h"
 #include "tdist/state_dict.h"
 #include "tdist/store.h"
 #include "tdist/version.h"

@@ -14,6 +14,7 @@
 #include <set>
 #include <unistd.h>
 
+#include "checkpoint/rank_file.h"
 #include "checkpoint/tensor_tree.h"
 #include "checkpoint/load_checks.h"
 #include "checkpoint/model_entries.h"
@@ -330,13 +331,17 @@ Staged stage_resharded(const std::string& prefix, const ShardedCheckpointOptions
   return s;
 }
 
-// Builds and writes (not syncs) this rank's file.
-void write_rank_file(PtWriter& writer, ProcessGroup& pg, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
-                     const ShardedCheckpointOptions& options, int64_t save_id) {
+}  // namespace
+
+namespace detail {
+
+RankFileContents build_rank_file(ProcessGroup& pg, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                         const ShardedCheckpointOptions& options, int64_t save_id, bool copy) {
   ShardedStateDict local = sharded_state_dict(model);
   local.metadata.world_size = pg.size();
   local.metadata.rank = pg.rank();
-  checkpoint::TensorSink sink;
+  RankFileContents file{checkpoint::TensorSink(copy), PtValue()};
+  checkpoint::TensorSink& sink = file.sink;
   std::vector<std::pair<std::string, PtValue>> tensors;
   for (const auto& item : local.tensors) tensors.emplace_back(item.key(), sink.add(item.value()));
   std::vector<PtValue> buffers, modules;
@@ -353,7 +358,7 @@ void write_rank_file(PtWriter& writer, ProcessGroup& pg, torch::nn::Module& mode
   }
   PtValue hook;
   if (options.comm_hook_state) hook = powersgd_value(options.comm_hook_state->state_dict(), sink);
-  const PtValue root = PtValue::dict(
+  file.root = PtValue::dict(
       {{"model", PtValue::dict(std::move(tensors))},
        {"shard_metadata", checkpoint::metadata_value(local.metadata)},
        {"optimizer", std::move(opt)},
@@ -366,8 +371,50 @@ void write_rank_file(PtWriter& writer, ProcessGroup& pg, torch::nn::Module& mode
                                 {"buffers", PtValue::list(std::move(buffers))},
                                 {"modules", PtValue::list(std::move(modules))},
                                 {"ddp_buckets", ddp_buckets_value(model)}})}});
-  sink.write(writer, root);
+  return file;
 }
+
+void commit_rank_files(const std::string& prefix, ProcessGroup& pg, RankFileContents* file, std::string error,
+                       const ShardedCheckpointOptions& options) {
+  const char* what = "save_sharded_checkpoint";
+  std::optional<PtWriter> writer;
+  if (error.empty()) {
+    try {
+      if (!file) throw std::logic_error("commit_rank_files: no file and no error");
+      writer.emplace(checkpoint::rank_file_path(prefix, options.suffix, pg.rank(), pg.size()));
+      file->sink.write(*writer, file->root);
+      writer->sync();
+    } catch (const std::exception& e) {
+      error = *e.what() ? e.what() : "an error without words";
+    }
+  }
+  const std::string failed = first_error(what, pg, error, options.timeout);
+  if (!failed.empty()) throw CheckpointError(std::string(what) + ": " + failed + " (no file was replaced)");
+  try {
+    writer->commit();
+  } catch (const std::exception& e) {
+    error = *e.what() ? e.what() : "the rename failed";
+  }
+  const std::string renamed = first_error(what, pg, error, options.timeout);
+  if (!renamed.empty()) {
+    throw CheckpointError(std::string(what) + ": " + renamed + ", after other ranks had renamed theirs: the files " +
+                          "under " + prefix + " are from two saves now, which every load refuses; save again");
+  }
+  // Files of another world size under this prefix are an older save's:
+  // rank 0 removes them (a load refuses a prefix holding two world sizes).
+  if (pg.rank() == 0) {
+    for (const auto& f : checkpoint::find_rank_files(prefix, options.suffix)) {
+      if (f.world_size >= 0 && f.world_size != pg.size()) ::unlink(f.path.c_str());
+    }
+  }
+  first_error(what, pg, "", options.timeout);  // every file in place when any rank returns
+}
+
+int64_t agree_on_save_id(ProcessGroup& pg, std::chrono::milliseconds timeout) { return agreed_save_id(pg, timeout); }
+
+}  // namespace detail
+
+namespace {
 
 
 // Hybrid sharding: the replicas hold the same shards, so the files are
@@ -403,38 +450,16 @@ bool across_replicas(const char* what, ProcessGroup& pg, torch::nn::Module& mode
 
 void save_on(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& model,
              torch::optim::Optimizer* optimizer, const ShardedCheckpointOptions& options) {
-  const char* what = "save_sharded_checkpoint";
   const int64_t save_id = agreed_save_id(pg, options.timeout);
-  std::optional<PtWriter> writer;
+  std::optional<detail::RankFileContents> file;
   std::string error;
   try {
-    check_group(what, pg, model);
-    writer.emplace(checkpoint::rank_file_path(prefix, options.suffix, pg.rank(), pg.size()));
-    write_rank_file(*writer, pg, model, optimizer, options, save_id);
-    writer->sync();
+    check_group("save_sharded_checkpoint", pg, model);
+    file.emplace(detail::build_rank_file(pg, model, optimizer, options, save_id, /*copy=*/false));
   } catch (const std::exception& e) {
     error = *e.what() ? e.what() : "an error without words";
   }
-  const std::string failed = first_error(what, pg, error, options.timeout);
-  if (!failed.empty()) throw CheckpointError(std::string(what) + ": " + failed + " (no file was replaced)");
-  try {
-    writer->commit();
-  } catch (const std::exception& e) {
-    error = *e.what() ? e.what() : "the rename failed";
-  }
-  const std::string renamed = first_error(what, pg, error, options.timeout);
-  if (!renamed.empty()) {
-    throw CheckpointError(std::string(what) + ": " + renamed + ", after other ranks had renamed theirs: the files " +
-                          "under " + prefix + " are from two saves now, which every load refuses; save again");
-  }
-  // Files of another world size under this prefix are an older save's:
-  // rank 0 removes them (a load refuses a prefix holding two world sizes).
-  if (pg.rank() == 0) {
-    for (const auto& f : checkpoint::find_rank_files(prefix, options.suffix)) {
-      if (f.world_size >= 0 && f.world_size != pg.size()) ::unlink(f.path.c_str());
-    }
-  }
-  first_error(what, pg, "", options.timeout);  // every file in place when any rank returns
+  detail::commit_rank_files(prefix, pg, file ? &*file : nullptr, error, options);
 }
 
 // replicas (hybrid sharding): the ranks holding this rank's shards in the

@@ -14,7 +14,10 @@ PtValue TensorSink::add(at::ScalarType dtype, std::vector<int64_t> shape, Make m
 }
 
 PtValue TensorSink::add(const at::Tensor& t) {
-  return add(t.scalar_type(), t.sizes().vec(), [t] { return t; });
+  if (!copy_) return add(t.scalar_type(), t.sizes().vec(), [t] { return t; });
+  at::Tensor c = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(t.is_cuda()));
+  c.copy_(t);
+  return add(c.scalar_type(), c.sizes().vec(), [c] { return c; });
 }
 
 void TensorSink::write(PtWriter& writer, const PtValue& root) {

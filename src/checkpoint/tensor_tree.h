@@ -22,6 +22,9 @@ namespace tdist::checkpoint {
 class TensorSink {
  public:
   using Make = std::function<at::Tensor()>;
+  // copy: add(t) keeps a private copy of t in host memory (pinned when t
+  // is on a GPU), so that t may change before write (an asynchronous save).
+  explicit TensorSink(bool copy = false) : copy_(copy) {}
   // A tensor value of that dtype and shape whose bytes `make` will produce.
   PtValue add(at::ScalarType dtype, std::vector<int64_t> shape, Make make);
   // A tensor in memory.
@@ -31,6 +34,7 @@ class TensorSink {
   void write(PtWriter& writer, const PtValue& root);
 
  private:
+  bool copy_;
   StorageKeys keys_;
   std::vector<std::pair<std::string, Make>> pending_;
 };

@@ -1,0 +1,127 @@
+// Checkpointer: training that saves itself every N steps or T seconds and
+// resumes by itself after a restart.
+//
+//   tdist::CheckpointerOptions o;
+//   o.dir = "ckpt";
+//   o.every_steps = 100;
+//   tdist::Checkpointer ckpt(pg, *model, &opt, o);
+//   int64_t step = 0;
+//   if (auto resumed = ckpt.restore()) {     // the latest complete checkpoint in ckpt/, if any
+//     step = resumed->step;                  // model, optimizer, RNG and hook state are back
+//     sampler_position = resumed->extras.at("samples_seen").item<int64_t>();
+//   }
+//   for (; step < steps; ) {
+//     train_one_step();
+//     ++step;
+//     ckpt.maybe_save(step, {{"samples_seen", at::tensor(samples_seen)}});
+//   }
+//   ckpt.wait();                             // the last save written
+//
+// What a checkpoint holds: the model and optimizer as a sharded checkpoint
+// (sharded_checkpoint.h: torch_xla's per-rank files, which Python reads
+// and which load at any world size), the PowerSGD hook's state when given,
+// and per rank a training-state file: the step, the CPU RNG's state (and
+// every CUDA device's), and the user's extras (tensors by name: the data
+// position, the LR scheduler's step, ...).
+//
+// Layout: dir/step-00000100/{model_rank-R-of-W.pt, train_rank-R-of-W.pt}
+// and dir/latest, a one-line file naming the newest complete step folder,
+// replaced atomically (written aside, then renamed) once every rank's
+// files of that step are in place. A crash at any point leaves the previous
+// latest checkpoint whole. The last keep_last complete checkpoints are
+// kept; older ones, and incomplete ones, are removed by rank 0.
+//
+// Asynchronous saves (async, the default): the call copies this rank's
+// shards, optimizer state and training state to host memory (pinned for
+// CUDA tensors), about one memory copy, and returns; a writer thread writes
+// and commits them while training goes on. Its collectives run on a group
+// of its own (made at construction: every rank constructs it, in the same
+// order as its other groups), so they never meet training's. At most one
+// save is in flight: a save that comes due while one is still being written
+// first waits for it (the same on every rank; no checkpoint is skipped).
+// A failed background save is raised by the next maybe_save/save/wait.
+//
+// Resuming at another world size: the model and optimizer are resharded
+// (load_sharded_checkpoint); the step and extras come from rank 0's
+// training state; the RNG state is left as it is (a rank of the new world
+// has no own rank of the old one), and restore() says so in its result.
+//
+// Collective: the constructor, restore, maybe_save, save and wait, over
+// `pg`'s ranks, called in the same order on every rank. Every wait has the
+// files' timeout (ShardedCheckpointOptions::timeout).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "tdist/process_group.h"
+#include "tdist/sharded_checkpoint.h"
+
+namespace tdist {
+
+struct CheckpointerOptions {
+  std::string dir;           // required; made if missing
+  int64_t every_steps = 0;   // save at every step divisible by it (0: never by steps)
+  // Also save when this long has passed since the last save (0: never by
+  // time). Rank 0's clock decides, so every rank agrees: maybe_save then
+  // costs one small broadcast per call.
+  std::chrono::milliseconds every = std::chrono::milliseconds(0);
+  int keep_last = 2;         // complete checkpoints kept, at least 1
+  bool async = true;         // copy now, write on the writer thread
+  ShardedCheckpointOptions files;  // comm_hook_state, timeout (suffix: fixed by the layout)
+};
+
+// A restored checkpoint: the step it was saved at and the user's extras.
+struct RestoredCheckpoint {
+  int64_t step = 0;
+  std::string path;        // its step folder
+  int saved_world_size = 0;
+  bool rng_restored = false;  // false when the world size changed
+  std::map<std::string, at::Tensor> extras;
+};
+
+class Checkpointer {
+ public:
+  // `optimizer` may be null. UsageError for options that make no sense.
+  Checkpointer(std::shared_ptr<ProcessGroup> pg, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+               CheckpointerOptions options);
+  // Waits for the save in flight; an error it had is printed, not thrown.
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Loads the latest complete checkpoint of dir into the model, optimizer,
+  // hook state and RNGs; nullopt when there is none (a fresh start).
+  // CheckpointError when the latest one is unreadable.
+  std::optional<RestoredCheckpoint> restore();
+
+  // Saves when `step` is due (every_steps, every); whether it started one.
+  bool maybe_save(int64_t step, const std::map<std::string, at::Tensor>& extras = {});
+  // Saves now as `step` (waits for the save in flight first).
+  void save(int64_t step, const std::map<std::string, at::Tensor>& extras = {});
+  // Waits until the save in flight (if any) is written; rethrows its error.
+  void wait();
+
+  // The step of the newest complete checkpoint in dir (nullopt: none).
+  // Reads dir/latest on this rank; not collective.
+  std::optional<int64_t> latest_step() const;
+
+  // How long the last save held the caller: the copy (async) or the whole
+  // write (sync), in seconds; and how long its writing took.
+  double last_stall_seconds() const;
+  double last_write_seconds() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tdist

@@ -1,0 +1,249 @@
+// Checkpointer in real processes: a run stopped after a save and restarted
+// continues bit for bit as one that never stopped (model, Adam, the RNG
+// that draws its data and dropout, the user's data position); the last
+// keep_last checkpoints are kept; a resume at another world size reshards
+// and says the RNG was not restored; a failed background save is raised,
+// leaving the latest one as it was; a hostile latest marker is an error,
+// not a hang.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "tdist/tdist.h"
+#include "tests/fsdp/models.h"
+#include "tests/util/process.h"
+#include "tests/util/world.h"
+
+namespace {
+
+using tdist::CheckpointError;
+using tdist::FSDP;
+using tdist::ProcessGroup;
+using tdist::StateDict;
+using tdist::test::Net;
+using tdist::test::run_world;
+using tdist::test::TempDir;
+
+tdist::FullyShardedDataParallelOptions wrap_options() {
+  tdist::FullyShardedDataParallelOptions o;
+  o.process_group = tdist::default_group();
+  return o;
+}
+
+// One step whose batch and dropout draw from the default generator: a
+// resume that did not restore it would differ from the first step on.
+void train_step(FSDP<Net>& model, torch::optim::Optimizer& opt, ProcessGroup& pg) {
+  at::Tensor x = torch::randn({4, 6}) + pg.rank();
+  opt.zero_grad();
+  torch::dropout(model(x), 0.3, true).pow(2).mean().backward();
+  opt.step();
+}
+
+StateDict full_state(FSDP<Net>& model, torch::optim::Optimizer& opt) {
+  StateDict all = tdist::full_state_dict(*model, false);
+  const auto optim = tdist::full_optimizer_state_dict(*model, opt, false);
+  for (const auto& p : optim.state) {
+    for (const auto& f : p.value()) all.insert(p.key() + "/" + f.key(), f.value());
+  }
+  return all;
+}
+
+void expect_equal_to_file(const std::string& path, const StateDict& got, const std::string& what) {
+  const StateDict want = tdist::load_safetensors(path);
+  WORLD_CHECK(want.size() == got.size(), what << ": " << got.size() << " tensors against " << want.size());
+  for (const auto& item : got) {
+    WORLD_CHECK(want.contains(item.key()) && torch::equal(want[item.key()], item.value()),
+                what << ": '" << item.key() << "' differs");
+  }
+}
+
+tdist::CheckpointerOptions options(const std::string& dir) {
+  tdist::CheckpointerOptions o;
+  o.dir = dir;
+  o.every_steps = 3;
+  o.keep_last = 2;
+  return o;
+}
+
+// Trains steps (from, to], saving as the Checkpointer says, with the data
+// position ("seen": samples drawn so far) as an extra.
+void run_steps(FSDP<Net>& model, torch::optim::Optimizer& opt, ProcessGroup& pg, tdist::Checkpointer& ckpt,
+               int64_t from, int64_t to) {
+  for (int64_t step = from + 1; step <= to; ++step) {
+    train_step(model, opt, pg);
+    ckpt.maybe_save(step, {{"seen", at::tensor({step * 4}, at::kLong)}});
+  }
+}
+
+std::vector<std::string> listing(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+TEST(Checkpointer, ARestartedRunContinuesBitForBitAsOneThatNeverStopped) {
+  TempDir tmp;
+  const std::string straight_dir = tmp.path() + "/straight", dir = tmp.path() + "/run";
+  const std::string straight = tmp.path() + "/straight.safetensors", at9 = tmp.path() + "/at9.safetensors";
+  // Ten steps without a stop, saving asynchronously at 3, 6 and 9.
+  ASSERT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    torch::manual_seed(1);
+    auto o = wrap_options();
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::Adam opt(model->parameters(), 0.01);
+    tdist::Checkpointer ckpt(tdist::default_group(), *model, &opt, options(straight_dir));
+    WORLD_CHECK(!ckpt.restore(), "a fresh folder restored something");
+    run_steps(model, opt, pg, ckpt, 0, 10);
+    ckpt.wait();
+    const StateDict all = full_state(model, opt);
+    if (pg.rank() == 0) tdist::save_safetensors(straight, all);
+  }), "");
+  // The same run, stopped after step 7 (step 7 is lost; 6 was saved).
+  ASSERT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    torch::manual_seed(1);
+    auto o = wrap_options();
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::Adam opt(model->parameters(), 0.01);
+    tdist::Checkpointer ckpt(tdist::default_group(), *model, &opt, options(dir));
+    run_steps(model, opt, pg, ckpt, 0, 7);
+  }), "");
+  EXPECT_EQ(read_text(dir + "/latest"), "step-00000006\n");
+  // Restarted with other weights, another seed and another learning rate:
+  // the checkpoint sets them all.
+  ASSERT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    torch::manual_seed(99);
+    auto o = wrap_options();
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::Adam opt(model->parameters(), 0.5);
+    tdist::Checkpointer ckpt(tdist::default_group(), *model, &opt, options(dir));
+    const auto resumed = ckpt.restore();
+    WORLD_CHECK(resumed && resumed->step == 6, "restored step " << (resumed ? resumed->step : -1));
+    WORLD_CHECK(resumed->rng_restored && resumed->saved_world_size == 2, "rng");
+    WORLD_CHECK(resumed->extras.at("seen").item<int64_t>() == 24, "the data position");
+    run_steps(model, opt, pg, ckpt, 6, 9);
+    ckpt.wait();
+    const StateDict nine = full_state(model, opt);
+    if (pg.rank() == 0) tdist::save_safetensors(at9, nine);
+    run_steps(model, opt, pg, ckpt, 9, 10);
+    expect_equal_to_file(straight, full_state(model, opt), "resumed at step 6");
+  }), "");
+  // keep_last = 2: the saves at 6 and 9 are kept, the one at 3 is gone.
+  EXPECT_EQ(listing(dir), (std::vector<std::string>{"latest", "step-00000006", "step-00000009"}));
+  EXPECT_EQ(listing(dir + "/step-00000009"),
+            (std::vector<std::string>{"model_rank-0-of-2.pt", "model_rank-1-of-2.pt", "train_rank-0-of-2.pt",
+                                      "train_rank-1-of-2.pt"}));
+
+  // At another world size: resharded, step and extras from rank 0, the
+  // RNG left alone (and said so).
+  EXPECT_EQ(run_world(1, [&](ProcessGroup&) {
+    auto o = wrap_options();
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::Adam opt(model->parameters(), 0.5);
+    tdist::Checkpointer ckpt(tdist::default_group(), *model, &opt, options(dir));
+    const auto resumed = ckpt.restore();
+    WORLD_CHECK(resumed && resumed->step == 9 && !resumed->rng_restored && resumed->saved_world_size == 2,
+                "restored at world 1");
+    WORLD_CHECK(resumed->extras.at("seen").item<int64_t>() == 36, "the data position at world 1");
+    expect_equal_to_file(at9, full_state(model, opt), "restored at world 1");
+  }), "");
+}
+
+// A save that fails on its writer thread is raised by wait() on every rank;
+// the latest marker keeps naming the last good checkpoint.
+TEST(Checkpointer, AFailedBackgroundSaveIsRaisedAndTheLatestStays) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    auto o = wrap_options();
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::Adam opt(model->parameters(), 0.01);
+    tdist::Checkpointer ckpt(tdist::default_group(), *model, &opt, options(dir));
+    run_steps(model, opt, pg, ckpt, 0, 3);
+    ckpt.wait();
+    if (pg.rank() == 1) std::ofstream(dir + "/step-00000006") << "not a folder";  // rank 1's writes fail
+    pg.barrier()->wait();
+    run_steps(model, opt, pg, ckpt, 3, 6);
+    std::string error;
+    try {
+      ckpt.wait();
+    } catch (const CheckpointError& e) {
+      error = e.what();
+    }
+    WORLD_CHECK(error.find("step-00000006") != std::string::npos, "the error: '" << error << "'");
+    WORLD_CHECK(ckpt.latest_step() == 3, "latest moved to " << ckpt.latest_step().value_or(-1));
+    // The next save works again (the leftover is pruned by rank 0 before).
+    if (pg.rank() == 0) ::unlink((dir + "/step-00000006").c_str());
+    pg.barrier()->wait();
+    ckpt.save(7);
+    ckpt.wait();
+    WORLD_CHECK(ckpt.latest_step() == 7, "latest after a good save: " << ckpt.latest_step().value_or(-1));
+  }), "");
+}
+
+// What dir/latest holds is read with a bound and checked: a FIFO is refused
+// at once, text that names no step folder is a CheckpointError.
+TEST(Checkpointer, AHostileLatestMarkerIsAnErrorNotAHang) {
+  TempDir tmp;
+  for (const std::string kind : {"fifo", "garbage", "huge"}) {
+    const std::string dir = tmp.path() + "/" + kind;
+    std::filesystem::create_directories(dir);
+    const std::string marker = dir + "/latest";
+    if (kind == "fifo") {
+      ASSERT_EQ(::mkfifo(marker.c_str(), 0600), 0);
+    } else if (kind == "garbage") {
+      std::ofstream(marker) << "../../etc\n";
+    } else {
+      std::ofstream(marker) << "step-" << std::string(1 << 20, '1');
+    }
+    EXPECT_EQ(run_world(1, [&](ProcessGroup&) {
+      auto o = wrap_options();
+      FSDP<Net> model(Net(&o), o);
+      tdist::Checkpointer ckpt(tdist::default_group(), *model, nullptr, options(dir));
+      std::string error;
+      try {
+        ckpt.restore();
+      } catch (const CheckpointError& e) {
+        error = e.what();
+      }
+      WORLD_CHECK(error.find("latest") != std::string::npos, kind << ": '" << error << "'");
+    }), "") << kind;
+  }
+}
+
+TEST(Checkpointer, MisuseIsNamed) {
+  EXPECT_EQ(run_world(1, [&](ProcessGroup&) {
+    torch::nn::Linear plain(3, 2);
+    auto bad = [&](tdist::CheckpointerOptions o, const std::string& says) {
+      std::string error;
+      try {
+        tdist::Checkpointer ckpt(tdist::default_group(), *plain, nullptr, o);
+      } catch (const tdist::UsageError& e) {
+        error = e.what();
+      }
+      WORLD_CHECK(error.find(says) != std::string::npos, "'" << error << "' does not say " << says);
+    };
+    bad({}, "dir is empty");
+    tdist::CheckpointerOptions o;
+    o.dir = "/tmp/unused";
+    o.keep_last = 0;
+    bad(o, "keep_last");
+    o.keep_last = 1;
+    o.every_steps = -1;
+    bad(o, "every_steps");
+  }), "");
+}
+
+}  // namespace
