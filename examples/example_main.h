@@ -13,6 +13,9 @@
 #include <memory>
 #include <string>
 
+#include <torch/nn/module.h>
+#include <CLI/CLI.hpp>
+
 #include "tdist/process_group.h"
 #include "tdist/store.h"
 
@@ -58,6 +61,36 @@ inline bool write_json(const char* name, const std::string& path, const nlohmann
   f << j.dump(2) << "\n";
   if (!f) std::fprintf(stderr, "%s: cannot write %s\n", name, path.c_str());
   return static_cast<bool>(f);
+}
+
+// --checkpoint-dir DIR --checkpoint-every N: an example that saves itself
+// (tdist::Checkpointer) and, started again with the same flags (by
+// tdist-run --max-restarts, say), resumes from the latest checkpoint.
+struct CheckpointFlags {
+  std::string dir;
+  int64_t every = 0;
+};
+inline void add_checkpoint_flags(CLI::App& app, CheckpointFlags& f) {
+  app.add_option("--checkpoint-dir", f.dir, "save here, and resume from the latest checkpoint found here")
+      ->type_name("DIR");
+  app.add_option("--checkpoint-every", f.every, "save every N steps (with --checkpoint-dir)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+}
+
+// A 64-bit FNV-1a hash of `tensors`' bytes, in hex: equal exactly when
+// the values are equal bit for bit (short of a collision).
+template <typename Tensors>
+std::string fingerprint(const Tensors& tensors) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& t : tensors) {
+    const auto c = t.detach().contiguous().cpu();
+    const auto* p = static_cast<const unsigned char*>(c.data_ptr());
+    for (size_t i = 0; i < c.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
 }
 
 }  // namespace examples

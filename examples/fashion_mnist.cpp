@@ -4,12 +4,17 @@
 //       [--batch-size 64] [--lr 0.001] [--seed 0]
 //       [--hook allreduce|fp16|bf16|noop|powersgd|batched_powersgd] [--powersgd-rank 1] [--powersgd-start-iter 10]
 //       [--backend auto] [--data-dir /usr/share/datasets/fashion-mnist] [--json FILE] [--quiet] [--all-ranks]
+//       [--checkpoint-dir DIR --checkpoint-every N]
 //
 // Reads Debian's dataset-fashion-mnist (gzipped IDX files), shards the
 // training set over the ranks with a distributed sampler (a shuffle shared by
 // all ranks, then every world_size-th sample), trains with Adam, and reports
 // the test accuracy measured on all ranks' shards of the test set. Adam, with
-// the learning rate halved after every epoch.
+// the learning rate halved after every epoch. With --checkpoint-dir it saves
+// every --checkpoint-every steps and, started again (by tdist-run
+// --max-restarts, say), resumes from the latest checkpoint there: at the
+// same world size it continues bit for bit as a run that never stopped; at
+// another one it continues from the same sample of the same epoch.
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -42,6 +47,7 @@ struct Args {
   int64_t max_steps = 0;     // stop after this many steps (0: all epochs)
   int64_t warmup_steps = 0;  // steps left out of ms_per_step
   examples::ProgressOptions progress;
+  examples::CheckpointFlags checkpoint;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -75,6 +81,7 @@ Args parse(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--json", a.json, "rank 0 writes the results here")->type_name("FILE");
   examples::add_progress_flags(app, a.progress);
+  examples::add_checkpoint_flags(app, a.checkpoint);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -84,6 +91,7 @@ Args parse(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     usage(e.what());
   }
+  if (a.checkpoint.every > 0 && a.checkpoint.dir.empty()) usage("--checkpoint-every needs --checkpoint-dir");
   return a;
 }
 
@@ -146,13 +154,40 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
   const int64_t n = train_x.size(0);
   const int64_t per_rank = n / world;  // the sampler drops the remainder, as PyTorch's does with drop_last
   const int64_t steps_per_epoch = (per_rank + a.batch_size - 1) / a.batch_size;
+  const int64_t total_steps = a.max_steps > 0 ? std::min(a.max_steps, steps_per_epoch * a.epochs)
+                                              : steps_per_epoch * a.epochs;
+  // Where training stands: steps of this world size, and samples of the
+  // current epoch drawn so far by all ranks (what a resume at another
+  // world size goes by).
   int64_t steps = 0;
+  std::unique_ptr<tdist::Checkpointer> ckpt;
+  if (!a.checkpoint.dir.empty()) {
+    tdist::CheckpointerOptions co;
+    co.dir = a.checkpoint.dir;
+    co.every_steps = a.checkpoint.every;
+    co.files.comm_hook_state = powersgd;
+    ckpt = std::make_unique<tdist::Checkpointer>(group, *ddp, &opt, co);
+    if (auto r = ckpt->restore()) {
+      if (r->saved_world_size == world) {
+        steps = r->step;
+      } else {  // the same epoch, from the first batch not yet drawn
+        const int64_t epoch = r->extras.at("epoch").item<int64_t>();
+        const int64_t drawn = r->extras.at("epoch_samples").item<int64_t>();
+        steps = epoch * steps_per_epoch + (drawn + a.batch_size * world - 1) / (a.batch_size * world);
+      }
+      if (rank == 0) {
+        std::printf("resumed from %s (step %lld at world size %d): continuing at step %lld\n", r->path.c_str(),
+                    static_cast<long long>(r->step), r->saved_world_size, static_cast<long long>(steps));
+      }
+    }
+  }
   auto timed_from = std::chrono::steady_clock::now();
   examples::ProgressOptions po = a.progress;
   po.rank = rank;
   examples::Progress progress(po);
-  progress.start(a.max_steps > 0 ? std::min(a.max_steps, steps_per_epoch * a.epochs) : steps_per_epoch * a.epochs);
-  for (int epoch = 0; epoch < a.epochs; ++epoch) {
+  progress.start(total_steps - std::min(steps, total_steps));
+  int64_t first_epoch = steps / steps_per_epoch;
+  for (int64_t epoch = first_epoch; epoch < a.epochs && steps < total_steps; ++epoch) {
     ddp->train();
     // Halve the learning rate after every epoch.
     for (auto& group : opt.param_groups()) {
@@ -162,8 +197,9 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
     const torch::Tensor order = torch::randperm(n, torch::kLong).slice(0, rank, per_rank * world, world);
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
+    int64_t done = 0;
     progress.set_label("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(a.epochs));
-    for (int64_t s = 0; s < steps_per_epoch; ++s) {
+    for (int64_t s = steps - epoch * steps_per_epoch; s < steps_per_epoch && steps < total_steps; ++s) {
       const torch::Tensor idx = order.slice(0, s * a.batch_size, std::min(per_rank, (s + 1) * a.batch_size));
       opt.zero_grad();
       torch::Tensor loss = torch::nn::functional::cross_entropy(ddp->forward(train_x.index_select(0, idx)),
@@ -173,20 +209,24 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
       const double step_loss = loss.item<double>();
       loss_sum += step_loss;
       ++steps;
+      ++done;
       progress.step(idx.size(0) * world, step_loss);
       if (steps == a.warmup_steps) timed_from = std::chrono::steady_clock::now();
-      if (a.max_steps > 0 && steps >= a.max_steps) break;
+      if (ckpt) {
+        const int64_t epoch_samples = std::min(per_rank, (s + 1) * a.batch_size) * world;
+        ckpt->maybe_save(steps, {{"epoch", at::tensor({epoch}, at::kLong)},
+                                 {"epoch_samples", at::tensor({epoch_samples}, at::kLong)}});
+      }
     }
     progress.finish();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const int64_t done = a.max_steps > 0 ? std::min(steps_per_epoch, a.max_steps - epoch * steps_per_epoch)
-                                         : steps_per_epoch;
-    if (rank == 0) {
-      std::printf("epoch %d/%d: %lld steps, %.1f s, %.0f samples/s, mean loss %.4f\n", epoch + 1, a.epochs, static_cast<long long>(done), secs, done * a.batch_size * world / secs,
-                  loss_sum / done);
+    if (rank == 0 && done > 0) {
+      std::printf("epoch %lld/%d: %lld steps, %.1f s, %.0f samples/s, mean loss %.4f\n",
+                  static_cast<long long>(epoch + 1), a.epochs, static_cast<long long>(done), secs,
+                  done * a.batch_size * world / secs, loss_sum / done);
     }
-    if (a.max_steps > 0 && steps >= a.max_steps) break;
   }
+  if (ckpt) ckpt->wait();
   const double train_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - timed_from).count();
   const int64_t timed_steps = steps - std::min(steps, a.warmup_steps);
@@ -235,6 +275,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
       j["bytes_communicated"] = bytes;
       j["bytes_per_step"] = step_bytes;
       j["compression_rate"] = rate;
+      j["weights_fingerprint"] = examples::fingerprint(net->parameters());
       if (!examples::write_json("fashion_mnist", a.json, j)) return 1;
     }
   }

@@ -289,6 +289,75 @@ TEST(FashionMnist, OneEpochOnTwoRanksWithTheFp16Hook) {
   EXPECT_EQ(r.output.find("[rank 1]: "), std::string::npos) << r.output;
 }
 
+std::string read_all(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The processes whose parent is `parent` and whose name is `comm`.
+std::vector<pid_t> children_named(pid_t parent, const std::string& comm) {
+  std::vector<pid_t> out;
+  if (DIR* d = opendir("/proc")) {
+    while (dirent* e = readdir(d)) {
+      const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+      if (pid <= 0) continue;
+      const std::string stat = read_all("/proc/" + std::to_string(pid) + "/stat");
+      const size_t open = stat.find('('), close = stat.rfind(')');
+      if (open == std::string::npos || close == std::string::npos || close + 4 >= stat.size()) continue;
+      std::istringstream rest(stat.substr(close + 4));  // after ") S "
+      pid_t ppid = 0;
+      rest >> ppid;
+      if (ppid == parent && stat.substr(open + 1, close - open - 1) == comm) out.push_back(pid);
+    }
+    closedir(d);
+  }
+  return out;
+}
+
+std::string fingerprint_in(const std::string& json) {
+  const auto j = nlohmann::json::parse(read_all(json), nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.contains("weights_fingerprint") ? j["weights_fingerprint"].get<std::string>() : "";
+}
+
+// Issue 37: a rank killed with SIGKILL in the middle of a run with
+// --checkpoint-dir; tdist-run restarts every rank, they resume from the
+// latest checkpoint by themselves and end with the very weights of a run
+// that never stopped. 30 steps per epoch: the run crosses an epoch.
+TEST(FashionMnist, AKilledRankRestartsAndResumesBitForBit) {
+  test::TempDir dir;
+  const std::string d = dir.path();
+  const std::string args = " --nproc-per-node 2 " TDIST_BIN_DIR "/fashion_mnist --batch-size 1000 --epochs 2 "
+                           "--max-steps 45 --quiet";
+  auto straight = test::run_command(kRun + args + " --json " + d + "/straight.json", 300s);
+  ASSERT_TRUE(test::exited_ok(straight.status)) << straight.output;
+  const std::string cmd = "exec " + kRun + " --max-restarts 2" + args + " --checkpoint-dir " + d +
+                          "/ckpt --checkpoint-every 3 --json " + d + "/resumed.json > " + d + "/log 2>&1";
+  pid_t launcher = test::fork_child([&] {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    return 127;
+  });
+  // Kill a rank once a few checkpoints are in place (step 9 or later).
+  bool killed = false;
+  for (int i = 0; i < 1200 && !killed; ++i) {
+    const std::string latest = read_all(d + "/ckpt/latest");
+    if (latest.size() > 5 && std::atoi(latest.c_str() + 5) >= 9) {
+      const auto ranks = children_named(launcher, "fashion_mnist");
+      if (!ranks.empty()) killed = kill(ranks.back(), SIGKILL) == 0;
+    }
+    if (!killed) std::this_thread::sleep_for(50ms);
+  }
+  const int st = test::wait_child(launcher, 300s);
+  const std::string log = read_all(d + "/log");
+  ASSERT_TRUE(killed) << log;
+  ASSERT_NE(st, -1) << log;
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << test::describe_status(st) << "\n" << log;
+  EXPECT_NE(log.find("restarting all ranks"), std::string::npos) << log;
+  EXPECT_NE(log.find("[rank 0]: resumed from " + d + "/ckpt/step-"), std::string::npos) << log;
+  const std::string want = fingerprint_in(d + "/straight.json");
+  EXPECT_EQ(want.size(), 16u);
+  EXPECT_EQ(fingerprint_in(d + "/resumed.json"), want) << log;
+}
+
 // --quiet: no progress lines, the summaries stay; --all-ranks: every rank's.
 TEST(FashionMnist, QuietAndAllRanks) {
   auto q = test::run_command(kRun + " --nproc-per-node 2 " TDIST_BIN_DIR "/fashion_mnist --epochs 1 --max-steps 20 --quiet",
