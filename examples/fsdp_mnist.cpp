@@ -4,6 +4,7 @@
 //   build/bin/tdist-run --nproc-per-node 2 build/bin/fsdp_mnist --use-nested-fsdp --use-gradient-checkpointing
 //   build/bin/tdist-run --nproc-per-node 2 build/bin/fsdp_mnist --auto-wrap-policy type --sharding grad_op
 //       [--epochs 2] [--batch-size 64] [--lr 0.002] [--seed 0] [--data-dir ...] [--json FILE] [--quiet] [--all-ranks]
+//       [--checkpoint-dir DIR --checkpoint-every N]  (resumes from the latest checkpoint in DIR by itself)
 //
 // The network is one torch::nn::Sequential (two convolution stages with
 // BatchNorm, two linear layers). --use-nested-fsdp wraps each convolution
@@ -46,6 +47,7 @@ struct Args {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::string json;
   examples::ProgressOptions progress;
+  examples::CheckpointFlags checkpoint;
 };
 
 Args parse(int argc, char** argv) {
@@ -64,6 +66,7 @@ Args parse(int argc, char** argv) {
   app.add_option("--data-dir", a.data_dir)->capture_default_str();
   app.add_option("--json", a.json, "rank 0 writes the results here")->type_name("FILE");
   examples::add_progress_flags(app, a.progress);
+  examples::add_checkpoint_flags(app, a.checkpoint);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -141,19 +144,34 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
   const int64_t n = data.train_x.size(0);
   const int64_t per_rank = n / world;
   const int64_t steps_per_epoch = (per_rank + a.batch_size - 1) / a.batch_size;
+  // --checkpoint-dir: resume at the step of the latest checkpoint there
+  // (the shuffle and the learning rate are functions of the step), save
+  // every --checkpoint-every steps.
   int64_t steps = 0;
+  std::unique_ptr<tdist::Checkpointer> ckpt;
+  if (!a.checkpoint.dir.empty()) {
+    tdist::CheckpointerOptions co;
+    co.dir = a.checkpoint.dir;
+    co.every_steps = a.checkpoint.every;
+    ckpt = std::make_unique<tdist::Checkpointer>(tdist::default_group(), *model, &opt, co);
+    if (auto r = ckpt->restore()) {
+      steps = std::min(r->step, steps_per_epoch * a.epochs);
+      if (rank == 0) std::printf("resumed from %s (step %lld)\n", r->path.c_str(), static_cast<long long>(r->step));
+    }
+  }
   examples::ProgressOptions po = a.progress;
   po.rank = rank;
   examples::Progress bar(po);
-  bar.start(steps_per_epoch * a.epochs);
-  for (int epoch = 0; epoch < a.epochs; ++epoch) {
+  bar.start(steps_per_epoch * a.epochs - steps);
+  for (int epoch = static_cast<int>(steps / steps_per_epoch); epoch < a.epochs; ++epoch) {
     model->train();
     torch::manual_seed(a.seed + 1000 + epoch);  // the same shuffle on every rank
     const torch::Tensor order = torch::randperm(n, torch::kLong).slice(0, rank, per_rank * world, world);
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
+    int64_t done = 0;
     bar.set_label("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(a.epochs));
-    for (int64_t s = 0; s < steps_per_epoch; ++s) {
+    for (int64_t s = steps - epoch * steps_per_epoch; s < steps_per_epoch; ++s) {
       // Cosine decay over the whole run.
       const double progress = static_cast<double>(steps) / static_cast<double>(steps_per_epoch * a.epochs);
       for (auto& g : opt.param_groups()) {
@@ -168,16 +186,24 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
       const double step_loss = loss.item<double>();
       loss_sum += step_loss;
       ++steps;
+      ++done;
       bar.step(idx.size(0) * world, step_loss);
+      if (ckpt) ckpt->maybe_save(steps);
     }
     bar.finish();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rank == 0) {
+    if (rank == 0 && done > 0) {
       std::printf("epoch %d/%d: %lld steps, %.1f s, mean loss %.4f\n", epoch + 1, a.epochs,
-                  static_cast<long long>(steps_per_epoch), secs, loss_sum / steps_per_epoch);
+                  static_cast<long long>(done), secs, loss_sum / static_cast<double>(done));
     }
   }
+  if (ckpt) ckpt->wait();
   model->eval();
+  // The full weights' fingerprint (collective: every rank gathers).
+  const tdist::StateDict full = tdist::full_state_dict(*model);
+  std::vector<torch::Tensor> values;
+  for (const auto& item : full) values.push_back(item.value());
+  const std::string weights = examples::fingerprint(values);
   torch::NoGradGuard no_grad;
   const double accuracy = examples::test_accuracy(data, pg, [&](const torch::Tensor& x) { return model(x); });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -194,6 +220,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
       j["seconds"] = seconds;
       j["world_size"] = world;
       j["units"] = model->get_shard_metadata().units.size();
+      j["weights_fingerprint"] = weights;
       if (!examples::write_json("fsdp_mnist", a.json, j)) return 1;
     }
   }

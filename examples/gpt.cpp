@@ -3,7 +3,9 @@
 //
 //   build/bin/tdist-run --nproc-per-node 2 build/bin/gpt --steps 300
 //   build/bin/gpt --from-pretrained DIR --data FILE --eval-only
-//   build/bin/tdist-run -n 3 build/bin/gpt --from-pretrained DIR --steps 50 --save-pretrained OUT
+//   build/bin/tdist-run --nproc-per-node 3 build/bin/gpt --from-pretrained DIR --steps 50 --save-pretrained OUT
+//   build/bin/tdist-run --max-restarts 3 --nproc-per-node 2 build/bin/gpt --steps 300 --checkpoint-dir ckpt --checkpoint-every 50
+//       (saves every 50 steps; started again, resumes from the latest checkpoint in ckpt/ by itself)
 //
 // The model is examples/gpt_model.h (GPT2LMHeadModel's computation and
 // names, lm_head tied to wte); --from-pretrained reads a Hugging Face
@@ -63,6 +65,7 @@ struct Args {
   double temperature = 0.8;
   std::string json;
   examples::ProgressOptions progress;
+  examples::CheckpointFlags checkpoint;
 };
 
 // "5GB", "200MB", "64KiB", "1000": bytes (decimal units as Hugging Face
@@ -138,6 +141,7 @@ Args parse(int argc, char** argv) {
   app.add_option("--temperature", a.temperature)->check(examples::positive())->capture_default_str();
   app.add_option("--json", a.json, "rank 0 writes the results here")->type_name("FILE");
   examples::add_progress_flags(app, a.progress);
+  examples::add_checkpoint_flags(app, a.checkpoint);
   try {
     app.parse(argc, argv);
     if (!a.save_pretrained.empty()) parse_size(a.max_shard_size);
@@ -389,16 +393,34 @@ int run(const Args& a, tdist::ProcessGroup& pg) {
     if (rank == 0 && a.steps > 0) std::printf("step %lld: val_loss %.4f\n", static_cast<long long>(step), v);
     return v;
   };
-  if (a.eval_interval > 0 && a.steps > 0) evaluate(0);
+  // --checkpoint-dir: resume from the latest checkpoint there (at the step
+  // it was saved at; the batches are a function of the step), save every
+  // --checkpoint-every steps.
+  int64_t first_step = 0;
+  std::unique_ptr<tdist::Checkpointer> ckpt;
+  if (!a.checkpoint.dir.empty()) {
+    tdist::CheckpointerOptions co;
+    co.dir = a.checkpoint.dir;
+    co.every_steps = a.checkpoint.every;
+    ckpt = std::make_unique<tdist::Checkpointer>(tdist::default_group(), *m.root, &opt, co);
+    if (auto r = ckpt->restore()) {
+      first_step = std::min(r->step, a.steps);
+      if (rank == 0) {
+        std::printf("resumed from %s (step %lld, saved at world size %d)\n", r->path.c_str(),
+                    static_cast<long long>(r->step), r->saved_world_size);
+      }
+    }
+  }
+  if (a.eval_interval > 0 && a.steps > 0 && first_step == 0) evaluate(0);
 
   examples::ProgressOptions po = a.progress;
   po.rank = rank;
   po.unit = "tokens";
   examples::Progress bar(po);
-  bar.start(a.steps);
+  bar.start(a.steps - first_step);
   double train_seconds = 0;
   std::vector<double> losses, step_ms;
-  for (int64_t step = 0; step < a.steps; ++step) {
+  for (int64_t step = first_step; step < a.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr_at(a, step));
     auto [x, y] = text.train_batch(a.seed, step, rank, world, a.batch_size, a.block_size);
@@ -419,8 +441,10 @@ int run(const Args& a, tdist::ProcessGroup& pg) {
       bar.finish();
       evaluate(step + 1);
     }
+    if (ckpt) ckpt->maybe_save(step + 1);
   }
   bar.finish();
+  if (ckpt) ckpt->wait();
   // Peak memory of training (before the evaluation and the save).
   torch::Tensor mem = torch::zeros({world}, torch::kDouble);
   mem[rank] = static_cast<double>(examples::proc_status_bytes("VmHWM"));
