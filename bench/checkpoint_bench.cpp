@@ -6,7 +6,9 @@
 // bytes on the same disk in the same run (read, write, fsync, 4 MiB at a
 // time). The table shows each operation's time, its throughput as a
 // fraction of the copy's, and the peak memory of the tools against the
-// largest tensor.
+// largest tensor. Then the Checkpointer's cost to the same model training:
+// a synchronous save's stall against an asynchronous one's (the copy, and
+// what the steps that overlap its writing lose).
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -49,6 +51,85 @@ torch::nn::Sequential layers(const CheckpointBenchOptions& o, const FullySharded
   return seq;
 }
 
+// The Checkpointer's cost to training (the slowest rank's, medians of
+// o.repeats): a training step alone; the stall of a synchronous save; the
+// stall of an asynchronous one (the copy to memory) and the steps that run
+// while its writer thread writes, against steps alone. async_lost_s: what
+// training lost to an asynchronous save in all (its stall plus what the
+// steps during the write took beyond steps alone).
+struct CheckpointerTimes {
+  double step_s = 0, sync_stall_s = 0, async_stall_s = 0, async_step_s = 0, async_write_s = 0, async_lost_s = 0;
+};
+
+template <typename Model>
+CheckpointerTimes checkpointer_times(const CheckpointBenchOptions& o, ProcessGroup& pg, Model& model,
+                                     torch::optim::Optimizer& opt) {
+  const int64_t w = width_for(o);
+  const auto step = [&] {
+    const auto t = Clock::now();
+    torch::Tensor x = torch::randn({8, w});
+    opt.zero_grad();
+    model->forward(x).pow(2).mean().backward();
+    opt.step();
+    return seconds_since(t);
+  };
+  const auto slowest = [&](double v) {
+    at::Tensor t = at::tensor({v}, at::kDouble);
+    pg.all_reduce(t, {ReduceOp::MAX})->wait();
+    return t.item<double>();
+  };
+  CheckpointerOptions co;
+  co.dir = o.run_dir + "/checkpointer";
+  co.keep_last = 1;
+  std::vector<double> alone, sync_stall, async_stall, during, writes, lost;
+  for (int i = 0; i < 6; ++i) alone.push_back(slowest(step()));
+  {
+    co.async = false;
+    Checkpointer ckpt(default_group(), *model, &opt, co);
+    for (int i = 0; i < o.repeats; ++i) {
+      ::sync();
+      pg.barrier()->wait();
+      const auto t = Clock::now();
+      ckpt.save(i + 1);
+      sync_stall.push_back(slowest(seconds_since(t)));
+      alone.push_back(slowest(step()));
+    }
+  }
+  const double step_alone = percentile(alone, 50);
+  co.async = true;
+  Checkpointer ckpt(default_group(), *model, &opt, co);
+  for (int i = 0; i < o.repeats; ++i) {
+    ::sync();
+    pg.barrier()->wait();
+    const auto t = Clock::now();
+    ckpt.save(100 + i);
+    const double stall = seconds_since(t);
+    double extra = 0;
+    // Steps while the writer writes (every rank as many as rank 0 needs).
+    for (;;) {
+      at::Tensor more = at::tensor({ckpt.saving() ? int64_t{1} : int64_t{0}}, at::kLong);
+      pg.all_reduce(more, {ReduceOp::MAX})->wait();
+      if (more.item<int64_t>() == 0) break;
+      const double s = step();
+      during.push_back(s);
+      extra += s - step_alone;
+    }
+    ckpt.wait();
+    writes.push_back(slowest(seconds_since(t)));
+    async_stall.push_back(slowest(stall));
+    lost.push_back(slowest(stall + std::max(0.0, extra)));
+  }
+  CheckpointerTimes out;
+  out.step_s = step_alone;
+  out.sync_stall_s = percentile(sync_stall, 50);
+  out.async_stall_s = percentile(async_stall, 50);
+  out.async_step_s = during.empty() ? 0 : slowest(percentile(during, 50));
+  if (during.empty()) slowest(0);  // (every rank takes part in the same collectives)
+  out.async_write_s = percentile(writes, 50);
+  out.async_lost_s = percentile(lost, 50);
+  return out;
+}
+
 int run_rank(const CheckpointBenchOptions& o) {
   at::set_num_threads(1);
   auto pg = init_process_group({});
@@ -74,8 +155,13 @@ int run_rank(const CheckpointBenchOptions& o) {
     loads.push_back(seconds_since(t));
   }
   const double save_s = percentile(saves, 50), load_s = percentile(loads, 50);
+  const CheckpointerTimes c = checkpointer_times(o, *pg, model, opt);
   if (pg->rank() == 0) {
-    std::ofstream(o.result) << nlohmann::json{{"save_s", save_s}, {"load_s", load_s}}.dump();
+    std::ofstream(o.result) << nlohmann::json{{"save_s", save_s}, {"load_s", load_s}, {"step_s", c.step_s},
+                                              {"sync_stall_s", c.sync_stall_s}, {"async_stall_s", c.async_stall_s},
+                                              {"async_step_s", c.async_step_s}, {"async_write_s", c.async_write_s},
+                                              {"async_lost_s", c.async_lost_s}}
+                                   .dump();
   }
   return 0;
 }
@@ -229,6 +315,25 @@ int run_parent(const CheckpointBenchOptions& o, const std::vector<std::string>& 
   row(("reshard to " + std::to_string(to)).c_str(), resh.seconds, bytes, resh.peak_rss);
   std::printf("\n  consolidate: peak RSS %.1f MiB (target: at most the largest tensor + 64 MiB = %.1f MiB)\n",
               cons.peak_rss / 1048576.0, (largest + (int64_t{64} << 20)) / 1048576.0);
+  const double sync_stall = ranks["sync_stall_s"].get<double>(), lost = ranks["async_lost_s"].get<double>();
+  std::printf("\n  Checkpointer, the same model training (a step alone: %.3f s):\n", ranks["step_s"].get<double>());
+  std::printf("    synchronous save: training stalls %.3f s\n", sync_stall);
+  std::printf("    asynchronous save: the call stalls %.3f s (the copy); %.3f s to write, while steps take %.3f s "
+              "(alone: %.3f s)\n",
+              ranks["async_stall_s"].get<double>(), ranks["async_write_s"].get<double>(),
+              ranks["async_step_s"].get<double>(), ranks["step_s"].get<double>());
+  const double per_step = ranks["async_stall_s"].get<double>() +
+                          std::max(0.0, ranks["async_step_s"].get<double>() - ranks["step_s"].get<double>());
+  std::printf("    a step that overlaps it loses %.3f s (the stall, and its slowdown) = %.1f %% of the synchronous "
+              "stall (target: at most 10 %%)\n",
+              per_step, 100 * per_step / sync_stall);
+  std::printf("    all the steps that overlap its writing lose %.3f s = %.1f %% of the synchronous stall\n", lost,
+              100 * lost / sync_stall);
+  for (const char* k : {"step_s", "sync_stall_s", "async_stall_s", "async_step_s", "async_write_s", "async_lost_s"}) {
+    rows.begin_row();
+    rows.field("operation", std::string("checkpointer ") + k);
+    rows.field("seconds", ranks[k].get<double>());
+  }
   rows.begin_row();
   rows.field("operation", "baseline (tdist-ckpt --help)");
   rows.field("peak_rss_bytes", static_cast<double>(base.peak_rss));

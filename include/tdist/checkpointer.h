@@ -109,6 +109,9 @@ class Checkpointer {
   // Waits until the save in flight (if any) is written; rethrows its error.
   void wait();
 
+  // Whether an asynchronous save is still being written (not collective).
+  bool saving() const;
+
   // The step of the newest complete checkpoint in dir (nullopt: none).
   // Reads dir/latest on this rank; not collective.
   std::optional<int64_t> latest_step() const;

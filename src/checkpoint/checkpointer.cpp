@@ -7,10 +7,13 @@
 #include <ATen/ATen.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -178,7 +181,9 @@ struct Checkpointer::Impl {
   torch::optim::Optimizer* optimizer;
   CheckpointerOptions o;
   std::thread writer;
+  std::atomic<bool> writing{false};  // the writer thread has not finished
   std::exception_ptr failed;  // the last background save's error, until raised
+  checkpoint::CopyPool copies;  // an asynchronous save's host copies, reused by the next
   Clock::time_point last_save = Clock::now();
   double stall_s = 0, write_s = 0;
   std::mutex times_mu;  // write_s is set on the writer thread
@@ -250,9 +255,11 @@ struct Checkpointer::Impl {
     auto model_file = std::make_shared<std::optional<detail::RankFileContents>>();
     auto train = std::make_shared<std::optional<detail::TrainingStateFile>>();
     std::string error;
+    copies.restart();  // the last save's writer is done with them (raise_failure joined it)
+    checkpoint::CopyPool* pool = o.async ? &copies : nullptr;
     try {
-      model_file->emplace(detail::build_rank_file(*own, model, optimizer, files, save_id, /*copy=*/o.async));
-      train->emplace(detail::build_training_state(step, own->rank(), own->size(), extras, /*copy=*/o.async));
+      model_file->emplace(detail::build_rank_file(*own, model, optimizer, files, save_id, pool));
+      train->emplace(detail::build_training_state(step, own->rank(), own->size(), extras, pool));
     } catch (const std::exception& e) {
       error = *e.what() ? e.what() : "an error without words";
     }
@@ -262,12 +269,18 @@ struct Checkpointer::Impl {
     if (!o.async) {
       run();
     } else {
+      writing = true;
       writer = std::thread([this, run] {
+        // Writing yields to training: the thread runs on cores that have
+        // nothing else to run (and in the steps' waits).
+        sched_param idle{};
+        (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
         try {
           run();
         } catch (...) {
           failed = std::current_exception();
         }
+        writing = false;
       });
     }
     std::lock_guard<std::mutex> lock(times_mu);
@@ -391,6 +404,8 @@ bool Checkpointer::maybe_save(int64_t step, const std::map<std::string, at::Tens
 void Checkpointer::save(int64_t step, const std::map<std::string, at::Tensor>& extras) { impl_->save(step, extras); }
 
 void Checkpointer::wait() { impl_->raise_failure(); }
+
+bool Checkpointer::saving() const { return impl_->writing.load(); }
 
 double Checkpointer::last_stall_seconds() const {
   std::lock_guard<std::mutex> lock(impl_->times_mu);

@@ -23,11 +23,11 @@ struct RankFileContents {
 };
 
 // This rank's file: model shards, shard metadata, optimizer shards, the
-// hook's state. copy: every tensor copied to host memory now (the model
-// may change while it is written). Collective only where settling FSDP
+// hook's state. copies: every tensor copied to host memory from it now
+// (the model may change while it is written); null: none copied. Collective only where settling FSDP
 // units is.
 RankFileContents build_rank_file(ProcessGroup& pg, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
-                         const ShardedCheckpointOptions& options, int64_t save_id, bool copy);
+                         const ShardedCheckpointOptions& options, int64_t save_id, checkpoint::CopyPool* copies);
 
 // Writes and syncs `file` under prefix (or reports `error`, when building
 // it failed), then renames every rank's file into place once all are

@@ -336,11 +336,11 @@ Staged stage_resharded(const std::string& prefix, const ShardedCheckpointOptions
 namespace detail {
 
 RankFileContents build_rank_file(ProcessGroup& pg, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
-                         const ShardedCheckpointOptions& options, int64_t save_id, bool copy) {
+                         const ShardedCheckpointOptions& options, int64_t save_id, checkpoint::CopyPool* copies) {
   ShardedStateDict local = sharded_state_dict(model);
   local.metadata.world_size = pg.size();
   local.metadata.rank = pg.rank();
-  RankFileContents file{checkpoint::TensorSink(copy), PtValue()};
+  RankFileContents file{checkpoint::TensorSink(copies), PtValue()};
   checkpoint::TensorSink& sink = file.sink;
   std::vector<std::pair<std::string, PtValue>> tensors;
   for (const auto& item : local.tensors) tensors.emplace_back(item.key(), sink.add(item.value()));
@@ -455,7 +455,7 @@ void save_on(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& mod
   std::string error;
   try {
     check_group("save_sharded_checkpoint", pg, model);
-    file.emplace(detail::build_rank_file(pg, model, optimizer, options, save_id, /*copy=*/false));
+    file.emplace(detail::build_rank_file(pg, model, optimizer, options, save_id, /*copies=*/nullptr));
   } catch (const std::exception& e) {
     error = *e.what() ? e.what() : "an error without words";
   }

@@ -13,10 +13,20 @@ PtValue TensorSink::add(at::ScalarType dtype, std::vector<int64_t> shape, Make m
   return v;
 }
 
+at::Tensor CopyPool::copy(const at::Tensor& t) {
+  const bool pinned = t.is_cuda();
+  if (next_ == buffers_.size()) buffers_.emplace_back();
+  at::Tensor& b = buffers_[next_++];
+  if (!b.defined() || b.scalar_type() != t.scalar_type() || b.sizes() != t.sizes() || b.is_pinned() != pinned) {
+    b = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(pinned));
+  }
+  b.copy_(t);
+  return b;
+}
+
 PtValue TensorSink::add(const at::Tensor& t) {
-  if (!copy_) return add(t.scalar_type(), t.sizes().vec(), [t] { return t; });
-  at::Tensor c = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(t.is_cuda()));
-  c.copy_(t);
+  if (!pool_) return add(t.scalar_type(), t.sizes().vec(), [t] { return t; });
+  at::Tensor c = pool_->copy(t);
   return add(c.scalar_type(), c.sizes().vec(), [c] { return c; });
 }
 

@@ -19,12 +19,28 @@
 
 namespace tdist::checkpoint {
 
+// Host copies of tensors for an asynchronous save, reused from one save to
+// the next: a save copies into the buffers of the last one (same dtypes and
+// shapes, in the same order), so after the first save a copy costs no page
+// faults. One user at a time; restart() before each save's copies, and
+// only once the buffers' last writer is done with them.
+class CopyPool {
+ public:
+  // A host copy of t (pinned when t is on a GPU).
+  at::Tensor copy(const at::Tensor& t);
+  void restart() { next_ = 0; }
+
+ private:
+  std::vector<at::Tensor> buffers_;
+  size_t next_ = 0;
+};
+
 class TensorSink {
  public:
   using Make = std::function<at::Tensor()>;
-  // copy: add(t) keeps a private copy of t in host memory (pinned when t
-  // is on a GPU), so that t may change before write (an asynchronous save).
-  explicit TensorSink(bool copy = false) : copy_(copy) {}
+  // pool: add(t) keeps a private copy of t from the pool, so that t may
+  // change before write (an asynchronous save); null: t itself.
+  explicit TensorSink(CopyPool* pool = nullptr) : pool_(pool) {}
   // A tensor value of that dtype and shape whose bytes `make` will produce.
   PtValue add(at::ScalarType dtype, std::vector<int64_t> shape, Make make);
   // A tensor in memory.
@@ -34,7 +50,7 @@ class TensorSink {
   void write(PtWriter& writer, const PtValue& root);
 
  private:
-  bool copy_;
+  CopyPool* pool_;
   StorageKeys keys_;
   std::vector<std::pair<std::string, Make>> pending_;
 };

@@ -28,8 +28,9 @@ at::Tensor generator_state(at::Generator gen) {
 }  // namespace
 
 TrainingStateFile build_training_state(int64_t step, int rank, int world_size,
-                                       const std::map<std::string, at::Tensor>& extras, bool copy) {
-  TrainingStateFile file{checkpoint::TensorSink(copy), PtValue()};
+                                       const std::map<std::string, at::Tensor>& extras,
+                                       checkpoint::CopyPool* copies) {
+  TrainingStateFile file{checkpoint::TensorSink(copies), PtValue()};
   std::vector<PtValue> cuda;
   for (int d = 0; d < cuda_devices(); ++d) {
     cuda.push_back(file.sink.add(generator_state(at::globalContext().defaultGenerator(at::Device(at::kCUDA, d)))));

@@ -26,9 +26,10 @@ struct TrainingStateFile {
 };
 
 // This rank's state now: the step, the RNGs' states, the extras (copied to
-// host memory when `copy`).
+// host memory from `copies` when given).
 TrainingStateFile build_training_state(int64_t step, int rank, int world_size,
-                                       const std::map<std::string, at::Tensor>& extras, bool copy);
+                                       const std::map<std::string, at::Tensor>& extras,
+                                       checkpoint::CopyPool* copies);
 // Writes it to path (aside, synced, renamed into place).
 void write_training_state(const std::string& path, TrainingStateFile& file);
 
