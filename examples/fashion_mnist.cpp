@@ -178,6 +178,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
       if (rank == 0) {
         std::printf("resumed from %s (step %lld at world size %d): continuing at step %lld\n", r->path.c_str(),
                     static_cast<long long>(r->step), r->saved_world_size, static_cast<long long>(steps));
+        std::fflush(stdout);  // a log (a pipe) sees it now: resuming is timed by it
       }
     }
   }

@@ -157,6 +157,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
     if (auto r = ckpt->restore()) {
       steps = std::min(r->step, steps_per_epoch * a.epochs);
       if (rank == 0) std::printf("resumed from %s (step %lld)\n", r->path.c_str(), static_cast<long long>(r->step));
+      std::fflush(stdout);  // a log (a pipe) sees it now: resuming is timed by it
     }
   }
   examples::ProgressOptions po = a.progress;

@@ -408,6 +408,7 @@ int run(const Args& a, tdist::ProcessGroup& pg) {
       if (rank == 0) {
         std::printf("resumed from %s (step %lld, saved at world size %d)\n", r->path.c_str(),
                     static_cast<long long>(r->step), r->saved_world_size);
+        std::fflush(stdout);  // a log (a pipe) sees it now: resuming is timed by it
       }
     }
   }
