@@ -24,12 +24,15 @@
 // every CUDA device's), and the user's extras (tensors by name: the data
 // position, the LR scheduler's step, ...).
 //
-// Layout: dir/step-00000100/{model_rank-R-of-W.pt, train_rank-R-of-W.pt}
-// and dir/latest, a one-line file naming the newest complete step folder,
-// replaced atomically (written aside, then renamed) once every rank's
-// files of that step are in place. A crash at any point leaves the previous
-// latest checkpoint whole. The last keep_last complete checkpoints are
-// kept; older ones, and incomplete ones, are removed by rank 0.
+// Layout: each save has a folder of its own,
+// dir/step-00000100-<save id>/{model_rank-R-of-W.pt, train_rank-R-of-W.pt},
+// and dir/latest lists the complete ones, newest first, one a line (the
+// last keep_last). The marker is replaced atomically (written aside, then
+// renamed) once every rank's files of a save are in place; rank 0 then
+// removes every step folder the marker does not list (older ones, and what
+// a crashed or failed save left). A crash at any point leaves the previous
+// latest checkpoint whole, and no save ever writes into a folder the
+// marker names.
 //
 // Asynchronous saves (async, the default): the call copies this rank's
 // shards, optimizer state and training state to host memory (pinned for
@@ -39,7 +42,8 @@
 // order as its other groups), so they never meet training's. At most one
 // save is in flight: a save that comes due while one is still being written
 // first waits for it (the same on every rank; no checkpoint is skipped).
-// A failed background save is raised by the next maybe_save/save/wait.
+// A failed background save is raised by the next save (a due maybe_save,
+// or save) or wait, on every rank.
 //
 // Resuming at another world size: the model and optimizer are resharded
 // (load_sharded_checkpoint); the step and extras come from rank 0's
@@ -104,7 +108,8 @@ class Checkpointer {
 
   // Saves when `step` is due (every_steps, every); whether it started one.
   bool maybe_save(int64_t step, const std::map<std::string, at::Tensor>& extras = {});
-  // Saves now as `step` (waits for the save in flight first).
+  // Saves now as `step` (waits for the save in flight first). UsageError
+  // for a negative step.
   void save(int64_t step, const std::map<std::string, at::Tensor>& extras = {});
   // Waits until the save in flight (if any) is written; rethrows its error.
   void wait();

@@ -7,13 +7,14 @@
 #include <ATen/ATen.h>
 #include <dirent.h>
 #include <fcntl.h>
-#include <pthread.h>
-#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -39,21 +40,40 @@ constexpr const char* kTrain = "train";
 constexpr const char* kSuffix = "_rank-*-of-*.pt";
 constexpr const char* kLatest = "latest";
 
-std::string step_folder(int64_t step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+// One save's folder: "step-00000100-<save id, 16 hex digits>". Every save
+// gets a folder of its own, so no save ever writes into a folder that a
+// marker names (a resumed run saving a step number again, a crash's
+// leftovers).
+struct Folder {
+  int64_t step = 0;
+  std::string name;
+};
+
+std::string folder_name(int64_t step, int64_t save_id) {
+  char name[48];
+  std::snprintf(name, sizeof name, "step-%08lld-%016llx", static_cast<long long>(step),
+                static_cast<unsigned long long>(save_id));
   return name;
 }
 
-// The step a folder name says ("step-00000100" -> 100), or -1.
-int64_t step_of(const std::string& name) {
-  if (name.size() < 6 || name.size() > 24 || name.compare(0, 5, "step-") != 0) return -1;
+// The folder a name says, or nullopt for a name a Checkpointer never makes.
+std::optional<Folder> parse_folder(const std::string& name) {
+  const size_t dash = name.find('-', 5);
+  if (name.compare(0, 5, "step-") != 0 || dash == std::string::npos || dash < 13 || dash > 24 ||
+      name.size() != dash + 17) {
+    return std::nullopt;
+  }
   int64_t v = 0;
-  for (size_t i = 5; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9' || v > (INT64_MAX - 9) / 10) return -1;
+  for (size_t i = 5; i < dash; ++i) {
+    if (name[i] < '0' || name[i] > '9' || v > (INT64_MAX - 9) / 10) return std::nullopt;
     v = v * 10 + (name[i] - '0');
   }
-  return v;
+  for (size_t i = dash + 1; i < name.size(); ++i) {
+    if (!std::isxdigit(static_cast<unsigned char>(name[i])) || std::isupper(static_cast<unsigned char>(name[i]))) {
+      return std::nullopt;
+    }
+  }
+  return Folder{v, name};
 }
 
 void make_dir(const std::string& dir) {
@@ -76,36 +96,55 @@ void fsync_dir(const std::string& dir) {
   }
 }
 
-// dir/latest's step, read with a bound (a marker is one short line), or
-// nullopt when there is none. CheckpointError when it says nothing a
-// Checkpointer writes.
-std::optional<int64_t> read_latest(const std::string& dir) {
+// dir/latest: the complete checkpoints' folders, newest first, one a line
+// (at most keep_last). Read with a bound; empty when there is no marker;
+// CheckpointError when it is not a regular file or holds a line that names
+// no folder a Checkpointer makes.
+constexpr size_t kLatestBytes = 64 << 10;
+
+std::vector<Folder> read_latest(const std::string& dir) {
   const std::string path = dir + "/" + kLatest;
   std::string why;
   const int fd = detail::open_regular(path, O_RDONLY, why);
   if (fd < 0) {
-    if (errno == ENOENT) return std::nullopt;
+    if (errno == ENOENT) return {};
     throw CheckpointError("Checkpointer: the latest marker " + why);
   }
-  char buf[64];
-  const ssize_t n = ::read(fd, buf, sizeof buf);
-  ::close(fd);
-  std::string text(buf, n > 0 ? static_cast<size_t>(n) : 0);
-  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
-  const int64_t step = step_of(text);
-  if (step < 0) {
-    throw CheckpointError("Checkpointer: " + path + " does not name a step folder (\"step-NNNNNNNN\"); remove it " +
-                          "to start afresh, or write the name of a complete one into it");
+  std::string text(kLatestBytes + 1, '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd, &text[got], text.size() - got);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
   }
-  return step;
+  ::close(fd);
+  text.resize(got);
+  auto bad = [&](const std::string& why) {
+    return CheckpointError("Checkpointer: the latest marker " + path + " " + why + "; remove it to start afresh");
+  };
+  if (got > kLatestBytes) throw bad("is over " + std::to_string(kLatestBytes) + " bytes");
+  std::vector<Folder> out;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t nl = std::min(text.find('\n', at), text.size());
+    const std::string line = text.substr(at, nl - at);
+    at = nl + 1;
+    if (line.empty()) continue;
+    const auto f = parse_folder(line);
+    if (!f) throw bad("holds a line that names no step folder (\"step-NNNNNNNN-<16 hex digits>\")");
+    out.push_back(*f);
+  }
+  if (out.empty()) throw bad("names no step folder");
+  return out;
 }
 
-void write_latest(const std::string& dir, int64_t step) {
+void write_latest(const std::string& dir, const std::vector<Folder>& folders) {
   const std::string path = dir + "/" + kLatest, tmp = path + ".tmp";
-  const std::string line = step_folder(step) + "\n";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  std::string text;
+  for (const auto& f : folders) text += f.name + "\n";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) throw CheckpointError("Checkpointer: cannot write " + tmp + ": " + std::strerror(errno));
-  const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) && ::fsync(fd) == 0;
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
   ::close(fd);
   if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
     throw CheckpointError("Checkpointer: cannot replace " + path + ": " + std::strerror(errno));
@@ -113,42 +152,47 @@ void write_latest(const std::string& dir, int64_t step) {
   fsync_dir(dir);
 }
 
-std::vector<int64_t> step_folders(const std::string& dir) {
-  std::vector<int64_t> steps;
+// Removes a step folder and the files in it, never following a symbolic
+// link (a link named like a folder is removed itself, not its target).
+void remove_folder(const std::string& dir, const std::string& name) {
+  const int parent = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (parent < 0) return;
+  struct stat st {};
+  if (::fstatat(parent, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    if (!S_ISDIR(st.st_mode)) {
+      ::unlinkat(parent, name.c_str(), 0);
+    } else {
+      const int fd = ::openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (fd >= 0) {
+        if (DIR* d = ::fdopendir(fd)) {  // owns fd now
+          while (dirent* e = ::readdir(d)) {
+            const std::string entry = e->d_name;
+            if (entry != "." && entry != "..") ::unlinkat(::dirfd(d), entry.c_str(), 0);
+          }
+          ::closedir(d);
+        } else {
+          ::close(fd);
+        }
+      }
+      ::unlinkat(parent, name.c_str(), AT_REMOVEDIR);
+    }
+  }
+  ::close(parent);
+}
+
+// Removes every step folder the marker does not list: older checkpoints
+// past keep_last, and what crashed or failed saves left.
+void prune(const std::string& dir, const std::vector<Folder>& kept) {
+  std::vector<std::string> names;
   if (DIR* d = ::opendir(dir.c_str())) {
     while (dirent* e = ::readdir(d)) {
-      const int64_t s = step_of(e->d_name);
-      if (s >= 0) steps.push_back(s);
+      if (parse_folder(e->d_name)) names.push_back(e->d_name);
     }
     ::closedir(d);
   }
-  std::sort(steps.begin(), steps.end());
-  return steps;
-}
-
-void remove_folder(const std::string& path) {
-  if (DIR* d = ::opendir(path.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      const std::string name = e->d_name;
-      if (name != "." && name != "..") ::unlink((path + "/" + name).c_str());
-    }
-    ::closedir(d);
-  }
-  ::rmdir(path.c_str());
-}
-
-// Keeps the newest keep_last step folders up to `latest` and removes the
-// rest: older ones, and newer ones (what a crashed save left).
-void prune(const std::string& dir, int64_t latest, int keep_last) {
-  const std::vector<int64_t> steps = step_folders(dir);  // ascending
-  std::vector<int64_t> up_to_latest;
-  for (int64_t s : steps) {
-    if (s <= latest) up_to_latest.push_back(s);
-  }
-  const size_t keep = std::min(static_cast<size_t>(keep_last), up_to_latest.size());
-  const int64_t oldest_kept = keep == 0 ? latest : up_to_latest[up_to_latest.size() - keep];
-  for (int64_t s : steps) {
-    if (s < oldest_kept || s > latest) remove_folder(dir + "/" + step_folder(s));
+  for (const auto& name : names) {
+    const bool listed = std::any_of(kept.begin(), kept.end(), [&](const Folder& f) { return f.name == name; });
+    if (!listed) remove_folder(dir, name);
   }
 }
 
@@ -208,13 +252,16 @@ struct Checkpointer::Impl {
 
   // Writes this rank's files of `step` and, once every rank's are in
   // place, moves dir/latest to them. Collective over `own`.
-  void commit(int64_t step, detail::RankFileContents* model_file, std::string error,
+  void commit(int64_t step, int64_t save_id, detail::RankFileContents* model_file, std::string error,
               detail::TrainingStateFile* train) {
     const auto t0 = Clock::now();
-    const std::string folder = o.dir + "/" + step_folder(step);
+    const Folder made{step, folder_name(step, save_id)};
+    const std::string folder = o.dir + "/" + made.name;
     if (error.empty()) {
       try {
-        make_dir(folder);
+        if (::mkdir(folder.c_str(), 0755) != 0 && errno != EEXIST) {
+          throw CheckpointError("Checkpointer: cannot make " + folder + ": " + std::strerror(errno));
+        }
         detail::write_training_state(checkpoint::rank_file_path(folder + "/" + kTrain, kSuffix, own->rank(),
                                                                 own->size()),
                                      *train);
@@ -224,28 +271,43 @@ struct Checkpointer::Impl {
     }
     ShardedCheckpointOptions files = o.files;
     files.suffix = kSuffix;
-    detail::commit_rank_files(folder + "/" + kModel, *own, model_file, error, files);
-    // Every rank's files are in place: rank 0 moves the marker, and every
-    // rank returns only once it has (a marker it cannot write fails all).
+    try {
+      detail::commit_rank_files(folder + "/" + kModel, *own, model_file, error, files);
+    } catch (...) {
+      if (own->rank() == 0) remove_folder(o.dir, made.name);  // a failed save leaves nothing
+      throw;
+    }
+    // Every rank's files are in place: rank 0 puts the folder first in the
+    // marker and removes what it no longer lists; every rank returns only
+    // once it has (a marker it cannot write fails all).
     std::string marker_error;
     if (own->rank() == 0) {
       try {
-        write_latest(o.dir, step);
-        prune(o.dir, step, o.keep_last);
+        std::vector<Folder> kept{made};
+        try {
+          for (const auto& f : read_latest(o.dir)) {
+            if (static_cast<int>(kept.size()) < o.keep_last && f.name != made.name) kept.push_back(f);
+          }
+        } catch (const CheckpointError&) {
+          // An unreadable marker: this checkpoint starts a new one.
+        }
+        write_latest(o.dir, kept);
+        prune(o.dir, kept);
       } catch (const std::exception& e) {
         marker_error = e.what();
       }
     }
     if (!all_ok(*own, marker_error.empty(), timeout())) {
       throw CheckpointError(own->rank() == 0 ? marker_error
-                                             : "Checkpointer: rank 0 could not move " + o.dir + "/latest to " +
-                                                   step_folder(step) + " (the previous checkpoint stays the latest)");
+                                             : "Checkpointer: rank 0 could not name " + made.name + " in " + o.dir +
+                                                   "/latest (the previous checkpoint stays the latest)");
     }
     std::lock_guard<std::mutex> lock(times_mu);
     write_s = std::chrono::duration<double>(Clock::now() - t0).count();
   }
 
   void save(int64_t step, const std::map<std::string, at::Tensor>& extras) {
+    if (step < 0) throw UsageError("Checkpointer: step " + std::to_string(step) + " is negative");
     raise_failure();
     const auto t0 = Clock::now();
     last_save = t0;
@@ -263,18 +325,18 @@ struct Checkpointer::Impl {
     } catch (const std::exception& e) {
       error = *e.what() ? e.what() : "an error without words";
     }
-    auto run = [this, step, model_file, train, error] {
-      commit(step, *model_file ? &**model_file : nullptr, error, *train ? &**train : nullptr);
+    auto run = [this, step, save_id, model_file, train, error] {
+      commit(step, save_id, *model_file ? &**model_file : nullptr, error, *train ? &**train : nullptr);
     };
     if (!o.async) {
       run();
     } else {
       writing = true;
       writer = std::thread([this, run] {
-        // Writing yields to training: the thread runs on cores that have
-        // nothing else to run (and in the steps' waits).
-        sched_param idle{};
-        (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+        // Writing yields to training (nice 19: a small share of a busy
+        // core, so that its collectives still progress and never time out
+        // while training keeps every core busy).
+        (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
         try {
           run();
         } catch (...) {
@@ -335,28 +397,46 @@ Checkpointer::~Checkpointer() {
   }
 }
 
-std::optional<int64_t> Checkpointer::latest_step() const { return read_latest(impl_->o.dir); }
+std::optional<int64_t> Checkpointer::latest_step() const {
+  const auto folders = read_latest(impl_->o.dir);
+  if (folders.empty()) return std::nullopt;
+  return folders.front().step;
+}
 
 std::optional<RestoredCheckpoint> Checkpointer::restore() {
   Impl& s = *impl_;
   s.raise_failure();
   ProcessGroup& pg = *s.pg;
-  int64_t step = -1;
-  std::string error;
+  // Rank 0 reads the marker and sends its first line's length, then the
+  // line (a folder name: at most 48 bytes).
+  std::string error, name;
+  int64_t length = -1;
   if (pg.rank() == 0) {
     try {
-      step = read_latest(s.o.dir).value_or(-1);
+      const auto folders = read_latest(s.o.dir);
+      if (!folders.empty()) name = folders.front().name;
+      length = static_cast<int64_t>(name.size());
     } catch (const std::exception& e) {
       error = e.what();
-      step = -2;
+      length = -2;
     }
   }
-  step = broadcast_int(pg, step, s.timeout());
-  if (step == -2) throw CheckpointError(pg.rank() == 0 ? error : "Checkpointer: rank 0 cannot read the latest marker");
-  if (step < 0) return std::nullopt;
+  length = broadcast_int(pg, length, s.timeout());
+  if (length == -2) throw CheckpointError(pg.rank() == 0 ? error : "Checkpointer: rank 0 cannot read the latest marker");
+  if (length <= 0) return std::nullopt;
+  at::Tensor bytes = at::zeros({48}, at::kByte);
+  std::memcpy(bytes.data_ptr(), name.data(), name.size());
+  BroadcastOptions bo;
+  bo.timeout = s.timeout();
+  bo.async_op = false;
+  pg.broadcast(bytes, bo);
+  name.assign(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(std::min<int64_t>(length, 48)));
+  const auto folder = parse_folder(name);
+  if (!folder) throw CheckpointError("Checkpointer: rank 0 sent a folder name that is none: '" + name + "'");
+  const int64_t step = folder->step;
   RestoredCheckpoint out;
   out.step = step;
-  out.path = s.o.dir + "/" + step_folder(step);
+  out.path = s.o.dir + "/" + folder->name;
   ShardedCheckpointOptions files = s.o.files;
   files.suffix = kSuffix;
   load_sharded_checkpoint(out.path + "/" + kModel, pg, s.model, s.optimizer, files);

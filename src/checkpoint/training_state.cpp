@@ -70,8 +70,24 @@ TrainingState read_training_state(const std::string& path, int64_t step) {
   if (out.step != step) {
     throw bad("holds step " + std::to_string(out.step) + ", its folder says " + std::to_string(step));
   }
-  out.rng_cpu = reader.read_tensor(root.at("rng_cpu").as_tensor());
-  for (const auto& v : root.at("rng_cuda").items()) out.rng_cuda.push_back(reader.read_tensor(v.as_tensor()));
+  // A generator state is checked here, on every rank before they agree,
+  // against this build's own: set_state must not fail on one rank later.
+  auto rng = [&](const PtValue& v, at::Generator current, const std::string& which) {
+    at::Tensor t = reader.read_tensor(v.as_tensor());
+    const at::Tensor now = generator_state(std::move(current));
+    if (t.scalar_type() != at::kByte || t.dim() != 1 || t.numel() != now.numel()) {
+      throw bad(which + " is a " + std::string(c10::toString(t.scalar_type())) + " tensor of " +
+                std::to_string(t.numel()) + " elements, not this LibTorch's " + std::to_string(now.numel()) +
+                "-byte generator state");
+    }
+    return t;
+  };
+  out.rng_cpu = rng(root.at("rng_cpu"), at::detail::getDefaultCPUGenerator(), "rng_cpu");
+  const auto& cuda = root.at("rng_cuda").items();
+  for (size_t d = 0; d < cuda.size() && static_cast<int>(d) < cuda_devices(); ++d) {
+    out.rng_cuda.push_back(rng(cuda[d], at::globalContext().defaultGenerator(at::Device(at::kCUDA, static_cast<int>(d))),
+                               "rng_cuda[" + std::to_string(d) + "]"));
+  }
   for (const auto& [name, v] : root.at("extras").entries()) out.extras[name] = reader.read_tensor(v.as_tensor());
   return out;
 }

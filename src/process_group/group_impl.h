@@ -77,6 +77,7 @@ struct ProcessGroup::Impl {
     if (fingerprints) fp = describe();
     const Milliseconds to = t.value_or(timeout);
     if (to.count() <= 0) throw UsageError(std::string(name) + ": the timeout must be positive");
+    if (!async_op) queue->refuse_own_thread(name);
     if (!async_op && !device) {
       std::vector<at::Tensor> result;
       const auto seq = queue->run_now(name, to, [&](comm::Deadline d) {

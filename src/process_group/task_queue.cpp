@@ -111,12 +111,16 @@ std::shared_ptr<Work> TaskQueue::enqueue(const char* name, Milliseconds timeout,
   return work;
 }
 
-std::optional<uint64_t> TaskQueue::claim_idle(const char* name) {
+void TaskQueue::refuse_own_thread(const char* name) const {
   if (current_queue == this) {
     throw UsageError(std::string(name) + " with async_op=false from a then()/chain() function of group '" +
                      group_name_ + "': it runs on the group's own worker and would wait for itself; " +
                      "queue it asynchronously and return its Work from chain()");
   }
+}
+
+std::optional<uint64_t> TaskQueue::claim_idle(const char* name) {
+  refuse_own_thread(name);
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) throw UsageError(std::string(name) + ": the process group '" + group_name_ + "' is shut down");
   if (running_ || !queue_.empty()) return std::nullopt;
@@ -125,15 +129,12 @@ std::optional<uint64_t> TaskQueue::claim_idle(const char* name) {
 }
 
 void TaskQueue::release_idle() {
-  bool wake = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    running_ = false;
-    // What was queued meanwhile went to the worker; a stopping worker
-    // waits for this op to end before it exits.
-    wake = worker_asleep_ && (worker_may_take_locked() || stopping_);
-  }
-  if (wake) cv_.notify_one();
+  // What was queued meanwhile went to the worker; a stopping worker waits
+  // for this op to end before it exits. Notified under the lock: once
+  // running_ is false, stop() may return and the queue go.
+  std::lock_guard<std::mutex> lock(mu_);
+  running_ = false;
+  if (worker_asleep_ && (worker_may_take_locked() || stopping_)) cv_.notify_one();
 }
 
 TaskQueue::Task TaskQueue::pop_front_locked() {

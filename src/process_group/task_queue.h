@@ -97,6 +97,11 @@ class TaskQueue {
     return seq;
   }
 
+  // UsageError when called on this queue's own thread (its worker, or a
+  // callback of a task run inline): a synchronous op there would wait for
+  // itself. run_now checks it too.
+  void refuse_own_thread(const char* name) const;
+
   // Runs what is queued, then stops the worker. Idempotent.
   void stop();
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -82,16 +83,34 @@ void run_steps(FSDP<Net>& model, torch::optim::Optimizer& opt, ProcessGroup& pg,
   }
 }
 
+// The entries of dir, sorted, with each step folder's save id cut off
+// ("step-00000006-0a1b..." -> "step-00000006").
 std::vector<std::string> listing(const std::string& dir) {
   std::vector<std::string> names;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && name.size() == 30) name.resize(13);
+    names.push_back(name);
+  }
   std::sort(names.begin(), names.end());
   return names;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+// The folders dir/latest lists, save ids cut off, newest first.
+std::vector<std::string> latest_list(const std::string& dir) {
+  std::ifstream f(dir + "/latest");
+  std::vector<std::string> out;
+  for (std::string line; std::getline(f, line);) out.push_back(line.size() == 30 ? line.substr(0, 13) : line);
+  return out;
+}
+
+// The one folder of `step` in dir (its full name), or "".
+std::string folder_of(const std::string& dir, const std::string& step) {
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(step + "-", 0) == 0) return name;
+  }
+  return "";
 }
 
 TEST(Checkpointer, ARestartedRunContinuesBitForBitAsOneThatNeverStopped) {
@@ -120,7 +139,13 @@ TEST(Checkpointer, ARestartedRunContinuesBitForBitAsOneThatNeverStopped) {
     tdist::Checkpointer ckpt(tdist::default_group(), *model, &opt, options(dir));
     run_steps(model, opt, pg, ckpt, 0, 7);
   }), "");
-  EXPECT_EQ(read_text(dir + "/latest"), "step-00000006\n");
+  EXPECT_EQ(latest_list(dir), (std::vector<std::string>{"step-00000006", "step-00000003"}));
+  // What a crash in the middle of a save leaves: a folder of step 9 with a
+  // stray training state of another world size. The resumed run's own
+  // save of step 9 must not read or keep it.
+  const std::string stray = dir + "/step-00000009-00000000deadbeef";
+  std::filesystem::create_directories(stray);
+  std::ofstream(stray + "/train_rank-0-of-4.pt") << "a crashed save's";
   // Restarted with other weights, another seed and another learning rate:
   // the checkpoint sets them all.
   ASSERT_EQ(run_world(2, [&](ProcessGroup& pg) {
@@ -140,9 +165,12 @@ TEST(Checkpointer, ARestartedRunContinuesBitForBitAsOneThatNeverStopped) {
     run_steps(model, opt, pg, ckpt, 9, 10);
     expect_equal_to_file(straight, full_state(model, opt), "resumed at step 6");
   }), "");
-  // keep_last = 2: the saves at 6 and 9 are kept, the one at 3 is gone.
+  // keep_last = 2: the saves at 6 and 9 are kept, the one at 3 and the
+  // crash's leftover are gone.
   EXPECT_EQ(listing(dir), (std::vector<std::string>{"latest", "step-00000006", "step-00000009"}));
-  EXPECT_EQ(listing(dir + "/step-00000009"),
+  EXPECT_EQ(latest_list(dir), (std::vector<std::string>{"step-00000009", "step-00000006"}));
+  EXPECT_FALSE(std::filesystem::exists(stray));
+  EXPECT_EQ(listing(dir + "/" + folder_of(dir, "step-00000009")),
             (std::vector<std::string>{"model_rank-0-of-2.pt", "model_rank-1-of-2.pt", "train_rank-0-of-2.pt",
                                       "train_rank-1-of-2.pt"}));
 
@@ -161,8 +189,9 @@ TEST(Checkpointer, ARestartedRunContinuesBitForBitAsOneThatNeverStopped) {
   }), "");
 }
 
-// A save that fails on its writer thread is raised by wait() on every rank;
-// the latest marker keeps naming the last good checkpoint.
+// A save that fails on its writer thread (here: rank 1's training state
+// cannot be written) is raised by wait() on every rank; its folder is
+// removed and the latest marker keeps naming the last good checkpoint.
 TEST(Checkpointer, AFailedBackgroundSaveIsRaisedAndTheLatestStays) {
   TempDir tmp;
   const std::string dir = tmp.path() + "/run";
@@ -173,24 +202,52 @@ TEST(Checkpointer, AFailedBackgroundSaveIsRaisedAndTheLatestStays) {
     tdist::Checkpointer ckpt(tdist::default_group(), *model, &opt, options(dir));
     run_steps(model, opt, pg, ckpt, 0, 3);
     ckpt.wait();
-    if (pg.rank() == 1) std::ofstream(dir + "/step-00000006") << "not a folder";  // rank 1's writes fail
-    pg.barrier()->wait();
-    run_steps(model, opt, pg, ckpt, 3, 6);
+    std::map<std::string, at::Tensor> extras;
+    if (pg.rank() == 1) extras["broken"] = at::Tensor();  // fails to build on rank 1 only
+    ckpt.save(6, extras);
     std::string error;
     try {
       ckpt.wait();
     } catch (const CheckpointError& e) {
       error = e.what();
     }
-    WORLD_CHECK(error.find("step-00000006") != std::string::npos, "the error: '" << error << "'");
+    WORLD_CHECK(error.find("rank 1") != std::string::npos && error.find("'broken'") != std::string::npos,
+                "the error: '" << error << "'");
     WORLD_CHECK(ckpt.latest_step() == 3, "latest moved to " << ckpt.latest_step().value_or(-1));
-    // The next save works again (the leftover is pruned by rank 0 before).
-    if (pg.rank() == 0) ::unlink((dir + "/step-00000006").c_str());
     pg.barrier()->wait();
+    WORLD_CHECK(folder_of(dir, "step-00000006").empty(), "the failed save's folder was left");
     ckpt.save(7);
     ckpt.wait();
     WORLD_CHECK(ckpt.latest_step() == 7, "latest after a good save: " << ckpt.latest_step().value_or(-1));
+    // A negative step is refused before anything is written.
+    bool refused = false;
+    try {
+      ckpt.save(-1);
+    } catch (const tdist::UsageError&) {
+      refused = true;
+    }
+    WORLD_CHECK(refused, "save(-1) was taken");
   }), "");
+}
+
+// A symbolic link named like a step folder is removed itself; what it
+// points to is never touched.
+TEST(Checkpointer, PruningNeverFollowsALink) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/run", outside = tmp.path() + "/precious";
+  std::filesystem::create_directories(dir);
+  std::filesystem::create_directories(outside);
+  std::ofstream(outside + "/keep.txt") << "mine";
+  std::filesystem::create_directory_symlink(outside, dir + "/step-00000001-00000000000000aa");
+  EXPECT_EQ(run_world(1, [&](ProcessGroup&) {
+    auto o = wrap_options();
+    FSDP<Net> model(Net(&o), o);
+    tdist::Checkpointer ckpt(tdist::default_group(), *model, nullptr, options(dir));
+    ckpt.save(2);
+    ckpt.wait();
+  }), "");
+  EXPECT_TRUE(std::filesystem::exists(outside + "/keep.txt"));
+  EXPECT_EQ(listing(dir), (std::vector<std::string>{"latest", "step-00000002"}));
 }
 
 // What dir/latest holds is read with a bound and checked: a FIFO is refused
@@ -204,9 +261,9 @@ TEST(Checkpointer, AHostileLatestMarkerIsAnErrorNotAHang) {
     if (kind == "fifo") {
       ASSERT_EQ(::mkfifo(marker.c_str(), 0600), 0);
     } else if (kind == "garbage") {
-      std::ofstream(marker) << "../../etc\n";
+      std::ofstream(marker) << "step-00000001-0000000000000001\n../../etc\n";
     } else {
-      std::ofstream(marker) << "step-" << std::string(1 << 20, '1');
+      std::ofstream(marker) << "step-00000001-0000000000000001\n" << std::string(1 << 20, '1');
     }
     EXPECT_EQ(run_world(1, [&](ProcessGroup&) {
       auto o = wrap_options();
