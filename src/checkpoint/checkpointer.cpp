@@ -233,7 +233,9 @@ struct Checkpointer::Impl {
   std::mutex times_mu;  // write_s is set on the writer thread
 
   Impl(std::shared_ptr<ProcessGroup> g, torch::nn::Module& m, torch::optim::Optimizer* opt, CheckpointerOptions opts)
-      : pg(std::move(g)), model(m), optimizer(opt), o(std::move(opts)) {}
+      : pg(std::move(g)), model(m), optimizer(opt), o(std::move(opts)) {
+    o.files.suffix = kSuffix;  // the layout's, whatever the caller set
+  }
 
   Milliseconds timeout() const { return o.files.timeout; }
 
@@ -269,10 +271,8 @@ struct Checkpointer::Impl {
         error = *e.what() ? e.what() : "an error without words";
       }
     }
-    ShardedCheckpointOptions files = o.files;
-    files.suffix = kSuffix;
     try {
-      detail::commit_rank_files(folder + "/" + kModel, *own, model_file, error, files);
+      detail::commit_rank_files(folder + "/" + kModel, *own, model_file, error, o.files);
     } catch (...) {
       if (own->rank() == 0) remove_folder(o.dir, made.name);  // a failed save leaves nothing
       throw;
@@ -311,8 +311,6 @@ struct Checkpointer::Impl {
     raise_failure();
     const auto t0 = Clock::now();
     last_save = t0;
-    ShardedCheckpointOptions files = o.files;
-    files.suffix = kSuffix;
     const int64_t save_id = detail::agree_on_save_id(*own, timeout());
     auto model_file = std::make_shared<std::optional<detail::RankFileContents>>();
     auto train = std::make_shared<std::optional<detail::TrainingStateFile>>();
@@ -320,7 +318,7 @@ struct Checkpointer::Impl {
     copies.restart();  // the last save's writer is done with them (raise_failure joined it)
     checkpoint::CopyPool* pool = o.async ? &copies : nullptr;
     try {
-      model_file->emplace(detail::build_rank_file(*own, model, optimizer, files, save_id, pool));
+      model_file->emplace(detail::build_rank_file(*own, model, optimizer, o.files, save_id, pool));
       train->emplace(detail::build_training_state(step, own->rank(), own->size(), extras, pool));
     } catch (const std::exception& e) {
       error = *e.what() ? e.what() : "an error without words";
@@ -437,9 +435,7 @@ std::optional<RestoredCheckpoint> Checkpointer::restore() {
   RestoredCheckpoint out;
   out.step = step;
   out.path = s.o.dir + "/" + folder->name;
-  ShardedCheckpointOptions files = s.o.files;
-  files.suffix = kSuffix;
-  load_sharded_checkpoint(out.path + "/" + kModel, pg, s.model, s.optimizer, files);
+  load_sharded_checkpoint(out.path + "/" + kModel, pg, s.model, s.optimizer, s.o.files);
   // The training state: this rank's own at the saving world size, else
   // rank 0's (step and extras only).
   std::optional<detail::TrainingState> state;
