@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "tdist/comm_hooks.h"
+#include "tdist/join.h"
 #include "tdist/process_group.h"
 #include "tdist/wrapped_forward.h"  // detail::WrapperModule
 
@@ -73,7 +74,15 @@ class DataParallel {
 
   // Called before each forward: raises a pending error from the previous
   // backward (e.g. parameters that got no gradient) and broadcasts buffers.
-  void before_forward();
+  // join: the options of the Join (tdist/join.h) this rank trains in (null:
+  // none). In a Join, one more small all_reduce tells the joined ranks
+  // whether this iteration's backward synchronises, and every rank which
+  // rank's buffers to take (the lowest that still trains).
+  void before_forward(const JoinOptions* join = nullptr);
+  // The JoinHook of DistributedDataParallel (tdist/join.h).
+  std::unique_ptr<JoinHook> join_hook(const JoinOptions& options);
+  // Where the parameters are (the CPU without any).
+  c10::Device device() const;
   // find_unused_parameters: the template hands over the forward's outputs.
   bool wants_outputs() const;
   void after_forward(const std::vector<at::Tensor>& outputs);
@@ -146,7 +155,8 @@ class DataParallelModule {
 template <typename ModuleHolder>
 class DistributedDataParallelImpl : public torch::nn::Module,
                                     public detail::WrapperModule,
-                                    public detail::DataParallelModule {
+                                    public detail::DataParallelModule,
+                                    public Joinable {
  public:
   DistributedDataParallelImpl(ModuleHolder module, DistributedDataParallelOptions options = {})
       : module_(register_module("module", std::move(module))), core_(*module_.ptr(), std::move(options)) {}
@@ -154,7 +164,8 @@ class DistributedDataParallelImpl : public torch::nn::Module,
   // The wrapped module's own forward, with its own signature.
   template <typename... Args>
   auto forward(Args&&... args) {
-    core_.before_forward();
+    Join::notify_join_context(*this);
+    core_.before_forward(active_join());
     auto out = module_->forward(std::forward<Args>(args)...);
     if (core_.wants_outputs()) {
       std::vector<at::Tensor> tensors;
@@ -184,6 +195,12 @@ class DistributedDataParallelImpl : public torch::nn::Module,
   const std::shared_ptr<ProcessGroup>& process_group() const { return core_.process_group(); }
   std::vector<std::vector<size_t>> bucket_indices() const { return core_.bucket_indices(); }
   detail::DataParallel& data_parallel() override { return core_; }
+
+  // Joinable (tdist/join.h): tdist::Join join({ddp.get()}) trains on uneven
+  // inputs.
+  std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override { return core_.join_hook(options); }
+  std::shared_ptr<ProcessGroup> join_process_group() override { return core_.process_group(); }
+  c10::Device join_device() override { return core_.device(); }
 
   // Gradient accumulation: while the guard lives, backward only accumulates
   // into .grad locally; the first backward after it synchronises everything.

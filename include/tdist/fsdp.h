@@ -49,6 +49,7 @@
 
 #include "tdist/ddp.h"  // detail::collect_tensors
 #include "tdist/device_mesh.h"
+#include "tdist/join.h"
 #include "tdist/process_group.h"
 #include "tdist/shard_metadata.h"
 #include "tdist/wrapped_forward.h"
@@ -201,6 +202,9 @@ class FullyShardedCore {
   void abort_forward() noexcept;
 
   const std::shared_ptr<ProcessGroup>& process_group() const;
+  // Every rank of the wrapper (the shard group and, under hybrid sharding,
+  // its replicas).
+  const std::shared_ptr<ProcessGroup>& world_process_group() const;
   const FullyShardedDataParallelOptions& options() const;
   // A floating-point argument of the forward in the compute dtype (as is
   // without mixed precision).
@@ -231,6 +235,10 @@ void set_modules_to_prefetch(torch::nn::Module& root, const std::vector<std::sha
                              bool forward);
 // Every unit of root's tree sharded, nothing in flight.
 void reshard_units(torch::nn::Module& root);
+// The JoinHook of root's tree (tdist/join.h): its main hook runs step with
+// every unit's gradients reduced as zeros.
+std::unique_ptr<JoinHook> fsdp_join_hook(torch::nn::Module& root, std::function<void()> step,
+                                         const JoinOptions& options);
 ShardMetadata shard_metadata(torch::nn::Module& root);
 // Gathers every unit's full parameters; end_summon() frees them again,
 // after copying this rank's rows back into the shards when writeback.
@@ -276,7 +284,7 @@ std::vector<std::pair<const c10::TensorImpl*, at::ScalarType>> converted_buffers
 // Everything of a wrapper but its forward (FullyShardedDataParallelImpl
 // below adds the forward with the wrapped module's own signature).
 template <typename ModuleHolder>
-class FullyShardedBase : public torch::nn::Module, public detail::FullyShardedModule {
+class FullyShardedBase : public torch::nn::Module, public detail::FullyShardedModule, public Joinable {
  public:
   FullyShardedBase(ModuleHolder module, FullyShardedDataParallelOptions options)
       : module_(std::move(module)),
@@ -327,6 +335,20 @@ class FullyShardedBase : public torch::nn::Module, public detail::FullyShardedMo
   void set_modules_to_backward_prefetch(const std::vector<std::shared_ptr<detail::FullyShardedModule>>& modules) {
     detail::set_modules_to_prefetch(*this, modules, /*forward=*/false);
   }
+  // ---- Join (tdist/join.h) ----
+  // What a rank that has joined runs for each iteration the others still
+  // train: one training step as the loop makes it (zero_grad, a forward
+  // and backward on any batch of the right shape, clip_grad_norm_ if the
+  // loop clips, the optimizer's and scheduler's step). Its gradients take
+  // part in the reductions as zeros, so the step adds nothing of its own;
+  // it keeps this rank's shards and their optimizer state stepping with
+  // the others'. A Join over this wrapper refuses to start without it.
+  void set_join_step(std::function<void()> step) { join_step_ = std::move(step); }
+  std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override {
+    return detail::fsdp_join_hook(*this, join_step_, options);
+  }
+  std::shared_ptr<ProcessGroup> join_process_group() override { return core_.world_process_group(); }
+
   // Frees every gathered unit of this tree now (after backwards that kept
   // them with set_reshard_after_backward(false)). Not inside a forward or
   // backward.
@@ -372,6 +394,7 @@ class FullyShardedBase : public torch::nn::Module, public detail::FullyShardedMo
   // The wrapped module's forward between the unit's gather and free.
   template <typename... Args>
   decltype(auto) run(Args&&... args) {
+    Join::notify_join_context(*this);
     core_.begin_forward();
     try {
       decltype(auto) out = detail::Wrapped<ModuleHolder>::call(module_, cast_arg(std::forward<Args>(args))...);
@@ -397,6 +420,7 @@ class FullyShardedBase : public torch::nn::Module, public detail::FullyShardedMo
 
   ModuleHolder module_;
   detail::FullyShardedCore core_;
+  std::function<void()> join_step_;
 };
 
 // The wrapper of a module whose forward signature is not known (a template

@@ -9,6 +9,7 @@
 #include "tdist/checkpoint_module.h"
 #include "tdist/fsdp.h"
 #include "tdist/fsdp_wrap.h"
+#include "tdist/join.h"
 #include "tdist/parameters.h"
 #include "tdist/powersgd.h"
 #include "tdist/pretrained.h"

@@ -62,6 +62,10 @@ struct DataParallel::State : GradReadyListener {
   std::vector<size_t> unused_now;    // find_unused_parameters: unreachable from the last forward's outputs
   bool unused_marked = false;
   std::string pending_error;
+  // Join (tdist/join.h) with divide_by_initial_world_size off: the number
+  // of ranks that synchronise this iteration, when fewer than the world
+  // (the averages are then rescaled to them); 0 otherwise.
+  int join_divisor = 0;
   // static_graph: the first iteration records which parameters the graph
   // leaves without gradient on every rank; later ones reuse it.
   bool static_recorded = false;
@@ -75,6 +79,41 @@ struct DataParallel::State : GradReadyListener {
     rebuild.forget_arrivals();
     unused_now.clear();
     unused_marked = false;
+    join_divisor = 0;
+  }
+
+  // Join: one all_reduce over the group, element r: 0 when rank r has
+  // joined, 1 when it trains without synchronising (no_sync, no grad), 3
+  // when its backward synchronises. Returns the lowest rank that trains
+  // (whose buffers everyone takes) and how many synchronise.
+  struct JoinRound {
+    int root = 0;
+    int syncing = 0;
+  };
+  JoinRound join_round(bool training, bool sync) {
+    const int world = pg->size();
+    at::Tensor f = at::zeros({world}, at::kInt);
+    if (training) f[pg->rank()] = sync ? 3 : 1;
+    const c10::Device dev = params.empty() ? c10::Device(c10::kCPU) : params[0].device();
+    at::Tensor on_device = dev.is_cpu() ? f : f.to(dev);
+    AllreduceOptions o;
+    o.async_op = false;
+    pg->all_reduce(on_device, o)->wait();
+    if (!dev.is_cpu()) f = on_device.cpu();
+    JoinRound r;
+    r.root = -1;
+    for (int k = 0; k < world; ++k) {
+      const int32_t v = f.data_ptr<int32_t>()[k];
+      if (v != 0 && v != 1 && v != 3) {
+        throw CollectiveMismatchError("DistributedDataParallel: rank " + std::to_string(pg->rank()) +
+                                      " got a Join round that no DDP made: the ranks' collectives are out of step "
+                                      "(is every rank's model in the Join?)");
+      }
+      if (v != 0 && r.root < 0) r.root = k;
+      r.syncing += v == 3;
+    }
+    if (r.root < 0) r.root = 0;
+    return r;
   }
 
   // REQUIRES mu.
@@ -202,6 +241,16 @@ struct DataParallel::State : GradReadyListener {
     }
     std::string hook_error = reducer->write_back(globally_used);
     if (!hook_error.empty()) pending_error = std::move(hook_error);
+    if (join_divisor > 0) {
+      // Averaged over the world, joined ranks' zeros included: over the
+      // ranks that synchronised instead.
+      at::NoGradGuard no_grad;
+      const double scale = static_cast<double>(pg->size()) / join_divisor;
+      for (size_t i = 0; i < params.size(); ++i) {
+        at::Tensor& g = params[i].mutable_grad();
+        if (globally_used[i] && g.defined()) g.mul_(scale);
+      }
+    }
     if (first_static) {
       static_unused.assign(params.size(), 0);
       for (size_t i = 0; i < params.size(); ++i) static_unused[i] = !globally_used[i];
@@ -226,7 +275,81 @@ struct DataParallel::State : GradReadyListener {
     }
     reset_iteration();
   }
+
+  // On a rank that has joined (tdist/join.h), one iteration of the ranks
+  // that still train: the same collectives as before_forward and a
+  // synchronised backward, with zeros as this rank's gradients. Its own
+  // .grad is not written back.
+  void shadow_iteration() {
+    const JoinRound r = join_round(/*training=*/false, /*sync=*/false);
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      if (tracker->armed()) drop_failed_backward(lock);
+      maybe_rebuild();
+    }
+    if (options.broadcast_buffers) broadcast_from(*pg, buffers, r.root);
+    if (r.syncing == 0) return;
+    std::unique_lock<std::mutex> lock(mu);
+    const bool first_static = recording_static();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!reducer->ready(i)) reducer->mark_ready(i, false);  // launches every bucket, in index order
+    }
+    std::vector<std::shared_ptr<Work>> works = reducer->launched_work();
+    at::Tensor used;
+    if ((options.find_unused_parameters && !options.static_graph) || first_static) {
+      used = at::zeros({static_cast<int64_t>(params.size())}, at::kInt);
+      works.push_back(pg->all_reduce(used, {ReduceOp::SUM}));
+    }
+    lock.unlock();
+    try {
+      for (auto& w : works) w->wait();
+    } catch (...) {
+      lock.lock();
+      reset_iteration();
+      throw;
+    }
+    lock.lock();
+    if (first_static) {
+      static_unused.assign(params.size(), 0);
+      for (size_t i = 0; i < params.size(); ++i) static_unused[i] = used.data_ptr<int32_t>()[i] == 0;
+      static_recorded = true;
+    }
+    if (!rebuild.done() && (options.static_graph || !options.find_unused_parameters)) {
+      rebuild.schedule(std::vector<char>(params.size(), 0));
+    }
+    reset_iteration();
+  }
+
+  // Once every rank has joined: everyone takes the parameters and buffers
+  // of the highest rank among the last to join (PyTorch's choice).
+  void sync_final_model(bool is_last_joiner) {
+    at::Tensor t = at::tensor({static_cast<int64_t>(is_last_joiner ? pg->rank() : -1)}, at::kLong);
+    AllreduceOptions o;
+    o.op = ReduceOp::MAX;
+    o.async_op = false;
+    pg->all_reduce(t, o)->wait();
+    const int root = static_cast<int>(t.item<int64_t>());
+    if (root < 0 || root >= pg->size()) {
+      throw CollectiveMismatchError("DistributedDataParallel: Join's final round named no last rank to join");
+    }
+    broadcast_from(*pg, params, root);
+    broadcast_from(*pg, buffers, root);
+  }
 };
+
+namespace {
+
+class DdpJoinHook : public JoinHook {
+ public:
+  explicit DdpJoinHook(std::shared_ptr<DataParallel::State> state) : state_(std::move(state)) {}
+  void main_hook() override { state_->shadow_iteration(); }
+  void post_hook(bool is_last_joiner) override { state_->sync_final_model(is_last_joiner); }
+
+ private:
+  std::shared_ptr<DataParallel::State> state_;
+};
+
+}  // namespace
 
 DataParallel::DataParallel(torch::nn::Module& module, DistributedDataParallelOptions options) {
   if (options.bucket_cap_mb <= 0 || options.first_bucket_cap_mb <= 0) {
@@ -279,8 +402,19 @@ DataParallel::DataParallel(torch::nn::Module& module, DistributedDataParallelOpt
 
 DataParallel::~DataParallel() = default;
 
-void DataParallel::before_forward() {
+void DataParallel::before_forward(const JoinOptions* join) {
   State& s = *state_;
+  int buffer_root = 0, join_divisor = 0;
+  if (join) {
+    bool sync;
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      sync = s.require_sync && at::GradMode::is_enabled();
+    }
+    const State::JoinRound r = s.join_round(/*training=*/true, sync);
+    buffer_root = r.root;
+    if (!join->divide_by_initial_world_size && sync && r.syncing < s.pg->size()) join_divisor = r.syncing;
+  }
   {
     std::unique_lock<std::mutex> lock(s.mu);
     if (s.tracker->armed()) s.drop_failed_backward(lock);
@@ -290,8 +424,18 @@ void DataParallel::before_forward() {
       throw UsageError(e);
     }
     s.maybe_rebuild();
+    s.join_divisor = join_divisor;
   }
-  if (s.options.broadcast_buffers) broadcast_from_rank0(*s.pg, s.buffers);
+  if (s.options.broadcast_buffers) broadcast_from(*s.pg, s.buffers, buffer_root);
+}
+
+std::unique_ptr<JoinHook> DataParallel::join_hook(const JoinOptions& options) {
+  (void)options;  // divide_by_initial_world_size is read per iteration, from the Join's options
+  return std::make_unique<DdpJoinHook>(state_);
+}
+
+c10::Device DataParallel::device() const {
+  return state_->params.empty() ? c10::Device(c10::kCPU) : state_->params[0].device();
 }
 
 bool DataParallel::wants_outputs() const {

@@ -64,11 +64,13 @@ void check_same_model(ProcessGroup& pg, const std::vector<std::string>& names, c
   }
 }
 
-void broadcast_from_rank0(ProcessGroup& pg, const std::vector<at::Tensor>& tensors) {
+void broadcast_from_rank0(ProcessGroup& pg, const std::vector<at::Tensor>& tensors) { broadcast_from(pg, tensors, 0); }
+
+void broadcast_from(ProcessGroup& pg, const std::vector<at::Tensor>& tensors, int root) {
   at::NoGradGuard no_grad;
   std::vector<std::shared_ptr<Work>> works;
   for (const auto& t : tensors) {
-    if (t.numel() > 0) works.push_back(pg.broadcast(t.detach(), {0}));
+    if (t.numel() > 0) works.push_back(pg.broadcast(t.detach(), {root}));
   }
   for (auto& w : works) w->wait();
 }

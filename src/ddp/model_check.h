@@ -23,5 +23,7 @@ void check_same_model(ProcessGroup& pg, const std::vector<std::string>& names, c
 // Overwrites every tensor with rank 0's values (in place, without
 // recording autograd history); empty tensors are skipped.
 void broadcast_from_rank0(ProcessGroup& pg, const std::vector<at::Tensor>& tensors);
+// The same from `root`.
+void broadcast_from(ProcessGroup& pg, const std::vector<at::Tensor>& tensors, int root);
 
 }  // namespace tdist::detail

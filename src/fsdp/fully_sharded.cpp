@@ -299,6 +299,7 @@ FullyShardedCore::~FullyShardedCore() {
 }
 
 const std::shared_ptr<ProcessGroup>& FullyShardedCore::process_group() const { return state_->pg; }
+const std::shared_ptr<ProcessGroup>& FullyShardedCore::world_process_group() const { return state_->world_pg; }
 const FullyShardedDataParallelOptions& FullyShardedCore::options() const { return state_->options; }
 
 at::Tensor FullyShardedCore::cast_input(const at::Tensor& t) const {

@@ -140,6 +140,45 @@ void set_modules_to_prefetch(torch::nn::Module& root, const std::vector<std::sha
 
 void reshard_units(torch::nn::Module& root) { settled_wrappers(root, "reshard"); }
 
+namespace {
+
+// Runs the user's step with every unit of the tree reducing zeros.
+class FsdpJoinHook : public JoinHook {
+ public:
+  FsdpJoinHook(torch::nn::Module& root, std::function<void()> step) : root_(root), step_(std::move(step)) {}
+  void main_hook() override {
+    const auto all = wrappers(root_);
+    for (const auto& v : all) v.state.unit->set_reduce_zeros(true);
+    try {
+      step_();
+    } catch (...) {
+      for (const auto& v : all) v.state.unit->set_reduce_zeros(false);
+      throw;
+    }
+    for (const auto& v : all) v.state.unit->set_reduce_zeros(false);
+  }
+
+ private:
+  torch::nn::Module& root_;
+  std::function<void()> step_;
+};
+
+}  // namespace
+
+std::unique_ptr<JoinHook> fsdp_join_hook(torch::nn::Module& root, std::function<void()> step,
+                                         const JoinOptions& options) {
+  if (!step) {
+    throw UsageError(
+        "Join: FullyShardedDataParallel needs set_join_step(step) first: every rank owns a shard of the "
+        "parameters, so a rank that has joined must go on stepping its shard with the others");
+  }
+  if (!options.divide_by_initial_world_size) {
+    throw UsageError("Join: FullyShardedDataParallel averages over the initial world size only "
+                     "(divide_by_initial_world_size = false is for DistributedDataParallel)");
+  }
+  return std::make_unique<FsdpJoinHook>(root, std::move(step));
+}
+
 void set_require_sync(torch::nn::Module& root, bool on) { wrappers(root)[0].state.own->require_sync = on; }
 bool require_sync(torch::nn::Module& root) { return wrappers(root)[0].state.own->require_sync; }
 

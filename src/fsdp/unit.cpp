@@ -423,6 +423,7 @@ void ShardedUnit::start_reduce() {
       if (!g.defined()) g = at::zeros(p.param.sizes(), at::TensorOptions().dtype(dtype_).device(device_));
       if (!g.is_contiguous()) g = g.contiguous();
       // In reduce_dtype_: a converted copy, converted back when it is done.
+      if (reduce_zeros_) g.zero_();
       r.inputs.push_back(g.scalar_type() == reduce_dtype_ ? g : g.to(reduce_dtype_));
       r.targets.push_back(&p);
     }
@@ -438,6 +439,7 @@ void ShardedUnit::start_reduce() {
   for (FsdpParam& p : params_) {
     if (!p.trainable || p.empty()) continue;
     ins.push_back(take_full_grad(p));
+    if (reduce_zeros_) ins.back().zero_();
     outs.push_back(r.out.narrow(0, p.layout->offset_in_chunk, p.layout->shard_numel()));
   }
   if (!ins.empty()) {

@@ -178,6 +178,9 @@ class ShardedUnit {
   // no_sync: the full gradients stay in .grad; the next synchronised
   // backward accumulates into them and reduces them.
   void keep_full_grads() { grads_full_ = true; }
+  // Join (tdist/join.h): while on, this rank's gradients take part in the
+  // reductions as zeros (a joined rank shadowing the others' step).
+  void set_reduce_zeros(bool on) { reduce_zeros_ = on; }
   // After a failed backward: waits out the collectives in flight (their
   // errors are dropped: the failure was reported where it happened), drops
   // the partial full gradients of the parameters whose accumulation ran and
@@ -250,6 +253,7 @@ class ShardedUnit {
   FullStorage grad_full_;  // sharded: the full gradients, in the full layout (the reduce-scatter input)
   State state_ = State::kSharded;
   bool grads_full_ = false;  // a no_sync backward left full gradients in .grad
+  bool reduce_zeros_ = false;  // set_reduce_zeros
   std::optional<Gather> gather_;
   std::optional<Reduce> reduce_;
   std::optional<PostForward> post_;  // hpZ: kept from the last forward

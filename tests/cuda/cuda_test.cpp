@@ -18,6 +18,8 @@
 #include "tdist/fsdp.h"
 #include "tdist/fsdp_wrap.h"
 #include "tdist/powersgd.h"
+#include "tdist/checkpointer.h"
+#include "tdist/join.h"
 #include "tdist/sharded_checkpoint.h"
 #include "tests/process_group/conformance.h"
 #include "tests/util/process.h"
@@ -553,6 +555,124 @@ TEST_P(CudaFsdpCheckpoint, SavesAndLoadsOnGpuAndCpu) {
 }
 INSTANTIATE_TEST_SUITE_P(Backends, CudaFsdpCheckpoint,
                          ::testing::Values(std::make_tuple("shm", 2), std::make_tuple("gloo", 3),
+                                           std::make_tuple("nccl", 1)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_world" + std::to_string(std::get<1>(info.param));
+                         });
+
+// ---- the Checkpointer on the GPU: CUDA RNG and pinned snapshots -------------------
+
+// An FSDP model on cuda:0 whose batches and dropout draw from the CUDA
+// generator: stopped after step 5 (saved at 4, asynchronously, from pinned
+// snapshots) and restarted with other weights and another seed, it ends bit
+// for bit as the run that never stopped. Without the CUDA RNG state in the
+// checkpoint the resumed batches would differ.
+void checkpointer_resume(ProcessGroup& pg) {
+  tdist::detail::load_torch_cuda();
+  auto pgs = std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {});
+  auto make = [&](uint64_t seed) {
+    torch::manual_seed(seed);
+    torch::nn::Sequential seq(torch::nn::Linear(6, 33), torch::nn::Tanh(), torch::nn::Linear(33, 3));
+    tdist::FullyShardedDataParallelOptions o;
+    o.process_group = pgs;
+    o.device_id = kGpu;
+    return tdist::FSDP<torch::nn::Sequential>(seq, o);
+  };
+  auto options = [&](const std::string& dir) {
+    tdist::CheckpointerOptions o;
+    o.dir = dir;
+    o.every_steps = 2;
+    return o;
+  };
+  auto run = [&](tdist::FSDP<torch::nn::Sequential>& model, torch::optim::Adam& opt, tdist::Checkpointer& ckpt,
+                 int from, int to) {
+    for (int step = from + 1; step <= to; ++step) {
+      at::Tensor x = torch::randn({16, 6}, at::TensorOptions().device(kGpu)) + pg.rank();
+      opt.zero_grad();
+      torch::dropout(model(x), 0.3, true).pow(2).mean().backward();
+      opt.step();
+      ckpt.maybe_save(step);
+    }
+    ckpt.wait();
+  };
+  auto shards = [](tdist::FSDP<torch::nn::Sequential>& model) {
+    std::vector<at::Tensor> out;
+    for (const auto& p : model->parameters()) out.push_back(p.detach().cpu().clone());
+    return out;
+  };
+  const std::string straight = g_ckpt_dir + "/straight", stopped = g_ckpt_dir + "/stopped";
+  auto a = make(1);
+  torch::optim::Adam opt_a(a->parameters(), 0.01);
+  tdist::Checkpointer ckpt_a(pgs, *a, &opt_a, options(straight));
+  run(a, opt_a, ckpt_a, 0, 8);
+  const auto want = shards(a);
+  {
+    auto b = make(1);
+    torch::optim::Adam opt_b(b->parameters(), 0.01);
+    tdist::Checkpointer ckpt_b(pgs, *b, &opt_b, options(stopped));
+    run(b, opt_b, ckpt_b, 0, 5);
+  }
+  auto c = make(99);
+  torch::optim::Adam opt_c(c->parameters(), 0.3);
+  tdist::Checkpointer ckpt_c(pgs, *c, &opt_c, options(stopped));
+  const auto resumed = ckpt_c.restore();
+  WORLD_CHECK(resumed && resumed->step == 4 && resumed->rng_restored, "restored step " << (resumed ? resumed->step : -1));
+  for (const auto& p : c->parameters()) WORLD_CHECK(p.device() == kGpu, "a shard restored on " << p.device());
+  run(c, opt_c, ckpt_c, 4, 8);
+  const auto got = shards(c);
+  WORLD_CHECK(got.size() == want.size(), "parameter counts differ");
+  for (size_t i = 0; i < got.size(); ++i) {
+    WORLD_CHECK(at::equal(got[i], want[i]), "shard " << i << " differs after the resume");
+  }
+}
+
+// Join with a DDP model on the GPU: rank 1 runs out first; every rank ends
+// with the same weights, and the model trains on after the Join.
+void ddp_join(ProcessGroup& pg) {
+  tdist::detail::load_torch_cuda();
+  tdist::DistributedDataParallelOptions o;
+  o.process_group = std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {});
+  o.device_id = kGpu;
+  torch::manual_seed(3);
+  tdist::DistributedDataParallel<torch::nn::Linear> model(torch::nn::Linear(6, 3), o);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  auto step = [&] {
+    opt.zero_grad();
+    model(torch::randn({8, 6}, at::TensorOptions().device(kGpu))).pow(2).mean().backward();
+    opt.step();
+  };
+  {
+    tdist::Join join({model.get()});
+    for (int k = 0; k < (pg.rank() == 1 ? 2 : 5); ++k) step();
+  }
+  at::Tensor w = model->module()->weight.detach().clone();
+  at::Tensor all = torch::empty({pg.size() * w.numel()}, w.options());
+  pg.all_gather_into_tensor(all, w.reshape({-1}))->wait();
+  for (int r = 0; r < pg.size(); ++r) {
+    WORLD_CHECK(at::equal(all.narrow(0, r * w.numel(), w.numel()), w.reshape({-1})), "rank " << r << " differs");
+  }
+  step();
+}
+
+class CudaTraining : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(CudaTraining, CheckpointerResumesBitForBitWithTheCudaRng) {
+  tdist::test::TempDir dir;
+  g_ckpt_dir = dir.path();
+  WorldOptions o;
+  o.backend = std::get<0>(GetParam());
+  o.limit = std::chrono::milliseconds(240'000);
+  EXPECT_EQ(run_world(std::get<1>(GetParam()), checkpointer_resume, o), "");
+}
+
+TEST_P(CudaTraining, DdpJoinOnUnevenInputs) {
+  WorldOptions o;
+  o.backend = std::get<0>(GetParam());
+  o.limit = std::chrono::milliseconds(120'000);
+  EXPECT_EQ(run_world(std::get<1>(GetParam()), ddp_join, o), "");
+}
+INSTANTIATE_TEST_SUITE_P(Backends, CudaTraining,
+                         ::testing::Values(std::make_tuple("shm", 2), std::make_tuple("gloo", 2),
                                            std::make_tuple("nccl", 1)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_world" + std::to_string(std::get<1>(info.param));
