@@ -10,12 +10,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <stdexcept>
 #include <memory>
 #include <string>
 
 #include <torch/nn/module.h>
 #include <CLI/CLI.hpp>
 
+#include "tdist/checkpointer.h"
 #include "tdist/process_group.h"
 #include "tdist/store.h"
 
@@ -76,6 +79,43 @@ inline void add_checkpoint_flags(CLI::App& app, CheckpointFlags& f) {
   app.add_option("--checkpoint-every", f.every, "save every N steps (with --checkpoint-dir)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+}
+
+// Where a run resumed from `r` continues, in steps of this world size, when
+// each epoch is one shuffle of `samples` split over the ranks: at the
+// saved world size, the saved step; at another, the first batch of the
+// saved epoch not yet drawn. The data position is kept in samples (the
+// extras "epoch" and "epoch_samples", see sample_position), not in one
+// world size's steps, so a job restarted with fewer or more ranks neither
+// skips nor repeats a sample of the epoch. Rank 0 says where it continues.
+inline int64_t resume_step(const tdist::RestoredCheckpoint& r, int rank, int world, int64_t steps_per_epoch,
+                           int64_t batch_per_rank) {
+  int64_t steps = r.step;
+  if (r.saved_world_size != world) {
+    if (!r.extras.count("epoch") || !r.extras.count("epoch_samples")) {
+      throw std::runtime_error("the checkpoint " + r.path + " was saved at world size " +
+                               std::to_string(r.saved_world_size) +
+                               " without its data position (the extras epoch and epoch_samples): it resumes only at "
+                               "that world size, not at " + std::to_string(world));
+    }
+    const int64_t epoch = r.extras.at("epoch").item<int64_t>();
+    const int64_t drawn = r.extras.at("epoch_samples").item<int64_t>();
+    steps = epoch * steps_per_epoch + (drawn + batch_per_rank * world - 1) / (batch_per_rank * world);
+  }
+  if (rank == 0) {
+    std::printf("resumed from %s (step %lld at world size %d): continuing at step %lld", r.path.c_str(),
+                static_cast<long long>(r.step), r.saved_world_size, static_cast<long long>(steps));
+    if (r.saved_world_size != world) std::printf(" at world size %d, from the same sample", world);
+    std::printf("\n");
+    std::fflush(stdout);  // a log (a pipe) sees it now: resuming is timed by it
+  }
+  return steps;
+}
+
+// The extras that keep the data position: the epoch and how many of its
+// samples all ranks have drawn (see resume_step).
+inline std::map<std::string, at::Tensor> sample_position(int64_t epoch, int64_t epoch_samples) {
+  return {{"epoch", at::tensor({epoch}, at::kLong)}, {"epoch_samples", at::tensor({epoch_samples}, at::kLong)}};
 }
 
 // A 64-bit FNV-1a hash of `tensors`' bytes, in hex: equal exactly when

@@ -167,20 +167,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
     co.every_steps = a.checkpoint.every;
     co.files.comm_hook_state = powersgd;
     ckpt = std::make_unique<tdist::Checkpointer>(group, *ddp, &opt, co);
-    if (auto r = ckpt->restore()) {
-      if (r->saved_world_size == world) {
-        steps = r->step;
-      } else {  // the same epoch, from the first batch not yet drawn
-        const int64_t epoch = r->extras.at("epoch").item<int64_t>();
-        const int64_t drawn = r->extras.at("epoch_samples").item<int64_t>();
-        steps = epoch * steps_per_epoch + (drawn + a.batch_size * world - 1) / (a.batch_size * world);
-      }
-      if (rank == 0) {
-        std::printf("resumed from %s (step %lld at world size %d): continuing at step %lld\n", r->path.c_str(),
-                    static_cast<long long>(r->step), r->saved_world_size, static_cast<long long>(steps));
-        std::fflush(stdout);  // a log (a pipe) sees it now: resuming is timed by it
-      }
-    }
+    if (auto r = ckpt->restore()) steps = examples::resume_step(*r, rank, world, steps_per_epoch, a.batch_size);
   }
   auto timed_from = std::chrono::steady_clock::now();
   examples::ProgressOptions po = a.progress;
@@ -215,8 +202,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
       if (steps == a.warmup_steps) timed_from = std::chrono::steady_clock::now();
       if (ckpt) {
         const int64_t epoch_samples = std::min(per_rank, (s + 1) * a.batch_size) * world;
-        ckpt->maybe_save(steps, {{"epoch", at::tensor({epoch}, at::kLong)},
-                                 {"epoch_samples", at::tensor({epoch_samples}, at::kLong)}});
+        ckpt->maybe_save(steps, examples::sample_position(epoch, epoch_samples));
       }
     }
     progress.finish();

@@ -155,9 +155,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
     co.every_steps = a.checkpoint.every;
     ckpt = std::make_unique<tdist::Checkpointer>(tdist::default_group(), *model, &opt, co);
     if (auto r = ckpt->restore()) {
-      steps = std::min(r->step, steps_per_epoch * a.epochs);
-      if (rank == 0) std::printf("resumed from %s (step %lld)\n", r->path.c_str(), static_cast<long long>(r->step));
-      std::fflush(stdout);  // a log (a pipe) sees it now: resuming is timed by it
+      steps = std::min(examples::resume_step(*r, rank, world, steps_per_epoch, a.batch_size), steps_per_epoch * a.epochs);
     }
   }
   examples::ProgressOptions po = a.progress;
@@ -189,7 +187,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
       ++steps;
       ++done;
       bar.step(idx.size(0) * world, step_loss);
-      if (ckpt) ckpt->maybe_save(steps);
+      if (ckpt) ckpt->maybe_save(steps, examples::sample_position(epoch, std::min(per_rank, (s + 1) * a.batch_size) * world));
     }
     bar.finish();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

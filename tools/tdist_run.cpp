@@ -3,6 +3,13 @@
 //   tdist-run --nproc-per-node N [--nnodes M --node-rank R] [--master-addr A]
 //             [--master-port P] [--max-restarts K] [--token-file F | --no-token]
 //             [--] program [args...]
+//   tdist-run --nproc-per-node N --nnodes MIN:MAX --rdzv-endpoint HOST:PORT
+//             [--rdzv-conf join_timeout=S,last_call_timeout=S] [--local-addr A] ...
+//
+// --nnodes MIN:MAX is elastic (torchrun's meaning; see run/elastic_agent.h):
+// the nodes' launchers meet at the endpoint, start as one world with
+// whoever came (MIN to MAX nodes), and after a failure, a node lost or a
+// node arriving, meet again and restart with whoever is there.
 //
 // Sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 // MASTER_ADDR, MASTER_PORT and (unless set) OMP_NUM_THREADS. Every output
@@ -36,13 +43,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
+#include "run/elastic_agent.h"
+#include "run/launch_options.h"
 #include "store/auth.h"
 #include "store/socket.h"
 #include "util/cli.h"
@@ -50,32 +61,14 @@
 
 namespace {
 
+using tdist_run::Options;
+using tdist_run::TokenPlan;
+using tdist_run::usage;
+using tdist_run::parse;
+using tdist_run::plan_token;
+
 volatile sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
-
-struct Options {
-  int nproc = 1;
-  int nnodes = 1;
-  int node_rank = 0;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 0;  // 0: a free port, chosen once
-  int max_restarts = 0;
-  double grace_s = 5.0;
-  // After the first failure, how long the other ranks get to notice it and
-  // exit on their own (reporting the error in their own words) before
-  // they are sent SIGTERM.
-  double peer_wait_s = 3.0;
-  std::string token_file;
-  bool no_token = false;
-  std::vector<std::string> argv;
-};
-
-// What the ranks get for TDIST_STORE_TOKEN: kKeep leaves the environment's
-// TDIST_STORE_TOKEN / TDIST_STORE_TOKEN_FILE as they are.
-struct TokenPlan {
-  enum Kind { kGenerate, kGiven, kKeep, kNone } kind = kGenerate;
-  std::string token;  // kGiven
-};
 
 struct Child {
   int rank = 0;
@@ -90,100 +83,17 @@ struct Child {
   bool signaled_by_launcher = false;  // before it ended
 };
 
-[[noreturn]] void usage(const std::string& why) { tdist::cli::usage_error("tdist-run", why); }
-
-int int_arg(const std::string& name, const std::string& value, int lo, int hi) {
-  auto v = tdist::detail::parse_int(value);
-  if (!v || *v < lo || *v > hi) {
-    usage(name + " needs an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + value +
-          "'");
-  }
-  return static_cast<int>(*v);
-}
-
-Options parse(int argc, char** argv) {
-  CLI::App app{"Starts one process per local rank, torchrun-style: sets RANK, LOCAL_RANK, WORLD_SIZE,\n"
-               "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and (unless set) OMP_NUM_THREADS,\n"
-               "prefixes each output line with \"[rank N]: \", and when a rank fails stops the others and\n"
-               "names it.",
-               "tdist-run"};
-  app.prefix_command();  // everything from the program on is the program's
-  app.footer("Then: [--] program [args...], the command every rank runs.");
-  // Integers are read as text and checked here, so that a bad value names
-  // its option and the allowed range.
-  std::map<std::string, std::string> v = {{"nproc-per-node", "1"}, {"nnodes", "1"}, {"node-rank", "0"},
-                                          {"master-port", "0"}, {"max-restarts", "0"}, {"grace-seconds", "5"},
-                                          {"peer-wait-seconds", "3"}};
-  Options o;
-  app.add_option(tdist::cli::both_spellings("nproc-per-node"), v["nproc-per-node"], "ranks to start on this node")
-      ->type_name("N")->default_str("1");
-  app.add_option(tdist::cli::both_spellings("nnodes"), v["nnodes"], "nodes in the job")->type_name("M")->default_str("1");
-  app.add_option(tdist::cli::both_spellings("node-rank"), v["node-rank"], "this node's index, below --nnodes")
-      ->type_name("R")->default_str("0");
-  app.add_option(tdist::cli::both_spellings("master-addr"), o.master_addr, "address of the node that hosts the store")
-      ->type_name("HOST")->default_str(o.master_addr);
-  app.add_option(tdist::cli::both_spellings("master-port"), v["master-port"],
-                 "the store's port (default: a free one; required with --nnodes > 1)")->type_name("PORT");
-  app.add_option(tdist::cli::both_spellings("max-restarts"), v["max-restarts"], "restart every rank up to K times after a failure")
-      ->type_name("K")->default_str("0");
-  app.add_option(tdist::cli::both_spellings("grace-seconds"), v["grace-seconds"],
-                 "between SIGTERM and SIGKILL for the ranks left after a failure")->type_name("S")->default_str("5");
-  app.add_option(tdist::cli::both_spellings("peer-wait-seconds"), v["peer-wait-seconds"],
-                 "after a failure, how long the other ranks get to exit on their own")->type_name("S")->default_str("3");
-  app.add_option(tdist::cli::both_spellings("token-file"), o.token_file,
-                 "the job's store token, in a file only you can read (the same on every node); default: a "
-                 "fresh random token for a single-node job")->type_name("FILE");
-  app.add_flag(tdist::cli::both_spellings("no-token"), o.no_token,
-               "start the ranks without a store token: anyone who reaches the store's port can join the job");
-  tdist::cli::parse_or_exit(app, argc, argv);
-  o.nproc = int_arg("--nproc-per-node", v["nproc-per-node"], 1, 4096);
-  o.nnodes = int_arg("--nnodes", v["nnodes"], 1, 1 << 20);
-  o.node_rank = int_arg("--node-rank", v["node-rank"], 0, 1 << 20);
-  auto* port = app.get_option("--master-port");
-  o.master_port = port->count() == 0 ? 0 : int_arg("--master-port", v["master-port"], 1, 65535);
-  o.max_restarts = int_arg("--max-restarts", v["max-restarts"], 0, 1000);
-  o.grace_s = int_arg("--grace-seconds", v["grace-seconds"], 0, 3600);
-  o.peer_wait_s = int_arg("--peer-wait-seconds", v["peer-wait-seconds"], 0, 3600);
-  std::vector<std::string> rest = app.remaining();
-  if (!rest.empty() && rest[0] == "--") {
-    rest.erase(rest.begin());
-  } else if (!rest.empty() && rest[0].rfind("-", 0) == 0) {
-    usage("unknown option " + rest[0]);
-  }
-  o.argv = std::move(rest);
-  if (o.argv.empty()) usage("no program given");
-  if (o.node_rank >= o.nnodes) usage("--node-rank must be below --nnodes");
-  if (o.nnodes > 1 && o.master_port == 0) usage("--master-port is required with --nnodes > 1");
-  if (o.no_token && !o.token_file.empty()) usage("--token-file and --no-token contradict each other");
-  return o;
-}
-
-bool env_set(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v;
-}
-
-TokenPlan plan_token(const Options& o) {
-  TokenPlan p;
-  try {
-    if (o.no_token) {
-      p.kind = TokenPlan::kNone;
-    } else if (!o.token_file.empty()) {
-      p.kind = TokenPlan::kGiven;
-      p.token = tdist::detail::read_token_file(o.token_file);
-    } else if (env_set("TDIST_STORE_TOKEN") || env_set("TDIST_STORE_TOKEN_FILE")) {
-      p.kind = TokenPlan::kKeep;
-      (void)tdist::detail::resolve_token(std::nullopt);  // a bad token file fails here, once
-    } else if (o.nnodes > 1) {
-      usage("a multi-node job needs a store token every node shares: pass --token-file FILE (the same secret on "
-            "every node, mode 600) or set TDIST_STORE_TOKEN; or pass --no-token to run without one (then anyone "
-            "who can reach the master's port can join the job)");
-    }
-  } catch (const tdist::UsageError& e) {
-    usage(e.what());
-  }
-  return p;
-}
+// Where this node's ranks stand in the job: set from the flags, or by each
+// elastic round.
+struct Placement {
+  int first_rank = 0;  // RANK of local rank 0
+  int world = 1;
+  int group_rank = 0;
+  int group_world = 1;
+  std::string master_addr;
+  int master_port = 0;
+  int restart_count = 0;
+};
 
 // A rank's output, line by line, each led by "[rank N]: ". A line a rank
 // redraws in place ("\r", a progress line) is shown in place too when this
@@ -409,14 +319,14 @@ void start_guardian() {
   g_guardian_fd = sv[0];
 }
 
-Child spawn(const Options& o, int local_rank, int port, const TokenPlan& token) {
+Child spawn(const Options& o, int local_rank, const Placement& at, const TokenPlan& token) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
     std::perror("tdist-run: pipe");
     std::exit(1);
   }
   Child c;
-  c.rank = o.node_rank * o.nproc + local_rank;
+  c.rank = at.first_rank + local_rank;
   const pid_t launcher = getpid();
   pid_t pid = fork();
   if (pid < 0) {
@@ -435,11 +345,15 @@ Child spawn(const Options& o, int local_rank, int port, const TokenPlan& token) 
     auto set = [](const char* k, const std::string& v) { setenv(k, v.c_str(), 1); };
     set("RANK", std::to_string(c.rank));
     set("LOCAL_RANK", std::to_string(local_rank));
-    set("WORLD_SIZE", std::to_string(o.nnodes * o.nproc));
+    set("WORLD_SIZE", std::to_string(at.world));
     set("LOCAL_WORLD_SIZE", std::to_string(o.nproc));
-    set("GROUP_RANK", std::to_string(o.node_rank));
-    set("MASTER_ADDR", o.master_addr);
-    set("MASTER_PORT", std::to_string(port));
+    set("GROUP_RANK", std::to_string(at.group_rank));
+    set("GROUP_WORLD_SIZE", std::to_string(at.group_world));
+    set("MASTER_ADDR", at.master_addr);
+    set("MASTER_PORT", std::to_string(at.master_port));
+    // torchrun's names: how many times the job was restarted so far, and may be.
+    set("TORCHELASTIC_RESTART_COUNT", std::to_string(at.restart_count));
+    set("TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts));
     if (token.kind == TokenPlan::kGiven || token.kind == TokenPlan::kGenerate) {
       set("TDIST_STORE_TOKEN", token.token);
       unsetenv("TDIST_STORE_TOKEN_FILE");
@@ -475,15 +389,28 @@ void signal_rank(Child& c, int sig) {
   if (kill(-c.pid, sig) != 0) kill(c.pid, sig);
 }
 
-// Runs one generation of the job; returns the index of the first rank that
-// failed, or -1 if all succeeded.
-int run_once(const Options& o, int port, TokenPlan token, std::vector<Child>& kids) {
+// How a start of the job ended on this node.
+struct Outcome {
+  int failed = -1;  // the first rank that failed on its own; -1: none
+  // Elastic: why this node's ranks were stopped from outside (another
+  // node's failure, a membership change, an abort), when they were.
+  std::optional<tdist_run::StopRequest> stopped;
+};
+
+// Asked every ~200 ms while ranks run: a reason to stop them (elastic).
+using StopCheck = std::function<std::optional<tdist_run::StopRequest>()>;
+
+// Runs one generation of the job on this node.
+Outcome run_once(const Options& o, const Placement& at, TokenPlan token, std::vector<Child>& kids,
+                 const StopCheck& stop_check = {}) {
   kids.clear();
   g_open_line = nullptr;
+  Outcome out;
   // A fresh token per start: ranks left over from an earlier start cannot
   // join this one.
   if (token.kind == TokenPlan::kGenerate) token.token = tdist::detail::generate_token();
-  for (int r = 0; r < o.nproc; ++r) kids.push_back(spawn(o, r, port, token));
+  for (int r = 0; r < o.nproc; ++r) kids.push_back(spawn(o, r, at, token));
+  auto next_check = std::chrono::steady_clock::now();
   bool any_failed = false;  // the ranks left get peer_wait_s, then SIGTERM
   uint64_t pass = 0;        // loop passes, for Child::dead_pass
   bool terminating = false;
@@ -498,6 +425,14 @@ int run_once(const Options& o, int port, TokenPlan token, std::vector<Child>& ki
       for (auto& k : kids) if (!k.exited) signal_rank(k, g_signal);
       terminating = true;
       kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
+    }
+    if (stop_check && !terminating && !any_failed && running > 0 && std::chrono::steady_clock::now() >= next_check) {
+      next_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+      if ((out.stopped = stop_check())) {
+        for (auto& k : kids) if (!k.exited) signal_rank(k, SIGTERM);
+        terminating = true;
+        kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
+      }
     }
     std::vector<pollfd> pfds;
     std::vector<Child*> owners;
@@ -582,7 +517,131 @@ int run_once(const Options& o, int port, TokenPlan token, std::vector<Child>& ki
     // the guardian's list then (its number may belong to another process
     // by now: no signal goes to it here).
   }
-  return first_failed(kids);
+  out.failed = first_failed(kids);
+  // Ranks that failed only once stopped from outside did not fail on their own.
+  if (out.stopped && out.failed >= 0 && kids[out.failed].signaled_by_launcher) out.failed = -1;
+  return out;
+}
+
+// Prints how a start ended on this node: the first rank that failed, then the others.
+std::string report_failure(const std::vector<Child>& kids, int failure) {
+  const Child& f = kids[failure];
+  const std::string first = "rank " + std::to_string(f.rank) + " (pid " + std::to_string(f.pid) + ") failed first: " +
+                            describe(f.status);
+  std::fprintf(stderr, "tdist-run: %s\n", first.c_str());
+  for (const auto& k : kids) {
+    if (&k != &f) std::fprintf(stderr, "tdist-run:   rank %d: %s\n", k.rank, describe(k.status).c_str());
+  }
+  return first;
+}
+
+// --nnodes MIN:MAX: rounds of the rendezvous, each a start of the job with
+// whoever is there (see run/elastic_agent.h). Failures count against
+// --max-restarts; nodes coming or going do not.
+int run_elastic(const Options& o, TokenPlan token) {
+  tdist_run::ElasticOptions eo;
+  eo.min_nodes = o.min_nodes;
+  eo.max_nodes = o.nnodes;
+  eo.nproc = o.nproc;
+  eo.endpoint_host = o.master_addr;
+  eo.endpoint_port = o.master_port;
+  eo.local_addr = o.local_addr;
+  eo.join_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.join_timeout_s * 1000));
+  eo.last_call = std::chrono::milliseconds(static_cast<int64_t>(o.last_call_s * 1000));
+  try {
+    switch (token.kind) {
+      case TokenPlan::kGiven: eo.token = token.token; break;
+      case TokenPlan::kKeep: eo.token = tdist::detail::resolve_token(std::nullopt); break;
+      case TokenPlan::kNone: break;
+      case TokenPlan::kGenerate:  // one node at most: its own secret, kept for every round
+        eo.token = tdist::detail::generate_token();
+        token = {TokenPlan::kGiven, eo.token};
+        break;
+    }
+  } catch (const tdist::Error& e) {
+    usage(e.what());
+  }
+  const auto interrupted = [] { return g_signal != 0; };
+  std::unique_ptr<tdist_run::ElasticAgent> agent;
+  try {
+    agent = std::make_unique<tdist_run::ElasticAgent>(eo);  // before any other process or thread
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+  start_guardian();
+  std::fprintf(stderr, "tdist-run: %s the rendezvous at %s:%d (%d to %d nodes)\n",
+               agent->hosts_store() ? "hosting" : "joined", o.master_addr.c_str(), o.master_port, o.min_nodes, o.nnodes);
+  int restarts = 0;
+  int last_world = 0;
+  std::vector<Child> kids;
+  try {
+    for (;;) {
+      const auto m = agent->rendezvous(interrupted);
+      if (!m) {
+        std::fprintf(stderr, "tdist-run: the job finished before this node could join it\n");
+        return 0;
+      }
+      std::fprintf(stderr, "tdist-run: round %lld: node %d of %d, ranks %d to %d of a world of %d%s\n",
+                   static_cast<long long>(m->round), m->node, m->nodes, m->first_rank, m->first_rank + o.nproc - 1,
+                   m->world_size,
+                   last_world && last_world != m->world_size
+                       ? (" (was " + std::to_string(last_world) + ")").c_str()
+                       : "");
+      last_world = m->world_size;
+      Placement at;
+      at.first_rank = m->first_rank;
+      at.world = m->world_size;
+      at.group_rank = m->node;
+      at.group_world = m->nodes;
+      at.master_addr = m->master_addr;
+      at.master_port = m->master_port;
+      at.restart_count = restarts;
+      const StopCheck check = [&]() -> std::optional<tdist_run::StopRequest> {
+        try {
+          return agent->poll();
+        } catch (const std::exception& e) {
+          return tdist_run::StopRequest{tdist_run::StopRequest::kAbort,
+                                        std::string("the rendezvous store is gone: ") + e.what()};
+        }
+      };
+      const Outcome r = run_once(o, at, token, kids, check);
+      if (g_signal) {
+        agent->request_restart("node " + std::to_string(m->node) + "'s launcher was stopped by signal " +
+                               std::to_string(static_cast<int>(g_signal)));
+        std::fprintf(stderr, "tdist-run: stopped by signal %d (%s), forwarded to every rank\n",
+                     static_cast<int>(g_signal), strsignal(g_signal));
+        return 128 + g_signal;
+      }
+      bool counts = false;
+      if (r.failed >= 0) {
+        const std::string what = report_failure(kids, r.failed);
+        agent->request_restart("node " + std::to_string(m->node) + ": " + what);
+        counts = true;
+      } else if (r.stopped) {
+        std::fprintf(stderr, "tdist-run: this node's ranks were stopped: %s\n", r.stopped->why.c_str());
+        if (r.stopped->kind == tdist_run::StopRequest::kAbort) return 1;
+        counts = r.stopped->kind == tdist_run::StopRequest::kRestart;
+      } else if (agent->finish(interrupted)) {
+        return 0;
+      } else {
+        std::fprintf(stderr, "tdist-run: this node's ranks finished, but another node asked for a restart\n");
+        counts = true;
+      }
+      if (counts && restarts >= o.max_restarts) {
+        const std::string why = "node " + std::to_string(m->node) + " is out of restarts (--max-restarts " +
+                                std::to_string(o.max_restarts) + ")";
+        std::fprintf(stderr, "tdist-run: %s; giving the job up\n", why.c_str());
+        agent->abort(why);
+        return 1;
+      }
+      if (counts) ++restarts;
+      std::fprintf(stderr, "tdist-run: to the rendezvous again (restart %d of %d)\n", restarts, o.max_restarts);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
 }
 
 }  // namespace
@@ -594,25 +653,28 @@ int main(int argc, char** argv) {
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
-  const int port = o.master_port ? o.master_port : tdist::detail::find_free_port();
+  if (o.elastic) return run_elastic(o, plan_token(o));
+  Placement at;
+  at.first_rank = o.node_rank * o.nproc;
+  at.world = o.nnodes * o.nproc;
+  at.group_rank = o.node_rank;
+  at.group_world = o.nnodes;
+  at.master_addr = o.master_addr;
+  at.master_port = o.master_port ? o.master_port : tdist::detail::find_free_port();
   const TokenPlan token = plan_token(o);
   start_guardian();
   std::vector<Child> kids;
   for (int attempt = 0;; ++attempt) {
-    int failure = run_once(o, port, token, kids);
+    at.restart_count = attempt;
+    const int failure = run_once(o, at, token, kids).failed;
     if (g_signal) {  // forwarded to every rank; report it as our own end
       std::fprintf(stderr, "tdist-run: stopped by signal %d (%s), forwarded to every rank\n", static_cast<int>(g_signal),
                    strsignal(g_signal));
       return 128 + g_signal;
     }
     if (failure < 0) return 0;
-    const Child& f = kids[failure];
-    std::fprintf(stderr, "tdist-run: rank %d (pid %d) failed first: %s\n", f.rank, static_cast<int>(f.pid),
-                 describe(f.status).c_str());
-    for (const auto& k : kids) {
-      if (&k != &f) std::fprintf(stderr, "tdist-run:   rank %d: %s\n", k.rank, describe(k.status).c_str());
-    }
-    if (g_signal || attempt >= o.max_restarts) return 1;
+    report_failure(kids, failure);
+    if (attempt >= o.max_restarts) return 1;
     std::fprintf(stderr, "tdist-run: restarting all ranks (restart %d of %d)\n", attempt + 1, o.max_restarts);
   }
 }

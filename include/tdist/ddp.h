@@ -202,8 +202,10 @@ class DistributedDataParallelImpl : public torch::nn::Module,
   std::shared_ptr<ProcessGroup> join_process_group() override { return core_.process_group(); }
   c10::Device join_device() override { return core_.device(); }
 
-  // Gradient accumulation: while the guard lives, backward only accumulates
-  // into .grad locally; the first backward after it synchronises everything.
+  // Gradient accumulation: a forward run while the guard lives has a
+  // backward that only accumulates into .grad locally (decided at forward
+  // time, as in PyTorch, wherever the backward runs); the first forward
+  // after it has a backward that synchronises everything.
   class NoSyncGuard {
    public:
     explicit NoSyncGuard(detail::DataParallel& core) : core_(core), previous_(core.require_sync()) {

@@ -23,14 +23,23 @@
 //   buckets' reductions, with zeros as this rank's gradients (so the
 //   average is over all ranks, joined ones counting as zeros, unless
 //   divide_by_initial_world_size is false: then over the ranks that still
-//   train). Comm hooks run as usual. When all are done, every rank takes
-//   the parameters and buffers of one of the last ranks to join (the
-//   optimizer state of a rank that joined early stays as it was).
+//   train). Comm hooks run as usual. Inside a Join the buffers broadcast
+//   each iteration come from the highest rank that still trains (as in
+//   PyTorch). When all are done, every rank takes the parameters and
+//   buffers of one of the last ranks to join (the optimizer state of a
+//   rank that joined early stays as it was). no_sync is decided at forward
+//   time, as PyTorch decides it.
 // - FullyShardedDataParallel: each rank owns a shard, so a joined rank must
 //   keep stepping its shard: it runs the step given to set_join_step (a
 //   forward and backward on any batch, clipping, the optimizer's step)
-//   while its gradients are replaced by zeros before they are reduced.
+//   while its gradients are replaced by zeros before they are reduced. So
+//   inside a Join every forward of the FSDP model must be such a training
+//   step on every rank: no evaluation forward, no no_sync accumulation
+//   (they end in a CollectiveMismatchError naming both calls).
 // - A user's Joinable: whatever its hook does.
+// Several joinables: their hooks run in the order given, so each
+// iteration must make their collectives in that order.
+// The joinables must outlive the Join.
 // Every blocking call has the group's timeout: a rank that dies or leaves
 // the loop without joining makes the others fail, not hang.
 #pragma once
@@ -59,7 +68,10 @@ struct JoinOptions {
 };
 
 // With throw_on_early_termination: some rank ran out of inputs. rank() is
-// the lowest rank that had.
+// the lowest rank that had, as a global rank (the message names global
+// ranks too). Once raised on a rank, its Join is over there: join() and
+// the destructor do nothing more, even when the error was caught inside
+// the Join's scope.
 class EarlyTerminationError : public Error {
  public:
   EarlyTerminationError(const std::string& what, int rank) : Error(what), rank_(rank) {}

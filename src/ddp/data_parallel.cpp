@@ -58,6 +58,11 @@ struct DataParallel::State : GradReadyListener {
 
   std::mutex mu;
   bool require_sync = true;
+  // Whether the last forward's backward synchronises: require_sync and
+  // grad mode when forward ran (PyTorch's rule: no_sync is decided at
+  // forward time, so a forward inside the guard and its backward after it
+  // only accumulate, and the other way round).
+  bool forward_sync = true;
   // Per synchronised iteration.
   std::vector<size_t> unused_now;    // find_unused_parameters: unreachable from the last forward's outputs
   bool unused_marked = false;
@@ -84,8 +89,9 @@ struct DataParallel::State : GradReadyListener {
 
   // Join: one all_reduce over the group, element r: 0 when rank r has
   // joined, 1 when it trains without synchronising (no_sync, no grad), 3
-  // when its backward synchronises. Returns the lowest rank that trains
-  // (whose buffers everyone takes) and how many synchronise.
+  // when its backward synchronises. Returns the highest rank that trains
+  // (whose buffers everyone takes, as PyTorch's DDP does in a Join) and
+  // how many synchronise.
   struct JoinRound {
     int root = 0;
     int syncing = 0;
@@ -109,7 +115,7 @@ struct DataParallel::State : GradReadyListener {
                                       " got a Join round that no DDP made: the ranks' collectives are out of step "
                                       "(is every rank's model in the Join?)");
       }
-      if (v != 0 && r.root < 0) r.root = k;
+      if (v != 0) r.root = k;
       r.syncing += v == 3;
     }
     if (r.root < 0) r.root = 0;
@@ -152,7 +158,7 @@ struct DataParallel::State : GradReadyListener {
   // A parameter's gradient has been accumulated (autograd thread).
   void on_grad_ready(size_t i) override {
     std::lock_guard<std::mutex> lock(mu);
-    if (!require_sync) return;
+    if (!forward_sync) return;
     tracker->arm_end_of_backward();
     if (!tracker->mark_arrived(i)) {
       if (pending_error.empty()) {
@@ -190,7 +196,7 @@ struct DataParallel::State : GradReadyListener {
   // find_unused_parameters: which parameters the outputs cannot reach.
   void after_forward(const std::vector<at::Tensor>& outputs) {
     std::lock_guard<std::mutex> lock(mu);
-    if (!require_sync || !options.find_unused_parameters || options.static_graph || !at::GradMode::is_enabled()) {
+    if (!forward_sync || !options.find_unused_parameters || options.static_graph) {
       return;
     }
     unused_now = tracker->unreachable_from(outputs);
@@ -405,26 +411,29 @@ DataParallel::~DataParallel() = default;
 void DataParallel::before_forward(const JoinOptions* join) {
   State& s = *state_;
   int buffer_root = 0, join_divisor = 0;
-  if (join) {
-    bool sync;
-    {
-      std::lock_guard<std::mutex> lock(s.mu);
-      sync = s.require_sync && at::GradMode::is_enabled();
-    }
-    const State::JoinRound r = s.join_round(/*training=*/true, sync);
-    buffer_root = r.root;
-    if (!join->divide_by_initial_world_size && sync && r.syncing < s.pg->size()) join_divisor = r.syncing;
-  }
+  bool sync;
   {
     std::unique_lock<std::mutex> lock(s.mu);
+    sync = s.require_sync && at::GradMode::is_enabled();
+    // A failed earlier backward is named before the Join round, so that
+    // joined ranks are not left waiting in it.
     if (s.tracker->armed()) s.drop_failed_backward(lock);
     if (!s.pending_error.empty()) {
       std::string e = std::move(s.pending_error);
       s.pending_error.clear();
       throw UsageError(e);
     }
+  }
+  if (join) {
+    const State::JoinRound r = s.join_round(/*training=*/true, sync);
+    buffer_root = r.root;
+    if (!join->divide_by_initial_world_size && sync && r.syncing < s.pg->size()) join_divisor = r.syncing;
+  }
+  {
+    std::unique_lock<std::mutex> lock(s.mu);
     s.maybe_rebuild();
     s.join_divisor = join_divisor;
+    s.forward_sync = sync;
   }
   if (s.options.broadcast_buffers) broadcast_from(*s.pg, s.buffers, buffer_root);
 }

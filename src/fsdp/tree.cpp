@@ -167,7 +167,7 @@ class FsdpJoinHook : public JoinHook {
 
 std::unique_ptr<JoinHook> fsdp_join_hook(torch::nn::Module& root, std::function<void()> step,
                                          const JoinOptions& options) {
-  if (!step) {
+  if (!step && !options.throw_on_early_termination) {  // throwing, the hooks never run
     throw UsageError(
         "Join: FullyShardedDataParallel needs set_join_step(step) first: every rank owns a shard of the "
         "parameters, so a rank that has joined must go on stepping its shard with the others");

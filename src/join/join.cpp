@@ -28,13 +28,17 @@ struct JoinState {
   c10::Device device{c10::kCPU};
   Joinable* first = nullptr;
   bool joined = false;  // this rank ran out; join() runs the hooks
+  // An EarlyTerminationError was raised here: the Join is over for this
+  // rank (join() does nothing more, even when the error was caught inside
+  // the Join's scope).
+  bool terminated = false;
 };
 
 namespace {
 
 struct Round {
   int training = 0;        // ranks that still train
-  int lowest_joined = -1;  // -1: none has joined
+  int lowest_joined = -1;  // the lowest joined rank, as a global rank; -1: none has joined
   bool stop = false;       // some joined rank asks everyone to stop
 };
 
@@ -60,7 +64,7 @@ Round run_round(JoinState& s, bool training) {
                                     "joining");
     }
     r.training += f[k];
-    if (f[k] == 0 && r.lowest_joined < 0) r.lowest_joined = k;
+    if (f[k] == 0 && r.lowest_joined < 0) r.lowest_joined = s.pg->ranks()[k];
   }
   r.stop = f[world] > 0;
   return r;
@@ -73,7 +77,7 @@ Round run_round(JoinState& s, bool training) {
 Joinable::~Joinable() = default;
 
 const JoinOptions* Joinable::active_join() const {
-  if (!join_state_ || join_state_->joined || !join_state_->options.enable) return nullptr;
+  if (!join_state_ || join_state_->joined || join_state_->terminated || !join_state_->options.enable) return nullptr;
   return &join_state_->options;
 }
 
@@ -126,12 +130,13 @@ void Join::release() noexcept {
 }
 
 void Join::join() {
-  if (done_) {
+  detail::JoinState& s = *state_;
+  if (done_ || s.terminated) {
+    done_ = true;
     release();
     return;
   }
   done_ = true;
-  detail::JoinState& s = *state_;
   s.joined = true;
   try {
     bool last = true;
@@ -139,7 +144,8 @@ void Join::join() {
       const detail::Round r = detail::run_round(s, /*training=*/false);
       if (r.training == 0) break;
       if (s.options.throw_on_early_termination) {
-        throw EarlyTerminationError("Join: rank " + std::to_string(s.pg->rank()) + " ran out of inputs while " +
+        s.terminated = true;
+        throw EarlyTerminationError("Join: rank " + std::to_string(s.pg->ranks()[s.pg->rank()]) + " ran out of inputs while " +
                                         std::to_string(r.training) +
                                         " rank(s) still trained (throw_on_early_termination)",
                                     r.lowest_joined);
@@ -157,11 +163,12 @@ void Join::join() {
 
 void Join::notify_join_context(Joinable& joinable) {
   detail::JoinState* s = joinable.join_state_;
-  if (!s || s->joined || !s->options.enable || s->first != &joinable) return;
+  if (!s || s->joined || s->terminated || !s->options.enable || s->first != &joinable) return;
   const detail::Round r = detail::run_round(*s, /*training=*/true);
   if (r.stop) {
+    s->terminated = true;
     throw EarlyTerminationError("Join: rank " + std::to_string(r.lowest_joined) +
-                                    " ran out of inputs before rank " + std::to_string(s->pg->rank()) +
+                                    " ran out of inputs before rank " + std::to_string(s->pg->ranks()[s->pg->rank()]) +
                                     " (throw_on_early_termination); every rank stops",
                                 r.lowest_joined);
   }

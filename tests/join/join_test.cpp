@@ -205,19 +205,20 @@ TEST_P(JoinWorld, DistributedDataParallelMatchesOneProcess) {
   }
 }
 
-// A buffer that counts the forwards it has seen: with broadcast_buffers,
-// each forward starts from the buffers of the lowest rank that still
-// trains, so the count goes on across ranks that join early (rank 0
-// first), and at the end every rank has the last joiner's.
+// A buffer that records which rank ran each forward (a decimal digit,
+// rank + 1, per forward): with broadcast_buffers, each forward starts from
+// the buffers of the highest rank that still trains (PyTorch's choice in
+// a Join), and at the end every rank has the last joiner's.
 struct CountingImpl : torch::nn::Module {
-  CountingImpl() {
+  explicit CountingImpl(int rank = 0) : rank(rank) {
     fc = register_module("fc", torch::nn::Linear(6, 3));
-    seen = register_buffer("seen", torch::zeros({1}));
+    seen = register_buffer("seen", torch::zeros({1}, torch::kDouble));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    seen.add_(1);
+    seen.mul_(10).add_(rank + 1);
     return fc->forward(x);
   }
+  int rank;
   torch::nn::Linear fc{nullptr};
   torch::Tensor seen;
 };
@@ -227,7 +228,8 @@ TEST(Join, DistributedDataParallelTakesBuffersFromARankThatStillTrains) {
   EXPECT_EQ(run_world(3,
                       [](ProcessGroup& pg) {
                         const int counts[] = {1, 4, 2};
-                        tdist::DistributedDataParallel<Counting> model(Counting(), tdist::DistributedDataParallelOptions{});
+                        tdist::DistributedDataParallel<Counting> model(Counting(pg.rank()),
+                                                                       tdist::DistributedDataParallelOptions{});
                         torch::optim::SGD opt(model->parameters(), 0.1);
                         {
                           tdist::Join join({model.get()});
@@ -238,8 +240,11 @@ TEST(Join, DistributedDataParallelTakesBuffersFromARankThatStillTrains) {
                             opt.step();
                           }
                         }
-                        const float seen = model->module()->seen.item<float>();
-                        WORLD_CHECK(seen == 4, "rank " << pg.rank() << " ends with seen = " << seen);
+                        // Step 0 from rank 2's buffer (all train), step 1 from rank 2's
+                        // (ranks 1 and 2 train), steps 2 and 3 from rank 1's; rank 1
+                        // joins last.
+                        const double seen = model->module()->seen.item<double>();
+                        WORLD_CHECK(seen == 3222, "rank " << pg.rank() << " ends with seen = " << seen);
                       }),
             "");
 }
@@ -333,6 +338,77 @@ TEST(Join, ThrowOnEarlyTerminationStopsEveryRankNamingTheFirstToRunOut) {
                           for (int k = 0; k < 2; ++k) d.step();
                         }
                         WORLD_CHECK(d.total == 6, "counted " << d.total);
+                      }),
+            "");
+}
+
+// no_sync is decided at forward time (PyTorch's rule): a forward inside the
+// guard only accumulates, even when its backward runs after the guard, and
+// a joined rank is told so. Rank 1 has no inputs: rank 0's two losses are
+// averaged with its zeros.
+TEST(Join, DistributedDataParallelDecidesNoSyncAtForwardTime) {
+  EXPECT_EQ(run_world(2,
+                      [](ProcessGroup& pg) {
+                        torch::manual_seed(7);
+                        Net ref;
+                        torch::optim::SGD ropt(ref->parameters(), 0.05);
+                        auto [x0, y0] = batch(0, 0);
+                        auto [x1, y1] = batch(0, 1);
+                        ropt.zero_grad();
+                        ((torch::mse_loss(ref->forward(x0), y0) + torch::mse_loss(ref->forward(x1), y1)) / 2).backward();
+                        ropt.step();
+                        torch::manual_seed(7);
+                        tdist::DistributedDataParallel<Net> model(Net(), tdist::DistributedDataParallelOptions{});
+                        torch::optim::SGD opt(model->parameters(), 0.05);
+                        {
+                          tdist::Join join({model.get()});
+                          if (pg.rank() == 0) {
+                            opt.zero_grad();
+                            torch::Tensor first;
+                            {
+                              auto guard = model->no_sync();
+                              first = torch::mse_loss(model(x0), y0);
+                            }
+                            first.backward();  // accumulates only
+                            torch::mse_loss(model(x1), y1).backward();
+                            opt.step();
+                          }
+                        }
+                        auto want = ref->named_parameters();
+                        for (const auto& p : model->module()->named_parameters()) {
+                          const double err = (p.value() - want[p.key()]).abs().max().item<double>();
+                          WORLD_CHECK(err < 1e-6, "rank " << pg.rank() << ": " << p.key() << " differs by " << err);
+                        }
+                      }),
+            "");
+}
+
+// An EarlyTerminationError caught inside the Join's scope ends the Join on
+// that rank: the scope's end runs no more rounds that the others would
+// have to meet.
+TEST(Join, AnEarlyTerminationCaughtInsideTheScopeEndsTheJoin) {
+  EXPECT_EQ(run_world(2,
+                      [](ProcessGroup& pg) {
+                        Counter c(tdist::default_group());
+                        tdist::JoinOptions o;
+                        o.throw_on_early_termination = true;
+                        const int mine = pg.rank() == 1 ? 1 : 3;
+                        bool thrown = false;
+                        {
+                          tdist::Join join({&c}, o);
+                          try {
+                            for (int k = 0; k < mine; ++k) c.step();
+                            join.join();
+                          } catch (const tdist::EarlyTerminationError&) {
+                            thrown = true;
+                          }
+                        }
+                        WORLD_CHECK(thrown, "rank " << pg.rank() << " saw no EarlyTerminationError");
+                        pg.barrier()->wait();  // the ranks are in step again
+                        // throw_on_early_termination needs no FSDP join step: its hooks never run.
+                        tdist::FullyShardedDataParallelOptions fo;
+                        tdist::FSDP<Net> model(Net(&fo), fo);
+                        tdist::Join fsdp_join({model.get()}, o);
                       }),
             "");
 }

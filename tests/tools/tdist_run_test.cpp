@@ -289,33 +289,8 @@ TEST(FashionMnist, OneEpochOnTwoRanksWithTheFp16Hook) {
   EXPECT_EQ(r.output.find("[rank 1]: "), std::string::npos) << r.output;
 }
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-// The processes whose parent is `parent` and whose name is `comm`.
-std::vector<pid_t> children_named(pid_t parent, const std::string& comm) {
-  std::vector<pid_t> out;
-  if (DIR* d = opendir("/proc")) {
-    while (dirent* e = readdir(d)) {
-      const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
-      if (pid <= 0) continue;
-      const std::string stat = read_all("/proc/" + std::to_string(pid) + "/stat");
-      const size_t open = stat.find('('), close = stat.rfind(')');
-      if (open == std::string::npos || close == std::string::npos || close + 4 >= stat.size()) continue;
-      std::istringstream rest(stat.substr(close + 4));  // after ") S "
-      pid_t ppid = 0;
-      rest >> ppid;
-      if (ppid == parent && stat.substr(open + 1, close - open - 1) == comm) out.push_back(pid);
-    }
-    closedir(d);
-  }
-  return out;
-}
-
 std::string fingerprint_in(const std::string& json) {
-  const auto j = nlohmann::json::parse(read_all(json), nullptr, /*allow_exceptions=*/false);
+  const auto j = nlohmann::json::parse(test::read_all(json), nullptr, /*allow_exceptions=*/false);
   return j.is_object() && j.contains("weights_fingerprint") ? j["weights_fingerprint"].get<std::string>() : "";
 }
 
@@ -339,15 +314,15 @@ TEST(FashionMnist, AKilledRankRestartsAndResumesBitForBit) {
   // Kill a rank once a few checkpoints are in place (step 9 or later).
   bool killed = false;
   for (int i = 0; i < 1200 && !killed; ++i) {
-    const std::string latest = read_all(d + "/ckpt/latest");
+    const std::string latest = test::read_all(d + "/ckpt/latest");
     if (latest.size() > 5 && std::atoi(latest.c_str() + 5) >= 9) {
-      const auto ranks = children_named(launcher, "fashion_mnist");
+      const auto ranks = test::children_named(launcher, "fashion_mnist");
       if (!ranks.empty()) killed = kill(ranks.back(), SIGKILL) == 0;
     }
     if (!killed) std::this_thread::sleep_for(50ms);
   }
   const int st = test::wait_child(launcher, 300s);
-  const std::string log = read_all(d + "/log");
+  const std::string log = test::read_all(d + "/log");
   ASSERT_TRUE(killed) << log;
   ASSERT_NE(st, -1) << log;
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << test::describe_status(st) << "\n" << log;

@@ -1,5 +1,6 @@
 #include "tests/util/process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -10,6 +11,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 #include <thread>
 
 namespace tdist::test {
@@ -51,6 +55,30 @@ int wait_child(pid_t pid, std::chrono::milliseconds timeout) {
 }
 
 bool exited_ok(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::vector<pid_t> children_named(pid_t parent, const std::string& comm) {
+  std::vector<pid_t> out;
+  if (DIR* d = opendir("/proc")) {
+    while (dirent* e = readdir(d)) {
+      const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+      if (pid <= 0) continue;
+      const std::string stat = read_all("/proc/" + std::to_string(pid) + "/stat");
+      const size_t open = stat.find('('), close = stat.rfind(')');
+      if (open == std::string::npos || close == std::string::npos || close + 4 >= stat.size()) continue;
+      std::istringstream rest(stat.substr(close + 4));  // after ") S "
+      pid_t ppid = 0;
+      rest >> ppid;
+      if (ppid == parent && stat.substr(open + 1, close - open - 1) == comm) out.push_back(pid);
+    }
+    closedir(d);
+  }
+  return out;
+}
 
 std::string describe_status(int status) {
   if (status == -1) return "timed out (killed)";

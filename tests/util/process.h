@@ -8,6 +8,7 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace tdist::test {
 
@@ -31,6 +32,12 @@ struct CommandResult {
 // Runs `sh -c command`, capturing its output, killing it (and its process
 // group) past timeout.
 CommandResult run_command(const std::string& command, std::chrono::milliseconds timeout);
+
+// The whole file at path ("" when it cannot be read).
+std::string read_all(const std::string& path);
+
+// The processes whose parent is `parent` and whose name (/proc's comm) is `comm`.
+std::vector<pid_t> children_named(pid_t parent, const std::string& comm);
 
 // A fresh directory under /tmp, removed with its contents on destruction.
 class TempDir {

@@ -1,0 +1,230 @@
+// tdist-run --nnodes MIN:MAX (issue 37): launchers on "nodes" (here,
+// several tdist-run processes on this machine, each a node) meet at a
+// rendezvous endpoint and run as one world; a node lost for good, or a
+// node that comes later, restarts the job with whoever is there, and the
+// examples resume from their latest checkpoint at the new world size.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "store/socket.h"
+#include "tests/util/process.h"
+
+using namespace std::chrono_literals;
+namespace test = tdist::test;
+
+namespace {
+
+const std::string kRun = TDIST_BIN_DIR "/tdist-run";
+const std::string kMnist = TDIST_BIN_DIR "/fashion_mnist";
+
+// One node's launcher, its output in `log`; returns tdist-run's pid. One
+// OpenMP thread per rank, whatever the node's rank count (as for the runs
+// by hand it is compared with): the same arithmetic, bit for bit.
+pid_t start_node(const std::string& args, const std::string& log) {
+  const std::string cmd =
+      "exec env TDIST_STORE_TOKEN=elastic-test-token OMP_NUM_THREADS=1 " + kRun + " " + args + " > " + log + " 2>&1";
+  return test::fork_child([cmd] {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    return 127;
+  });
+}
+
+std::string endpoint() { return "127.0.0.1:" + std::to_string(tdist::detail::find_free_port()); }
+
+std::string fingerprint_in(const std::string& json) {
+  const auto j = nlohmann::json::parse(test::read_all(json), nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.contains("weights_fingerprint") ? j["weights_fingerprint"].get<std::string>() : "";
+}
+
+// The step of the latest complete checkpoint in dir (0: none yet).
+int latest_step(const std::string& dir) {
+  const std::string latest = test::read_all(dir + "/latest");
+  return latest.size() > 5 ? std::atoi(latest.c_str() + 5) : 0;
+}
+
+bool ok(int status) { return status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+}  // namespace
+
+// Ranks are numbered in the order the nodes joined, each node with its own
+// --nproc-per-node; every rank gets the same world and the round's store.
+TEST(ElasticRun, NodesOfDifferentSizesMakeOneWorld) {
+  test::TempDir dir;
+  const std::string d = dir.path(), ep = endpoint();
+  const std::string prog =
+      " sh -c 'echo \"R=$RANK W=$WORLD_SIZE G=$GROUP_RANK/$GROUP_WORLD_SIZE L=$LOCAL_RANK/$LOCAL_WORLD_SIZE "
+      "M=$MASTER_ADDR:$MASTER_PORT C=$TORCHELASTIC_RESTART_COUNT\"'";
+  const pid_t a = start_node("--nnodes 2:2 --nproc-per-node 2 --rdzv-endpoint " + ep + prog, d + "/a");
+  const pid_t b = start_node("--nnodes 2:2 --nproc-per-node 1 --rdzv-endpoint " + ep + prog, d + "/b");
+  const int sa = test::wait_child(a, 60s), sb = test::wait_child(b, 60s);
+  const std::string log = test::read_all(d + "/a") + test::read_all(d + "/b");
+  ASSERT_TRUE(ok(sa) && ok(sb)) << log;
+  std::set<std::string> ranks, masters;
+  const std::regex line(R"(R=(\d) W=3 G=(\d)/2 L=(\d)/(\d) M=(\S+) C=0)");
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator(); ++it) {
+    ranks.insert((*it)[1]);
+    masters.insert((*it)[5]);
+  }
+  EXPECT_EQ(ranks, (std::set<std::string>{"0", "1", "2"})) << log;
+  EXPECT_EQ(masters.size(), 1u) << log;
+  EXPECT_NE(log.find("hosting the rendezvous at " + ep), std::string::npos) << log;
+}
+
+// Too few nodes: the join timeout ends the wait, and says how many came.
+TEST(ElasticRun, TooFewNodesTimeOutAndSaySo) {
+  test::TempDir dir;
+  const auto t0 = std::chrono::steady_clock::now();
+  const pid_t a = start_node("--nnodes 2:3 --rdzv-endpoint " + endpoint() + " --rdzv-conf join_timeout=2 true",
+                             dir.path() + "/a");
+  const int st = test::wait_child(a, 60s);
+  const std::string log = test::read_all(dir.path() + "/a");
+  EXPECT_TRUE(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 1) << test::describe_status(st) << log;
+  EXPECT_NE(log.find("1 node(s) came, the job needs 2 to 3"), std::string::npos) << log;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
+}
+
+// A rank that fails every time: the nodes restart together, and when one
+// is out of restarts every node gives up, none waits forever.
+TEST(ElasticRun, OutOfRestartsEveryNodeGivesUp) {
+  test::TempDir dir;
+  const std::string d = dir.path(), ep = endpoint();
+  const std::string prog = " sh -c 'sleep 0.3; test $RANK != 1'";
+  const pid_t a = start_node("--nnodes 2:2 --max-restarts 1 --rdzv-endpoint " + ep + prog, d + "/a");
+  const pid_t b = start_node("--nnodes 2:2 --max-restarts 1 --rdzv-endpoint " + ep + prog, d + "/b");
+  const int sa = test::wait_child(a, 90s), sb = test::wait_child(b, 90s);
+  const std::string log = test::read_all(d + "/a") + test::read_all(d + "/b");
+  EXPECT_TRUE(sa != -1 && WIFEXITED(sa) && WEXITSTATUS(sa) != 0) << log;
+  EXPECT_TRUE(sb != -1 && WIFEXITED(sb) && WEXITSTATUS(sb) != 0) << log;
+  EXPECT_NE(log.find("round 1:"), std::string::npos) << log;  // restarted once
+  EXPECT_EQ(log.find("round 2:"), std::string::npos) << log;  // and no more
+  EXPECT_NE(log.find("out of restarts (--max-restarts 1)"), std::string::npos) << log;
+}
+
+// The node that hosts the rendezvous store is killed: the other node's
+// launcher notices and ends its ranks, loudly.
+TEST(ElasticRun, LosingTheStoresHostEndsTheOtherNodesLoudly) {
+  test::TempDir dir;
+  const std::string d = dir.path(), ep = endpoint();
+  const pid_t host = start_node("--nnodes 2:2 --rdzv-endpoint " + ep + " sleep 60", d + "/host");
+  for (int i = 0; i < 200 && test::read_all(d + "/host").find("hosting") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(50ms);
+  }
+  const pid_t other = start_node("--nnodes 2:2 --rdzv-endpoint " + ep + " sleep 60", d + "/other");
+  for (int i = 0; i < 400 && test::read_all(d + "/other").find("round 0") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_NE(test::read_all(d + "/other").find("round 0"), std::string::npos) << test::read_all(d + "/other");
+  const auto t0 = std::chrono::steady_clock::now();
+  kill(host, SIGKILL);
+  test::wait_child(host, 10s);
+  const int st = test::wait_child(other, 40s);
+  const std::string log = test::read_all(d + "/other");
+  EXPECT_TRUE(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 1) << test::describe_status(st) << log;
+  EXPECT_NE(log.find("the rendezvous store is gone"), std::string::npos) << log;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
+}
+
+TEST(ElasticRun, RejectsBadArguments) {
+  for (const char* args : {"--nnodes 3:2 --rdzv-endpoint 127.0.0.1:1 true",
+                           "--nnodes 1:2 --node-rank 0 --rdzv-endpoint 127.0.0.1:1 true", "--nnodes 1:2 true",
+                           "--nnodes 1:2 --rdzv-endpoint 127.0.0.1:1 --rdzv-conf bogus=1 true",
+                           "--nnodes 1:2 --rdzv-endpoint nowhere true", "--rdzv-endpoint 127.0.0.1:1 true"}) {
+    auto r = test::run_command(kRun + " " + args, 30s);
+    EXPECT_TRUE(r.status != -1 && WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2) << args << "\n" << r.output;
+  }
+}
+
+// Issue 37's elastic target: three nodes, one killed for good mid-run; the
+// other two go on at world size 2 from the latest checkpoint, and end with
+// the very weights of a job restarted by hand at world size 2 from that
+// checkpoint. The data position is kept in samples, so the world-2 run
+// continues from the first sample not yet drawn.
+TEST(ElasticRun, ThreeNodesLoseOneAndGoOnAtWorldTwoAsARestartByHandWould) {
+  test::TempDir dir;
+  const std::string d = dir.path(), ep = endpoint();
+  const std::string train = kMnist + " --batch-size 1000 --epochs 2 --max-steps 24 --quiet --checkpoint-every 3";
+  pid_t nodes[3];
+  for (int i = 0; i < 3; ++i) {
+    nodes[i] = start_node("--nnodes 2:3 --max-restarts 1 --rdzv-endpoint " + ep +
+                              " --rdzv-conf last_call_timeout=1 " + train + " --checkpoint-dir " + d +
+                              "/ckpt --json " + d + "/elastic" + std::to_string(i) + ".json",
+                          d + "/node" + std::to_string(i));
+  }
+  // Once a few checkpoints are in, kill a node that does not host the store.
+  int victim = -1;
+  for (int i = 0; i < 2400 && victim < 0; ++i) {
+    if (latest_step(d + "/ckpt") >= 6) {
+      for (int n = 0; n < 3 && victim < 0; ++n) {
+        if (test::read_all(d + "/node" + std::to_string(n)).find("joined the rendezvous") != std::string::npos) {
+          victim = n;
+        }
+      }
+    }
+    if (victim < 0) std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_GE(victim, 0);
+  kill(nodes[victim], SIGKILL);
+  std::string log;
+  std::string json;
+  for (int n = 0; n < 3; ++n) {
+    const int st = test::wait_child(nodes[n], 240s);
+    const std::string mine = test::read_all(d + "/node" + std::to_string(n));
+    log += "--- node " + std::to_string(n) + "\n" + mine;
+    if (n != victim) {
+      EXPECT_TRUE(ok(st)) << test::describe_status(st) << "\n" << mine;
+      if (mine.find("[rank 0]: test accuracy") != std::string::npos) json = d + "/elastic" + std::to_string(n) + ".json";
+    }
+  }
+  EXPECT_NE(log.find("of a world of 2 (was 3)"), std::string::npos) << log;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex(R"(\[rank 0\]: resumed from \S+ \(step (\d+) at world size 3\): continuing at step \d+ at world size 2)")))
+      << log;
+  const std::string step = m[1];
+  ASSERT_FALSE(json.empty()) << log;
+
+  // By hand: world 3 to that step, then world 2 from its checkpoint.
+  const std::string hand = " --checkpoint-dir " + d + "/hand";
+  auto r3 = test::run_command("OMP_NUM_THREADS=1 " + kRun + " --nproc-per-node 3 " + kMnist + " --batch-size 1000 --epochs 2 --quiet "
+                              "--checkpoint-every 3 --max-steps " + step + hand, 240s);
+  ASSERT_TRUE(ok(r3.status)) << r3.output;
+  EXPECT_EQ(latest_step(d + "/hand"), std::stoi(step));
+  auto r2 = test::run_command("OMP_NUM_THREADS=1 " + kRun + " --nproc-per-node 2 " + train + hand + " --json " + d + "/hand.json", 240s);
+  ASSERT_TRUE(ok(r2.status)) << r2.output;
+  EXPECT_NE(r2.output.find("(step " + step + " at world size 3)"), std::string::npos) << r2.output;
+  const std::string want = fingerprint_in(d + "/hand.json");
+  EXPECT_EQ(want.size(), 16u);
+  EXPECT_EQ(fingerprint_in(json), want) << log << r2.output;
+}
+
+// A node that comes while the job runs (below MAX nodes) is let in: the
+// running nodes stop, all meet again, and the job goes on at the larger
+// world from its latest checkpoint. A membership change is no failure: it
+// takes none of --max-restarts 0.
+TEST(ElasticRun, ANodeThatComesLaterIsLetIn) {
+  test::TempDir dir;
+  const std::string d = dir.path(), ep = endpoint();
+  const std::string args = "--nnodes 2:3 --max-restarts 0 --rdzv-endpoint " + ep + " --rdzv-conf last_call_timeout=1 " +
+                           kMnist + " --batch-size 1000 --epochs 1 --max-steps 24 --quiet --checkpoint-every 3 "
+                           "--checkpoint-dir " + d + "/ckpt";
+  const pid_t a = start_node(args, d + "/a");
+  const pid_t b = start_node(args, d + "/b");
+  for (int i = 0; i < 2400 && latest_step(d + "/ckpt") < 3; ++i) std::this_thread::sleep_for(50ms);
+  ASSERT_GE(latest_step(d + "/ckpt"), 3) << test::read_all(d + "/a") << test::read_all(d + "/b");
+  const pid_t c = start_node(args, d + "/c");
+  const int sa = test::wait_child(a, 240s), sb = test::wait_child(b, 240s), sc = test::wait_child(c, 240s);
+  const std::string log = test::read_all(d + "/a") + test::read_all(d + "/b") + test::read_all(d + "/c");
+  EXPECT_TRUE(ok(sa) && ok(sb) && ok(sc)) << log;
+  EXPECT_NE(log.find("a node is waiting to join"), std::string::npos) << log;
+  EXPECT_NE(log.find("of a world of 3 (was 2)"), std::string::npos) << log;
+  EXPECT_NE(log.find("at world size 2): continuing at step"), std::string::npos) << log;
+  EXPECT_NE(log.find("at world size 3, from the same sample"), std::string::npos) << log;
+  EXPECT_NE(log.find("[rank 0]: test accuracy"), std::string::npos) << log;
+}

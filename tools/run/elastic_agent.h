@@ -1,0 +1,128 @@
+// tdist-run's elastic mode (--nnodes MIN:MAX, torchrun's meaning): the
+// launchers of a job (one per node, "agents") meet in a rendezvous, agree
+// on who is in, and start their ranks as one world; when a node's rank
+// fails, or a node is gone, or a new node asks to join, every agent stops
+// its ranks and they meet again, with whoever is there.
+//
+// The rendezvous store: a TCPStore at the endpoint (--rdzv-endpoint, or
+// --master-addr/--master-port). The first agent that can listen there
+// hosts it, in a process of its own forked before any thread (so the
+// launcher itself stays single-threaded and can fork ranks safely); the
+// others are its clients. The host is the job's one fixed point: if its
+// node goes, the job ends, loudly (as with torchrun's c10d backend).
+//
+// Rounds. Round g gathers agents by a counter (key g/joined: an agent's
+// index in it is its node's group rank). Round g closes (g/closed = its
+// node count, set once by compare-and-set) when MAX agents are in, or when
+// at least MIN are in and the last call (last_call_timeout) has passed
+// since an agent saw MIN; never while round g-1 still runs. An agent that
+// comes too late for a round waits in the next: the running agents see it
+// (g+1/joined > 0) and, below MAX nodes, restart to let it in. A restart
+// is g/restart set (its first reason wins): a rank's failure, a node
+// waiting, or a node's launcher stopping; every agent then stops its ranks
+// and joins round g+1. The agents of a finished job count themselves out
+// (g/done) and the last sets g/finished; abort (set by an agent out of
+// restarts) ends everyone.
+//
+// Round g's ranks: RANK from the nodes before this one in the round (their
+// --nproc-per-node may differ), MASTER_ADDR:MASTER_PORT a free port on the
+// round's node 0 (its --local-addr) for the ranks' own store.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace tdist {
+class TCPStore;
+}
+
+namespace tdist_run {
+
+struct ElasticOptions {
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int nproc = 1;  // this node's ranks
+  std::string endpoint_host = "127.0.0.1";
+  int endpoint_port = 0;
+  // The address of this node that the other nodes' ranks reach its ranks
+  // at, when this node is a round's node 0.
+  std::string local_addr;
+  std::string token;  // the rendezvous store's token ("": none)
+  // How long an agent waits for a round to close (torchrun's join_timeout),
+  // and the last call: how long a round with at least MIN nodes stays open
+  // for more.
+  std::chrono::milliseconds join_timeout{900'000};
+  std::chrono::milliseconds last_call{30'000};
+  // How long a node whose ranks all finished waits for the other nodes'
+  // (torchrun's exit barrier).
+  std::chrono::milliseconds exit_barrier{300'000};
+};
+
+// This node's place in a round.
+struct Membership {
+  int64_t round = 0;
+  int node = 0;         // GROUP_RANK
+  int nodes = 0;        // GROUP_WORLD_SIZE
+  int first_rank = 0;   // this node's local rank 0
+  int world_size = 0;   // every node's ranks
+  std::string master_addr;  // the ranks' store
+  int master_port = 0;
+};
+
+// Why the ranks of a round must stop before they end.
+struct StopRequest {
+  enum Kind { kRestart, kMembership, kAbort } kind = kRestart;
+  std::string why;
+};
+
+class ElasticAgent {
+ public:
+  // Hosts the rendezvous store if it can listen at the endpoint, else
+  // joins it as a client. Call before the launcher starts any thread or
+  // rank. Throws tdist::Error with the endpoint named when neither works.
+  explicit ElasticAgent(ElasticOptions options);
+  ~ElasticAgent();
+  ElasticAgent(const ElasticAgent&) = delete;
+  ElasticAgent& operator=(const ElasticAgent&) = delete;
+
+  bool hosts_store() const { return host_pid_ > 0; }
+  pid_t store_host_pid() const { return host_pid_; }
+
+  // Joins the next round and waits until it closes. nullopt: the job
+  // already finished without this node (it came too late). Throws
+  // tdist::Error on an abort, the join timeout, or interrupted() turning
+  // true (checked every poll).
+  std::optional<Membership> rendezvous(const std::function<bool()>& interrupted);
+
+  // Polled while this node's ranks run (cheap; call every ~200 ms).
+  std::optional<StopRequest> poll();
+
+  // This node's ranks failed (or were stopped): every node restarts.
+  void request_restart(const std::string& why);
+  // Gives up the job: every agent stops and exits non-zero.
+  void abort(const std::string& why);
+  // This node's ranks all succeeded: waits until every node's did (true),
+  // or a restart was asked meanwhile (false: rendezvous again). Throws on
+  // the exit barrier's timeout or an abort.
+  bool finish(const std::function<bool()>& interrupted);
+
+ private:
+  std::string key(int64_t round, const std::string& name) const;
+  std::optional<std::string> get_if(const std::string& key);
+  void try_close(int64_t round, int64_t nodes);
+
+  ElasticOptions o_;
+  pid_t host_pid_ = -1;  // the store's host process, when this agent started it
+  std::unique_ptr<tdist::TCPStore> store_;
+  int64_t round_ = -1;       // the round this node is in (running or done)
+  int64_t next_round_ = 0;   // the lowest round to join next
+  int nodes_ = 0;            // in round_
+};
+
+}  // namespace tdist_run
