@@ -426,9 +426,13 @@ Outcome run_once(const Options& o, const Placement& at, TokenPlan token, std::ve
       terminating = true;
       kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
     }
-    if (stop_check && !terminating && !any_failed && running > 0 && std::chrono::steady_clock::now() >= next_check) {
+    // Elastic: asked every 200 ms while ranks run or are being stopped (it
+    // also tells the other nodes this one is alive); acted on once.
+    if (stop_check && running > 0 && std::chrono::steady_clock::now() >= next_check) {
       next_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-      if ((out.stopped = stop_check())) {
+      auto stop = stop_check();
+      if (stop && !terminating && !any_failed && !out.stopped) {
+        out.stopped = std::move(stop);
         for (auto& k : kids) if (!k.exited) signal_rank(k, SIGTERM);
         terminating = true;
         kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
@@ -546,6 +550,7 @@ int run_elastic(const Options& o, TokenPlan token) {
   eo.endpoint_host = o.master_addr;
   eo.endpoint_port = o.master_port;
   eo.local_addr = o.local_addr;
+  eo.run_id = o.rdzv_id;
   eo.join_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.join_timeout_s * 1000));
   eo.last_call = std::chrono::milliseconds(static_cast<int64_t>(o.last_call_s * 1000));
   try {
@@ -613,7 +618,7 @@ int run_elastic(const Options& o, TokenPlan token) {
                      static_cast<int>(g_signal), strsignal(g_signal));
         return 128 + g_signal;
       }
-      bool counts = false;
+      bool counts = false;  // a failure; nodes coming or going are none
       if (r.failed >= 0) {
         const std::string what = report_failure(kids, r.failed);
         agent->request_restart("node " + std::to_string(m->node) + ": " + what);
@@ -622,11 +627,11 @@ int run_elastic(const Options& o, TokenPlan token) {
         std::fprintf(stderr, "tdist-run: this node's ranks were stopped: %s\n", r.stopped->why.c_str());
         if (r.stopped->kind == tdist_run::StopRequest::kAbort) return 1;
         counts = r.stopped->kind == tdist_run::StopRequest::kRestart;
-      } else if (agent->finish(interrupted)) {
-        return 0;
+      } else if (const auto again = agent->finish(interrupted)) {
+        std::fprintf(stderr, "tdist-run: this node's ranks finished, but the job restarts: %s\n", again->why.c_str());
+        counts = again->kind == tdist_run::StopRequest::kRestart;
       } else {
-        std::fprintf(stderr, "tdist-run: this node's ranks finished, but another node asked for a restart\n");
-        counts = true;
+        return 0;
       }
       if (counts && restarts >= o.max_restarts) {
         const std::string why = "node " + std::to_string(m->node) + " is out of restarts (--max-restarts " +
@@ -640,7 +645,7 @@ int run_elastic(const Options& o, TokenPlan token) {
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
-    return 1;
+    return g_signal ? 128 + g_signal : 1;
   }
 }
 

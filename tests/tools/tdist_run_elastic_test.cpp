@@ -132,11 +132,61 @@ TEST(ElasticRun, LosingTheStoresHostEndsTheOtherNodesLoudly) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
 }
 
+// A round starts only once every node of the round before has stopped its
+// ranks: here node 1's rank ignores SIGTERM (it stops only at the grace
+// period's SIGKILL), and node 0 must not start a world of one meanwhile.
+TEST(ElasticRun, ARoundWaitsUntilTheLastRoundsRanksAreGone) {
+  test::TempDir dir;
+  const std::string d = dir.path(), ep = endpoint();
+  const std::string args = "--nnodes 1:2 --max-restarts 2 --grace-seconds 2 --rdzv-endpoint " + ep +
+                           " --rdzv-conf last_call_timeout=0 sh -c 'trap \"\" TERM; echo start $RANK/$WORLD_SIZE; "
+                           "if [ $RANK = 0 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 1; exit 3; fi; sleep 3'";
+  const pid_t a = start_node(args, d + "/a");
+  for (int i = 0; i < 200 && test::read_all(d + "/a").find("hosting") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(20ms);
+  }
+  const pid_t b = start_node(args, d + "/b");
+  const int sa = test::wait_child(a, 120s), sb = test::wait_child(b, 120s);
+  const std::string log = test::read_all(d + "/a") + test::read_all(d + "/b");
+  EXPECT_TRUE(ok(sa) && ok(sb)) << log;
+  EXPECT_NE(log.find("failed first: exit code 3"), std::string::npos) << log;
+  // After the failure, only worlds of two: never the two nodes apart.
+  const size_t failure = log.find("to the rendezvous again (restart 1");
+  ASSERT_NE(failure, std::string::npos) << log;
+  EXPECT_EQ(log.find("of a world of 1 (was 2)"), std::string::npos) << log;
+  EXPECT_NE(log.find("start 1/2"), std::string::npos) << log;
+}
+
+// A node whose ranks finished while a late node asks to join goes on with
+// the job at its new size: a membership change takes no restart, even
+// with --max-restarts 0.
+TEST(ElasticRun, AFinishedNodeTakesALateNodeInWithoutARestart) {
+  test::TempDir dir;
+  const std::string d = dir.path(), ep = endpoint();
+  const std::string args = "--nnodes 2:3 --rdzv-endpoint " + ep +
+                           " --rdzv-conf last_call_timeout=1 sh -c 'echo run $RANK/$WORLD_SIZE; "
+                           "if [ $GROUP_RANK != 1 ]; then sleep 4; fi'";
+  const pid_t a = start_node(args, d + "/a");
+  const pid_t b = start_node(args, d + "/b");
+  for (int i = 0; i < 400 && test::read_all(d + "/a").find("run ") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(20ms);
+  }
+  std::this_thread::sleep_for(500ms);  // node 1's rank has finished
+  const pid_t c = start_node(args, d + "/c");
+  const int sa = test::wait_child(a, 60s), sb = test::wait_child(b, 60s), sc = test::wait_child(c, 60s);
+  const std::string log = test::read_all(d + "/a") + test::read_all(d + "/b") + test::read_all(d + "/c");
+  EXPECT_TRUE(ok(sa) && ok(sb) && ok(sc)) << log;
+  EXPECT_NE(log.find("finished, but the job restarts: membership: a node is waiting to join"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("of a world of 3 (was 2)"), std::string::npos) << log;
+}
+
 TEST(ElasticRun, RejectsBadArguments) {
   for (const char* args : {"--nnodes 3:2 --rdzv-endpoint 127.0.0.1:1 true",
                            "--nnodes 1:2 --node-rank 0 --rdzv-endpoint 127.0.0.1:1 true", "--nnodes 1:2 true",
                            "--nnodes 1:2 --rdzv-endpoint 127.0.0.1:1 --rdzv-conf bogus=1 true",
-                           "--nnodes 1:2 --rdzv-endpoint nowhere true", "--rdzv-endpoint 127.0.0.1:1 true"}) {
+                           "--nnodes 1:2 --rdzv-endpoint nowhere true", "--rdzv-endpoint 127.0.0.1:1 true",
+                           "--nnodes 1:2 --rdzv-endpoint 127.0.0.1:1 --rdzv-id 'a/b' true", "--rdzv-id x true"}) {
     auto r = test::run_command(kRun + " " + args, 30s);
     EXPECT_TRUE(r.status != -1 && WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2) << args << "\n" << r.output;
   }

@@ -11,16 +11,24 @@
 // others are its clients. The host is the job's one fixed point: if its
 // node goes, the job ends, loudly (as with torchrun's c10d backend).
 //
+// Keys live under tdist-run/<run id>/ (--rdzv-id, torchrun's), so jobs
+// that share an endpoint by turns (or at once) do not meet.
+//
 // Rounds. Round g gathers agents by a counter (key g/joined: an agent's
 // index in it is its node's group rank). Round g closes (g/closed = its
 // node count, set once by compare-and-set) when MAX agents are in, or when
 // at least MIN are in and the last call (last_call_timeout) has passed
-// since an agent saw MIN; never while round g-1 still runs. An agent that
-// comes too late for a round waits in the next: the running agents see it
+// since an agent saw MIN; never while round g-1 still runs: it has ended
+// when a restart was asked (or it finished) and every one of its nodes has
+// stopped its ranks (g-1/stopped/<node>) or gone silent (its beat,
+// g-1/beat/<node>, bumped every 200 ms while the node is in the round,
+// unchanged for 10 s: a node lost for good). An agent that comes too late
+// for a round waits in the next: the running agents see it
 // (g+1/joined > 0) and, below MAX nodes, restart to let it in. A restart
 // is g/restart set (its first reason wins): a rank's failure, a node
-// waiting, or a node's launcher stopping; every agent then stops its ranks
-// and joins round g+1. The agents of a finished job count themselves out
+// waiting ("membership: ..."), a node that joined a round and never came,
+// or a node's launcher stopping; every agent then stops its ranks and
+// joins round g+1. The agents of a finished job count themselves out
 // (g/done) and the last sets g/finished; abort (set by an agent out of
 // restarts) ends everyone.
 //
@@ -38,6 +46,8 @@
 #include <optional>
 #include <string>
 
+#include "tdist/errors.h"
+
 namespace tdist {
 class TCPStore;
 }
@@ -54,6 +64,7 @@ struct ElasticOptions {
   // at, when this node is a round's node 0.
   std::string local_addr;
   std::string token;  // the rendezvous store's token ("": none)
+  std::string run_id = "none";  // --rdzv-id
   // How long an agent waits for a round to close (torchrun's join_timeout),
   // and the last call: how long a round with at least MIN nodes stays open
   // for more.
@@ -62,6 +73,12 @@ struct ElasticOptions {
   // How long a node whose ranks all finished waits for the other nodes'
   // (torchrun's exit barrier).
   std::chrono::milliseconds exit_barrier{300'000};
+};
+
+// Raised when interrupted() turned true.
+class Interrupted : public tdist::Error {
+ public:
+  using tdist::Error::Error;
 };
 
 // This node's place in a round.
@@ -94,28 +111,39 @@ class ElasticAgent {
   bool hosts_store() const { return host_pid_ > 0; }
   pid_t store_host_pid() const { return host_pid_; }
 
-  // Joins the next round and waits until it closes. nullopt: the job
-  // already finished without this node (it came too late). Throws
-  // tdist::Error on an abort, the join timeout, or interrupted() turning
-  // true (checked every poll).
+  // Joins the next round and waits until it closes (this node's ranks of
+  // any earlier round must be gone: it tells the others so). nullopt: the
+  // job finished while this node waited to join it. Throws tdist::Error on
+  // an abort, a job of this run id that had already finished, the join
+  // timeout, or interrupted() turning true (checked every poll).
   std::optional<Membership> rendezvous(const std::function<bool()>& interrupted);
 
-  // Polled while this node's ranks run (cheap; call every ~200 ms).
+  // Called every ~200 ms while this node's ranks run or are being stopped:
+  // says this node is alive, and why the ranks must stop, if they must.
   std::optional<StopRequest> poll();
 
   // This node's ranks failed (or were stopped): every node restarts.
   void request_restart(const std::string& why);
   // Gives up the job: every agent stops and exits non-zero.
   void abort(const std::string& why);
-  // This node's ranks all succeeded: waits until every node's did (true),
-  // or a restart was asked meanwhile (false: rendezvous again). Throws on
-  // the exit barrier's timeout or an abort.
-  bool finish(const std::function<bool()>& interrupted);
+  // This node's ranks all succeeded: waits until every node's did
+  // (nullopt), or returns the restart asked meanwhile (rendezvous again).
+  // Throws on the exit barrier's timeout or an abort.
+  std::optional<StopRequest> finish(const std::function<bool()>& interrupted);
 
  private:
+  std::string key(const std::string& name) const;
   std::string key(int64_t round, const std::string& name) const;
   std::optional<std::string> get_if(const std::string& key);
   void try_close(int64_t round, int64_t nodes);
+  // Whether round r (closed, this node not in it) has ended; see above.
+  struct Watch;
+  bool round_over(int64_t r, Watch& w);
+  // After round g closed with this node as `index`: its place, or nullopt
+  // when a node of the round never came (the round is restarted).
+  std::optional<Membership> take_place(int64_t g, int64_t index, int64_t nodes,
+                                       const std::function<bool()>& interrupted);
+  StopRequest restart_reason(const std::string& why) const;
 
   ElasticOptions o_;
   pid_t host_pid_ = -1;  // the store's host process, when this agent started it
@@ -123,6 +151,7 @@ class ElasticAgent {
   int64_t round_ = -1;       // the round this node is in (running or done)
   int64_t next_round_ = 0;   // the lowest round to join next
   int nodes_ = 0;            // in round_
+  int node_ = 0;             // this node's index in round_
 };
 
 }  // namespace tdist_run

@@ -63,6 +63,9 @@ Options parse(int argc, char** argv) {
   app.add_option(tdist::cli::both_spellings("rdzv-endpoint"), o.rdzv_endpoint,
                  "elastic: where the nodes' launchers meet (default: --master-addr:--master-port); the first "
                  "launcher that can listen there hosts it")->type_name("HOST:PORT");
+  app.add_option(tdist::cli::both_spellings("rdzv-id"), o.rdzv_id,
+                 "elastic: the job's name at the endpoint (default: none); jobs with different ids never meet")
+      ->type_name("ID");
   std::string rdzv_conf;
   app.add_option(tdist::cli::both_spellings("rdzv-conf"), rdzv_conf,
                  "elastic: join_timeout=S (default 900), last_call_timeout=S (default 30)")->type_name("K=V,...");
@@ -134,8 +137,14 @@ Options parse(int argc, char** argv) {
         o.local_addr = name;
       }
     }
-  } else if (!o.rdzv_endpoint.empty() || !rdzv_conf.empty() || !o.local_addr.empty()) {
-    usage("--rdzv-endpoint, --rdzv-conf and --local-addr are for an elastic job (--nnodes MIN:MAX)");
+    if (o.rdzv_id.empty() || o.rdzv_id.size() > 128 ||
+        o.rdzv_id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") !=
+            std::string::npos) {
+      usage("--rdzv-id needs 1 to 128 letters, digits, '.', '_' or '-', got '" + o.rdzv_id + "'");
+    }
+  } else if (!o.rdzv_endpoint.empty() || !rdzv_conf.empty() || !o.local_addr.empty() ||
+             app.get_option("--rdzv-id")->count() > 0) {
+    usage("--rdzv-endpoint, --rdzv-id, --rdzv-conf and --local-addr are for an elastic job (--nnodes MIN:MAX)");
   }
   if (!o.elastic && o.node_rank >= o.nnodes) usage("--node-rank must be below --nnodes");
   if (!o.elastic && o.nnodes > 1 && o.master_port == 0) usage("--master-port is required with --nnodes > 1");

@@ -15,6 +15,7 @@ struct Options {
   bool elastic = false;
   int min_nodes = 1;
   std::string rdzv_endpoint;  // HOST:PORT
+  std::string rdzv_id = "none";
   std::string local_addr;
   double join_timeout_s = 900;
   double last_call_s = 30;
