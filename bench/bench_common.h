@@ -78,6 +78,7 @@ struct CheckpointBenchOptions {
   int layers = 8;
   std::string dir = "/tmp";
   int repeats = 3;
+  std::string writer = "idle";  // the Checkpointer's idle_writes: idle or nice
   std::string json;
   std::string run_dir, result;  // set by the parent for its ranks
   void add_to(CLI::App& mode);

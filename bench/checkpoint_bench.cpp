@@ -81,6 +81,7 @@ CheckpointerTimes checkpointer_times(const CheckpointBenchOptions& o, ProcessGro
   CheckpointerOptions co;
   co.dir = o.run_dir + "/checkpointer";
   co.keep_last = 1;
+  co.idle_writes = o.writer == "idle";
   std::vector<double> alone, sync_stall, async_stall, during, writes, lost;
   for (int i = 0; i < 6; ++i) alone.push_back(slowest(step()));
   {
@@ -316,7 +317,8 @@ int run_parent(const CheckpointBenchOptions& o, const std::vector<std::string>& 
   std::printf("\n  consolidate: peak RSS %.1f MiB (target: at most the largest tensor + 64 MiB = %.1f MiB)\n",
               cons.peak_rss / 1048576.0, (largest + (int64_t{64} << 20)) / 1048576.0);
   const double sync_stall = ranks["sync_stall_s"].get<double>(), lost = ranks["async_lost_s"].get<double>();
-  std::printf("\n  Checkpointer, the same model training (a step alone: %.3f s):\n", ranks["step_s"].get<double>());
+  std::printf("\n  Checkpointer (--writer %s), the same model training (a step alone: %.3f s):\n", o.writer.c_str(),
+              ranks["step_s"].get<double>());
   std::printf("    synchronous save: training stalls %.3f s\n", sync_stall);
   std::printf("    asynchronous save: the call stalls %.3f s (the copy); %.3f s to write, while steps take %.3f s "
               "(alone: %.3f s)\n",
@@ -355,6 +357,10 @@ void CheckpointBenchOptions::add_to(CLI::App& mode) {
   mode.add_option("--dir", dir, "where the files go (the disk measured)")->capture_default_str();
   mode.add_option("--repeats", repeats, "times each operation runs (the median is shown)")
       ->check(cli::in_range(1, 1000))
+      ->capture_default_str();
+  mode.add_option("--writer", writer,
+                  "the Checkpointer's asynchronous writing: idle (SCHED_IDLE, the default) or nice (nice 19)")
+      ->check(CLI::IsMember({"idle", "nice"}))
       ->capture_default_str();
   mode.add_option("--json", json, "also write the rows here")->type_name("FILE");
   mode.add_option("--run-dir", run_dir)->group("");

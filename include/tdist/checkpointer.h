@@ -79,6 +79,10 @@ struct CheckpointerOptions {
   std::chrono::milliseconds every = std::chrono::milliseconds(0);
   int keep_last = 2;         // complete checkpoints kept, at least 1
   bool async = true;         // copy now, write on the writer thread
+  // Async: the writer's file writing runs at SCHED_IDLE (only on CPU time
+  // no other thread wants), its collectives at nice 19. false: all of it
+  // at nice 19 (for a machine so busy that idle time never comes).
+  bool idle_writes = true;
   ShardedCheckpointOptions files;  // comm_hook_state, timeout (suffix: fixed by the layout)
 };
 

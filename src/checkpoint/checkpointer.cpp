@@ -7,6 +7,8 @@
 #include <ATen/ATen.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
@@ -19,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -254,6 +257,30 @@ struct Checkpointer::Impl {
 
   // Writes this rank's files of `step` and, once every rank's are in
   // place, moves dir/latest to them. Collective over `own`.
+  // The files' writing (no collective): on the background writer, in a
+  // thread of its own at SCHED_IDLE, which runs only on time no other
+  // thread of the machine wants, so training loses as little as it can;
+  // the writer's collectives stay at its nice 19, so they progress even
+  // while training keeps every core busy. A synchronous save writes here.
+  void run_write(const std::function<void()>& work) {
+    if (!o.async || !o.idle_writes) {
+      work();
+      return;
+    }
+    std::exception_ptr raised;
+    std::thread idle([&] {
+      sched_param none{};
+      (void)::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &none);
+      try {
+        work();
+      } catch (...) {
+        raised = std::current_exception();
+      }
+    });
+    idle.join();
+    if (raised) std::rethrow_exception(raised);
+  }
+
   void commit(int64_t step, int64_t save_id, detail::RankFileContents* model_file, std::string error,
               detail::TrainingStateFile* train) {
     const auto t0 = Clock::now();
@@ -264,15 +291,17 @@ struct Checkpointer::Impl {
         if (::mkdir(folder.c_str(), 0755) != 0 && errno != EEXIST) {
           throw CheckpointError("Checkpointer: cannot make " + folder + ": " + std::strerror(errno));
         }
-        detail::write_training_state(checkpoint::rank_file_path(folder + "/" + kTrain, kSuffix, own->rank(),
-                                                                own->size()),
-                                     *train);
+        run_write([&] {
+          detail::write_training_state(
+              checkpoint::rank_file_path(folder + "/" + kTrain, kSuffix, own->rank(), own->size()), *train);
+        });
       } catch (const std::exception& e) {
         error = *e.what() ? e.what() : "an error without words";
       }
     }
     try {
-      detail::commit_rank_files(folder + "/" + kModel, *own, model_file, error, o.files);
+      detail::commit_rank_files(folder + "/" + kModel, *own, model_file, error, o.files,
+                                [this](const std::function<void()>& work) { run_write(work); });
     } catch (...) {
       if (own->rank() == 0) remove_folder(o.dir, made.name);  // a failed save leaves nothing
       throw;
@@ -331,9 +360,10 @@ struct Checkpointer::Impl {
     } else {
       writing = true;
       writer = std::thread([this, run] {
-        // Writing yields to training (nice 19: a small share of a busy
-        // core, so that its collectives still progress and never time out
-        // while training keeps every core busy).
+        // The writer yields to training: nice 19 for its collectives (a
+        // small share of a busy core, so that they progress and never
+        // time out while training keeps every core busy), SCHED_IDLE for
+        // its writing (run_write).
         (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
         try {
           run();

@@ -375,15 +375,22 @@ RankFileContents build_rank_file(ProcessGroup& pg, torch::nn::Module& model, tor
 }
 
 void commit_rank_files(const std::string& prefix, ProcessGroup& pg, RankFileContents* file, std::string error,
-                       const ShardedCheckpointOptions& options) {
+                       const ShardedCheckpointOptions& options, const WriteRunner& run_write) {
   const char* what = "save_sharded_checkpoint";
   std::optional<PtWriter> writer;
   if (error.empty()) {
     try {
       if (!file) throw std::logic_error("commit_rank_files: no file and no error");
-      writer.emplace(checkpoint::rank_file_path(prefix, options.suffix, pg.rank(), pg.size()));
-      file->sink.write(*writer, file->root);
-      writer->sync();
+      const auto write = [&] {
+        writer.emplace(checkpoint::rank_file_path(prefix, options.suffix, pg.rank(), pg.size()));
+        file->sink.write(*writer, file->root);
+        writer->sync();
+      };
+      if (run_write) {
+        run_write(write);
+      } else {
+        write();
+      }
     } catch (const std::exception& e) {
       error = *e.what() ? e.what() : "an error without words";
     }

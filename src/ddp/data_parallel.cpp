@@ -122,6 +122,36 @@ struct DataParallel::State : GradReadyListener {
     return r;
   }
 
+  // REQUIRES mu (held through `lock`, released while waiting). The end of
+  // an iteration's reductions: when the iteration needs to know which
+  // parameters got a gradient on any rank, all-reduces this rank's
+  // counts (`locally`; zeros for a joined rank's shadow, nullptr), then
+  // waits for that and every launched bucket. Returns the summed counts
+  // (undefined when none were needed). A failed reduction (timeout, dead
+  // peer, broken hook) fails the iteration: the next one starts clean.
+  at::Tensor reduce_used_and_wait(std::unique_lock<std::mutex>& lock, bool first_static,
+                                  const std::vector<char>* locally) {
+    std::vector<std::shared_ptr<Work>> works = reducer->launched_work();
+    at::Tensor used;
+    if ((options.find_unused_parameters && !options.static_graph) || first_static) {
+      used = at::zeros({static_cast<int64_t>(params.size())}, at::kInt);
+      if (locally) {
+        for (size_t i = 0; i < params.size(); ++i) used.data_ptr<int32_t>()[i] = (*locally)[i];
+      }
+      works.push_back(pg->all_reduce(used, {ReduceOp::SUM}));
+    }
+    lock.unlock();
+    try {
+      for (auto& w : works) w->wait();
+    } catch (...) {
+      lock.lock();
+      reset_iteration();
+      throw;
+    }
+    lock.lock();
+    return used;
+  }
+
   // REQUIRES mu.
   void set_hook(CommHook hook) {
     if (reducer->has_hook()) {
@@ -219,26 +249,9 @@ struct DataParallel::State : GradReadyListener {
         missing.push_back(names[i]);
       }
     }
-    std::vector<std::shared_ptr<Work>> works = reducer->launched_work();
     // Which parameters got a gradient on any rank: those that got none
     // anywhere keep their .grad as it was.
-    at::Tensor used;
-    if ((options.find_unused_parameters && !options.static_graph) || first_static) {
-      used = at::empty({static_cast<int64_t>(params.size())}, at::kInt);
-      for (size_t i = 0; i < params.size(); ++i) used.data_ptr<int32_t>()[i] = locally_used[i];
-      works.push_back(pg->all_reduce(used, {ReduceOp::SUM}));
-    }
-    lock.unlock();
-    try {
-      for (auto& w : works) w->wait();
-    } catch (...) {
-      // A failed reduction (timeout, dead peer, broken hook) fails this
-      // backward; the next iteration starts clean.
-      lock.lock();
-      reset_iteration();
-      throw;
-    }
-    lock.lock();
+    const at::Tensor used = reduce_used_and_wait(lock, first_static, &locally_used);
     std::vector<char> globally_used(params.size(), 1);
     if (used.defined()) {
       for (size_t i = 0; i < params.size(); ++i) globally_used[i] = used.data_ptr<int32_t>()[i] > 0;
@@ -300,21 +313,7 @@ struct DataParallel::State : GradReadyListener {
     for (size_t i = 0; i < params.size(); ++i) {
       if (!reducer->ready(i)) reducer->mark_ready(i, false);  // launches every bucket, in index order
     }
-    std::vector<std::shared_ptr<Work>> works = reducer->launched_work();
-    at::Tensor used;
-    if ((options.find_unused_parameters && !options.static_graph) || first_static) {
-      used = at::zeros({static_cast<int64_t>(params.size())}, at::kInt);
-      works.push_back(pg->all_reduce(used, {ReduceOp::SUM}));
-    }
-    lock.unlock();
-    try {
-      for (auto& w : works) w->wait();
-    } catch (...) {
-      lock.lock();
-      reset_iteration();
-      throw;
-    }
-    lock.lock();
+    const at::Tensor used = reduce_used_and_wait(lock, first_static, nullptr);
     if (first_static) {
       static_unused.assign(params.size(), 0);
       for (size_t i = 0; i < params.size(); ++i) static_unused[i] = used.data_ptr<int32_t>()[i] == 0;
