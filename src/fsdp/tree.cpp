@@ -147,15 +147,16 @@ class FsdpJoinHook : public JoinHook {
  public:
   FsdpJoinHook(torch::nn::Module& root, std::function<void()> step) : root_(root), step_(std::move(step)) {}
   void main_hook() override {
-    const auto all = wrappers(root_);
-    for (const auto& v : all) v.state.unit->set_reduce_zeros(true);
-    try {
-      step_();
-    } catch (...) {
-      for (const auto& v : all) v.state.unit->set_reduce_zeros(false);
-      throw;
-    }
-    for (const auto& v : all) v.state.unit->set_reduce_zeros(false);
+    // Every unit reduces zeros for the step's length, however it ends.
+    struct ZerosWhileAlive {
+      std::vector<Visit> all;
+      explicit ZerosWhileAlive(torch::nn::Module& root) : all(wrappers(root)) { set(true); }
+      ~ZerosWhileAlive() { set(false); }
+      void set(bool on) {
+        for (const auto& v : all) v.state.unit->set_reduce_zeros(on);
+      }
+    } zeros(root_);
+    step_();
   }
 
  private:
