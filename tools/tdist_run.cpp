@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "run/elastic_agent.h"
+#include "run/health_watch.h"
 #include "run/launch_options.h"
 #include "store/auth.h"
 #include "store/socket.h"
@@ -100,6 +101,10 @@ struct Placement {
 // launcher writes to a terminal (the ranks are told so by TDIST_TTY=1);
 // elsewhere only what a terminal would finally show of each line is kept.
 bool g_tty = false;
+// The ranks' heartbeats (TDIST_HEARTBEAT_DIR) and their watcher; none when
+// the directory could not be made.
+std::string g_heartbeat_dir;
+tdist_run::HealthWatch* g_health = nullptr;
 const Child* g_open_line = nullptr;  // whose in-place line is on the screen
 
 // What a terminal would show of s[from, to): the text after the last '\r'
@@ -362,6 +367,7 @@ Child spawn(const Options& o, int local_rank, const Placement& at, const TokenPl
       unsetenv("TDIST_STORE_TOKEN_FILE");
     }
     if (g_tty) set("TDIST_TTY", "1");  // a rank's progress line may redraw in place
+    if (!g_heartbeat_dir.empty()) set("TDIST_HEARTBEAT_DIR", g_heartbeat_dir);
     if (!std::getenv("OMP_NUM_THREADS")) {
       long cores = sysconf(_SC_NPROCESSORS_ONLN);
       set("OMP_NUM_THREADS", std::to_string(std::max<long>(1, cores / o.nproc)));
@@ -410,6 +416,7 @@ Outcome run_once(const Options& o, const Placement& at, TokenPlan token, std::ve
   // join this one.
   if (token.kind == TokenPlan::kGenerate) token.token = tdist::detail::generate_token();
   for (int r = 0; r < o.nproc; ++r) kids.push_back(spawn(o, r, at, token));
+  if (g_health) g_health->reset();
   auto next_check = std::chrono::steady_clock::now();
   bool any_failed = false;  // the ranks left get peer_wait_s, then SIGTERM
   uint64_t pass = 0;        // loop passes, for Child::dead_pass
@@ -498,6 +505,11 @@ Outcome run_once(const Options& o, const Placement& at, TokenPlan token, std::ve
           stamped = true;
         }
       }
+    }
+    if (g_health && !terminating && running > 0) {
+      std::vector<tdist_run::HealthWatch::Rank> ranks;
+      for (const auto& k : kids) ranks.push_back({k.rank, k.exited ? 0 : k.pid});
+      g_health->tick(ranks);
     }
     if (any_failed && !terminating && running > 0 && std::chrono::steady_clock::now() >= term_at) {
       for (auto& other : kids) if (!other.exited) signal_rank(other, SIGTERM);
@@ -654,6 +666,17 @@ int run_elastic(const Options& o, TokenPlan token) {
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
   g_tty = isatty(1) == 1;
+  setenv("TORCHELASTIC_RUN_ID", o.rdzv_id.c_str(), 1);  // torchrun's; the ranks' dump directory is named by it
+  tdist_run::JobFiles files(o.rdzv_id);
+  g_heartbeat_dir = files.heartbeat_dir();
+  tdist_run::HealthOptions ho;
+  ho.heartbeat_dir = files.heartbeat_dir();
+  ho.dump_dir = files.dump_dir();
+  ho.stall_s = o.stall_s;
+  ho.status_interval_s = o.status_interval_s;
+  ho.analyze = tdist_run::run_trace_analyze;
+  tdist_run::HealthWatch health(std::move(ho));
+  g_health = &health;
   struct sigaction sa{};
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, nullptr);

@@ -19,4 +19,5 @@
 #include "tdist/checkpointer.h"
 #include "tdist/state_dict.h"
 #include "tdist/store.h"
+#include "tdist/trace.h"
 #include "tdist/version.h"

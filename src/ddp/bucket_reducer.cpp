@@ -3,6 +3,7 @@
 #include "ddp/bucket_reducer.h"
 
 #include "process_group/async_ops.h"
+#include "trace/flight_recorder.h"
 
 #include <ATen/ATen.h>
 
@@ -136,6 +137,7 @@ void BucketReducer::mark_ready(size_t i, bool has_grad) {
 void BucketReducer::launch(size_t index) {
   Bucket& b = buckets_[index];
   const detail::AsyncOpsScope async;  // backward goes on: the worker runs them
+  const detail::FrSiteScope site("ddp bucket", static_cast<int>(index));
   if (direct_mode()) {
     b.work = launch_direct(b);
     return;

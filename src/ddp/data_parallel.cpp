@@ -30,6 +30,7 @@
 #include "ddp/bucket_reducer.h"
 #include "ddp/model_check.h"
 #include "process_group/group_or_default.h"
+#include "trace/flight_recorder.h"
 #include "tdist/ddp.h"
 
 namespace tdist::detail {
@@ -409,6 +410,7 @@ DataParallel::~DataParallel() = default;
 
 void DataParallel::before_forward(const JoinOptions* join) {
   State& s = *state_;
+  if (at::GradMode::is_enabled()) detail::FlightRecorder::get().note_step();  // tdist-run's steps/s
   int buffer_root = 0, join_divisor = 0;
   bool sync;
   {

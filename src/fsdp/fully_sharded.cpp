@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "autograd/checkpoint_phase.h"
+#include "trace/flight_recorder.h"
 #include "ddp/model_check.h"
 #include "fsdp/auto_wrap.h"
 #include "fsdp/coordinator.h"
@@ -350,6 +351,7 @@ void FullyShardedCore::begin_forward() {
   if (s.is_root) {
     active = s.own.get();
     active->begin_iteration();
+    if (at::GradMode::is_enabled()) detail::FlightRecorder::get().note_step();  // tdist-run's steps/s
     set_active_coordinator(active);
   }
   try {

@@ -9,6 +9,7 @@
 #include <exception>
 
 #include "process_group/async_ops.h"
+#include "trace/flight_recorder.h"
 #include "tdist/errors.h"
 #include "util/check.h"
 
@@ -165,6 +166,7 @@ void ShardedUnit::point_at_shards() {
 // ---- unshard: one all-gather ------------------------------------------------------
 
 void ShardedUnit::launch_unshard(bool exact) {
+  const detail::FrSiteScope site(label_);
   // A post-forward chunk serves when the shards have not changed since it
   // was taken (an optimizer step moves the version counters).
   const bool from_post = post_ && !exact && post_->versions == param_versions();
@@ -217,6 +219,7 @@ void ShardedUnit::launch_unshard(bool exact) {
 // ranks' padded rows are no more than the group's): each rank's piece of
 // the chunk gathers there, within the k ranks.
 void ShardedUnit::launch_post_forward_gather(Gather& g) {
+  const detail::FrSiteScope site(label_);
   const ShardLayout& post = *post_layout_;
   g.source = std::move(post_->chunk);
   post_.reset();
@@ -410,6 +413,7 @@ at::Tensor ShardedUnit::take_full_grad(FsdpParam& p) {
 // ---- reduce: one reduce-scatter (or all-reduce) ---------------------------------------
 
 void ShardedUnit::start_reduce() {
+  const detail::FrSiteScope site(label_);
   TDIST_CHECK(!reduce_.has_value());
   if (!has_trainable()) return;
   at::NoGradGuard no_grad;

@@ -24,6 +24,7 @@
 #include "process_group/task_queue.h"
 #include "process_group/tensor_util.h"
 #include "tdist/process_group.h"
+#include "trace/flight_recorder.h"
 
 namespace tdist {
 
@@ -40,6 +41,7 @@ struct ProcessGroup::Impl {
   int next_subgroup = 0;
   std::optional<detail::FingerprintCheck> fingerprints;  // TDIST_DEBUG=detail
   detail::OpCounts counts;  // enqueue may run on any thread: atomics, no lock
+  detail::FrGroup* recorder = nullptr;  // the flight recorder's record of the group; null: off
   // CUDA ops (device_runtime.h), made at the group's first one: the group's
   // stream on its device and, when the backend moves host memory only, the
   // staging backend over it (destroyed before `backend`).
@@ -58,9 +60,13 @@ struct ProcessGroup::Impl {
   // callable returning the op's fingerprint, e.g. "all_reduce float[4]
   // SUM") is called and checked across ranks just before the op runs;
   // otherwise it is never called, so an op costs no string.
+  // With the op's dtype (a comm::DataType; -1: none, a barrier) and, for
+  // send/recv, the peer: what the flight recorder keeps of it.
   struct Traffic {
     int64_t input_bytes = 0;
     int64_t output_bytes = 0;
+    int dtype = -1;
+    int peer = -1;
   };
   // `body(deadline)` runs the op and returns Work's result. `async_op`
   // false: the op has run when this returns (on this thread when the queue
@@ -78,12 +84,47 @@ struct ProcessGroup::Impl {
     const Milliseconds to = t.value_or(timeout);
     if (to.count() <= 0) throw UsageError(std::string(name) + ": the timeout must be positive");
     if (!async_op) queue->refuse_own_thread(name);
+    const detail::FrHandle rec = record(op, traffic, to);
+    try {
+      return enqueue_recorded(op, name, traffic, to, async_op, std::forward<Body>(body), std::move(fp), device, rec);
+    } catch (const std::exception& e) {
+      rec.failed(e);  // no-op when the op's task already failed with it
+      throw;
+    }
+  }
+
+  detail::FrHandle record(detail::GroupOp op, const Traffic& traffic, Milliseconds to) {
+    if (!recorder) return {};
+    detail::FrOp o;
+    o.op = op;
+    o.dtype = traffic.dtype;
+    if (traffic.dtype >= 0) {
+      const auto elem = static_cast<int64_t>(comm::dtype_size(static_cast<comm::DataType>(traffic.dtype)));
+      o.input_numel = traffic.input_bytes / elem;
+      o.output_numel = traffic.output_bytes / elem;
+    }
+    o.timeout_ms = to.count();
+    o.peer = traffic.peer;
+    return detail::FlightRecorder::get().record(recorder, o);
+  }
+
+  template <typename Body>
+  std::shared_ptr<Work> enqueue_recorded(detail::GroupOp op, const char* name, const Traffic& traffic, Milliseconds to,
+                                         bool async_op, Body&& body, std::string fp,
+                                         const std::optional<c10::Device>& device, const detail::FrHandle& rec) {
     if (!async_op && !device) {
       std::vector<at::Tensor> result;
       const auto seq = queue->run_now(name, to, [&](comm::Deadline d) {
         counts.add(op, traffic.input_bytes, traffic.output_bytes);
-        if (!fp.empty()) fingerprints->check(fp, d);
-        result = body(d);
+        rec.started();
+        try {
+          if (!fp.empty()) fingerprints->check(fp, d);
+          result = body(d);
+        } catch (const std::exception& e) {
+          rec.failed(e);
+          throw;
+        }
+        rec.completed();
       });
       if (seq) {
         auto work = std::make_shared<Work>();
@@ -97,6 +138,19 @@ struct ProcessGroup::Impl {
       task = [this, fp = std::move(fp), inner = std::move(task)](comm::Deadline d) {
         fingerprints->check(fp, d);
         return inner(d);
+      };
+    }
+    if (rec) {
+      task = [rec, inner = std::move(task)](comm::Deadline d) {
+        rec.started();
+        try {
+          auto result = inner(d);
+          rec.completed();
+          return result;
+        } catch (const std::exception& e) {
+          rec.failed(e);
+          throw;
+        }
       };
     }
     std::shared_ptr<detail::DeviceEvent> ready;

@@ -35,7 +35,7 @@ std::string host_identity() {
 
 std::shared_ptr<ProcessGroup> make_group(std::shared_ptr<Store> store, int rank, std::vector<int> ranks,
                                          std::string backend, std::string name, Milliseconds timeout,
-                                         const std::string& master_addr) {
+                                         const std::string& master_addr, const char* desc = "") {
   const int size = static_cast<int>(ranks.size());
   if (backend == "auto") {
     store->set("host/" + std::to_string(rank), host_identity());
@@ -66,6 +66,7 @@ std::shared_ptr<ProcessGroup> make_group(std::shared_ptr<Store> store, int rank,
   impl->group_name = std::move(name);
   impl->timeout = timeout;
   impl->master_addr = master_addr;
+  impl->recorder = detail::FlightRecorder::get().add_group(impl->group_name, desc, backend, impl->ranks);
   const char* debug = std::getenv("TDIST_DEBUG");
   if (debug && std::string(debug) == "detail") {
     impl->fingerprints.emplace(impl->store, impl->rank, impl->ranks, impl->group_name);
@@ -116,8 +117,9 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   std::vector<int> ranks(world.world_size);
   for (int r = 0; r < world.world_size; ++r) ranks[r] = r;
   auto store = std::make_shared<PrefixStore>("tdist/pg/" + options.group_name, world.store);
+  detail::FlightRecorder::get().set_identity(world.rank, world.world_size);
   auto group = make_group(store, world.rank, std::move(ranks), options.backend, options.group_name, options.timeout,
-                          master_addr);
+                          master_addr, "default_pg");
   std::lock_guard<std::mutex> lock(g_default_mu);
   g_default = group;
   return group;

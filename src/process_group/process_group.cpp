@@ -41,6 +41,8 @@ const char* reduce_name(ReduceOp op) { return comm::reduce_op_name(to_comm(op));
 
 // Bytes, for collective_counts.
 int64_t nb(const at::Tensor& t) { return static_cast<int64_t>(t.nbytes()); }
+// The flight recorder's dtype of an op on t (Impl::Traffic::dtype).
+int fr_dtype(const at::Tensor& t) { return static_cast<int>(detail::to_comm_dtype(t.scalar_type(), "", "")); }
 int64_t total_bytes(const std::vector<at::Tensor>& ts) {
   int64_t n = 0;
   for (const auto& t : ts) n += nb(t);
@@ -88,7 +90,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(const at::Tensor& tensor, const A
   const auto dev = impl_->op_device("all_reduce", tensor);
   comm::Backend* b = impl_->backend_for(dev, "all_reduce");
   const int64_t wire_bytes = tensor.numel() * static_cast<int64_t>(comm::dtype_size(wire));
-  const Impl::Traffic traffic{wire_bytes, wire_bytes};
+  const Impl::Traffic traffic{wire_bytes, wire_bytes, static_cast<int>(wire)};
   return impl_->enqueue(detail::GroupOp::kAllReduce, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     if (wire == dt) {
       b->all_reduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), dt, op, d);
@@ -117,7 +119,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_coalesced(const std::vector<at::T
   const auto dev = impl_->op_device("all_reduce_coalesced", tensors);
   comm::Backend* b = impl_->backend_for(dev, "all_reduce_coalesced");
   const int64_t wire_bytes = total * static_cast<int64_t>(comm::dtype_size(wire));
-  const Impl::Traffic traffic{wire_bytes, wire_bytes};
+  const Impl::Traffic traffic{wire_bytes, wire_bytes, static_cast<int>(wire)};
   return impl_->enqueue(detail::GroupOp::kAllReduceCoalesced, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     std::vector<comm::Piece> pieces;
     pieces.reserve(tensors.size());
@@ -186,7 +188,7 @@ std::shared_ptr<Work> ProcessGroup::broadcast(const at::Tensor& tensor, const Br
   impl_->check_rank(o.root, "broadcast", "root");
   const auto dev = impl_->op_device("broadcast", tensor);
   comm::Backend* b = impl_->backend_for(dev, "broadcast");
-  const Impl::Traffic traffic{nb(tensor), nb(tensor)};
+  const Impl::Traffic traffic{nb(tensor), nb(tensor), fr_dtype(tensor)};
   return impl_->enqueue(detail::GroupOp::kBroadcast, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->broadcast(tensor.data_ptr(), tensor.nbytes(), o.root, d);
     return {tensor};
@@ -200,7 +202,7 @@ std::shared_ptr<Work> ProcessGroup::reduce(const at::Tensor& tensor, const Reduc
   comm::check_reduction(dt, op);
   const auto dev = impl_->op_device("reduce", tensor);
   comm::Backend* b = impl_->backend_for(dev, "reduce");
-  const Impl::Traffic traffic{nb(tensor), rank() == o.root ? nb(tensor) : 0};
+  const Impl::Traffic traffic{nb(tensor), rank() == o.root ? nb(tensor) : 0, fr_dtype(tensor)};
   return impl_->enqueue(detail::GroupOp::kReduce, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->reduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), dt, op, o.root, d);
     return {tensor};
@@ -215,7 +217,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const at::Tensor& out
   detail::check_numel(output, input.numel() * size(), "all_gather_into_tensor", "output");
   const auto dev = impl_->op_device("all_gather_into_tensor", input, output);
   comm::Backend* b = impl_->backend_for(dev, "all_gather_into_tensor");
-  const Impl::Traffic traffic{nb(input), nb(output)};
+  const Impl::Traffic traffic{nb(input), nb(output), fr_dtype(input)};
   return impl_->enqueue(detail::GroupOp::kAllGatherIntoTensor, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->all_gather(input.data_ptr(), output.data_ptr(), input.nbytes(), d);
     return {output};
@@ -228,7 +230,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<at::Tensor>& ou
   detail::check_list(outputs, size(), input, "all_gather", "outputs", impl_->allows_cuda());
   const auto dev = impl_->op_device("all_gather", outputs, input);
   comm::Backend* b = impl_->backend_for(dev, "all_gather");
-  const Impl::Traffic traffic{nb(input), nb(input) * size()};
+  const Impl::Traffic traffic{nb(input), nb(input) * size(), fr_dtype(input)};
   return impl_->enqueue(detail::GroupOp::kAllGather, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor flat = at::empty({input.numel() * static_cast<int64_t>(outputs.size())}, input.options());
     b->all_gather(input.data_ptr(), flat.data_ptr(), input.nbytes(), d);
@@ -247,7 +249,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const at::Tensor& outp
   comm::check_reduction(dt, op);
   const auto dev = impl_->op_device("reduce_scatter_tensor", input, output);
   comm::Backend* b = impl_->backend_for(dev, "reduce_scatter_tensor");
-  const Impl::Traffic traffic{nb(input), nb(output)};
+  const Impl::Traffic traffic{nb(input), nb(output), fr_dtype(input)};
   return impl_->enqueue(detail::GroupOp::kReduceScatterTensor, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->reduce_scatter(input.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()), dt, op, d);
     return {output};
@@ -345,7 +347,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor_coalesced(const std::
   const auto dev = impl_->op_device(op, inputs, outputs);
   comm::Backend* b = impl_->backend_for(dev, op);
   const int64_t bytes = shape.elements * static_cast<int64_t>(comm::dtype_size(shape.dtype));
-  const Impl::Traffic traffic{bytes, bytes * size()};
+  const Impl::Traffic traffic{bytes, bytes * size(), static_cast<int>(shape.dtype)};
   const comm::DataType dt = shape.dtype;
   return impl_->enqueue(detail::GroupOp::kAllGatherIntoTensorCoalesced, traffic, o.timeout, o.async_op,
                         [=](comm::Deadline d) -> std::vector<at::Tensor> {
@@ -368,7 +370,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor_coalesced(const std::v
   const auto dev = impl_->op_device(op, inputs, outputs);
   comm::Backend* b = impl_->backend_for(dev, op);
   const int64_t bytes = shape.elements * static_cast<int64_t>(comm::dtype_size(shape.dtype));
-  const Impl::Traffic traffic{bytes * size(), bytes};
+  const Impl::Traffic traffic{bytes * size(), bytes, static_cast<int>(shape.dtype)};
   const comm::DataType dt = shape.dtype;
   return impl_->enqueue(detail::GroupOp::kReduceScatterTensorCoalesced, traffic, o.timeout, o.async_op,
                         [=](comm::Deadline d) -> std::vector<at::Tensor> {
@@ -388,7 +390,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(const at::Tensor& output, con
   comm::check_reduction(dt, op);
   const auto dev = impl_->op_device("reduce_scatter", inputs, output);
   comm::Backend* b = impl_->backend_for(dev, "reduce_scatter");
-  const Impl::Traffic traffic{nb(output) * size(), nb(output)};
+  const Impl::Traffic traffic{nb(output) * size(), nb(output), fr_dtype(output)};
   return impl_->enqueue(detail::GroupOp::kReduceScatter, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor flat = detail::flatten(inputs);
     b->reduce_scatter(flat.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()), dt, op, d);
@@ -409,7 +411,7 @@ std::shared_ptr<Work> ProcessGroup::gather(const std::vector<at::Tensor>& output
   const auto dev = impl_->op_device("gather", outputs, input);
   comm::Backend* b = impl_->backend_for(dev, "gather");
   const int world = size();
-  const Impl::Traffic traffic{nb(input), is_root ? nb(input) * world : 0};
+  const Impl::Traffic traffic{nb(input), is_root ? nb(input) * world : 0, fr_dtype(input)};
   return impl_->enqueue(detail::GroupOp::kGather, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor flat = is_root ? at::empty({input.numel() * world}, input.options()) : at::Tensor();
     b->gather(input.data_ptr(), is_root ? flat.data_ptr() : nullptr, input.nbytes(), o.root, d);
@@ -430,7 +432,7 @@ std::shared_ptr<Work> ProcessGroup::scatter(const at::Tensor& output, const std:
   }
   const auto dev = impl_->op_device("scatter", inputs, output);
   comm::Backend* b = impl_->backend_for(dev, "scatter");
-  const Impl::Traffic traffic{is_root ? nb(output) * size() : 0, nb(output)};
+  const Impl::Traffic traffic{is_root ? nb(output) * size() : 0, nb(output), fr_dtype(output)};
   return impl_->enqueue(detail::GroupOp::kScatter, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor flat = is_root ? detail::flatten(inputs) : at::Tensor();
     b->scatter(is_root ? flat.data_ptr() : nullptr, output.data_ptr(), output.nbytes(), o.root, d);
@@ -449,7 +451,7 @@ std::shared_ptr<Work> ProcessGroup::all_to_all_single(const at::Tensor& output, 
   auto recv = detail::split_bytes(output, output_split_sizes, size(), "all_to_all_single", "output");
   const auto dev = impl_->op_device("all_to_all_single", input, output);
   comm::Backend* b = impl_->backend_for(dev, "all_to_all_single");
-  const Impl::Traffic traffic{nb(input), nb(output)};
+  const Impl::Traffic traffic{nb(input), nb(output), fr_dtype(input)};
   return impl_->enqueue(detail::GroupOp::kAllToAllSingle, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->all_to_all(input.data_ptr(), send.bytes, send.offsets, output.data_ptr(), recv.bytes, recv.offsets, d);
     return {output};
@@ -469,7 +471,7 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<at::Tensor>& ou
   }
   const auto dev = impl_->op_device("all_to_all", outputs, inputs);
   comm::Backend* b = impl_->backend_for(dev, "all_to_all");
-  const Impl::Traffic traffic{total_bytes(inputs), total_bytes(outputs)};
+  const Impl::Traffic traffic{total_bytes(inputs), total_bytes(outputs), inputs.empty() ? (outputs.empty() ? -1 : fr_dtype(outputs[0])) : fr_dtype(inputs[0])};
   return impl_->enqueue(detail::GroupOp::kAllToAll, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     at::Tensor in = detail::flatten(inputs);
     std::vector<size_t> send_bytes, send_off, recv_bytes, recv_off;
@@ -506,7 +508,7 @@ std::shared_ptr<Work> ProcessGroup::send(const at::Tensor& tensor, int dst, int 
   if (dst == rank()) throw UsageError("send: rank " + std::to_string(dst) + " cannot send to itself");
   const auto dev = impl_->op_device("send", tensor);
   comm::Backend* b = impl_->backend_for(dev, "send");
-  const Impl::Traffic traffic{nb(tensor), 0};
+  const Impl::Traffic traffic{nb(tensor), 0, fr_dtype(tensor), dst};
   return impl_->enqueue(detail::GroupOp::kSend, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->send(tensor.data_ptr(), tensor.nbytes(), dst, tag, d);
     return {tensor};
@@ -519,7 +521,7 @@ std::shared_ptr<Work> ProcessGroup::recv(const at::Tensor& tensor, int src, int 
   if (src == rank()) throw UsageError("recv: rank " + std::to_string(src) + " cannot receive from itself");
   const auto dev = impl_->op_device("recv", tensor);
   comm::Backend* b = impl_->backend_for(dev, "recv");
-  const Impl::Traffic traffic{0, nb(tensor)};
+  const Impl::Traffic traffic{0, nb(tensor), fr_dtype(tensor), src};
   return impl_->enqueue(detail::GroupOp::kRecv, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
     b->recv(tensor.data_ptr(), tensor.nbytes(), src, tag, d);
     return {tensor};

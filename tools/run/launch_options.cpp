@@ -74,6 +74,14 @@ Options parse(int argc, char** argv) {
                  "endpoint, else the host name)")->type_name("HOST");
   app.add_flag(tdist::cli::both_spellings("no-token"), o.no_token,
                "start the ranks without a store token: anyone who reaches the store's port can join the job");
+  app.add_option(tdist::cli::both_spellings("stall-seconds"), o.stall_s,
+                 "when some rank has waited in an op this long and no rank completed one meanwhile, every rank "
+                 "dumps its flight recorder and the analysis is printed; 0: never (default: half the op's "
+                 "timeout, at most 300)")
+      ->type_name("S")->check(tdist::cli::in_range(0, 1e6));
+  app.add_option(tdist::cli::both_spellings("status-interval"), o.status_interval_s,
+                 "print a status line every S seconds: steps/s per rank, the slowest rank, the ranks behind")
+      ->type_name("S")->check(tdist::cli::in_range(0.1, 1e6));
   tdist::cli::parse_or_exit(app, argc, argv);
   o.nproc = int_arg("--nproc-per-node", v["nproc-per-node"], 1, 4096);
   if (const size_t colon = v["nnodes"].find(':'); colon != std::string::npos) {

@@ -29,6 +29,11 @@ struct Options {
   double peer_wait_s = 3.0;
   std::string token_file;
   bool no_token = false;
+  // The ranks' health (run/health_watch.h): seconds without progress
+  // before a stall dump (< 0: half the waiting op's timeout, at most 300;
+  // 0: off), and between status lines (0: none).
+  double stall_s = -1;
+  double status_interval_s = 0;
   std::vector<std::string> argv;
 };
 

@@ -1,0 +1,26 @@
+// Seeing what a job does (docs/observability.md).
+//
+// The flight recorder is on by default: every rank keeps its last
+// TDIST_FR_BUFFER_SIZE ops (default 2000; 0 turns it off) of every process
+// group, and writes them as JSON to $TDIST_DUMP_DIR/rank-<R>.json (default
+// ./tdist-dumps/<job>/) when an op times out, a peer fails, ranks call
+// mismatched collectives, on SIGUSR1 (unless the program handles SIGUSR1
+// itself), and when tdist-run finds the job stalled. `tdist-trace analyze
+// DIR` reads every rank's dump and says who is behind, where, and why.
+#pragma once
+
+#include <string>
+
+namespace tdist::trace {
+
+// Writes this rank's flight recorder dump now; returns its path ("" when
+// it could not be written: a line on stderr says why; or when the recorder
+// is off).
+std::string dump_flight_recorder();
+
+// A training step begins (for tdist-run --status-interval's steps/s).
+// DistributedDataParallel's and FullyShardedDataParallel's training
+// forwards count themselves; call it from a loop that uses neither.
+void mark_step();
+
+}  // namespace tdist::trace

@@ -1,0 +1,15 @@
+#include "tdist/trace.h"
+
+#include "trace/flight_recorder.h"
+
+namespace tdist::trace {
+
+std::string dump_flight_recorder() {
+  auto& fr = detail::FlightRecorder::get();
+  if (!fr.enabled()) return "";
+  return fr.dump(detail::DumpReason::kRequest);
+}
+
+void mark_step() { detail::FlightRecorder::get().note_step(); }
+
+}  // namespace tdist::trace

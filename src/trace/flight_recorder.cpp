@@ -1,0 +1,317 @@
+#include "trace/flight_recorder.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "tdist/errors.h"
+#include "util/open_file.h"
+
+namespace tdist::detail {
+
+namespace {
+
+constexpr size_t kDefaultCapacity = 2000;
+constexpr size_t kMaxCapacity = 100000;
+constexpr size_t kSiteBytes = 48;
+constexpr size_t kErrorBytes = 240;
+
+thread_local const char* t_site = nullptr;
+thread_local int t_site_index = -1;
+
+size_t capacity_from_env() {
+  const char* v = std::getenv("TDIST_FR_BUFFER_SIZE");
+  if (!v || !*v) return kDefaultCapacity;
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(v, &end, 10);
+  if (errno != 0 || *end != '\0' || n < 0) {
+    std::fprintf(stderr, "tdist: TDIST_FR_BUFFER_SIZE=%s is not a count; the flight recorder keeps %zu ops\n", v,
+                 kDefaultCapacity);
+    return kDefaultCapacity;
+  }
+  return std::min(static_cast<size_t>(n), kMaxCapacity);
+}
+
+// The first line of an error message, at most kErrorBytes.
+std::string first_line(const char* what) {
+  const char* nl = std::strchr(what, '\n');
+  size_t n = nl ? static_cast<size_t>(nl - what) : std::strlen(what);
+  return std::string(what, std::min(n, kErrorBytes));
+}
+
+}  // namespace
+
+// A ring slot: one record, guarded by its own mutex (the op's threads and a
+// dump are all that ever touch it).
+struct Slot {
+  mutable std::mutex mu;
+  bool used = false;
+  uint64_t id = 0;
+  FrGroup* group = nullptr;
+  uint64_t seq = 0;
+  bool p2p = false;
+  FrOp op;
+  FrState state = FrState::kScheduled;
+  int64_t created_ns = 0, started_ns = 0, completed_ns = 0;
+  char site[kSiteBytes] = {};
+  std::string error;
+};
+
+int64_t fr_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+const char* dump_reason_name(DumpReason r) {
+  switch (r) {
+    case DumpReason::kTimeout: return "timeout";
+    case DumpReason::kPeerFailure: return "peer failure";
+    case DumpReason::kMismatch: return "mismatch";
+    case DumpReason::kSignal: return "signal";
+    case DumpReason::kStall: return "stall";
+    case DumpReason::kRequest: return "request";
+  }
+  return "request";
+}
+
+FrSiteScope::FrSiteScope(const char* what, int index) : prev_what_(t_site), prev_index_(t_site_index) {
+  t_site = what;
+  t_site_index = index;
+}
+
+FrSiteScope::~FrSiteScope() {
+  t_site = prev_what_;
+  t_site_index = prev_index_;
+}
+
+FlightRecorder::FlightRecorder() : capacity_(capacity_from_env()) {
+  if (capacity_ > 0) slots_.reset(new Slot[capacity_]);
+}
+
+FlightRecorder& FlightRecorder::get() {
+  static FlightRecorder* fr = new FlightRecorder();  // never destroyed: see the header
+  return *fr;
+}
+
+FrGroup* FlightRecorder::add_group(const std::string& name, const std::string& desc, const std::string& backend,
+                                   const std::vector<int>& global_ranks) {
+  if (!enabled()) return nullptr;
+  FrGroup* g = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(groups_mu_);
+    auto owned = std::make_unique<FrGroup>();
+    owned->id = static_cast<int>(groups_.size());
+    owned->name = name;
+    owned->desc = desc;
+    owned->backend = backend;
+    owned->ranks = global_ranks;
+    g = owned.get();
+    groups_.push_back(std::move(owned));
+  }
+  start_dumper(*this);
+  return g;
+}
+
+void FlightRecorder::set_identity(int rank, int world_size) {
+  rank_.store(rank, std::memory_order_relaxed);
+  world_size_.store(world_size, std::memory_order_relaxed);
+}
+
+FrHandle FlightRecorder::record(FrGroup* group, const FrOp& op) {
+  FrHandle h;
+  if (!enabled()) return h;
+  const bool p2p = op.op == GroupOp::kSend || op.op == GroupOp::kRecv;
+  const uint64_t seq = (p2p ? group->enqueued_p2p : group->enqueued_collective).fetch_add(1) + 1;
+  const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
+  Slot& s = slots_[id % capacity_];
+  const int64_t now = fr_now_ns();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.used = true;
+    s.id = id;
+    s.group = group;
+    s.seq = seq;
+    s.p2p = p2p;
+    s.op = op;
+    s.state = FrState::kScheduled;
+    s.created_ns = now;
+    s.started_ns = 0;
+    s.completed_ns = 0;
+    if (t_site) {
+      if (t_site_index >= 0) {
+        std::snprintf(s.site, kSiteBytes, "%s %d", t_site, t_site_index);
+      } else {
+        std::snprintf(s.site, kSiteBytes, "%s", t_site);
+      }
+    } else {
+      s.site[0] = '\0';
+    }
+    s.error.clear();
+  }
+  h.slot_ = &s;
+  h.id_ = id;
+  h.group_ = group;
+  h.seq_ = seq;
+  h.p2p_ = p2p;
+  return h;
+}
+
+void FrHandle::started() const {
+  if (!slot_) return;
+  const int64_t now = fr_now_ns();
+  {
+    std::lock_guard<std::mutex> lock(slot_->mu);
+    if (slot_->id == id_ && slot_->state == FrState::kScheduled) {
+      slot_->state = FrState::kStarted;
+      slot_->started_ns = now;
+    }
+  }
+  (p2p_ ? group_->started_p2p : group_->started_collective).store(seq_, std::memory_order_relaxed);
+}
+
+void FrHandle::completed() const {
+  if (!slot_) return;
+  const int64_t now = fr_now_ns();
+  {
+    std::lock_guard<std::mutex> lock(slot_->mu);
+    if (slot_->id == id_) {
+      if (slot_->started_ns == 0) slot_->started_ns = now;
+      slot_->state = FrState::kCompleted;
+      slot_->completed_ns = now;
+    }
+  }
+  (p2p_ ? group_->completed_p2p : group_->completed_collective).store(seq_, std::memory_order_relaxed);
+  FlightRecorder::get().completed_one(now);
+}
+
+void FrHandle::failed(const std::exception& e) const {
+  if (!slot_) return;
+  const int64_t now = fr_now_ns();
+  {
+    std::lock_guard<std::mutex> lock(slot_->mu);
+    // Once only: a synchronous op's error passes here from its task and
+    // again from the wait that rethrows it.
+    if (slot_->id != id_ || slot_->state == FrState::kFailed || slot_->state == FrState::kCompleted) return;
+    if (slot_->started_ns == 0) slot_->started_ns = now;
+    slot_->state = FrState::kFailed;
+    slot_->completed_ns = now;
+    slot_->error = first_line(e.what());
+  }
+  DumpReason why;
+  if (dynamic_cast<const TimeoutError*>(&e)) {
+    why = DumpReason::kTimeout;
+  } else if (dynamic_cast<const PeerFailureError*>(&e)) {
+    why = DumpReason::kPeerFailure;
+  } else if (dynamic_cast<const CollectiveMismatchError*>(&e)) {
+    why = DumpReason::kMismatch;
+  } else {
+    return;
+  }
+  FlightRecorder::get().dump(why);
+}
+
+std::vector<FrRecord> FlightRecorder::snapshot() const {
+  std::vector<FrRecord> out;
+  if (!enabled()) return out;
+  const uint64_t end = next_id_.load(std::memory_order_relaxed);
+  const uint64_t begin = end > capacity_ ? end - capacity_ : 0;
+  out.reserve(static_cast<size_t>(end - begin));
+  for (uint64_t id = begin; id < end; ++id) {
+    const Slot& s = slots_[id % capacity_];
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.used || s.id != id) continue;  // not written yet, or already reused by a newer op
+    FrRecord r;
+    r.id = s.id;
+    r.group = s.group;
+    r.seq = s.seq;
+    r.p2p = s.p2p;
+    r.op = s.op;
+    r.state = s.state;
+    r.created_ns = s.created_ns;
+    r.started_ns = s.started_ns;
+    r.completed_ns = s.completed_ns;
+    r.site = s.site;
+    r.error = s.error;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<const FrGroup*> FlightRecorder::groups() const {
+  std::lock_guard<std::mutex> lock(groups_mu_);
+  std::vector<const FrGroup*> out;
+  for (const auto& g : groups_) out.push_back(g.get());
+  return out;
+}
+
+std::string FlightRecorder::dump_dir() {
+  if (const char* d = std::getenv("TDIST_DUMP_DIR"); d && *d) return d;
+  std::string job = "local";
+  if (const char* id = std::getenv("TORCHELASTIC_RUN_ID"); id && *id) {
+    job = id;
+  } else if (const char* port = std::getenv("MASTER_PORT"); port && *port) {
+    const char* addr = std::getenv("MASTER_ADDR");
+    job = std::string(addr && *addr ? addr : "localhost") + "-" + port;
+  }
+  for (auto& c : job) {
+    if (c == '/' || c == '\0') c = '_';
+  }
+  if (job == "." || job == "..") job = "_";
+  return "tdist-dumps/" + job;
+}
+
+std::string FlightRecorder::dump(DumpReason why) {
+  std::lock_guard<std::mutex> lock(dump_mu_);
+  int r = rank();
+  if (r < 0) {
+    const char* env = std::getenv("RANK");
+    r = env && *env ? std::atoi(env) : static_cast<int>(getpid());
+  }
+  const std::string dir = dump_dir();
+  const std::string path = dir + "/rank-" + std::to_string(r) + ".json";
+  const std::string tmp = dir + "/.rank-" + std::to_string(r) + ".json." + std::to_string(getpid()) + ".tmp";
+  auto fail = [&](const std::string& why_not) {
+    std::fprintf(stderr, "tdist: rank %d: could not write the flight recorder's dump to %s: %s\n", r, path.c_str(),
+                 why_not.c_str());
+    return std::string();
+  };
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return fail(ec.message());
+  const std::string text = dump_json(*this, why);
+  ::unlink(tmp.c_str());
+  std::string error;
+  const int fd = open_regular(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, error, 0644);
+  if (fd < 0) return fail(error);
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string e = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return fail(e);
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string e = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    return fail(e);
+  }
+  std::fprintf(stderr, "tdist: rank %d: flight recorder dump (%s) in %s\n", r, dump_reason_name(why), path.c_str());
+  dumps_.fetch_add(1, std::memory_order_relaxed);
+  return path;
+}
+
+}  // namespace tdist::detail

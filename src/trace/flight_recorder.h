@@ -1,0 +1,197 @@
+// The flight recorder: the last N ops of every process group of this
+// process, kept in one ring so that a hang can be explained afterwards
+// (docs/observability.md). ProcessGroup::Impl::enqueue records each op
+// (record), its worker marks it started and completed or failed; a dump
+// writes the ring as JSON (dump_json.cpp; the keys of PyTorch's Flight
+// Recorder dump) to <dir>/rank-<R>.json.
+//
+// On by default; TDIST_FR_BUFFER_SIZE=N sets the ring's size (default
+// 2000, at most 100000), 0 turns it off (add_group then returns nullptr
+// and groups record nothing).
+//
+// Cost: an op claims a slot (one atomic increment), takes the slot's own
+// mutex (uncontended: only the op's threads and a dump touch it) three
+// times, and reads the clock three times. No string is built: a record
+// holds enums and counts, and the calling site is copied into a fixed
+// array.
+//
+// Threading: every member may be called from any thread. A record's slot
+// is reused N records later; an update through a stale handle (its slot
+// reused) is dropped.
+// Lifetime: the recorder is made on first use and never destroyed (a
+// dumper thread and signal handlers may run during exit).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/types.h"
+#include "process_group/op_counts.h"
+
+namespace tdist::detail {
+
+// Why a dump was written (the dump's "reason").
+enum class DumpReason : uint8_t { kTimeout, kPeerFailure, kMismatch, kSignal, kStall, kRequest };
+const char* dump_reason_name(DumpReason r);
+
+// A group's sequence numbers, per process; 0: none yet. Collectives and
+// point-to-point ops are numbered apart (send/recv are not symmetric
+// across ranks, so they cannot share the numbers ranks line up by).
+struct FrGroup {
+  int id = 0;  // creation order in this process
+  std::string name;
+  std::string desc;  // "default_pg" for the world group
+  std::string backend;
+  std::vector<int> ranks;  // global ranks
+  std::atomic<uint64_t> enqueued_collective{0}, started_collective{0}, completed_collective{0};
+  std::atomic<uint64_t> enqueued_p2p{0}, started_p2p{0}, completed_p2p{0};
+};
+
+enum class FrState : uint8_t { kScheduled, kStarted, kCompleted, kFailed };
+
+// One op, as queued. Sizes are element counts of this rank's input and
+// output; dtype -1: the op moves no typed data (barrier).
+struct FrOp {
+  GroupOp op = GroupOp::kBarrier;
+  int dtype = -1;  // a comm::DataType, or -1
+  int64_t input_numel = 0;
+  int64_t output_numel = 0;
+  int64_t timeout_ms = 0;
+  int peer = -1;  // send/recv: the group rank of the other side
+};
+
+// A snapshot of one record (what a dump or a heartbeat reads).
+struct FrRecord {
+  uint64_t id = 0;
+  const FrGroup* group = nullptr;
+  uint64_t seq = 0;
+  bool p2p = false;
+  FrOp op;
+  FrState state = FrState::kScheduled;
+  int64_t created_ns = 0, started_ns = 0, completed_ns = 0;  // CLOCK_REALTIME; 0: not yet
+  std::string site;
+  std::string error;  // kFailed: the error's first line
+};
+
+class FlightRecorder;
+
+// What enqueue keeps of a record to mark its progress; empty (slot null)
+// when the recorder is off.
+class FrHandle {
+ public:
+  FrHandle() = default;
+  void started() const;
+  void completed() const;
+  // Marks the op failed with the exception's message; a timeout, a peer's
+  // failure or a mismatch also dumps the ring (before the error reaches
+  // the caller).
+  void failed(const std::exception& e) const;
+  explicit operator bool() const { return slot_ != nullptr; }
+
+ private:
+  friend class FlightRecorder;
+  struct Slot* slot_ = nullptr;
+  uint64_t id_ = 0;
+  FrGroup* group_ = nullptr;
+  uint64_t seq_ = 0;
+  bool p2p_ = false;
+};
+
+// The calling site of the ops queued on this thread while the scope lives
+// ("ddp bucket", index 3 → "ddp bucket 3"). `what` must outlive the scope;
+// it is copied (at most 47 bytes) into each record.
+class FrSiteScope {
+ public:
+  explicit FrSiteScope(const char* what, int index = -1);
+  FrSiteScope(const std::string& what, int index = -1) : FrSiteScope(what.c_str(), index) {}
+  ~FrSiteScope();
+  FrSiteScope(const FrSiteScope&) = delete;
+  FrSiteScope& operator=(const FrSiteScope&) = delete;
+
+ private:
+  const char* prev_what_;
+  int prev_index_;
+};
+
+class FlightRecorder {
+ public:
+  static FlightRecorder& get();
+
+  bool enabled() const { return capacity_ > 0; }
+  size_t capacity() const { return capacity_; }
+
+  // Registers a group (made by init_process_group or new_group); nullptr
+  // when the recorder is off. The first group also starts the dumper
+  // (dumper.cpp: SIGUSR1, tdist-run's heartbeat). The FrGroup lives as
+  // long as the process.
+  FrGroup* add_group(const std::string& name, const std::string& desc, const std::string& backend,
+                     const std::vector<int>& global_ranks);
+  // This process's global rank and world size, for the dump's name.
+  void set_identity(int rank, int world_size);
+
+  // Records an op queued on `group` (not null) and numbers it.
+  FrHandle record(FrGroup* group, const FrOp& op);
+
+  // A training step began (DDP's and FSDP's forwards; tdist-run's status).
+  void note_step() { steps_.fetch_add(1, std::memory_order_relaxed); }
+  int64_t steps() const { return steps_.load(std::memory_order_relaxed); }
+
+  // The records in the ring, oldest first.
+  std::vector<FrRecord> snapshot() const;
+  std::vector<const FrGroup*> groups() const;
+
+  // Writes the dump (dump_json.cpp) to dump_dir()/rank-<R>.json, aside
+  // and renamed into place; returns its path, or "" with a line on stderr
+  // when it could not be written. Thread-safe; dumps are serialised.
+  std::string dump(DumpReason why);
+  // $TDIST_DUMP_DIR, else ./tdist-dumps/<job>/ (job: $TORCHELASTIC_RUN_ID,
+  // else MASTER_ADDR-MASTER_PORT, else "local").
+  static std::string dump_dir();
+
+  int rank() const { return rank_.load(std::memory_order_relaxed); }
+  int world_size() const { return world_size_.load(std::memory_order_relaxed); }
+  int64_t completed_ops() const { return completed_ops_.load(std::memory_order_relaxed); }
+  int64_t last_completed_ns() const { return last_completed_ns_.load(std::memory_order_relaxed); }
+  int64_t dumps() const { return dumps_.load(std::memory_order_relaxed); }  // written so far
+
+ private:
+  friend class FrHandle;
+  FlightRecorder();
+  void completed_one(int64_t now_ns) {
+    completed_ops_.fetch_add(1, std::memory_order_relaxed);
+    last_completed_ns_.store(now_ns, std::memory_order_relaxed);
+  }
+
+  size_t capacity_ = 0;
+  std::unique_ptr<struct Slot[]> slots_;
+  std::atomic<uint64_t> next_id_{0};
+  mutable std::mutex groups_mu_;
+  std::vector<std::unique_ptr<FrGroup>> groups_;  // under groups_mu_
+  std::atomic<int> rank_{-1};
+  std::atomic<int> world_size_{0};
+  std::atomic<int64_t> steps_{0};
+  std::atomic<int64_t> completed_ops_{0};
+  std::atomic<int64_t> last_completed_ns_{0};
+  std::atomic<int64_t> dumps_{0};
+  std::mutex dump_mu_;
+};
+
+// The wall clock in ns (CLOCK_REALTIME, so that ranks on several hosts
+// line up as well as their clocks do).
+int64_t fr_now_ns();
+
+// dumper.cpp: starts, once, the thread that writes a dump on SIGUSR1 (the
+// handler only writes a byte to a pipe; installed only where SIGUSR1 has
+// its default action) and, under tdist-run ($TDIST_HEARTBEAT_DIR), this
+// rank's heartbeat file every second.
+void start_dumper(FlightRecorder& fr);
+
+// dump_json.cpp: the dump's JSON text.
+std::string dump_json(const FlightRecorder& fr, DumpReason why);
+
+}  // namespace tdist::detail
