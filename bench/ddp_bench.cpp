@@ -15,6 +15,7 @@
 //   after_coalesced (only when asked for) after backward, one coalesced
 //                  all-reduce of every gradient: what overlapping with
 //                  backward buys over not overlapping at all
+//   <variant>_nofr  the same with the flight recorder paused (what it costs)
 //   <variant>_view  with gradient_as_bucket_view; local_all: every rank alone at once
 //   ddp_allreduce_staged  ddp_allreduce on a group without symmetric memory
 //                  (TDIST_SHM_SYMMETRIC=0): its buckets in ordinary memory,
@@ -69,6 +70,7 @@ Mlp make_model(c10::Device device) {
 // One variant's training step, built once and run in every round.
 struct Variant {
   std::string name;
+  bool recorder = true;  // <name>_nofr: the flight recorder paused while it steps
   bool everyone = true;  // false: only rank 0 steps (local)
   std::function<void()> step;  // owns the model, optimizer and DDP it drives
   c10::Device device = c10::kCPU;
@@ -80,6 +82,12 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
   Variant v;
   v.name = name;
   v.device = device;
+  if (name.size() > 5 && name.compare(name.size() - 5, 5, "_nofr") == 0) {
+    Variant base = make_variant(pg, name.substr(0, name.size() - 5), x, y, bucket_cap_mb, first_bucket_cap_mb);
+    base.name = name;
+    base.recorder = false;
+    return base;
+  }
   const auto sgd = [](std::vector<torch::Tensor> ps) {
     return std::make_shared<torch::optim::SGD>(std::move(ps), torch::optim::SGDOptions(0.01).momentum(0.9));
   };
@@ -161,6 +169,7 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
 // another model's data in the caches).
 double run_round(ProcessGroup& pg, Variant& v, int steps) {
   pg.barrier()->wait();
+  trace::set_flight_recorder_enabled(v.recorder);
   if (v.everyone || pg.rank() == 0) {
     for (int i = 0; i < 2; ++i) v.step();
   }
@@ -174,6 +183,7 @@ double run_round(ProcessGroup& pg, Variant& v, int steps) {
     if (v.device.is_cuda()) (void)at::zeros({1}, at::TensorOptions(v.device)).item<float>();
     ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
   }
+  trace::set_flight_recorder_enabled(true);
   at::Tensor t = at::tensor({ms}, at::kDouble);
   pg.all_reduce(t, {ReduceOp::MAX})->wait();
   return t.item<double>();

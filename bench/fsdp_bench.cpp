@@ -4,6 +4,8 @@
 //   tdist-bench fsdp [--model mlp|vit|gpt] [--backend shm|gloo] [--world-size 2] [--blocks B] [--width W]
 //       [--hidden H] [--heads N] [--batch N] [--steps 6] [--rounds 3] [--variants V,V,...] [--json FILE]
 //
+// A variant's name + "_nofr" (full_shard_nofr): the same with the flight
+// recorder paused, to measure what it costs (docs/benchmarks.md).
 // The models and variants are in bench/fsdp_models.h. Adam (fp32: 16 bytes
 // per parameter of model state); one thread per rank; shm (or --backend). Each variant
 // runs as a fresh job (so that VmHWM is its own), the variants taking turns
@@ -100,7 +102,13 @@ int run_rank(const FsdpBenchOptions& o) {
   init.backend = o.backend;
   auto pg = init_process_group(init);
   torch::manual_seed(0);
-  BenchModel model = build_bench_model(o, o.run_variant);
+  // <variant>_nofr: the same with the flight recorder paused (its cost).
+  std::string variant = o.run_variant;
+  if (variant.size() > 5 && variant.compare(variant.size() - 5, 5, "_nofr") == 0) {
+    variant.resize(variant.size() - 5);
+    trace::set_flight_recorder_enabled(false);
+  }
+  BenchModel model = build_bench_model(o, variant);
   torch::optim::Adam opt(model.params, torch::optim::AdamOptions(1e-4));
   torch::manual_seed(100 + pg->rank());
   const auto [x, y] = bench_batch(o);
@@ -182,7 +190,8 @@ std::vector<std::string> parse_variants(const std::string& list) {
   for (std::string v; std::getline(is, v, ',');) {
     if (v.empty()) continue;
     const auto& known = fsdp_variants();
-    if (std::find(known.begin(), known.end(), v) == known.end()) {
+    const std::string base = v.size() > 5 && v.compare(v.size() - 5, 5, "_nofr") == 0 ? v.substr(0, v.size() - 5) : v;
+    if (std::find(known.begin(), known.end(), base) == known.end()) {
       std::string names;
       for (const auto& k : known) names += (names.empty() ? "" : ", ") + k;
       throw UsageError("tdist-bench fsdp: unknown variant '" + v + "' (" + names + ")");

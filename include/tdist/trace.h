@@ -18,6 +18,12 @@ namespace tdist::trace {
 // is off).
 std::string dump_flight_recorder();
 
+// Pauses (false) or resumes (true) recording: ops queued while paused
+// leave no record (the ring keeps what it has). For measuring what the
+// recorder costs (tdist-bench ddp/fsdp's *_nofr variants); it is cheap
+// enough to leave on.
+void set_flight_recorder_enabled(bool on);
+
 // A training step begins (for tdist-run --status-interval's steps/s).
 // DistributedDataParallel's and FullyShardedDataParallel's training
 // forwards count themselves; call it from a loop that uses neither.

@@ -10,6 +10,8 @@ std::string dump_flight_recorder() {
   return fr.dump(detail::DumpReason::kRequest);
 }
 
+void set_flight_recorder_enabled(bool on) { detail::FlightRecorder::get().set_recording(on); }
+
 void mark_step() { detail::FlightRecorder::get().note_step(); }
 
 }  // namespace tdist::trace

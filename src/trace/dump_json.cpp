@@ -15,9 +15,37 @@ namespace tdist::detail {
 
 namespace {
 
+// The length of the valid UTF-8 sequence at s[i], or 0.
+size_t utf8_length(const std::string& s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  size_t n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((b(i + k) & 0xc0) != 0x80) return 0;
+  }
+  if (n == 3 && ((c == 0xe0 && b(i + 1) < 0xa0) || (c == 0xed && b(i + 1) >= 0xa0))) return 0;  // overlong; surrogate
+  if (n == 4 && ((c == 0xf0 && b(i + 1) < 0x90) || (c == 0xf4 && b(i + 1) >= 0x90))) return 0;  // overlong; > U+10FFFF
+  return n;
+}
+
+// A JSON string: escaped, and valid UTF-8 whatever `s` holds (an error
+// message cut short, a name in another encoding: each bad byte becomes
+// U+FFFD), so that every JSON reader takes the dump.
 void put_string(std::string& out, const std::string& s) {
   out += '"';
-  for (const unsigned char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80) {
+      const size_t n = utf8_length(s, i);
+      if (n == 0) {
+        out += "\\ufffd";
+      } else {
+        out.append(s, i, n);
+        i += n - 1;
+      }
+      continue;
+    }
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -30,7 +58,7 @@ void put_string(std::string& out, const std::string& s) {
           std::snprintf(buf, sizeof buf, "\\u%04x", c);
           out += buf;
         } else {
-          out += static_cast<char>(c);  // UTF-8 passes through; a stray byte is the reader's to refuse
+          out += static_cast<char>(c);
         }
     }
   }

@@ -127,7 +127,7 @@ void FlightRecorder::set_identity(int rank, int world_size) {
 
 FrHandle FlightRecorder::record(FrGroup* group, const FrOp& op) {
   FrHandle h;
-  if (!enabled()) return h;
+  if (!enabled() || !recording_.load(std::memory_order_relaxed)) return h;
   const bool p2p = op.op == GroupOp::kSend || op.op == GroupOp::kRecv;
   const uint64_t seq = (p2p ? group->enqueued_p2p : group->enqueued_collective).fetch_add(1) + 1;
   const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
@@ -309,7 +309,9 @@ std::string FlightRecorder::dump(DumpReason why) {
     ::unlink(tmp.c_str());
     return fail(e);
   }
-  std::fprintf(stderr, "tdist: rank %d: flight recorder dump (%s) in %s\n", r, dump_reason_name(why), path.c_str());
+  if (why != DumpReason::kRequest) {  // the caller of dump_flight_recorder has the path
+    std::fprintf(stderr, "tdist: rank %d: flight recorder dump (%s) in %s\n", r, dump_reason_name(why), path.c_str());
+  }
   dumps_.fetch_add(1, std::memory_order_relaxed);
   return path;
 }

@@ -134,7 +134,11 @@ class FlightRecorder {
   // This process's global rank and world size, for the dump's name.
   void set_identity(int rank, int world_size);
 
-  // Records an op queued on `group` (not null) and numbers it.
+  // Pauses or resumes recording (tdist::trace::set_flight_recorder_enabled).
+  void set_recording(bool on) { recording_.store(on, std::memory_order_relaxed); }
+
+  // Records an op queued on `group` (not null) and numbers it; an empty
+  // handle while recording is paused.
   FrHandle record(FrGroup* group, const FrOp& op);
 
   // A training step began (DDP's and FSDP's forwards; tdist-run's status).
@@ -170,6 +174,7 @@ class FlightRecorder {
   size_t capacity_ = 0;
   std::unique_ptr<struct Slot[]> slots_;
   std::atomic<uint64_t> next_id_{0};
+  std::atomic<bool> recording_{true};
   mutable std::mutex groups_mu_;
   std::vector<std::unique_ptr<FrGroup>> groups_;  // under groups_mu_
   std::atomic<int> rank_{-1};
