@@ -16,6 +16,8 @@
 //                  all-reduce of every gradient: what overlapping with
 //                  backward buys over not overlapping at all
 //   <variant>_nofr  the same with the flight recorder paused (what it costs)
+//   <variant>_trace the same with the timeline on (TDIST_TRACE; written to
+//                  /tmp/tdist-bench-ddp.rank-R.json at exit)
 //   <variant>_view  with gradient_as_bucket_view; local_all: every rank alone at once
 //   ddp_allreduce_staged  ddp_allreduce on a group without symmetric memory
 //                  (TDIST_SHM_SYMMETRIC=0): its buckets in ordinary memory,
@@ -28,6 +30,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -71,6 +74,7 @@ Mlp make_model(c10::Device device) {
 struct Variant {
   std::string name;
   bool recorder = true;  // <name>_nofr: the flight recorder paused while it steps
+  bool timeline = false;  // <name>_trace: the timeline on while it steps
   bool everyone = true;  // false: only rank 0 steps (local)
   std::function<void()> step;  // owns the model, optimizer and DDP it drives
   c10::Device device = c10::kCPU;
@@ -82,11 +86,15 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
   Variant v;
   v.name = name;
   v.device = device;
-  if (name.size() > 5 && name.compare(name.size() - 5, 5, "_nofr") == 0) {
-    Variant base = make_variant(pg, name.substr(0, name.size() - 5), x, y, bucket_cap_mb, first_bucket_cap_mb);
-    base.name = name;
-    base.recorder = false;
-    return base;
+  for (const char* suffix : {"_nofr", "_trace"}) {
+    const size_t n = std::strlen(suffix);
+    if (name.size() > n && name.compare(name.size() - n, n, suffix) == 0) {
+      Variant base = make_variant(pg, name.substr(0, name.size() - n), x, y, bucket_cap_mb, first_bucket_cap_mb);
+      base.name = name;
+      if (n == 5) base.recorder = false;
+      else base.timeline = true;
+      return base;
+    }
   }
   const auto sgd = [](std::vector<torch::Tensor> ps) {
     return std::make_shared<torch::optim::SGD>(std::move(ps), torch::optim::SGDOptions(0.01).momentum(0.9));
@@ -170,6 +178,7 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
 double run_round(ProcessGroup& pg, Variant& v, int steps) {
   pg.barrier()->wait();
   trace::set_flight_recorder_enabled(v.recorder);
+  trace::set_timeline_enabled(v.timeline);
   if (v.everyone || pg.rank() == 0) {
     for (int i = 0; i < 2; ++i) v.step();
   }
@@ -184,6 +193,7 @@ double run_round(ProcessGroup& pg, Variant& v, int steps) {
     ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
   }
   trace::set_flight_recorder_enabled(true);
+  trace::set_timeline_enabled(false);
   at::Tensor t = at::tensor({ms}, at::kDouble);
   pg.all_reduce(t, {ReduceOp::MAX})->wait();
   return t.item<double>();
@@ -205,6 +215,11 @@ int run_rank(const DdpBenchOptions& o, int rank, int world) {
   io.rank = rank;
   io.world_size = world;
   io.timeout = std::chrono::seconds(300);
+  // Any *_trace variant: the timeline, paused but in its rounds.
+  if (o.variants.find("_trace") != std::string::npos) {
+    trace::start_timeline("/tmp/tdist-bench-ddp.json");
+    trace::set_timeline_enabled(false);
+  }
   auto pg = init_process_group(io);
   const int steps = o.steps;
   const int rounds = o.rounds;

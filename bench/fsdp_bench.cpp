@@ -5,7 +5,9 @@
 //       [--hidden H] [--heads N] [--batch N] [--steps 6] [--rounds 3] [--variants V,V,...] [--json FILE]
 //
 // A variant's name + "_nofr" (full_shard_nofr): the same with the flight
-// recorder paused, to measure what it costs (docs/benchmarks.md).
+// recorder paused; + "_trace": with the timeline on (written to
+// /tmp/tdist-bench-fsdp.rank-R.json); to measure what they cost
+// (docs/benchmarks.md).
 // The models and variants are in bench/fsdp_models.h. Adam (fp32: 16 bytes
 // per parameter of model state); one thread per rank; shm (or --backend). Each variant
 // runs as a fresh job (so that VmHWM is its own), the variants taking turns
@@ -107,6 +109,9 @@ int run_rank(const FsdpBenchOptions& o) {
   if (variant.size() > 5 && variant.compare(variant.size() - 5, 5, "_nofr") == 0) {
     variant.resize(variant.size() - 5);
     trace::set_flight_recorder_enabled(false);
+  } else if (variant.size() > 6 && variant.compare(variant.size() - 6, 6, "_trace") == 0) {
+    variant.resize(variant.size() - 6);
+    trace::start_timeline("/tmp/tdist-bench-fsdp.json");
   }
   BenchModel model = build_bench_model(o, variant);
   torch::optim::Adam opt(model.params, torch::optim::AdamOptions(1e-4));
@@ -190,7 +195,12 @@ std::vector<std::string> parse_variants(const std::string& list) {
   for (std::string v; std::getline(is, v, ',');) {
     if (v.empty()) continue;
     const auto& known = fsdp_variants();
-    const std::string base = v.size() > 5 && v.compare(v.size() - 5, 5, "_nofr") == 0 ? v.substr(0, v.size() - 5) : v;
+    std::string base = v;
+    for (const std::string suffix : {"_nofr", "_trace"}) {
+      if (base.size() > suffix.size() && base.compare(base.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        base.resize(base.size() - suffix.size());
+      }
+    }
     if (std::find(known.begin(), known.end(), base) == known.end()) {
       std::string names;
       for (const auto& k : known) names += (names.empty() ? "" : ", ") + k;
@@ -203,7 +213,7 @@ std::vector<std::string> parse_variants(const std::string& list) {
 
 // The ZeRO bound of a variant's model state (fp32 Adam; see the top).
 double zero_bound(const std::string& v, const ModelSize& s, double n) {
-  if (v == "shard_grad_op") return 4 * s.psi + 12 * s.psi / n;
+  if (v.rfind("shard_grad_op", 0) == 0) return 4 * s.psi + 12 * s.psi / n;
   if (v.rfind("full_shard", 0) == 0) return 16 * s.psi / n + (variant_bf16(v) ? 4 : 8) * s.largest_unit;
   return 16 * s.psi;
 }

@@ -18,6 +18,22 @@ namespace tdist::trace {
 // is off).
 std::string dump_flight_recorder();
 
+// The timeline: Chrome trace events (Perfetto, chrome://tracing) of this
+// rank's collectives, waits, FSDP units' forward and backward, checkpoint
+// snapshots and writes, and training steps. On from the first group when
+// TDIST_TRACE=PATH is set, or from this call (the first path given wins):
+// written to PATH.rank-<R>.json ("{rank}" in PATH is replaced instead) at
+// exit and by flush_timeline. `tdist-trace merge` puts the ranks on one
+// timeline; `tdist-trace summary` prints compute and exposed
+// communication per step.
+void start_timeline(const std::string& path);
+// Writes the timeline so far; its path ("" when it was never started or
+// could not be written).
+std::string flush_timeline();
+// Pauses (false) or resumes (true) a started timeline, e.g. to record a
+// few steps of a long run; paused, it costs what it costs off.
+void set_timeline_enabled(bool on);
+
 // Pauses (false) or resumes (true) recording: ops queued while paused
 // leave no record (the ring keeps what it has). For measuring what the
 // recorder costs (tdist-bench ddp/fsdp's *_nofr variants); it is cheap

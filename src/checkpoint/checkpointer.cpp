@@ -30,6 +30,8 @@
 #include "checkpoint/sharded_files.h"
 #include "checkpoint/training_state.h"
 #include "tdist/fsdp.h"
+#include "trace/flight_recorder.h"
+#include "trace/timeline.h"
 #include "util/open_file.h"
 
 namespace tdist {
@@ -284,6 +286,8 @@ struct Checkpointer::Impl {
   void commit(int64_t step, int64_t save_id, detail::RankFileContents* model_file, std::string error,
               detail::TrainingStateFile* train) {
     const auto t0 = Clock::now();
+    const detail::TimelineSpan span("checkpoint", "checkpoint write", "step " + std::to_string(step));
+    const detail::FrSiteScope site("checkpoint save");
     const Folder made{step, folder_name(step, save_id)};
     const std::string folder = o.dir + "/" + made.name;
     if (error.empty()) {
@@ -347,6 +351,7 @@ struct Checkpointer::Impl {
     copies.restart();  // the last save's writer is done with them (raise_failure joined it)
     checkpoint::CopyPool* pool = o.async ? &copies : nullptr;
     try {
+      const detail::TimelineSpan span("checkpoint", "checkpoint snapshot", "step " + std::to_string(step));
       model_file->emplace(detail::build_rank_file(*own, model, optimizer, o.files, save_id, pool));
       train->emplace(detail::build_training_state(step, own->rank(), own->size(), extras, pool));
     } catch (const std::exception& e) {
@@ -365,6 +370,7 @@ struct Checkpointer::Impl {
         // time out while training keeps every core busy), SCHED_IDLE for
         // its writing (run_write).
         (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
+        detail::set_timeline_track("checkpoint writer");
         try {
           run();
         } catch (...) {

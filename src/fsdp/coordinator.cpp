@@ -4,6 +4,8 @@
 
 #include <torch/csrc/autograd/engine.h>
 
+#include "trace/flight_recorder.h"
+#include "trace/timeline.h"
 #include "fsdp/fsdp_state.h"
 #include "process_group/async_ops.h"
 
@@ -130,6 +132,7 @@ void Coordinator::pre_backward(FsdpState& s) {
   }
   if (s.prepared) return;
   s.prepared = true;
+  if (Timeline::active()) s.backward_began_ns = fr_now_ns();
   s.unit->finish_unshard();
   if (s.backward_prefetch_units) {
     prefetch(*s.backward_prefetch_units);
@@ -142,6 +145,10 @@ void Coordinator::pre_backward(FsdpState& s) {
 void Coordinator::unit_ready(FsdpState& s) {
   if (!s.recorded || s.ready) return;
   s.ready = true;
+  if (Timeline* tl = Timeline::active(); tl && s.backward_began_ns > 0) {
+    tl->complete("compute", "backward " + s.unit->label(), s.backward_began_ns, fr_now_ns());
+    s.backward_began_ns = 0;
+  }
   // Its backward is over: the full parameters can go, unless a frozen
   // parameter's backward (which reads them but reports nothing) may still
   // be to come, or this is the outermost unit (ended with the backward).

@@ -70,6 +70,10 @@ struct FsdpState : GradReadyListener, std::enable_shared_from_this<FsdpState> {
   bool recorded = false;  // in the forward order (ran forward with gradients on)
   size_t order_index = 0;
   bool prepared = false;  // its backward has started: gathered
+  // With the timeline on (trace/timeline.h): when its forward and its
+  // backward began, CLOCK_REALTIME ns.
+  int64_t forward_began_ns = 0;
+  int64_t backward_began_ns = 0;
   bool ready = false;     // every tracked gradient arrived
   size_t arrived = 0;
 

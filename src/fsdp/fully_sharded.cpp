@@ -16,6 +16,7 @@
 
 #include "autograd/checkpoint_phase.h"
 #include "trace/flight_recorder.h"
+#include "trace/timeline.h"
 #include "ddp/model_check.h"
 #include "fsdp/auto_wrap.h"
 #include "fsdp/coordinator.h"
@@ -346,6 +347,7 @@ void FullyShardedCore::begin_forward() {
     s.recomputing = true;
     return;
   }
+  if (Timeline::active()) s.forward_began_ns = fr_now_ns();
   Coordinator* active = active_coordinator();
   s.is_root = active == nullptr;
   if (s.is_root) {
@@ -393,6 +395,10 @@ void FullyShardedCore::end_forward(const std::vector<at::Tensor>& outputs, bool 
     s.unit->reshard_after_forward();  // everything, or all but a post-forward share (hpZ)
   }
   if (s.is_root) set_active_coordinator(nullptr);
+  if (Timeline* tl = Timeline::active(); tl && s.forward_began_ns > 0) {
+    tl->complete("compute", "forward " + s.unit->label(), s.forward_began_ns, fr_now_ns());
+    s.forward_began_ns = 0;
+  }
 }
 
 void FullyShardedCore::abort_forward() noexcept {

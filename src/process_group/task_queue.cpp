@@ -10,6 +10,7 @@
 
 #include "process_group/async_ops.h"
 #include "tdist/errors.h"
+#include "trace/timeline.h"
 
 namespace tdist::detail {
 
@@ -212,6 +213,7 @@ bool TaskQueue::hand_over_locked(uint64_t seq, SteadyClock::time_point now) {
 void TaskQueue::run() {
   current_queue = this;
   pthread_setname_np(pthread_self(), "tdist-worker");  // for top -H, perf, gdb
+  detail::set_timeline_track("tdist-worker " + group_name_, /*worker=*/true);
   uint64_t seen = watched_.activity.load(std::memory_order_acquire);
   auto active_until = SteadyClock::now() + kActive;
   for (;;) {

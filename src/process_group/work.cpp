@@ -5,8 +5,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 
 #include "tdist/process_group.h"
+#include "trace/flight_recorder.h"
+#include "trace/timeline.h"
 #include "util/env.h"
 
 namespace tdist {
@@ -67,6 +70,10 @@ constexpr auto kSpin = std::chrono::microseconds(30);
 }  // namespace
 
 void Work::wait() {
+  // With the timeline on, a wait for an op not yet done is a span on this
+  // thread: communication the caller did not overlap.
+  std::optional<detail::TimelineSpan> waited;
+  if (detail::Timeline::active() && !is_completed()) waited.emplace("wait", "wait", state_->op_name);
   // While the op has not started, this thread may run it itself (its queue
   // says whether it is next); it retries while an op ahead of it runs. The
   // clock is read only once the first try failed: a synchronous op run
@@ -92,6 +99,8 @@ void Work::wait() {
 }
 
 void Work::wait(Milliseconds timeout) {
+  std::optional<detail::TimelineSpan> waited;
+  if (detail::Timeline::active() && !is_completed()) waited.emplace("wait", "wait", state_->op_name);
   std::unique_lock<std::mutex> lock(state_->mu);
   if (!state_->done_cv.wait_for(lock, timeout, [&] { return state_->done.load(); })) {
     throw TimeoutError("Work::wait: " + state_->op_name + " #" + std::to_string(state_->seq) +

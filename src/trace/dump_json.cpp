@@ -9,6 +9,7 @@
 #include <string>
 
 #include "trace/flight_recorder.h"
+#include "trace/timeline.h"
 #include "tdist/config.h"
 
 namespace tdist::detail {
@@ -195,6 +196,13 @@ void put_entry(std::string& out, const FrRecord& r) {
 }
 
 }  // namespace
+
+std::string json_quote(const std::string& s) {
+  std::string out;
+  out.reserve(s.size() + 2);
+  put_string(out, s);
+  return out;
+}
 
 std::string dump_json(const FlightRecorder& fr, DumpReason why) {
   const auto records = fr.snapshot();

@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "tdist/errors.h"
+#include "trace/timeline.h"
 #include "util/open_file.h"
 
 namespace tdist::detail {
@@ -103,6 +104,7 @@ FlightRecorder& FlightRecorder::get() {
 
 FrGroup* FlightRecorder::add_group(const std::string& name, const std::string& desc, const std::string& backend,
                                    const std::vector<int>& global_ranks) {
+  Timeline::start_from_env();
   if (!enabled()) return nullptr;
   FrGroup* g = nullptr;
   {
@@ -118,6 +120,11 @@ FrGroup* FlightRecorder::add_group(const std::string& name, const std::string& d
   }
   start_dumper(*this);
   return g;
+}
+
+void FlightRecorder::note_step() {
+  const int64_t n = steps_.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (Timeline* tl = Timeline::active()) tl->instant("step", "step " + std::to_string(n), fr_now_ns());
 }
 
 void FlightRecorder::set_identity(int rank, int world_size) {
@@ -156,6 +163,11 @@ FrHandle FlightRecorder::record(FrGroup* group, const FrOp& op) {
     }
     s.error.clear();
   }
+  if (Timeline* tl = Timeline::active(); tl && t_site) {
+    // A bucket or unit handed its op over: when it was ready.
+    tl->instant("ready", std::string(s.site) + " ready", now,
+                "\"op\":\"" + std::string(group_op_name(op.op)) + " #" + std::to_string(seq) + "\"");
+  }
   h.slot_ = &s;
   h.id_ = id;
   h.group_ = group;
@@ -177,6 +189,22 @@ void FrHandle::started() const {
   (p2p_ ? group_->started_p2p : group_->started_collective).store(seq_, std::memory_order_relaxed);
 }
 
+namespace {
+
+// The op's span on the thread that ran it. REQUIRES the slot's mutex.
+void timeline_span(Timeline& tl, const Slot& s, int64_t end_ns) {
+  std::string args = "\"group\":" + json_quote(s.group->name) + ",\"seq\":" + std::to_string(s.seq) +
+                     ",\"numel\":" + std::to_string(s.op.input_numel) +
+                     ",\"queued_us\":" + std::to_string((s.started_ns - s.created_ns) / 1000) +
+                     ",\"inline\":" + (on_worker_thread() ? "false" : "true");
+  if (s.site[0]) args += ",\"site\":" + json_quote(s.site);
+  if (s.state == FrState::kFailed) args += ",\"failed\":true";
+  tl.complete(s.p2p ? "p2p" : "comm", std::string(group_op_name(s.op.op)) + " #" + std::to_string(s.seq),
+              s.started_ns, end_ns, std::move(args));
+}
+
+}  // namespace
+
 void FrHandle::completed() const {
   if (!slot_) return;
   const int64_t now = fr_now_ns();
@@ -186,6 +214,7 @@ void FrHandle::completed() const {
       if (slot_->started_ns == 0) slot_->started_ns = now;
       slot_->state = FrState::kCompleted;
       slot_->completed_ns = now;
+      if (Timeline* tl = Timeline::active()) timeline_span(*tl, *slot_, now);
     }
   }
   (p2p_ ? group_->completed_p2p : group_->completed_collective).store(seq_, std::memory_order_relaxed);
@@ -204,6 +233,7 @@ void FrHandle::failed(const std::exception& e) const {
     slot_->state = FrState::kFailed;
     slot_->completed_ns = now;
     slot_->error = first_line(e.what());
+    if (Timeline* tl = Timeline::active()) timeline_span(*tl, *slot_, now);
   }
   DumpReason why;
   if (dynamic_cast<const TimeoutError*>(&e)) {

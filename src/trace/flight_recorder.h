@@ -142,7 +142,7 @@ class FlightRecorder {
   FrHandle record(FrGroup* group, const FrOp& op);
 
   // A training step began (DDP's and FSDP's forwards; tdist-run's status).
-  void note_step() { steps_.fetch_add(1, std::memory_order_relaxed); }
+  void note_step();
   int64_t steps() const { return steps_.load(std::memory_order_relaxed); }
 
   // The records in the ring, oldest first.

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -335,6 +336,44 @@ TEST(FlightRecorder, OpsFromSeveralThreadsOnSeveralGroups) {
                     es[k].dump());
       }
     }
+  }), "");
+}
+
+// The timeline of a few FSDP steps and a DDP step: steps, each unit's
+// forward and backward, the ops on the thread that ran them with their
+// sites, waits, named tracks; valid Chrome trace JSON.
+TEST(Timeline, HoldsStepsUnitsOpsAndWaitsOnNamedTracks) {
+  TempDir dir;
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    tdist::trace::start_timeline(dir.path() + "/trace.json");
+    torch::manual_seed(0);
+    torch::nn::Sequential seq(torch::nn::Linear(8, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
+    tdist::FullyShardedDataParallel fsdp(seq, tdist::FullyShardedDataParallelOptions{});
+    for (int step = 0; step < 3; ++step) fsdp->forward(torch::randn({4, 8})).sum().backward();
+    const std::string path = tdist::trace::flush_timeline();
+    WORLD_CHECK(path == dir.path() + "/trace.rank-" + std::to_string(pg.rank()) + ".json", path);
+    const json t = json::parse(tdist::test::read_all(path));
+    int steps = 0, forwards = 0, backwards = 0, gathers = 0, reduces = 0;
+    std::map<int, std::string> tracks;
+    for (const auto& e : t["traceEvents"]) {
+      WORLD_CHECK(e["pid"] == pg.rank(), e.dump());
+      if (e["ph"] == "M" && e["name"] == "thread_name") tracks[e["tid"]] = e["args"]["name"];
+      if (e["ph"] == "M") continue;
+      const std::string name = e["name"], cat = e["cat"];
+      if (cat == "step") ++steps;
+      if (cat == "compute" && name.rfind("forward ", 0) == 0) ++forwards;
+      if (cat == "compute" && name.rfind("backward ", 0) == 0) ++backwards;
+      if (cat == "comm" && name.rfind("all_gather_into_tensor_coalesced #", 0) == 0) ++gathers;
+      if (cat == "comm" && name.rfind("reduce_scatter_tensor_coalesced #", 0) == 0) {
+        ++reduces;
+        WORLD_CHECK(e["args"]["group"] == "world" && e["args"]["site"].is_string(), e.dump());
+      }
+      if (e["ph"] == "X") WORLD_CHECK(e["dur"].get<double>() >= 0 && e["ts"].get<double>() > 1e15, e.dump());
+    }
+    WORLD_CHECK(steps == 3 && forwards == 3 && backwards == 3, steps << " " << forwards << " " << backwards);
+    WORLD_CHECK(gathers >= 3 && reduces == 3, gathers << " " << reduces);
+    WORLD_CHECK(tracks[0] == "main", tracks[0]);
+    WORLD_CHECK(t["otherData"]["dropped_events"] == 0 && t["otherData"]["world_size"] == 2, t["otherData"].dump());
   }), "");
 }
 
