@@ -9,7 +9,16 @@
 // few lines, the most important first, or with --json every finding.
 // Exit: 0 when every group agrees and nothing is pending, 1 when it found
 // a problem, 2 on a bad command line, unreadable input or no dumps.
-// (merge and summary, over the Chrome trace files, are planned beside it.)
+//
+//   tdist-trace merge DIR|FILE... -o OUT
+//   tdist-trace summary DIR|FILE... [--json]
+//
+// merge and summary read the timelines ranks write with TDIST_TRACE
+// (Chrome trace events; tools/trace/timeline_tools.h): merge puts them in
+// one file (every rank a process: load it in Perfetto), summary prints per
+// step the compute, the exposed communication and the overlap. A
+// directory stands for its *.rank-<R>.json files. Exit 0, or 2 on a bad
+// command line or unreadable input.
 // Links no LibTorch.
 #include <cstdio>
 #include <string>
@@ -17,6 +26,7 @@
 
 #include "trace/analyze.h"
 #include "trace/dump_reader.h"
+#include "trace/timeline_tools.h"
 #include "util/cli.h"
 #include "util/printable.h"
 
@@ -41,6 +51,30 @@ int run_analyze(const std::string& dir, bool json) {
   return a.exit_code;
 }
 
+int run_merge(const std::vector<std::string>& inputs, const std::string& out) {
+  try {
+    const auto files = tdist::trace::trace_files(inputs);
+    const size_t n = tdist::trace::merge_traces(files, out);
+    std::printf("%zu events from %zu traces in %s\n", n, files.size(), out.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tdist-trace: error: %s\n", tdist::detail::printable(e.what(), 1024).c_str());
+    return 2;
+  }
+}
+
+int run_summary(const std::vector<std::string>& inputs, bool json) {
+  try {
+    const auto s = tdist::trace::summarize(tdist::trace::trace_files(inputs));
+    const std::string out = json ? tdist::trace::summary_json(s) : s.report;
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tdist-trace: error: %s\n", tdist::detail::printable(e.what(), 1024).c_str());
+    return 2;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -52,7 +86,19 @@ int main(int argc, char** argv) {
       "analyze", "line the ranks' dumps (DIR/rank-<R>.json) up per group: who a hang waits for, mismatches, failures");
   analyze->add_option("DIR", dir, "the dumps' directory ($TDIST_DUMP_DIR)")->required();
   analyze->add_flag("--json", json, "every finding, as JSON");
+  std::vector<std::string> inputs;
+  std::string out;
+  CLI::App* merge = app.add_subcommand("merge", "every rank's timeline (TDIST_TRACE) in one Chrome trace file");
+  merge->add_option("INPUT", inputs, "trace files, or directories of *.rank-<R>.json")->required();
+  merge->add_option("-o,--output", out, "the merged trace")->required();
+  bool summary_json = false;
+  CLI::App* summary = app.add_subcommand("summary", "per step: compute, exposed communication, overlap");
+  summary->add_option("INPUT", inputs, "trace files (per rank or merged), or directories of *.rank-<R>.json")
+      ->required();
+  summary->add_flag("--json", summary_json, "every rank's steps, as JSON");
   tdist::cli::parse_or_exit(app, argc, argv);
   if (analyze->parsed()) return run_analyze(dir, json);
+  if (merge->parsed()) return run_merge(inputs, out);
+  if (summary->parsed()) return run_summary(inputs, summary_json);
   return 2;
 }

@@ -22,6 +22,7 @@
 #include "tests/util/process.h"
 #include "trace/analyze.h"
 #include "trace/dump_reader.h"
+#include "trace/timeline_tools.h"
 
 namespace {
 
@@ -193,6 +194,34 @@ TEST(TdistTrace, MismatchNamesTheOddRank) {
   EXPECT_EQ(first_line(a.report),
             "mismatch at #3 of group 'world': rank 1 called all_gather Float[[4096]], "
             "ranks 0, 2 called all_reduce Float[[4096]]");
+}
+
+// Two ranks, one op each at the mismatch: no minority, but the steps
+// before say which rank skipped (each step: a 4096-float all_reduce, then
+// a 1-float one; the skipper skipped the third step's 4096-float one).
+TEST(TdistTrace, TheStepsBeforeSayWhoSkipped) {
+  for (const int skipper : {0, 1}) {
+    test::TempDir dir;
+    Dump r0(0, 2), r1(1, 2);
+    for (Dump* d : {&r0, &r1}) {
+      for (int64_t seq = 1; seq <= 4; ++seq) d->op(seq, "all_reduce", "completed", "world", 0, seq % 2 ? 4096 : 1);
+      d->op(5, "all_reduce", "started", "world", 0, d->rank == skipper ? 1 : 4096);
+    }
+    const tr::Analysis a = run({r0, r1}, dir.path());
+    ASSERT_GE(a.findings.size(), 1u) << a.report;
+    EXPECT_EQ(a.findings[0].kind, tr::FindingKind::mismatch);
+    EXPECT_EQ(a.findings[0].ranks, std::vector<int>{skipper}) << a.report;
+    const std::string who = "rank " + std::to_string(skipper);
+    EXPECT_NE(first_line(a.report).find("; " + who + " skipped all_reduce Float[[4096]]"), std::string::npos)
+        << a.report;
+  }
+  // With no history that says it, no one is blamed for skipping.
+  test::TempDir dir;
+  Dump r0(0, 2), r1(1, 2);
+  r0.op(1, "all_reduce", "started", "world", 0, 8);
+  r1.op(1, "all_reduce", "started", "world", 0, 9);
+  const tr::Analysis a = run({r0, r1}, dir.path());
+  EXPECT_EQ(a.report.find("skipped"), std::string::npos) << a.report;
 }
 
 TEST(TdistTrace, SizesComparedOnlyWhereTheyMustMatch) {
@@ -480,6 +509,105 @@ TEST(TdistTrace, CommandLine) {
     EXPECT_EQ(r.code, 2) << args << ": " << r.output;
   }
   EXPECT_EQ(sh(kBin + "/tdist-trace --help").code, 0);
+}
+
+// ---- timelines: merge and summary ------------------------------------------
+
+Json x_event(int pid, int tid, const std::string& cat, const std::string& name, double ts_us, double dur_us,
+             Json args = nullptr) {
+  Json e = {{"name", name}, {"cat", cat}, {"ph", "X"}, {"ts", ts_us}, {"dur", dur_us}, {"pid", pid}, {"tid", tid}};
+  if (!args.is_null()) e["args"] = std::move(args);
+  return e;
+}
+
+void write_trace(const std::string& path, int rank, double shift_us = 0) {
+  const double t0 = 1.7e15 + shift_us;
+  Json events = Json::array();
+  events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", 0}, {"args", {{"name", "main"}}}});
+  for (int k = 0; k < 3; ++k) {
+    events.push_back({{"name", "step " + std::to_string(k + 1)}, {"cat", "step"}, {"ph", "i"}, {"s", "t"},
+                      {"ts", t0 + 10000 * k}, {"pid", rank}, {"tid", 0}});
+  }
+  // Step 1: an op on the worker [2, 8] ms, waited for [6, 8]: 2 of 6 ms exposed.
+  events.push_back(x_event(rank, 1, "comm", "all_reduce #1", t0 + 2000, 6000, {{"inline", false}}));
+  events.push_back(x_event(rank, 0, "wait", "wait all_reduce", t0 + 6000, 2000));
+  // Step 2: an op the training thread ran itself [12, 13]: all exposed.
+  events.push_back(x_event(rank, 0, "comm", "all_reduce #2", t0 + 12000, 1000, {{"inline", true}}));
+  // Step 3: [22, 30] on the worker, never waited for.
+  events.push_back(x_event(rank, 1, "comm", "all_reduce #3", t0 + 22000, 8000, {{"inline", false}}));
+  events.push_back(x_event(rank, 0, "compute", "forward layer", t0 + 20000, 500));
+  std::ofstream(path) << Json{{"traceEvents", events}, {"otherData", {{"rank", rank}}}}.dump();
+}
+
+TEST(TdistTrace, SummaryAccountsForEachStep) {
+  test::TempDir dir;
+  write_trace(dir.path() + "/t.rank-0.json", 0);
+  write_trace(dir.path() + "/t.rank-1.json", 1, 100);
+  const tr::Summary s = tr::summarize(tr::trace_files({dir.path()}));
+  ASSERT_EQ(s.steps.size(), 6u) << s.report;
+  for (const auto& st : s.steps) {
+    EXPECT_NEAR(st.step_ms, 10, 1e-6) << st.step;
+    if (st.step == 1) {
+      EXPECT_NEAR(st.exposed_ms, 2, 1e-6);
+      EXPECT_NEAR(st.comm_ms, 6, 1e-6);
+      EXPECT_NEAR(st.compute_ms, 8, 1e-6);
+      EXPECT_NEAR(st.overlap, 2.0 / 3, 1e-6);
+    } else if (st.step == 2) {
+      EXPECT_NEAR(st.exposed_ms, 1, 1e-6);
+      EXPECT_NEAR(st.overlap, 0, 1e-6);
+    } else {
+      EXPECT_EQ(st.step, 3);
+      EXPECT_NEAR(st.exposed_ms, 0, 1e-6);
+      EXPECT_NEAR(st.comm_ms, 8, 1e-6);
+      EXPECT_NEAR(st.overlap, 1, 1e-6);
+    }
+  }
+  EXPECT_NE(s.report.find("67%"), std::string::npos) << s.report;
+  // The CLI prints it; merged first, the same numbers.
+  const auto m = test::run_command(kBin + "/tdist-trace merge " + dir.path() + " -o " + dir.path() + "/all.json 2>&1",
+                                   std::chrono::seconds(60));
+  ASSERT_TRUE(test::exited_ok(m.status)) << m.output;
+  const Json merged = Json::parse(test::read_all(dir.path() + "/all.json"));
+  EXPECT_EQ(merged["traceEvents"].size(), 2u * 9u);
+  const auto out = test::run_command(kBin + "/tdist-trace summary --json " + dir.path() + "/all.json",
+                                     std::chrono::seconds(60));
+  ASSERT_TRUE(test::exited_ok(out.status)) << out.output;
+  EXPECT_EQ(Json::parse(out.output)["steps"].size(), 6u) << out.output;
+}
+
+TEST(TdistTrace, HostileTracesAreCleanErrors) {
+  test::TempDir dir;
+  const std::string deep = std::string(100, '[') + std::string(100, ']');
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"not JSON", "{\"traceEvents\": [{\"ph\": "},
+      {"no traceEvents", "{\"events\": []}"},
+      {"an element not an object", "{\"traceEvents\": [1, 2]}"},
+      {"an array element", "{\"traceEvents\": [[]]}"},
+      {"deep nesting", "{\"traceEvents\": [{\"args\": " + deep + "}]}"},
+      {"a huge string", "{\"traceEvents\": [{\"name\": \"" + std::string(100000, 'a') + "\"}]}"},
+      {"a top-level array", "[1, 2, 3]"},
+      {"empty", ""},
+  };
+  for (const auto& [what, text] : cases) {
+    const std::string path = dir.path() + "/bad.rank-0.json";
+    std::ofstream(path, std::ios::trunc) << text;
+    EXPECT_THROW(tr::summarize({path}), tr::TraceError) << what;
+    const auto r = test::run_command(kBin + "/tdist-trace summary " + path + " 2>&1", std::chrono::seconds(60));
+    EXPECT_EQ(WEXITSTATUS(r.status), 2) << what << ": " << r.output;
+    EXPECT_NE(r.output.find(path), std::string::npos) << what << ": " << r.output;
+  }
+  // A link is not followed; a FIFO is refused without blocking.
+  const std::string real = dir.path() + "/real.json";
+  write_trace(real, 0);
+  const std::string link = dir.path() + "/link.rank-0.json";
+  ASSERT_EQ(symlink(real.c_str(), link.c_str()), 0);
+  EXPECT_THROW(tr::summarize({link}), tr::TraceError);
+  const std::string fifo = dir.path() + "/fifo.rank-0.json";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THROW(tr::summarize({fifo}), tr::TraceError);
+  EXPECT_THROW(tr::summarize(tr::trace_files({dir.path() + "/nothing-here"})), tr::TraceError);
+  test::TempDir empty;
+  EXPECT_THROW(tr::trace_files({empty.path()}), tr::TraceError);
 }
 
 }  // namespace

@@ -87,7 +87,39 @@ std::string signature(const FrEntry& e, bool compare) {
     for (size_t i = 0; i < e.input_dtypes.size(); ++i) s += (i ? "," : "") + printable(e.input_dtypes[i], 32);
   }
   if (!e.input_sizes.empty() && (!compare || sizes_must_match(e.op))) s += sizes_text(e.input_sizes);
+  if (!compare && !e.site.empty()) s += " (" + printable(e.site, 64) + ")";
   return s;
+}
+
+// Which side of a mismatch skipped an op, from the ranks' shared history
+// (everything before the mismatch agreed): side X skipped when its op is
+// what followed the other side's op the last time that op came. nullptr
+// when the history does not say (or says it of more than one side).
+// `at`: each side's signature at the mismatch; `history`: one rank's
+// collectives of the group, by seq.
+const std::string* skipping_side(const std::vector<std::string>& at, const std::map<int64_t, const FrEntry*>& history,
+                                 int64_t seq) {
+  const std::string* found = nullptr;
+  for (size_t x = 0; x < at.size(); ++x) {
+    for (size_t y = 0; y < at.size(); ++y) {
+      if (x == y) continue;
+      // The last earlier op like y's, and the one after it.
+      int64_t j = 0;
+      for (auto it = history.lower_bound(seq); it != history.begin();) {
+        --it;
+        if (signature(*it->second, true) == at[y]) {
+          j = it->first;
+          break;
+        }
+      }
+      if (j == 0) continue;
+      const auto next = history.find(j + 1);
+      if (next == history.end() || j + 1 >= seq || signature(*next->second, true) != at[x]) continue;
+      if (found && *found != at[x]) return nullptr;
+      found = &at[x];
+    }
+  }
+  return found;
 }
 
 // "all_reduce #12 of group 'world'", "send #3 to rank 1 of group 'world'".
@@ -269,13 +301,30 @@ class Analyzer {
       std::sort(order.begin(), order.end(), [](const auto& x, const auto& y) {
         return x.second.size() != y.second.size() ? x.second.size() < y.second.size() : x.second[0] < y.second[0];
       });
+      // Who skipped an op, when the shared history says it (two sides
+      // of one rank each have no minority).
+      std::vector<std::string> keys;
+      for (const auto& [key, ranks] : order) keys.push_back(key);
+      const auto& history = g.views.at(order[0].second[0]).coll;
+      const std::string* skipper = skipping_side(keys, history, seq);
+      if (skipper) {
+        std::stable_partition(order.begin(), order.end(), [&](const auto& c) { return c.first == *skipper; });
+      }
       std::string msg = "mismatch at #" + std::to_string(seq) + " of group " + in_quotes(g.name) + ": ";
       for (size_t i = 0; i < order.size(); ++i)
         msg += (i ? ", " : "") + ranks_text(order[i].second) + " called " + shown[order[i].first];
+      if (skipper) {
+        std::string skipped;
+        for (const auto& [key, ranks] : order) {
+          if (key != *skipper) skipped = shown[key];
+        }
+        msg += "; " + ranks_text(order[0].second) + " skipped " + skipped +
+               " (what it called is what came next in earlier steps)";
+      }
       Finding& f = add(FindingKind::mismatch, g.name, order[0].second, msg);
       f.seq = seq;
       for (const auto& [r, e] : held) {
-        if (r == order[0].second[0]) f.op = e->op;  // the minority's op
+        if (r == order[0].second[0]) f.op = e->op;  // the minority's (or the skipper's) op
       }
       return;
     }
