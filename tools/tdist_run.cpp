@@ -415,8 +415,8 @@ Outcome run_once(const Options& o, const Placement& at, TokenPlan token, std::ve
   // A fresh token per start: ranks left over from an earlier start cannot
   // join this one.
   if (token.kind == TokenPlan::kGenerate) token.token = tdist::detail::generate_token();
+  if (g_health) g_health->reset();  // before the ranks start writing heartbeats
   for (int r = 0; r < o.nproc; ++r) kids.push_back(spawn(o, r, at, token));
-  if (g_health) g_health->reset();
   auto next_check = std::chrono::steady_clock::now();
   bool any_failed = false;  // the ranks left get peer_wait_s, then SIGTERM
   uint64_t pass = 0;        // loop passes, for Child::dead_pass
@@ -674,7 +674,7 @@ int main(int argc, char** argv) {
   ho.dump_dir = files.dump_dir();
   ho.stall_s = o.stall_s;
   ho.status_interval_s = o.status_interval_s;
-  ho.analyze = tdist_run::run_trace_analyze;
+  ho.analyze_program = tdist_run::trace_program();
   tdist_run::HealthWatch health(std::move(ho));
   g_health = &health;
   struct sigaction sa{};

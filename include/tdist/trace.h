@@ -35,9 +35,11 @@ std::string flush_timeline();
 void set_timeline_enabled(bool on);
 
 // Pauses (false) or resumes (true) recording: ops queued while paused
-// leave no record (the ring keeps what it has). For measuring what the
-// recorder costs (tdist-bench ddp/fsdp's *_nofr variants); it is cheap
-// enough to leave on.
+// leave no record and take no sequence number (the ring keeps what it
+// has), so pause every rank at the same point or the ranks' numbers no
+// longer line up in tdist-trace analyze. For measuring what the recorder
+// costs (tdist-bench ddp/fsdp's *_nofr variants); it is cheap enough to
+// leave on.
 void set_flight_recorder_enabled(bool on);
 
 // A training step begins (for tdist-run --status-interval's steps/s).

@@ -132,7 +132,7 @@ void Coordinator::pre_backward(FsdpState& s) {
   }
   if (s.prepared) return;
   s.prepared = true;
-  if (Timeline::active()) s.backward_began_ns = fr_now_ns();
+  s.backward_began_ns = Timeline::active() ? fr_now_ns() : 0;
   s.unit->finish_unshard();
   if (s.backward_prefetch_units) {
     prefetch(*s.backward_prefetch_units);

@@ -347,7 +347,7 @@ void FullyShardedCore::begin_forward() {
     s.recomputing = true;
     return;
   }
-  if (Timeline::active()) s.forward_began_ns = fr_now_ns();
+  s.forward_began_ns = Timeline::active() ? fr_now_ns() : 0;  // 0: no span (off, or paused at its start)
   Coordinator* active = active_coordinator();
   s.is_root = active == nullptr;
   if (s.is_root) {

@@ -96,7 +96,8 @@ struct ProcessGroup::Impl {
   detail::FrHandle record(detail::GroupOp op, const Traffic& traffic, Milliseconds to) {
     if (!recorder) return {};
     detail::FrOp o;
-    o.op = op;
+    o.name = detail::group_op_name(op);
+    o.p2p = op == detail::GroupOp::kSend || op == detail::GroupOp::kRecv;
     o.dtype = traffic.dtype;
     if (traffic.dtype >= 0) {
       const auto elem = static_cast<int64_t>(comm::dtype_size(static_cast<comm::DataType>(traffic.dtype)));

@@ -20,7 +20,7 @@ namespace {
 size_t utf8_length(const std::string& s, size_t i) {
   const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
   const unsigned char c = b(i);
-  size_t n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
+  const size_t n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xc2 && c <= 0xdf ? 2 : 0;
   if (n == 0 || i + n > s.size()) return 0;
   for (size_t k = 1; k < n; ++k) {
     if ((b(i + k) & 0xc0) != 0x80) return 0;
@@ -143,7 +143,7 @@ void put_entry(std::string& out, const FrRecord& r) {
   out += ",\"op_id\":";
   put_int(out, static_cast<int64_t>(r.seq));
   out += ",\"profiling_name\":";
-  put_string(out, std::string("tdist:") + group_op_name(r.op.op));
+  put_string(out, std::string("tdist:") + r.op.name);
   out += ",\"input_sizes\":";
   put_sizes(out, r.op.dtype, r.op.input_numel);
   out += ",\"input_dtypes\":";

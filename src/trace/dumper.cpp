@@ -17,9 +17,12 @@
 //     pending_since_ns=T0 pending_timeout_ms=MS
 //
 // (last_op/pending_* are "-" when there is none; pending is the oldest op
-// not yet completed; group names have blanks replaced by '_'). The file
-// appears only after the SIGUSR1 handler is in place, so tdist-run never
-// signals a rank that the signal would kill.
+// not yet completed; group names have blanks replaced by '_'). The file is
+// written only while SIGUSR1 runs this file's handler (checked before
+// every write; removed once it does not), and tdist-run signals only ranks
+// with a fresh heartbeat that its /proc status says catch SIGUSR1: a
+// signal that would kill a rank, or run a handler of the program's, is
+// not sent.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -55,7 +58,7 @@ std::string op_tag(const FrRecord& r) {
   for (auto& c : name) {
     if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '=') c = '_';
   }
-  return std::string(group_op_name(r.op.op)) + "#" + std::to_string(r.seq) + "@" + name;
+  return std::string(r.op.name) + "#" + std::to_string(r.seq) + "@" + name;
 }
 
 std::string heartbeat_line(const FlightRecorder& fr) {
@@ -85,10 +88,22 @@ std::string heartbeat_line(const FlightRecorder& fr) {
   return s + "\n";
 }
 
+// Whether SIGUSR1 still runs this file's handler (the program, or a
+// library, may have set its own or the default since).
+bool handler_in_place() {
+  struct sigaction cur {};
+  return ::sigaction(SIGUSR1, nullptr, &cur) == 0 && !(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == on_sigusr1;
+}
+
 void write_heartbeat(const std::string& dir, const FlightRecorder& fr) {
   const int rank = fr.rank();
   if (rank < 0) return;  // not known until init_process_group has made the world group
   const std::string path = dir + "/rank-" + std::to_string(rank);
+  if (!handler_in_place()) {
+    // SIGUSR1 is no longer ours: no heartbeat, so tdist-run never sends it.
+    ::unlink(path.c_str());
+    return;
+  }
   const std::string tmp = path + ".tmp";
   const std::string line = heartbeat_line(fr);
   ::unlink(tmp.c_str());

@@ -41,6 +41,14 @@ size_t capacity_from_env() {
   return std::min(static_cast<size_t>(n), kMaxCapacity);
 }
 
+// counter = max(counter, seq): ops of one group may end out of their
+// numbers' order (several threads queueing, a chain's continuation).
+void raise_to(std::atomic<uint64_t>& counter, uint64_t seq) {
+  uint64_t cur = counter.load(std::memory_order_relaxed);
+  while (cur < seq && !counter.compare_exchange_weak(cur, seq, std::memory_order_relaxed)) {
+  }
+}
+
 // The first line of an error message, at most kErrorBytes.
 std::string first_line(const char* what) {
   const char* nl = std::strchr(what, '\n');
@@ -111,7 +119,10 @@ FrGroup* FlightRecorder::add_group(const std::string& name, const std::string& d
     std::lock_guard<std::mutex> lock(groups_mu_);
     auto owned = std::make_unique<FrGroup>();
     owned->id = static_cast<int>(groups_.size());
-    owned->name = name;
+    // A name made again (init_process_group after destroy_process_group,
+    // new_group's names after that) is a new group: "world~1".
+    const int made = names_[name]++;
+    owned->name = made == 0 ? name : name + "~" + std::to_string(made);
     owned->desc = desc;
     owned->backend = backend;
     owned->ranks = global_ranks;
@@ -135,7 +146,7 @@ void FlightRecorder::set_identity(int rank, int world_size) {
 FrHandle FlightRecorder::record(FrGroup* group, const FrOp& op) {
   FrHandle h;
   if (!enabled() || !recording_.load(std::memory_order_relaxed)) return h;
-  const bool p2p = op.op == GroupOp::kSend || op.op == GroupOp::kRecv;
+  const bool p2p = op.p2p;
   const uint64_t seq = (p2p ? group->enqueued_p2p : group->enqueued_collective).fetch_add(1) + 1;
   const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
   Slot& s = slots_[id % capacity_];
@@ -164,9 +175,16 @@ FrHandle FlightRecorder::record(FrGroup* group, const FrOp& op) {
     s.error.clear();
   }
   if (Timeline* tl = Timeline::active(); tl && t_site) {
-    // A bucket or unit handed its op over: when it was ready.
-    tl->instant("ready", std::string(s.site) + " ready", now,
-                "\"op\":\"" + std::string(group_op_name(op.op)) + " #" + std::to_string(seq) + "\"");
+    // A bucket or unit handed its op over: when it was ready. (The site
+    // again from the thread's scope: the slot may be reused already.)
+    char site[kSiteBytes];
+    if (t_site_index >= 0) {
+      std::snprintf(site, kSiteBytes, "%s %d", t_site, t_site_index);
+    } else {
+      std::snprintf(site, kSiteBytes, "%s", t_site);
+    }
+    tl->instant("ready", std::string(site) + " ready", now,
+                "\"op\":\"" + std::string(op.name) + " #" + std::to_string(seq) + "\"");
   }
   h.slot_ = &s;
   h.id_ = id;
@@ -186,7 +204,7 @@ void FrHandle::started() const {
       slot_->started_ns = now;
     }
   }
-  (p2p_ ? group_->started_p2p : group_->started_collective).store(seq_, std::memory_order_relaxed);
+  raise_to(p2p_ ? group_->started_p2p : group_->started_collective, seq_);
 }
 
 namespace {
@@ -199,7 +217,7 @@ void timeline_span(Timeline& tl, const Slot& s, int64_t end_ns) {
                      ",\"inline\":" + (on_worker_thread() ? "false" : "true");
   if (s.site[0]) args += ",\"site\":" + json_quote(s.site);
   if (s.state == FrState::kFailed) args += ",\"failed\":true";
-  tl.complete(s.p2p ? "p2p" : "comm", std::string(group_op_name(s.op.op)) + " #" + std::to_string(s.seq),
+  tl.complete(s.p2p ? "p2p" : "comm", std::string(s.op.name) + " #" + std::to_string(s.seq),
               s.started_ns, end_ns, std::move(args));
 }
 
@@ -217,7 +235,7 @@ void FrHandle::completed() const {
       if (Timeline* tl = Timeline::active()) timeline_span(*tl, *slot_, now);
     }
   }
-  (p2p_ ? group_->completed_p2p : group_->completed_collective).store(seq_, std::memory_order_relaxed);
+  raise_to(p2p_ ? group_->completed_p2p : group_->completed_collective, seq_);
   FlightRecorder::get().completed_one(now);
 }
 

@@ -25,13 +25,14 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "comm/types.h"
-#include "process_group/op_counts.h"
 
 namespace tdist::detail {
 
@@ -54,10 +55,13 @@ struct FrGroup {
 
 enum class FrState : uint8_t { kScheduled, kStarted, kCompleted, kFailed };
 
-// One op, as queued. Sizes are element counts of this rank's input and
-// output; dtype -1: the op moves no typed data (barrier).
+// One op, as queued. `name`: the op's name as collective_counts() gives
+// it ("all_reduce"), a string that lives as long as the process. Sizes
+// are element counts of this rank's input and output; dtype -1: the op
+// moves no typed data (barrier).
 struct FrOp {
-  GroupOp op = GroupOp::kBarrier;
+  const char* name = "barrier";
+  bool p2p = false;  // send or recv: numbered apart
   int dtype = -1;  // a comm::DataType, or -1
   int64_t input_numel = 0;
   int64_t output_numel = 0;
@@ -135,6 +139,7 @@ class FlightRecorder {
   void set_identity(int rank, int world_size);
 
   // Pauses or resumes recording (tdist::trace::set_flight_recorder_enabled).
+  // Paused, ops are not numbered either: pause every rank alike.
   void set_recording(bool on) { recording_.store(on, std::memory_order_relaxed); }
 
   // Records an op queued on `group` (not null) and numbers it; an empty
@@ -177,6 +182,7 @@ class FlightRecorder {
   std::atomic<bool> recording_{true};
   mutable std::mutex groups_mu_;
   std::vector<std::unique_ptr<FrGroup>> groups_;  // under groups_mu_
+  std::map<std::string, int> names_;              // groups made under each name; under groups_mu_
   std::atomic<int> rank_{-1};
   std::atomic<int> world_size_{0};
   std::atomic<int64_t> steps_{0};

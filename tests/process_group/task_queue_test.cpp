@@ -263,11 +263,19 @@ TEST(TaskQueue, AnOpQueuedDuringRunNowRunsAfterIt) {
       std::this_thread::sleep_for(100us);
     }
   });
+  // Tries spread over the other thread's whole run (and past it, until one
+  // ran): under load the queue may stay busy through a burst of tries.
   int ran_now = 0;
-  for (int i = 0; i < 200; ++i) {
+  std::atomic<bool> other_done{false};
+  std::thread flag([&] {
+    other.join();
+    other_done = true;
+  });
+  for (int i = 0; i < 200 || !other_done || (ran_now == 0 && i < 100000); ++i) {
     if (q.run_now("sync", 10s, [&](tdist::comm::Deadline) { note(0); })) ++ran_now;
+    std::this_thread::sleep_for(20us);
   }
-  other.join();
+  flag.join();
   for (auto& w : works) w->wait();
   EXPECT_EQ(overlaps.load(), 0);
   EXPECT_GT(ran_now, 0);

@@ -586,6 +586,11 @@ TEST(TdistTrace, HostileTracesAreCleanErrors) {
       {"deep nesting", "{\"traceEvents\": [{\"args\": " + deep + "}]}"},
       {"a huge string", "{\"traceEvents\": [{\"name\": \"" + std::string(100000, 'a') + "\"}]}"},
       {"a top-level array", "[1, 2, 3]"},
+      {"many empty containers", [] {
+         std::string s = "{\"traceEvents\": [{\"args\": {\"a\": [";
+         for (int i = 0; i < 100000; ++i) s += i ? ",{}" : "{}";
+         return s + "]}}]}";
+       }()},
       {"empty", ""},
   };
   for (const auto& [what, text] : cases) {

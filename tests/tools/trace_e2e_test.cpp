@@ -94,6 +94,22 @@ TEST(TraceEndToEnd, AStuckDataLoaderIsNamedBeforeTheTimeout) {
   }
 }
 
+// A rank that set SIGUSR1 back to its default (SIGUSR1 would kill it) is
+// never sent it: it writes no heartbeat once the handler is not ours, and
+// tdist-run checks /proc before signalling. The job still ends well.
+TEST(TraceEndToEnd, AStallNeverSignalsARankWhoseSigusrOneIsNotOurs) {
+  TempDir dir;
+  const auto run = run_command(job("TDIST_DUMP_DIR=" + dir.path(), "--stall-seconds 2",
+                                   "--steps 6 --timeout-s 60 --sleep-rank 2 --sleep-step 3 --sleep-s 6 "
+                                   "--default-sigusr1-rank 1"),
+                               std::chrono::seconds(120));
+  EXPECT_EQ(exit_code(run.status), 0) << run.output;
+  EXPECT_NE(run.output.find("looks stalled"), std::string::npos) << run.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/rank-1.json")) << run.output;
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/rank-0.json")) << run.output;
+  EXPECT_NE(run.output.find("rank 1 wrote no dump"), std::string::npos) << run.output;
+}
+
 // A healthy run's timelines: one per rank, merged into one file with a
 // process per rank; summary accounts for every rank's six steps.
 TEST(TraceEndToEnd, AHealthyRunsTimelinesMergeAndSumUp) {

@@ -6,8 +6,10 @@
 //       [--skip-rank R --skip-step K]    rank R skips the loss all_reduce at step K
 //                                        (its loss "looked wrong": a data-dependent branch)
 //       [--sleep-rank R --sleep-step K --sleep-s S]   rank R's data loader hangs S s at step K
+//       [--default-sigusr1-rank R]       rank R sets SIGUSR1 back to its default after init
 //
 // Not a tdist example: it does what the tests need, the way a user would.
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -46,7 +48,7 @@ struct Loader {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 40, skip_rank = -1, skip_step = -1;
+  int steps = 40, skip_rank = -1, skip_step = -1, default_sigusr1_rank = -1;
   double timeout_s = 60;
   Loader loader;
   CLI::App app{"A training loop with faults to inject.", "faulty_training"};
@@ -57,6 +59,7 @@ int main(int argc, char** argv) {
   app.add_option("--sleep-rank", loader.sleep_rank);
   app.add_option("--sleep-step", loader.sleep_step);
   app.add_option("--sleep-s", loader.sleep_s);
+  app.add_option("--default-sigusr1-rank", default_sigusr1_rank);
   CLI11_PARSE(app, argc, argv);
 
   tdist::InitOptions o;
@@ -64,6 +67,7 @@ int main(int argc, char** argv) {
   auto pg = tdist::init_process_group(o);
   const int rank = pg->rank();
   loader.rank = rank;
+  if (rank == default_sigusr1_rank) signal(SIGUSR1, SIG_DFL);  // as a library might
   torch::manual_seed(rank);
 
   Net net;

@@ -235,13 +235,41 @@ TEST(FlightRecorder, ADumpIsValidJsonWhateverTheNamesHold) {
     setenv("TDIST_DUMP_DIR", dir.path().c_str(), 1);
     tdist::InitOptions o;
     o.init_method = "file://" + dir.path() + "/store?rank=0&world_size=1";
-    o.group_name = std::string("caf\xc3\"q\\\n\x01\xff");  // a cut UTF-8 sequence, quotes, controls, a bad byte
+    // A cut UTF-8 sequence, quotes, controls, bad lead bytes with continuations after them.
+    o.group_name = std::string("caf\xc3\"q\\\n\x01\xff\xf5\x80\x80");
     auto pg = tdist::init_process_group(o);
     at::Tensor t = at::ones({1});
     pg->all_reduce(t)->wait();
     const json dump = json::parse(tdist::test::read_all(tdist::trace::dump_flight_recorder()));
-    const std::string want = "caf\xef\xbf\xbd\"q\\\n\x01\xef\xbf\xbd";
+    const std::string bad = "\xef\xbf\xbd";  // U+FFFD, for each byte that is not UTF-8
+    const std::string want = "caf" + bad + "\"q\\\n\x01" + bad + bad + bad + bad;
     return dump["pg_config"].contains(want) && dump["entries"].back()["process_group"][0] == want ? 0 : 1;
+  });
+  const int status = tdist::test::wait_child(pid, std::chrono::seconds(60));
+  EXPECT_TRUE(tdist::test::exited_ok(status)) << tdist::test::describe_status(status);
+}
+
+// A group made again under its name (init after destroy) is a new group
+// in the dump ("world~1"): its numbers start again, apart from the first.
+TEST(FlightRecorder, AGroupMadeAgainUnderItsNameIsANewGroup) {
+  TempDir dir;
+  const pid_t pid = tdist::test::fork_child([&] {
+    setenv("TDIST_DUMP_DIR", dir.path().c_str(), 1);
+    at::Tensor t = at::ones({1});
+    for (int round = 0; round < 2; ++round) {
+      tdist::InitOptions o;
+      o.init_method = "file://" + dir.path() + "/store" + std::to_string(round) + "?rank=0&world_size=1";
+      auto pg = tdist::init_process_group(o);
+      for (int i = 0; i < 3 - round; ++i) pg->all_reduce(t)->wait();
+      tdist::destroy_process_group();
+    }
+    const json dump = json::parse(tdist::test::read_all(tdist::trace::dump_flight_recorder()));
+    if (!dump["pg_config"].contains("world") || !dump["pg_config"].contains("world~1")) return 1;
+    if (dump["pg_status"]["world~1"]["last_completed_collective"].get<int64_t>() >=
+        dump["pg_status"]["world"]["last_completed_collective"].get<int64_t>()) {
+      return 2;  // numbered apart: the second made fewer ops
+    }
+    return dump["entries"].back()["process_group"][0] == "world~1" ? 0 : 3;
   });
   const int status = tdist::test::wait_child(pid, std::chrono::seconds(60));
   EXPECT_TRUE(tdist::test::exited_ok(status)) << tdist::test::describe_status(status);

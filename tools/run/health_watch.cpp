@@ -139,50 +139,97 @@ JobFiles::~JobFiles() {
   std::filesystem::remove_all(heartbeat_dir_, ec);  // does not follow links inside
 }
 
-std::string run_trace_analyze(const std::string& dir) {
-  std::string program = "tdist-trace";
+std::string trace_program() {
   std::error_code ec;
   const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec) {
     const auto beside = self.parent_path() / "tdist-trace";
-    if (std::filesystem::exists(beside, ec)) program = beside.string();
+    if (std::filesystem::exists(beside, ec)) return beside.string();
   }
+  return "tdist-trace";
+}
+
+bool catches_sigusr1(pid_t pid) {
+  std::string text, error;
+  if (!tdist::detail::read_regular_file("/proc/" + std::to_string(pid) + "/status", 1 << 16, text, error)) return false;
+  const size_t at = text.find("\nSigCgt:");
+  if (at == std::string::npos) return false;
+  const unsigned long long mask = std::strtoull(text.c_str() + at + 8, nullptr, 16);
+  return (mask >> (SIGUSR1 - 1)) & 1;
+}
+
+HealthWatch::~HealthWatch() { poll_analysis(/*finish=*/true); }
+
+void HealthWatch::start_analysis() {
+  if (analyzer_ != 0 || o_.analyze_program.empty()) return;
   int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return "cannot run tdist-trace: " + std::string(std::strerror(errno));
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    std::fprintf(stderr, "tdist-run: cannot run tdist-trace: %s\n", std::strerror(errno));
+    return;
+  }
   const pid_t pid = fork();
   if (pid < 0) {
+    std::fprintf(stderr, "tdist-run: cannot run tdist-trace: %s\n", std::strerror(errno));
     close(fds[0]);
     close(fds[1]);
-    return "cannot run tdist-trace: " + std::string(std::strerror(errno));
+    return;
   }
   if (pid == 0) {
     dup2(fds[1], 1);
     dup2(fds[1], 2);
-    execlp(program.c_str(), program.c_str(), "analyze", dir.c_str(), static_cast<char*>(nullptr));
-    std::fprintf(stderr, "cannot run %s: %s\n", program.c_str(), std::strerror(errno));
+    execlp(o_.analyze_program.c_str(), o_.analyze_program.c_str(), "analyze", o_.dump_dir.c_str(),
+           static_cast<char*>(nullptr));
+    std::fprintf(stderr, "cannot run %s: %s\n", o_.analyze_program.c_str(), std::strerror(errno));
     _exit(127);
   }
   close(fds[1]);
-  std::string out;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  fcntl(fds[0], F_SETFL, O_NONBLOCK);
+  analyzer_ = pid;
+  analyzer_fd_ = fds[0];
+  analyzer_out_.clear();
+  analyzer_until_ = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+}
+
+// Reads what the analysis printed; once it is done (or past its time, or
+// `finish`), prints it under tdist-run's name.
+void HealthWatch::poll_analysis(bool finish) {
+  if (analyzer_ == 0) return;
+  bool done = false;
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
-    if (left.count() <= 0) break;
-    struct pollfd p {fds[0], POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
     char buf[4096];
-    const ssize_t n = read(fds[0], buf, sizeof buf);
-    if (n <= 0) break;
-    if (out.size() < (1 << 20)) out.append(buf, static_cast<size_t>(n));
+    const ssize_t n = read(analyzer_fd_, buf, sizeof buf);
+    if (n > 0) {
+      if (analyzer_out_.size() < (1 << 20)) analyzer_out_.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n == 0) done = true;  // EOF: it exited
+    if (n < 0 && errno == EINTR) continue;
+    break;  // EAGAIN: more to come
   }
-  close(fds[0]);
-  kill(pid, SIGKILL);  // done or past its time: either way it ends here
+  const bool late = std::chrono::steady_clock::now() > analyzer_until_;
+  if (!done && !late && !finish) return;
+  close(analyzer_fd_);
+  analyzer_fd_ = -1;
+  kill(analyzer_, SIGKILL);  // exited already, or given up on
   int status = 0;
-  waitpid(pid, &status, 0);
-  return out;
+  waitpid(analyzer_, &status, 0);
+  analyzer_ = 0;
+  if (late && !done) analyzer_out_ += "(tdist-trace analyze did not finish within 60 s)\n";
+  std::string out;
+  std::istringstream lines(analyzer_out_);
+  for (std::string line; std::getline(lines, line);) out += "tdist-run: " + line + "\n";
+  std::fprintf(stderr, "%s", out.c_str());
 }
 
 void HealthWatch::reset() {
+  // The last start's heartbeats must not pass for this one's (a pid may be
+  // reused): removed, and anything older than now ignored.
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(o_.heartbeat_dir, ec)) {
+    std::error_code ignored;
+    std::filesystem::remove(entry.path(), ignored);  // a link itself, never what it names
+  }
+  started_ns_ = wall_ns();
   beats_.clear();
   stalled_ = false;
   waiting_for_dumps_ = false;
@@ -203,12 +250,15 @@ void HealthWatch::read_heartbeats(const std::vector<Rank>& ranks) {
     if (!tdist::detail::read_regular_file(path, 4096, text, error, O_NOFOLLOW)) continue;
     Heartbeat h;
     // Only this start's rank: the pid must be the one launched.
-    if (parse_heartbeat(text, h) && h.rank == r.rank && h.pid == r.pid) beats_[r.rank] = std::move(h);
+    if (parse_heartbeat(text, h) && h.rank == r.rank && h.pid == r.pid && h.now_ns >= started_ns_) {
+      beats_[r.rank] = std::move(h);
+    }
   }
 }
 
 void HealthWatch::tick(const std::vector<Rank>& ranks) {
   if (o_.heartbeat_dir.empty()) return;
+  poll_analysis(/*finish=*/false);
   const auto now = std::chrono::steady_clock::now();
   if (now < next_read_) return;
   next_read_ = now + std::chrono::milliseconds(500);
@@ -245,7 +295,7 @@ void HealthWatch::check_stall(const std::vector<Rank>& ranks, int64_t now_ns) {
       if (it != beats_.end() && it->second.dumps <= before) all = false;
     }
     const bool timed_out = now_ns - signalled_ns_ > static_cast<int64_t>(kDumpWaitS * kNsPerS);
-    if (all || timed_out) finish_dumps(now_ns, timed_out && !all);
+    if (all || timed_out) finish_dumps(timed_out && !all);
     return;
   }
   if (stalled_) {
@@ -275,12 +325,16 @@ void HealthWatch::check_stall(const std::vector<Rank>& ranks, int64_t now_ns) {
   dumps_before_.clear();
   for (const Rank& r : ranks) {
     auto it = beats_.find(r.rank);
-    if (r.pid == 0 || it == beats_.end()) continue;  // no heartbeat: no handler for SIGUSR1
+    // No fresh heartbeat, or /proc says it does not catch SIGUSR1: the
+    // signal could kill it. Not sent.
+    if (r.pid == 0 || it == beats_.end() || now_ns - it->second.now_ns > 3 * kNsPerS || !catches_sigusr1(r.pid)) {
+      continue;
+    }
     if (kill(r.pid, SIGUSR1) == 0) dumps_before_[r.rank] = it->second.dumps;
   }
 }
 
-void HealthWatch::finish_dumps(int64_t, bool timed_out) {
+void HealthWatch::finish_dumps(bool timed_out) {
   waiting_for_dumps_ = false;
   if (timed_out) {
     std::string missing;
@@ -290,13 +344,9 @@ void HealthWatch::finish_dumps(int64_t, bool timed_out) {
     }
     std::fprintf(stderr, "tdist-run: no dump within %.0f s from rank(s)%s\n", kDumpWaitS, missing.c_str());
   }
-  if (!o_.analyze) return;
-  std::string report = o_.analyze(o_.dump_dir);
-  std::string out;
-  std::istringstream lines(report);
-  for (std::string line; std::getline(lines, line);) out += "tdist-run: " + line + "\n";
-  std::fprintf(stderr, "tdist-run: flight recorder dumps in %s (tdist-trace analyze %s):\n%s", o_.dump_dir.c_str(),
-               o_.dump_dir.c_str(), out.c_str());
+  std::fprintf(stderr, "tdist-run: flight recorder dumps in %s (tdist-trace analyze %s)%s\n", o_.dump_dir.c_str(),
+               o_.dump_dir.c_str(), o_.analyze_program.empty() ? "" : ":");
+  start_analysis();
 }
 
 void HealthWatch::print_status(int64_t now_ns) {

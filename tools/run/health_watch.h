@@ -47,9 +47,11 @@ struct Heartbeat {
   int64_t pending_timeout_ms = 0;
 };
 
-// tdist-trace analyze DIR's report: the program beside this tdist-run (else
-// on PATH), run with a 60 s limit; a line saying why when it cannot run.
-std::string run_trace_analyze(const std::string& dir);
+// tdist-trace beside this tdist-run, else "tdist-trace" (found on PATH).
+std::string trace_program();
+
+// Whether /proc says process `pid` catches SIGUSR1 (SigCgt).
+bool catches_sigusr1(pid_t pid);
 
 // Parses a heartbeat line; false when it is not one (a partial or foreign file).
 bool parse_heartbeat(const std::string& line, Heartbeat& out);
@@ -62,8 +64,10 @@ struct HealthOptions {
   std::string dump_dir;
   double stall_s = -1;          // < 0: automatic (see above); 0: off
   double status_interval_s = 0;  // 0: no status lines
-  // The analysis of a dump directory (tdist-trace analyze's report).
-  std::function<std::string(const std::string& dir)> analyze;
+  // The program that analyses a dump directory ("PROGRAM analyze DIR"),
+  // run in the background (60 s at most) while the launcher goes on;
+  // empty: none.
+  std::string analyze_program;
 };
 
 // The job's flight-recorder files on this node: the dump directory the
@@ -88,6 +92,9 @@ class JobFiles {
 class HealthWatch {
  public:
   explicit HealthWatch(HealthOptions o) : o_(std::move(o)) {}
+  ~HealthWatch();
+  HealthWatch(const HealthWatch&) = delete;
+  HealthWatch& operator=(const HealthWatch&) = delete;
 
   // A rank of this node: its global rank and pid (0 once it has exited).
   struct Rank {
@@ -97,13 +104,16 @@ class HealthWatch {
   // Called from the launcher's loop (every ~50 ms): reads the heartbeats
   // at most twice a second and acts as above.
   void tick(const std::vector<Rank>& ranks);
-  // A new start of the job: forget the last one's readings.
+  // A new start of the job (its ranks about to be spawned): forget the
+  // last one's readings and remove its heartbeat files.
   void reset();
 
  private:
   void read_heartbeats(const std::vector<Rank>& ranks);
   void check_stall(const std::vector<Rank>& ranks, int64_t now_ns);
-  void finish_dumps(int64_t now_ns, bool timed_out);
+  void finish_dumps(bool timed_out);
+  void start_analysis();
+  void poll_analysis(bool finish);
   void print_status(int64_t now_ns);
 
   HealthOptions o_;
@@ -114,6 +124,13 @@ class HealthWatch {
   bool waiting_for_dumps_ = false;
   int64_t signalled_ns_ = 0;
   std::map<int, int64_t> dumps_before_;
+  // The analysis running in the background: its pid, the read end of its
+  // output, what it printed so far, when it is given up on.
+  pid_t analyzer_ = 0;
+  int analyzer_fd_ = -1;
+  std::string analyzer_out_;
+  std::chrono::steady_clock::time_point analyzer_until_{};
+  int64_t started_ns_ = 0;  // this start's spawn time: older heartbeats are the last start's
   // Status: the last line's time and each rank's steps then.
   int64_t last_status_ns_ = 0;
   std::map<int, int64_t> steps_at_status_;

@@ -107,6 +107,9 @@ class EventSax : public nlohmann::json_sax<json> {
     return true;
   }
   bool push(json container) {
+    // A container costs memory of its own, however small its text ("{}").
+    event_bytes_ += 64;
+    if (event_bytes_ > kMaxEventBytes) return fail("an event larger than " + std::to_string(kMaxEventBytes) + " bytes");
     stack_.push_back(std::move(container));
     return true;
   }
@@ -229,6 +232,12 @@ size_t merge_traces(const std::vector<std::string>& files, const std::string& ou
   const int fd = tdist::detail::open_regular(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, error, 0644);
   if (fd < 0) throw TraceError(error);
   std::FILE* f = ::fdopen(fd, "wb");
+  if (!f) {
+    const std::string e = std::strerror(errno);
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw TraceError(out + ": cannot write (" + e + ")");
+  }
   size_t n = 0;
   try {
     std::fputs("{\"traceEvents\":[", f);
@@ -327,6 +336,7 @@ Summary summarize(const std::vector<std::string>& files) {
       st.rank = rank;
       st.step = steps[i]->step;
       st.step_ms = (hi - lo) / 1000;
+      st.last = i + 1 == steps.size();
       st.exposed_ms = union_within(exposed, lo, hi) / 1000;
       st.comm_ms = union_within(comm, lo, hi) / 1000;
       st.compute_ms = st.step_ms - st.exposed_ms;
@@ -342,13 +352,18 @@ Summary summarize(const std::vector<std::string>& files) {
                 "exposed ms", "comm ms", "overlap", "slowest");
   s.report = line;
   double total_step = 0, total_exposed = 0, total_comm = 0, total_compute = 0;
-  size_t counted = 0;
+  size_t counted = 0, left_out = 0;
   for (size_t i = 0; i < s.steps.size();) {
-    size_t j = i;
+    size_t j = i, in_row = 0;
     double st = 0, ex = 0, co = 0, cp = 0, slowest_ms = -1;
     int slowest = -1;
-    while (j < s.steps.size() && s.steps[j].step == s.steps[i].step) {
+    for (; j < s.steps.size() && s.steps[j].step == s.steps[i].step; ++j) {
       const auto& x = s.steps[j];
+      if (x.last) {
+        ++left_out;
+        continue;
+      }
+      ++in_row;
       st += x.step_ms;
       ex += x.exposed_ms;
       co += x.comm_ms;
@@ -357,22 +372,27 @@ Summary summarize(const std::vector<std::string>& files) {
         slowest_ms = x.step_ms;
         slowest = x.rank;
       }
-      ++j;
     }
-    const double n = static_cast<double>(j - i);
+    if (in_row == 0) {
+      i = j;
+      continue;
+    }
+    const double n = static_cast<double>(in_row);
     char overlap[16] = "-";
     if (co > 0) std::snprintf(overlap, sizeof overlap, "%.0f%%", 100 * std::clamp(1 - ex / co, 0.0, 1.0));
     std::snprintf(line, sizeof line, "%6lld %6zu %10.2f %11.2f %11.2f %9.2f %8s  rank %d\n",
-                  static_cast<long long>(s.steps[i].step), j - i, st / n, cp / n, ex / n, co / n, overlap, slowest);
+                  static_cast<long long>(s.steps[i].step), in_row, st / n, cp / n, ex / n, co / n, overlap, slowest);
     s.report += line;
     total_step += st;
     total_exposed += ex;
     total_comm += co;
     total_compute += cp;
-    counted += j - i;
+    counted += in_row;
     i = j;
   }
-  if (counted == 0) {
+  if (counted == 0 && left_out > 0) {
+    s.report = "one step per rank: no step after it marks where it ends (--json has it)\n";
+  } else if (counted == 0) {
     s.report = "no steps: the traces hold no \"step N\" events (DDP's or FSDP's forwards, or tdist::trace::mark_step)\n";
   } else {
     const double n = static_cast<double>(counted);
@@ -386,6 +406,9 @@ Summary summarize(const std::vector<std::string>& files) {
     s.report +=
         "exposed: the training thread waiting for communication (waits and ops it ran itself); comm: every op's run "
         "(union); overlap: 1 - exposed / comm\n";
+    if (left_out > 0) {
+      s.report += "(each rank's last step is left out: no step after it marks where it ends; --json has it)\n";
+    }
   }
   return s;
 }
@@ -394,7 +417,7 @@ std::string summary_json(const Summary& s) {
   json steps = json::array();
   for (const auto& x : s.steps) {
     json o = {{"rank", x.rank}, {"step", x.step}, {"step_ms", x.step_ms}, {"compute_ms", x.compute_ms},
-              {"exposed_ms", x.exposed_ms}, {"comm_ms", x.comm_ms}};
+              {"exposed_ms", x.exposed_ms}, {"comm_ms", x.comm_ms}, {"last", x.last}};
     o["overlap"] = x.overlap < 0 ? json(nullptr) : json(x.overlap);
     steps.push_back(std::move(o));
   }

@@ -54,6 +54,7 @@ struct StepSummary {
   int rank = 0;
   int64_t step = 0;        // the "step N" instant's N
   double step_ms = 0;      // to the next step's start (the last: to the rank's last event)
+  bool last = false;       // the rank's last step: nothing marks its end (left out of the report's table)
   double exposed_ms = 0;   // the training thread's waits and inline ops (their union)
   double comm_ms = 0;      // every comm/p2p span of the rank (their union)
   double compute_ms = 0;   // step - exposed
