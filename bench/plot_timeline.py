@@ -61,18 +61,34 @@ def main():
     lo, hi = min(steps[n].values()), max(steps[n + 1].values())
     spans = [e for e in events if e.get("ph") == "X" and e["ts"] < hi and e["ts"] + e.get("dur", 0) > lo]
     tracks = sorted({(e["pid"], e["tid"]) for e in spans})
-    fig, ax = plt.subplots(figsize=(12, 0.5 + 0.45 * len(tracks)))
+    fig, ax = plt.subplots(figsize=(12, 0.9 + 0.6 * len(tracks)))
     for row, key in enumerate(tracks):
-        for e in spans:
-            if (e["pid"], e["tid"]) != key:
-                continue
-            begin = max(e["ts"], lo)
-            end = min(e["ts"] + e.get("dur", 0), hi)
+        mine = sorted((e for e in spans if (e["pid"], e["tid"]) == key), key=lambda e: (e["ts"], -e.get("dur", 0)))
+        open_ends = []  # the ends of the spans enclosing the current one
+        for e in mine:
+            begin, end = e["ts"], e["ts"] + e.get("dur", 0)
+            while open_ends and open_ends[-1] <= begin:
+                open_ends.pop()
+            depth = len(open_ends)
+            open_ends.append(end)
+            begin, end = max(begin, lo), min(end, hi)
             cat = e.get("cat", "")
-            # Nested spans (a wait around the op it ran) are drawn thinner on top.
-            height = 0.5 if cat in ("comm", "p2p") and e.get("args", {}).get("inline") else 0.8
-            ax.barh(row, (end - begin) / 1000, left=(begin - lo) / 1000, height=height,
-                    color=COLOURS.get(cat, "#999999"), edgecolor="none")
+            # A nested span (an inner FSDP unit in its parent, an op inside
+            # the wait that ran it) is drawn narrower, on top.
+            height = max(0.25, 0.8 - 0.17 * depth)
+            colour = COLOURS.get(cat, "#999999")
+            if cat == "compute" and depth:
+                colour = ["#4c9a2a", "#6fbf4a", "#94d46f", "#b7e59a"][min(depth, 3)]
+            ax.barh(row, (end - begin) / 1000, left=(begin - lo) / 1000, height=height, color=colour,
+                    edgecolor="white", linewidth=0.3)
+            width_ms = (end - begin) / 1000
+            fits = int(width_ms / ((hi - lo) / 1000) * 190)  # characters of 6 pt across the bar
+            if cat == "compute" and fits >= 6 and depth:
+                kind, _, unit = e["name"].partition(" ")
+                unit = unit.split("::")[-1].replace("Impl", "")
+                label = ("fwd " if kind == "forward" else "bwd ") + unit
+                ax.text((begin - lo) / 1000 + width_ms / 2, row, label[:fits], ha="center", va="center", fontsize=6,
+                        color="black", clip_on=True)
         for r, ts in steps[n].items():
             if r == key[0]:
                 ax.axvline((ts - lo) / 1000, color="#444444", lw=0.6, ls=":")

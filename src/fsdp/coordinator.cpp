@@ -146,7 +146,7 @@ void Coordinator::unit_ready(FsdpState& s) {
   if (!s.recorded || s.ready) return;
   s.ready = true;
   if (Timeline* tl = Timeline::active(); tl && s.backward_began_ns > 0) {
-    tl->complete("compute", "backward " + s.unit->label(), s.backward_began_ns, fr_now_ns());
+    tl->complete("compute", "backward " + s.unit->trace_name(), s.backward_began_ns, fr_now_ns());
     s.backward_began_ns = 0;
   }
   // Its backward is over: the full parameters can go, unless a frozen

@@ -9,6 +9,7 @@
 #include <torch/nn/modules/batchnorm.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
@@ -283,6 +284,8 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
     unit_options.compute_dtype = s.options.mixed_precision.param_dtype;
     unit_options.reduce_dtype = s.options.mixed_precision.reduce_dtype;
     s.unit = std::make_unique<ShardedUnit>(pg, label, std::move(specs), unit_options);
+    static std::atomic<int> units_made{0};
+    s.unit->set_trace_name(module.name() + " #" + std::to_string(units_made++));
   } catch (...) {
     unclaim(params);
     throw;
@@ -396,7 +399,7 @@ void FullyShardedCore::end_forward(const std::vector<at::Tensor>& outputs, bool 
   }
   if (s.is_root) set_active_coordinator(nullptr);
   if (Timeline* tl = Timeline::active(); tl && s.forward_began_ns > 0) {
-    tl->complete("compute", "forward " + s.unit->label(), s.forward_began_ns, fr_now_ns());
+    tl->complete("compute", "forward " + s.unit->trace_name(), s.forward_began_ns, fr_now_ns());
     s.forward_began_ns = 0;
   }
 }

@@ -166,7 +166,7 @@ void ShardedUnit::point_at_shards() {
 // ---- unshard: one all-gather ------------------------------------------------------
 
 void ShardedUnit::launch_unshard(bool exact) {
-  const detail::FrSiteScope site(label_);
+  const detail::FrSiteScope site(trace_name_);
   // A post-forward chunk serves when the shards have not changed since it
   // was taken (an optimizer step moves the version counters).
   const bool from_post = post_ && !exact && post_->versions == param_versions();
@@ -219,7 +219,7 @@ void ShardedUnit::launch_unshard(bool exact) {
 // ranks' padded rows are no more than the group's): each rank's piece of
 // the chunk gathers there, within the k ranks.
 void ShardedUnit::launch_post_forward_gather(Gather& g) {
-  const detail::FrSiteScope site(label_);
+  const detail::FrSiteScope site(trace_name_);
   const ShardLayout& post = *post_layout_;
   g.source = std::move(post_->chunk);
   post_.reset();
@@ -413,7 +413,7 @@ at::Tensor ShardedUnit::take_full_grad(FsdpParam& p) {
 // ---- reduce: one reduce-scatter (or all-reduce) ---------------------------------------
 
 void ShardedUnit::start_reduce() {
-  const detail::FrSiteScope site(label_);
+  const detail::FrSiteScope site(trace_name_);
   TDIST_CHECK(!reduce_.has_value());
   if (!has_trainable()) return;
   at::NoGradGuard no_grad;

@@ -114,6 +114,10 @@ class ShardedUnit {
   ~ShardedUnit();
 
   const std::string& label() const { return label_; }
+  // The short name the flight recorder and the timeline give it
+  // ("GptBlockImpl #3": its module's type and the process's count of units).
+  const std::string& trace_name() const { return trace_name_; }
+  void set_trace_name(std::string name) { trace_name_ = std::move(name); }
   const std::vector<FsdpParam>& params() const { return params_; }
   bool has_frozen() const;
   bool has_trainable() const;
@@ -237,6 +241,7 @@ class ShardedUnit {
   std::shared_ptr<ProcessGroup> replicate_;  // hybrid sharding (UnitOptions::replicate_group), else null
   std::shared_ptr<ProcessGroup> post_pg_;    // hpZ (UnitOptions::post_forward_group), else null
   std::string label_;
+  std::string trace_name_;
   bool sharded_;
   int shard_rank_;
   ShardLayout layout_;            // before params_: they point into it
