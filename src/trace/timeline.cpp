@@ -93,8 +93,9 @@ int Timeline::track_of_this_thread() {
   if (t_tid >= 0) return t_tid;
   std::string name = t_track;
   if (name.empty()) {
-    if (tracks_.empty()) {
-      name = "main";
+    if (!main_named_) {
+      name = "main";  // the first thread without a name of its own: the training thread, as a rule
+      main_named_ = true;
     } else {
       char buf[32] = {};
       pthread_getname_np(pthread_self(), buf, sizeof buf);

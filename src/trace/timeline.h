@@ -69,12 +69,13 @@ class Timeline {
   std::mutex mu_;
   std::vector<Event> events_;
   std::vector<std::string> tracks_;  // by tid
+  bool main_named_ = false;          // a track is "main" already
   uint64_t dropped_ = 0;
 };
 
 // The name of the current thread's track ("tdist-worker world", "checkpoint
-// writer"); a thread that names none is named by its pthread name, and the
-// first to emit is "main". `worker`: a group's worker thread (an op it
+// writer"); of the threads that name none, the first to emit is "main",
+// the others are named by their pthread names. `worker`: a group's worker thread (an op it
 // runs is not waited for by the training thread).
 void set_timeline_track(std::string name, bool worker = false);
 bool on_worker_thread();
