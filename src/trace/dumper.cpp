@@ -37,7 +37,7 @@
 #include <thread>
 
 #include "trace/flight_recorder.h"
-#include "util/open_file.h"
+#include "trace/write_aside.h"
 
 namespace tdist::detail {
 
@@ -104,15 +104,8 @@ void write_heartbeat(const std::string& dir, const FlightRecorder& fr) {
     ::unlink(path.c_str());
     return;
   }
-  const std::string tmp = path + ".tmp";
-  const std::string line = heartbeat_line(fr);
-  ::unlink(tmp.c_str());
   std::string error;
-  const int fd = open_regular(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, error, 0600);
-  if (fd < 0) return;  // tdist-run went away with its directory: nothing to tell
-  const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
+  (void)write_aside(path, heartbeat_line(fr), error);  // tdist-run went away with its directory: nothing to tell
 }
 
 void run_dumper(FlightRecorder* fr, std::string heartbeat_dir) {

@@ -13,7 +13,7 @@
 
 #include "tdist/errors.h"
 #include "trace/timeline.h"
-#include "util/open_file.h"
+#include "trace/write_aside.h"
 
 namespace tdist::detail {
 
@@ -325,7 +325,6 @@ std::string FlightRecorder::dump(DumpReason why) {
   }
   const std::string dir = dump_dir();
   const std::string path = dir + "/rank-" + std::to_string(r) + ".json";
-  const std::string tmp = dir + "/.rank-" + std::to_string(r) + ".json." + std::to_string(getpid()) + ".tmp";
   auto fail = [&](const std::string& why_not) {
     std::fprintf(stderr, "tdist: rank %d: could not write the flight recorder's dump to %s: %s\n", r, path.c_str(),
                  why_not.c_str());
@@ -334,29 +333,8 @@ std::string FlightRecorder::dump(DumpReason why) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return fail(ec.message());
-  const std::string text = dump_json(*this, why);
-  ::unlink(tmp.c_str());
   std::string error;
-  const int fd = open_regular(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, error, 0644);
-  if (fd < 0) return fail(error);
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string e = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return fail(e);
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string e = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    return fail(e);
-  }
+  if (!write_aside(path, dump_json(*this, why), error)) return fail(error);
   if (why != DumpReason::kRequest) {  // the caller of dump_flight_recorder has the path
     std::fprintf(stderr, "tdist: rank %d: flight recorder dump (%s) in %s\n", r, dump_reason_name(why), path.c_str());
   }

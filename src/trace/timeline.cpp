@@ -13,7 +13,7 @@
 
 #include "tdist/config.h"
 #include "trace/flight_recorder.h"
-#include "util/open_file.h"
+#include "trace/write_aside.h"
 
 namespace tdist::detail {
 
@@ -164,32 +164,10 @@ std::string Timeline::flush() {
            pid + ",\"world_size\":" + std::to_string(fr.world_size()) + ",\"dropped_events\":" +
            std::to_string(dropped_) + "}}\n";
   }
-  const std::string tmp = path + "." + std::to_string(getpid()) + ".tmp";
-  auto fail = [&](const std::string& why) {
-    std::fprintf(stderr, "tdist: rank %d: could not write the timeline to %s: %s\n", rank, path.c_str(), why.c_str());
-    return std::string();
-  };
-  ::unlink(tmp.c_str());
   std::string error;
-  const int fd = open_regular(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, error, 0644);
-  if (fd < 0) return fail(error);
-  size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t n = ::write(fd, out.data() + done, out.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string e = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return fail(e);
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string e = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    return fail(e);
+  if (!write_aside(path, out, error)) {
+    std::fprintf(stderr, "tdist: rank %d: could not write the timeline to %s: %s\n", rank, path.c_str(), error.c_str());
+    return "";
   }
   return path;
 }
