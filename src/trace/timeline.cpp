@@ -2,8 +2,10 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cinttypes>
@@ -107,22 +109,56 @@ int Timeline::track_of_this_thread() {
   return t_tid;
 }
 
-void Timeline::add(Event e) {
+const char* Timeline::keep(const std::string& s) {
+  const size_t n = std::min(s.size(), kMaxText);
+  if (text_used_ + n + 1 > kTextBlock) {
+    void* block = ::mmap(nullptr, kTextBlock, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (block == MAP_FAILED) return nullptr;
+    text_blocks_.push_back(static_cast<char*>(block));
+    text_used_ = 0;
+  }
+  char* at = text_blocks_.back() + text_used_;
+  std::memcpy(at, s.data(), n);
+  at[n] = '\0';
+  text_used_ += n + 1;
+  return at;
+}
+
+Timeline::Event* Timeline::next_event() {
+  if (events_ == event_blocks_.size() * kEventsPerBlock) {
+    void* block =
+        ::mmap(nullptr, kEventsPerBlock * sizeof(Event), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (block == MAP_FAILED) return nullptr;
+    event_blocks_.push_back(static_cast<Event*>(block));
+  }
+  Event* e = event_blocks_[events_ / kEventsPerBlock] + events_ % kEventsPerBlock;
+  ++events_;
+  return e;
+}
+
+void Timeline::add(char ph, const char* cat, const std::string& name, int64_t ts_ns, int64_t dur_ns,
+                   const std::string& args) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (events_.size() >= kMaxEvents) {
+  if (events_ >= kMaxEvents) {
     ++dropped_;
     return;
   }
-  e.tid = track_of_this_thread();
-  events_.push_back(std::move(e));
+  const char* n = keep(name);
+  const char* a = args.empty() || args.size() > kMaxText ? nullptr : keep(args);
+  Event* e = n ? next_event() : nullptr;
+  if (!e) {
+    ++dropped_;
+    return;
+  }
+  *e = Event{ph, cat, n, a, ts_ns, dur_ns, track_of_this_thread()};
 }
 
 void Timeline::complete(const char* cat, std::string name, int64_t begin_ns, int64_t end_ns, std::string args) {
-  add(Event{'X', cat, std::move(name), begin_ns, end_ns > begin_ns ? end_ns - begin_ns : 0, 0, std::move(args)});
+  add('X', cat, name, begin_ns, end_ns > begin_ns ? end_ns - begin_ns : 0, args);
 }
 
 void Timeline::instant(const char* cat, std::string name, int64_t at_ns, std::string args) {
-  add(Event{'i', cat, std::move(name), at_ns, 0, 0, std::move(args)});
+  add('i', cat, name, at_ns, 0, args);
 }
 
 std::string Timeline::flush() {
@@ -137,7 +173,7 @@ std::string Timeline::flush() {
   const std::string pid = std::to_string(rank);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    out.reserve(256 + events_.size() * 160);
+    out.reserve(256 + events_ * 160);
     out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + pid + ",\"tid\":0,\"args\":{\"name\":\"rank " + pid +
            "\"}},\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" + pid + ",\"tid\":0,\"args\":{\"sort_index\":" +
            pid + "}}";
@@ -145,7 +181,8 @@ std::string Timeline::flush() {
       out += ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + pid + ",\"tid\":" + std::to_string(t) +
              ",\"args\":{\"name\":" + json_quote(tracks_[t]) + "}}";
     }
-    for (const Event& e : events_) {
+    for (size_t k = 0; k < events_; ++k) {
+      const Event& e = event_blocks_[k / kEventsPerBlock][k % kEventsPerBlock];
       out += ",\n{\"name\":" + json_quote(e.name) + ",\"cat\":\"" + e.cat + "\",\"ph\":\"";
       out += e.ph;
       out += "\",\"ts\":";
@@ -157,7 +194,7 @@ std::string Timeline::flush() {
         out += ",\"s\":\"t\"";
       }
       out += ",\"pid\":" + pid + ",\"tid\":" + std::to_string(e.tid);
-      if (!e.args.empty()) out += ",\"args\":{" + e.args + "}";
+      if (e.args) out += ",\"args\":{" + std::string(e.args) + "}";
       out += '}';
     }
     out += "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"tdist " TDIST_VERSION_STRING "\",\"rank\":" +
