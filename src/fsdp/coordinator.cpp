@@ -4,10 +4,10 @@
 
 #include <torch/csrc/autograd/engine.h>
 
-#include "trace/flight_recorder.h"
-#include "trace/timeline.h"
 #include "fsdp/fsdp_state.h"
 #include "process_group/async_ops.h"
+#include "trace/flight_recorder.h"
+#include "trace/timeline.h"
 
 namespace tdist::detail {
 

@@ -16,8 +16,6 @@
 #include <unordered_set>
 
 #include "autograd/checkpoint_phase.h"
-#include "trace/flight_recorder.h"
-#include "trace/timeline.h"
 #include "ddp/model_check.h"
 #include "fsdp/auto_wrap.h"
 #include "fsdp/coordinator.h"
@@ -26,6 +24,8 @@
 #include "process_group/async_ops.h"
 #include "tdist/errors.h"
 #include "tdist/fsdp.h"
+#include "trace/flight_recorder.h"
+#include "trace/timeline.h"
 
 namespace tdist::detail {
 

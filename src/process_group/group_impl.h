@@ -118,13 +118,8 @@ struct ProcessGroup::Impl {
       const auto seq = queue->run_now(name, to, [&](comm::Deadline d) {
         counts.add(op, traffic.input_bytes, traffic.output_bytes);
         rec.started();
-        try {
-          if (!fp.empty()) fingerprints->check(fp, d);
-          result = body(d);
-        } catch (const std::exception& e) {
-          rec.failed(e);
-          throw;
-        }
+        if (!fp.empty()) fingerprints->check(fp, d);
+        result = body(d);  // a failure is recorded by enqueue's catch, once the queue is free again
         rec.completed();
       });
       if (seq) {
