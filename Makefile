@@ -37,11 +37,16 @@ configure: deps $(BUILD)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# LibTorch 2.x: the pinned torch wheel (scripts/torch2.sh) in .venv.
+# LibTorch 2.x: the pinned torch wheel (scripts/torch2.sh) in .venv. The
+# nccl backend is required (ON, not AUTO): torch2.sh installed NCCL beside
+# torch, so a configure that cannot find it stops instead of leaving the
+# backend and nccl_test out. The prefix is read first: a torch2.sh that
+# fails stops here rather than configuring with an empty prefix.
 build-2: deps-torch2
-	@test -f $(BUILD2)/CMakeCache.txt || \
+	@test -f $(BUILD2)/CMakeCache.txt || { \
+	  prefix=$$(bash scripts/torch2.sh prefix) && \
 	  cmake -S . -B $(BUILD2) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	        -DCMAKE_PREFIX_PATH="$$(bash scripts/torch2.sh prefix)" $(CMAKE_ARGS)
+	        -DCMAKE_PREFIX_PATH="$$prefix" -DTDIST_WITH_NCCL=ON $(CMAKE_ARGS); }
 	cmake --build $(BUILD2) -j $(JOBS)
 
 # Both suites always run; one summary line each, then the total.

@@ -42,8 +42,17 @@ if(TDIST_WITH_CUDA)
   if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
     set(_tdist_nccl_found TRUE)
   endif()
+  set(_tdist_nccl_asked ${TDIST_WITH_NCCL})
   tdist_resolve_option(TDIST_WITH_NCCL ${_tdist_nccl_found}
                        "but nccl.h/libnccl were not found (set NCCL_ROOT, or install the nvidia-nccl-cu* wheel beside torch)")
+  # AUTO with a CUDA LibTorch and no NCCL: said loudly, since the build then
+  # lacks the backend CUDA users want and the suite lacks nccl_test.
+  if(_tdist_nccl_asked STREQUAL "AUTO" AND NOT TDIST_WITH_NCCL)
+    message(WARNING "tdist: TDIST_WITH_NCCL=AUTO: a CUDA LibTorch but no nccl.h/libnccl (looked in "
+                    "${_tdist_site}/nvidia/nccl, NCCL_ROOT, the system): building WITHOUT the nccl backend "
+                    "and nccl_test. Install the nvidia-nccl-cu* wheel beside torch (scripts/torch2.sh install "
+                    "does) or set NCCL_ROOT; -DTDIST_WITH_NCCL=ON makes this an error, OFF silences it.")
+  endif()
 else()
   tdist_resolve_option(TDIST_WITH_NCCL FALSE "needs CUDA (TDIST_WITH_CUDA)")
 endif()

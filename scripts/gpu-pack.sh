@@ -33,12 +33,14 @@ rm -rf "$pack"
 mkdir -p "$pack/bin" "$pack/lib"
 for b in cuda_test nccl_test tdist-bench; do strip -o "$pack/bin/$b" "$build/bin/$b"; done
 for l in "$build"/lib/libtdist*.so*; do
-  [ -L "$l" ] && cp -P "$l" "$pack/lib/" || strip -o "$pack/lib/$(basename "$l")" "$l"
+  if [ -L "$l" ]; then cp -P "$l" "$pack/lib/"; else strip -o "$pack/lib/$(basename "$l")" "$l"; fi
 done
 # The libraries outside torch, CUDA and the base system that the carried
-# files load (gloo's, from Debian).
-for f in "$pack"/bin/* "$pack"/lib/*.so*; do
-  ldd "$f" 2>/dev/null | awk '/=> \// {print $3}'
-done | sort -u | grep -E '^/(usr/)?lib/(x86_64-linux-gnu/)?lib(gloo|ibverbs|nl-3|nl-route-3|hiredis|uv)[.-]' |
-  while read -r l; do cp -L "$l" "$pack/lib/"; done || true
+# files load (gloo's, from Debian). A copy that fails stops the script
+# (grep's "no such library" is the only status let through).
+deps=$(for f in "$pack"/bin/* "$pack"/lib/*.so*; do
+  ldd "$f" || { echo "gpu-pack: ldd $f failed" >&2; exit 1; }
+done | awk '/=> \// {print $3}' | sort -u)
+extra=$(grep -E '^/(usr/)?lib/(x86_64-linux-gnu/)?lib(gloo|ibverbs|nl-3|nl-route-3|hiredis|uv)[.-]' <<< "$deps") || true
+for l in $extra; do cp -L "$l" "$pack/lib/"; done
 du -sh "$pack"

@@ -33,9 +33,9 @@ case "${1:-}" in ''|--bench) ;; *) echo "usage: $0 [--bench]" >&2; exit 2 ;; esa
 
 missing=()
 for p in "${PACKAGES[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$p")
-  fi
+  # dpkg-query fails for a package it has never seen: that is "missing".
+  status=$(dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null || true)
+  grep -q "install ok installed" <<< "$status" || missing+=("$p")
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
@@ -51,6 +51,6 @@ fi
 
 echo "tdist: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-# shellcheck disable=SC2086
-apt-get install -y -qq --no-install-recommends ${missing[*]}
+apt-get update -qq || { echo "tdist: FAILED: apt-get update" >&2; exit 1; }
+apt-get install -y -qq --no-install-recommends "${missing[@]}" ||
+  { echo "tdist: FAILED: apt-get install ${missing[*]}" >&2; exit 1; }

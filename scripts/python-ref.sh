@@ -23,6 +23,17 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${VENV:-$root/.venv}
 py=$venv/bin/python
 
+# pip install ARGS..., stopping the script with pip's status and a line that
+# names what failed (pip's own errors are above it).
+pip_install() {
+  local rc=0
+  "$py" -m pip install --quiet --disable-pip-version-check "$@" || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "tdist: FAILED: pip install $* (exit status $rc; package index: ${PIP_INDEX_URL:-PyPI})" >&2
+    exit "$rc"
+  fi
+}
+
 have() {
   "$py" - "$1" "$2" <<'PYEOF' 2>/dev/null
 import importlib.metadata as m, sys
@@ -37,12 +48,12 @@ install() {
   fi
   if ! have safetensors "$SAFETENSORS_VERSION"; then
     echo "tdist: installing safetensors $SAFETENSORS_VERSION into $venv" >&2
-    "$py" -m pip install --quiet --disable-pip-version-check "safetensors==$SAFETENSORS_VERSION"
+    pip_install "safetensors==$SAFETENSORS_VERSION"
   fi
   VENV=$venv bash "$root/scripts/torch2.sh" importable
   if ! have transformers "$TRANSFORMERS_VERSION"; then
     echo "tdist: installing transformers $TRANSFORMERS_VERSION into $venv" >&2
-    "$py" -m pip install --quiet --disable-pip-version-check "transformers==$TRANSFORMERS_VERSION"
+    pip_install "transformers==$TRANSFORMERS_VERSION"
   fi
 }
 
@@ -50,7 +61,7 @@ install_bench() {
   install
   if ! have matplotlib "$MATPLOTLIB_VERSION"; then
     echo "tdist: installing matplotlib $MATPLOTLIB_VERSION into $venv (make bench's charts)" >&2
-    "$py" -m pip install --quiet --disable-pip-version-check "matplotlib==$MATPLOTLIB_VERSION"
+    pip_install "matplotlib==$MATPLOTLIB_VERSION"
   fi
 }
 

@@ -69,12 +69,25 @@ print(os.path.dirname(spec.origin))
 EOF
 }
 
+die() {
+  log "$*"
+  exit 1
+}
+
 # torch is installed without its Python dependencies on purpose, so pip's
 # report of them as missing is noise here; everything else pip says stays.
+# A pip that fails stops the script (with pip's exit status), whatever it
+# printed: the statuses of the pipeline are read in the one command that
+# runs when it fails (grep's 1 only says that it passed no line on).
 pip_install() {
+  local st=(0 0)
   "$py" -m pip install -q --disable-pip-version-check "$@" 2>&1 >&2 |
-    grep -v -e "^ERROR: pip's dependency resolver" -e "^torch [0-9.+a-z]* requires " >&2 || true
-  return "${PIPESTATUS[0]}"
+    grep -v -e "^ERROR: pip's dependency resolver" -e "^torch [0-9.+a-z]* requires " >&2 || st=("${PIPESTATUS[@]}")
+  if [ "${st[0]}" -ne 0 ]; then
+    log "FAILED: pip install $* (exit status ${st[0]}; package index: ${PIP_INDEX_URL:-PyPI})"
+    exit "${st[0]}"
+  fi
+  [ "${st[1]}" -le 1 ] || die "FAILED: pip install $*: its output could not be read (grep exit status ${st[1]})"
 }
 
 install_cpp() {
@@ -101,7 +114,17 @@ install_cpp() {
     pin=$(requirement_pin nvidia-nccl-cu13)
     log "installing NCCL for the nccl backend: nvidia-nccl-cu13$pin"
     pip_install --no-deps "nvidia-nccl-cu13$pin"
+    # The build (make build-2) requires the nccl backend: without this
+    # library it would stop at configure, so say here what is missing.
+    ls "$prefix"/../nvidia/nccl/lib/libnccl.so.* >/dev/null 2>&1 ||
+      die "FAILED: nvidia-nccl-cu13$pin installed, but no libnccl.so.* in $(cd "$prefix/.." && pwd)/nvidia/nccl/lib"
   fi
+  # What tdist links must load: every library libtorch_cpu.so needs is found
+  # (a CUDA runtime left out above would otherwise show only at link time).
+  local lib=$prefix/lib/libtorch_cpu.so deps missing
+  deps=$(ldd "$lib" 2>&1) || die "FAILED: ldd $lib: $deps"
+  missing=$(grep "not found" <<< "$deps") || return 0
+  die "FAILED: LibTorch $TORCH2_VERSION in $venv cannot load; libtorch_cpu.so needs:"$'\n'"$missing"
 }
 
 # The wheel's own pin of a dependency (its Requires-Dist), e.g. "==0.8.1".
@@ -142,6 +165,9 @@ install_python() {
     log "installing torch==$TORCH2_VERSION's Python dependencies (the CUDA libraries, ~2 GB) into $venv"
     pip_install "torch==$TORCH2_VERSION" numpy
   fi
+  local why
+  why=$("$py" -c 'import numpy, torch, torch.distributed' 2>&1) ||
+    die "FAILED: import torch fails in $venv after installing all of torch==$TORCH2_VERSION's dependencies: $(tail -n 1 <<< "$why")"
 }
 
 case "${1:-}" in
