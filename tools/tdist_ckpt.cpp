@@ -4,7 +4,11 @@
 //   tdist-ckpt consolidate --ckpt-prefix P [--ckpt-suffix "_rank-*-of-*.pt"]
 //                          [--save-path F] [--format pt|safetensors|libtorch] [--optimizer]
 //   tdist-ckpt reshard     --ckpt-prefix P [--ckpt-suffix S] --world-size M [--out-prefix Q]
-//   tdist-ckpt inspect     --ckpt-prefix P [--ckpt-suffix S] [--json]
+//   tdist-ckpt inspect     (P | DIR | --ckpt-prefix P) [--ckpt-suffix S] [--json]
+//
+// inspect also takes a Checkpointer's directory (checkpointer.h): its root,
+// where the `latest` marker names the newest checkpoint, or a step folder;
+// it then inspects that folder's model files and says which.
 //
 // The options also take torch_xla's spellings (--ckpt_prefix, ...). The
 // tools stream a few MiB at a time, and tdist-ckpt does not load LibTorch
@@ -104,7 +108,8 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-void print_info(const tdist::ShardedCheckpointInfo& info, bool json) {
+void print_info(const tdist::ShardedCheckpointInfo& info, const tdist::checkpoint::InspectTarget& target,
+                bool json) {
   const auto rows = [](const std::vector<tdist::CheckpointTensorInfo>& ts) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& t : ts) {
@@ -114,13 +119,17 @@ void print_info(const tdist::ShardedCheckpointInfo& info, bool json) {
     return out;
   };
   if (json) {
-    std::printf("%s\n", nlohmann::json{{"world_size", info.world_size}, {"files", info.files}, {"units", info.units},
-                                       {"model", rows(info.model)}, {"optimizer", info.optimizer},
-                                       {"optimizer_state", rows(info.optimizer_state)},
-                                       {"other_records", info.other_records}}
-                            .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
-                            .c_str());
+    nlohmann::json out{{"ckpt_prefix", target.prefix},
+                       {"world_size", info.world_size}, {"files", info.files}, {"units", info.units},
+                       {"model", rows(info.model)}, {"optimizer", info.optimizer},
+                       {"optimizer_state", rows(info.optimizer_state)},
+                       {"other_records", info.other_records}};
+    if (!target.from.empty()) out["found_as"] = target.from;
+    std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return;
+  }
+  if (!target.from.empty()) {
+    std::printf("checkpoint %s (%s)\n", escaped(target.prefix).c_str(), escaped(target.from).c_str());
   }
   std::printf("world size %d, %zu files, %zu FSDP units\n", info.world_size, info.files.size(), info.units.size());
   for (const auto& u : info.units) std::printf("  unit %s\n", escaped(u, true).c_str());
@@ -151,8 +160,9 @@ int main(int argc, char** argv) {
   std::string prefix, suffix = "_rank-*-of-*.pt", save_path, format = "pt", out_prefix;
   bool optimizer = false, json = false;
   int world = 0;
-  const auto common = [&](CLI::App* sub) {
-    sub->add_option(both_spellings("ckpt-prefix"), prefix, "the files' path up to the suffix")->required();
+  const auto common = [&](CLI::App* sub, bool required = true) {
+    auto* o = sub->add_option(both_spellings("ckpt-prefix"), prefix, "the files' path up to the suffix");
+    if (required) o->required();
     sub->add_option(both_spellings("ckpt-suffix"), suffix,
                     "the per-rank part: first '*' the rank, second the world size")
         ->capture_default_str();
@@ -171,9 +181,23 @@ int main(int argc, char** argv) {
       ->check(tdist::cli::in_range(1, 65536));
   reshard->add_option(both_spellings("out-prefix"), out_prefix, "the new files' prefix (default: PREFIX_world-M)");
   CLI::App* inspect = app.add_subcommand("inspect", "print units, names, shapes, dtypes, bytes, world size");
-  common(inspect);
+  common(inspect, /*required=*/false);
+  std::string inspect_path;
+  inspect->add_option("path", inspect_path,
+                      "what --ckpt-prefix takes, or a Checkpointer's directory: its root (the checkpoint its "
+                      "'latest' marker names first) or one of its step folders")
+      ->type_name("PREFIX|DIR");
   inspect->add_flag("--json", json, "as JSON");
   tdist::cli::parse_or_exit(app, argc, argv);
+  if (inspect->parsed()) {
+    if (!inspect_path.empty() && !prefix.empty()) {
+      tdist::cli::usage_error("tdist-ckpt", "inspect takes a PATH or --ckpt-prefix, not both");
+    }
+    if (inspect_path.empty() && prefix.empty()) {
+      tdist::cli::usage_error("tdist-ckpt", "inspect needs what to read: --ckpt-prefix PREFIX, or PREFIX|DIR");
+    }
+    if (prefix.empty()) prefix = inspect_path;
+  }
   try {
     if (consolidate->parsed()) {
       tdist::ConsolidateOptions o;
@@ -193,7 +217,8 @@ int main(int argc, char** argv) {
       tdist::reshard_sharded_checkpoint(prefix, suffix, world, out_prefix);
       std::printf("wrote %d files %s\n", world, escaped(out_prefix + suffix).c_str());
     } else {
-      print_info(tdist::inspect_sharded_checkpoint(prefix, suffix), json);
+      const auto target = tdist::checkpoint::resolve_inspect_target(prefix, suffix);
+      print_info(tdist::inspect_sharded_checkpoint(target.prefix, suffix), target, json);
     }
   } catch (const tdist::UsageError& e) {  // the command line asked for something it cannot have
     tdist::cli::usage_error("tdist-ckpt", "error: " + escaped(e.what()));

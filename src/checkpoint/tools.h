@@ -44,4 +44,21 @@ std::vector<std::string> other_records(const ShardedCheckpointFiles& files);
 // The tdist tag's list `key` ("buffers", "modules") of rank 0's file.
 std::vector<std::string> tag_names(const ShardedCheckpointFiles& files, const char* key);
 
+// What `tdist-ckpt inspect PATH` reads. PATH is a checkpoint's prefix (its
+// files are PATH + suffix), or a directory a Checkpointer made
+// (checkpointer.h's layout): its root, whose `latest` marker names the
+// newest checkpoint first (then the prefix is ROOT/<that folder>/model), or
+// one of its step folders, which holds model + suffix files (then
+// PATH/model). `from` says which of the two it was, for the user; empty for
+// a prefix. A directory that is neither, unless files PATH + suffix exist
+// beside it, is a CheckpointError; so is a marker that is not a regular
+// file (a link, a FIFO: refused, never followed or waited on), is over 64
+// KiB (read no further), holds a line that names no step folder, or names a
+// folder that is not a directory in ROOT.
+struct InspectTarget {
+  std::string prefix;
+  std::string from;
+};
+InspectTarget resolve_inspect_target(const std::string& path, const std::string& suffix);
+
 }  // namespace tdist::checkpoint

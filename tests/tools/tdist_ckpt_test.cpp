@@ -7,8 +7,10 @@
 // join, their input (another spelling, a hard link, a name the input's
 // pattern matches, a prefix holding another world size), in the library as
 // in the tool, and leave the checkpoint loadable; inspect escapes the names
-// it prints and lists the records it does not show; every usage error of
-// tdist-ckpt, tdist-bench and tdist-store-server exits 2.
+// it prints and lists the records it does not show, and reads a
+// Checkpointer's directory (its root, through the latest marker, or a step
+// folder), refusing a bad marker by name; every usage error of tdist-ckpt,
+// tdist-bench and tdist-store-server exits 2.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <torch/torch.h>
@@ -16,8 +18,11 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sstream>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -326,6 +331,119 @@ TEST_F(CkptTool, InspectEscapesNamesAsJsonDoes) {
   EXPECT_EQ(json.output.find('\x1b'), std::string::npos) << json.output;
 }
 
+// A Checkpointer's directory after two real saves, at steps 1 and 2, of an
+// FSDP Net with Adam at world 2: dir/latest lists step 2's folder, then
+// step 1's.
+void make_checkpointer_dir(const std::string& dir) {
+  ASSERT_EQ(test::run_world(2, [&](ProcessGroup&) {
+    tdist::FullyShardedDataParallelOptions o;
+    torch::manual_seed(1);
+    FSDP<test::Net> model(test::Net(&o), o);
+    torch::optim::Adam opt(model->parameters(), 0.01);
+    tdist::CheckpointerOptions c;
+    c.dir = dir;
+    c.async = false;
+    tdist::Checkpointer ckpt(tdist::default_group(), *model, &opt, c);
+    for (int64_t step = 1; step <= 2; ++step) {
+      model(torch::randn({4, 6})).pow(2).sum().backward();
+      opt.step();
+      ckpt.save(step);
+    }
+  }), "");
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) out.push_back(line);
+  }
+  return out;
+}
+
+TEST(CkptInspectCheckpointer, ReadsTheNewestCheckpointThroughTheRootAndAStepFolder) {
+  test::TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  make_checkpointer_dir(dir);
+  const auto folders = lines_of(slurp(dir + "/latest"));
+  ASSERT_EQ(folders.size(), 2u);
+  ASSERT_EQ(folders[0].rfind("step-00000002-", 0), 0u) << folders[0];
+  ASSERT_EQ(folders[1].rfind("step-00000001-", 0), 0u) << folders[1];
+  const std::string newest = dir + "/" + folders[0] + "/model", older = dir + "/" + folders[1] + "/model";
+
+  // The root: the folder the marker names first, and it says so.
+  const Ran root = sh(kBin + "/tdist-ckpt inspect " + dir);
+  ASSERT_EQ(root.code, 0) << root.output;
+  EXPECT_NE(root.output.find("checkpoint " + newest + " (the newest of the 2 checkpoints that " + dir +
+                             "/latest lists)"),
+            std::string::npos)
+      << root.output;
+  EXPECT_NE(root.output.find("world size 2, 2 files"), std::string::npos) << root.output;
+  // The same through --ckpt-prefix (a trailing slash too), as JSON.
+  const Ran as_json = sh(kBin + "/tdist-ckpt inspect --json --ckpt-prefix " + dir + "/");
+  ASSERT_EQ(as_json.code, 0) << as_json.output;
+  const auto j = nlohmann::json::parse(as_json.output);
+  EXPECT_EQ(j["ckpt_prefix"], newest);
+  EXPECT_EQ(j["files"][0], newest + "_rank-0-of-2.pt");
+  EXPECT_EQ(j["world_size"], 2);
+  EXPECT_EQ(j["model"].size(), tdist::inspect_sharded_checkpoint(newest).model.size());
+  EXPECT_EQ(j["optimizer"], "Adam");
+
+  // A step folder: its own model files, whichever the marker names first.
+  const Ran step = sh(kBin + "/tdist-ckpt inspect " + dir + "/" + folders[1]);
+  ASSERT_EQ(step.code, 0) << step.output;
+  EXPECT_NE(step.output.find("checkpoint " + older + " (a Checkpointer's step folder)"), std::string::npos)
+      << step.output;
+  EXPECT_NE(step.output.find("world size 2, 2 files"), std::string::npos) << step.output;
+
+  // A prefix is read as before, and says nothing more.
+  const Ran plain = sh(kBin + "/tdist-ckpt inspect --ckpt-prefix " + older);
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  EXPECT_EQ(plain.output.find("checkpoint "), std::string::npos) << plain.output;
+}
+
+// The marker is read with a bound and never through a link or into a
+// FIFO; what it names must be there. Each case is an error naming the
+// marker (exit 1) within the command's deadline, and the good marker reads
+// again afterwards.
+TEST(CkptInspectCheckpointer, ABadLatestMarkerIsRefusedByName) {
+  test::TempDir tmp;
+  const std::string dir = tmp.path() + "/run", marker = dir + "/latest";
+  make_checkpointer_dir(dir);
+  const std::string good = slurp(marker);
+  const std::vector<std::tuple<std::string, std::function<void()>, std::string>> cases = {
+      {"a link to a good copy",
+       [&] {
+         std::ofstream(dir + "/copy") << good;
+         ASSERT_EQ(::symlink("copy", marker.c_str()), 0);
+       },
+       "a symbolic link, not followed here"},
+      {"a FIFO", [&] { ASSERT_EQ(::mkfifo(marker.c_str(), 0600), 0); }, "is a FIFO (named pipe), not a regular file"},
+      {"a directory", [&] { ASSERT_EQ(::mkdir(marker.c_str(), 0700), 0); }, "is a directory, not a regular file"},
+      {"huge", [&] { std::ofstream(marker) << good << std::string(1 << 20, '1'); }, "is over 65536 bytes"},
+      {"garbage", [&] { std::ofstream(marker) << "../../etc\n"; }, "holds a line that names no step folder"},
+      {"empty", [&] { std::ofstream(marker) << "\n\n"; }, "names no step folder"},
+      {"a folder that is gone", [&] { std::ofstream(marker) << "step-00000009-0123456789abcdef\n" << good; },
+       "names step-00000009-0123456789abcdef, but " + dir + "/step-00000009-0123456789abcdef is not there"},
+  };
+  for (const auto& [kind, make, says] : cases) {
+    std::filesystem::remove_all(marker);
+    make();
+    const Ran r = sh(kBin + "/tdist-ckpt inspect " + dir);
+    EXPECT_EQ(r.code, 1) << kind << ":\n" << r.output;
+    EXPECT_NE(r.output.find("latest marker"), std::string::npos) << kind << ":\n" << r.output;
+    EXPECT_NE(r.output.find(says), std::string::npos) << kind << ":\n" << r.output;
+  }
+  std::filesystem::remove_all(marker);
+  std::ofstream(marker) << good;
+  EXPECT_EQ(sh(kBin + "/tdist-ckpt inspect " + dir).code, 0);
+  // A directory that is neither a Checkpointer's nor a step folder.
+  const Ran empty = sh(kBin + "/tdist-ckpt inspect " + tmp.path());
+  EXPECT_EQ(empty.code, 1) << empty.output;
+  EXPECT_NE(empty.output.find("no checkpoint in " + tmp.path() + ": a directory with neither"), std::string::npos)
+      << empty.output;
+}
+
 TEST(CkptUsage, EveryUsageErrorExits2AndSaysWhat) {
   test::TempDir dir;
   const std::string p = dir.path() + "/none";
@@ -338,6 +456,7 @@ TEST(CkptUsage, EveryUsageErrorExits2AndSaysWhat) {
       {"/tdist-ckpt inspect --ckpt-prefix " + p + " --ckpt-suffix nostar", "checkpoint suffix 'nostar'"},
       {"/tdist-ckpt consolidate --ckpt-prefix " + p + " --format zip", "--format"},
       {"/tdist-ckpt inspect", "--ckpt-prefix"},
+      {"/tdist-ckpt inspect " + p + " --ckpt-prefix " + p, "a PATH or --ckpt-prefix, not both"},
       {"/tdist-bench frobnicate", "unknown subcommand 'frobnicate'"},
       {"/tdist-bench", "a subcommand is required"},
       {"/tdist-bench checkpoint --size-mib -1", "'-1' is not a number in [1, 1048576]"},
