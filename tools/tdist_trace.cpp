@@ -13,8 +13,9 @@
 //   tdist-trace merge DIR|FILE... -o OUT
 //   tdist-trace summary DIR|FILE... [--json]
 //
-// merge and summary read the timelines ranks write with TDIST_TRACE
-// (Chrome trace events; tools/trace/timeline_tools.h): merge puts them in
+// merge and summary read the timelines ranks write with TDIST_TRACE=PATH
+// or start_timeline(PATH), PATH.rank-<R>.json (Chrome trace events;
+// tools/trace/timeline_tools.h): merge puts them in
 // one file (every rank a process: load it in Perfetto), summary prints per
 // step the compute, the exposed communication and the overlap. A
 // directory stands for its *.rank-<R>.json files. Exit 0, or 2 on a bad
@@ -78,22 +79,34 @@ int run_summary(const std::vector<std::string>& inputs, bool json) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"tdist-trace: read the flight recorder's dumps", "tdist-trace"};
+  CLI::App app{"tdist-trace: read what a job's ranks recorded: the flight recorder's dumps (analyze) and the\n"
+               "timelines (merge, summary)",
+               "tdist-trace"};
   app.require_subcommand(1);
+  app.footer("The dumps: DIR/rank-<R>.json, one per rank, written on a timeout, a dead peer, a mismatch,\n"
+             "SIGUSR1 (tdist-run sends it on a stall) or tdist::trace::dump_flight_recorder(); DIR is\n"
+             "$TDIST_DUMP_DIR, else ./tdist-dumps/<job> (what tdist-run sets).\n"
+             "The timelines: PATH.rank-<R>.json, one per rank, written at exit (and on\n"
+             "tdist::trace::flush_timeline()) when the job ran with TDIST_TRACE=PATH or called\n"
+             "tdist::trace::start_timeline(PATH); summary also reads merge's output.\n");
   std::string dir;
   bool json = false;
   CLI::App* analyze = app.add_subcommand(
-      "analyze", "line the ranks' dumps (DIR/rank-<R>.json) up per group: who a hang waits for, mismatches, failures");
-  analyze->add_option("DIR", dir, "the dumps' directory ($TDIST_DUMP_DIR)")->required();
+      "analyze", "line the flight recorder's dumps (DIR/rank-<R>.json) up per group: who a hang waits for, "
+                 "mismatches, failures");
+  analyze->add_option("DIR", dir, "the dumps' directory ($TDIST_DUMP_DIR, by default ./tdist-dumps/<job>)")->required();
   analyze->add_flag("--json", json, "every finding, as JSON");
   std::vector<std::string> inputs;
   std::string out;
-  CLI::App* merge = app.add_subcommand("merge", "every rank's timeline (TDIST_TRACE) in one Chrome trace file");
-  merge->add_option("INPUT", inputs, "trace files, or directories of *.rank-<R>.json")->required();
+  CLI::App* merge = app.add_subcommand(
+      "merge", "every rank's timeline (PATH.rank-<R>.json, from TDIST_TRACE=PATH) in one Chrome trace file");
+  merge->add_option("INPUT", inputs, "timeline files, or directories of *.rank-<R>.json")->required();
   merge->add_option("-o,--output", out, "the merged trace")->required();
   bool summary_json = false;
-  CLI::App* summary = app.add_subcommand("summary", "per step: compute, exposed communication, overlap");
-  summary->add_option("INPUT", inputs, "trace files (per rank or merged), or directories of *.rank-<R>.json")
+  CLI::App* summary = app.add_subcommand(
+      "summary", "from the timelines (PATH.rank-<R>.json, from TDIST_TRACE=PATH), per step and rank: compute, "
+                 "exposed communication, overlap");
+  summary->add_option("INPUT", inputs, "timeline files (per rank or merged), or directories of *.rank-<R>.json")
       ->required();
   summary->add_flag("--json", summary_json, "every rank's steps, as JSON");
   tdist::cli::parse_or_exit(app, argc, argv);
