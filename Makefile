@@ -1,5 +1,7 @@
 # tdist: two commands do all the set-up on a fresh Debian 12 machine.
-#   make demo   install what is missing, build, run the main job
+#   make demo   install what is missing, build, run the main job;
+#               ARGS="..." is appended to its command line (fashion_mnist's
+#               flags: make demo ARGS=--quiet, ARGS=--all-ranks)
 #   make test   install what is missing, build and run the whole test suite
 #               twice: against LibTorch 1.13 (Debian, C++17) and against
 #               LibTorch 2.x (the torch wheel from PyPI, C++20)
@@ -66,9 +68,11 @@ test-gpu: build-2
 	cmake --build $(BUILD2) -j $(JOBS) --target cuda_test nccl_test
 	cd $(BUILD2) && ctest --output-on-failure --timeout 600 -R "Cuda|Nccl"
 
-# Fashion-MNIST on 2 ranks with DistributedDataParallel (about a minute here).
+# Fashion-MNIST on 2 ranks with DistributedDataParallel (about a minute
+# here); ARGS: more of fashion_mnist's flags (--quiet, --all-ranks, ...).
+ARGS ?=
 demo: build
-	$(BUILD)/bin/tdist-run --nproc-per-node 2 $(BUILD)/bin/fashion_mnist --epochs 4 --json $(BUILD)/demo.json
+	$(BUILD)/bin/tdist-run --nproc-per-node 2 $(BUILD)/bin/fashion_mnist --epochs 4 --json $(BUILD)/demo.json $(ARGS)
 
 # GPT-2 (Hugging Face's layout) on Debian's fortunes, 2 ranks, FSDP
 # FULL_SHARD with a unit per block (a few minutes here; docs/gpt.md).
