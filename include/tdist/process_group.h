@@ -61,6 +61,11 @@ class Work : public std::enable_shared_from_this<Work> {
   // completed successfully.
   std::vector<at::Tensor> result() const;
   // The op's sequence number in its group, and its name ("all_reduce").
+  // Collectives are numbered 1, 2, 3, ... in the order they were called,
+  // send/recv apart; the same number names the op in its errors
+  // ("all_reduce #13 timed out"), the flight recorder's dumps
+  // (collective_seq_id / p2p_seq_id), tdist-trace and tdist-run's stall
+  // report.
   uint64_t seq() const;
   const std::string& op_name() const;
 
@@ -178,6 +183,10 @@ class ProcessGroup {
   // World ranks of the members, in group-rank order.
   const std::vector<int>& ranks() const;
   const std::string& backend_name() const;  // the resolved backend, e.g. "shm"
+  // The backend of ops on tensors of `device`: backend_name() but for CUDA
+  // tensors in a group of backend "auto" where tdist has its nccl plugin,
+  // "nccl" (InitOptions::backend).
+  std::string backend_name(c10::DeviceType device) const;
   const std::string& group_name() const;
   Milliseconds timeout() const;
 
@@ -283,8 +292,14 @@ int64_t symmetric_memory_bytes();
 
 // ---------------------------------------------------------------------------
 struct InitOptions {
-  // "auto" (shm when every rank is on this host, gloo otherwise), "shm",
-  // "gloo", or any backend registered at run time.
+  // "auto": shm when every rank is on this host, gloo otherwise, and CUDA
+  // tensors on nccl where this tdist has its nccl plugin (PyTorch's
+  // default "cpu:gloo,cuda:nccl"; the nccl communicator is made at the
+  // group's first op on CUDA tensors); "shm", "gloo", "mpi", "nccl" (every
+  // tensor on that one backend; shm, gloo and mpi move CUDA tensors
+  // through host memory), or any backend registered at run time.
+  // backend_name() names the backend of CPU tensors, backend_name(kCUDA)
+  // that of CUDA tensors.
   std::string backend = "auto";
   // env:// (default), tcp://host:port?rank=R&world_size=N, file:///path?...
   std::string init_method;

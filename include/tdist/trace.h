@@ -35,9 +35,10 @@ std::string flush_timeline();
 void set_timeline_enabled(bool on);
 
 // Pauses (false) or resumes (true) recording: ops queued while paused
-// leave no record and take no sequence number (the ring keeps what it
-// has), so pause every rank at the same point or the ranks' numbers no
-// longer line up in tdist-trace analyze. For measuring what the recorder
+// leave no record (the ring keeps what it has; they still take their
+// number, Work::seq, so the numbers go on as the errors give them); pause
+// every rank at the same point, or tdist-trace analyze sees ops on some
+// ranks that others did not record. For measuring what the recorder
 // costs (tdist-bench ddp/fsdp's *_nofr variants); it is cheap enough to
 // leave on.
 void set_flight_recorder_enabled(bool on);

@@ -24,7 +24,7 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/model_entries.h"
 #include "checkpoint/pretrained_sources.h"
-#include "tdist/checkpoint.h"
+#include "tdist/safetensors.h"
 #include "tdist/fsdp.h"
 #include "tdist/process_group.h"
 #include "util/printable.h"

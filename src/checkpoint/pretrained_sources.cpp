@@ -9,7 +9,7 @@
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/pt_file.h"
-#include "tdist/checkpoint.h"
+#include "tdist/safetensors.h"
 #include "tdist/errors.h"
 #include "util/open_file.h"
 #include "util/printable.h"

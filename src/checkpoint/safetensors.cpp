@@ -1,6 +1,6 @@
 // safetensors files of LibTorch tensors: SafetensorsWriter::write,
 // SafetensorsReader and the whole-file helpers (the rest of the writer,
-// which needs c10 only, is in safetensors_writer.cpp). The contract is in include/tdist/checkpoint.h;
+// which needs c10 only, is in safetensors_writer.cpp). The contract is in include/tdist/safetensors.h;
 // the header's format and checks are in safetensors_header.h.
 #include <ATen/ATen.h>
 
@@ -15,7 +15,7 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/safetensors_header.h"
 #include "checkpoint/safetensors_names.h"
-#include "tdist/checkpoint.h"
+#include "tdist/safetensors.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian, as this host must be");
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "tdist/checkpoint.h"
+#include "tdist/safetensors.h"
 
 namespace tdist::safetensors {
 

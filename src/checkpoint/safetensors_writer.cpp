@@ -1,4 +1,4 @@
-// SafetensorsWriter (include/tdist/checkpoint.h): needs c10 only, so the
+// SafetensorsWriter (include/tdist/safetensors.h): needs c10 only, so the
 // checkpoint tools stream safetensors files without LibTorch;
 // write(at::Tensor) is in safetensors.cpp.
 #include <c10/core/ScalarType.h>
@@ -6,7 +6,7 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/safetensors_header.h"
 #include "checkpoint/safetensors_names.h"
-#include "tdist/checkpoint.h"
+#include "tdist/safetensors.h"
 
 namespace tdist {
 

@@ -90,7 +90,8 @@ struct OpDesc {
   uint8_t pad = 0;
   int32_t root = -1;
   uint64_t count = 0;  // elements (or bytes for untyped ops)
-  uint64_t seq = 0;    // the op's sequence number in the group
+  uint64_t seq = 0;    // the backend's own count of its ops in the group (its protocol's, from 0; errors name
+                       // the group's number, op_label.h)
   bool operator==(const OpDesc& o) const {
     return kind == o.kind && dtype == o.dtype && reduce_op == o.reduce_op && root == o.root && count == o.count &&
            seq == o.seq;
@@ -115,6 +116,10 @@ enum class OpKind : uint8_t {
 
 const char* op_kind_name(OpKind k);
 // "all_reduce(float32 x 1024, SUM)" and the like, for error messages.
+std::string describe_op(const OpDesc& d);
+// The same with the op's number as its group gave it ("... #13";
+// op_label.h), or, with no group op running on this thread, the
+// backend's own count from 1.
 std::string describe(const OpDesc& d);
 
 // What a backend is built from.
@@ -186,7 +191,7 @@ class Backend {
   // element r * in[k].count. Every rank passes the same counts, in the
   // same order: a different total is a CollectiveMismatchError, a
   // different split of the same total is not caught here (the process
-  // group's TDIST_DEBUG=detail fingerprint lists every piece's count).
+  // group's TDIST_DEBUG=detail collective check's signature lists every piece's count).
   // in[k] may alias rank()'s slot of out[k], and overlap no other output. The default packs the inputs into one buffer, makes one
   // all_gather and copies each rank's part out (a network backend pays its
   // per-call latency once); shm takes large pieces one by one on their

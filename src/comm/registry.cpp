@@ -2,6 +2,7 @@
 #include <mutex>
 
 #include "comm/backend.h"
+#include "comm/op_label.h"
 
 namespace tdist::comm {
 
@@ -80,7 +81,7 @@ const char* op_kind_name(OpKind k) {
   return "unknown_op";
 }
 
-std::string describe(const OpDesc& d) {
+std::string describe_op(const OpDesc& d) {
   const auto kind = static_cast<OpKind>(d.kind);
   std::string s = op_kind_name(kind);
   s += "(";
@@ -95,8 +96,10 @@ std::string describe(const OpDesc& d) {
     default: s += std::to_string(d.count) + " bytes"; break;
   }
   if (d.root >= 0) s += ", root " + std::to_string(d.root);
-  s += ") #" + std::to_string(d.seq);
+  s += ")";
   return s;
 }
+
+std::string describe(const OpDesc& d) { return describe_op(d) + " #" + std::to_string(op_label_or(d.seq + 1)); }
 
 }  // namespace tdist::comm

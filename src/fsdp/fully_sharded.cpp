@@ -15,7 +15,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "autograd/checkpoint_phase.h"
+#include "autograd/recompute_phase.h"
 #include "ddp/model_check.h"
 #include "fsdp/auto_wrap.h"
 #include "fsdp/coordinator.h"
@@ -334,8 +334,8 @@ void FullyShardedCore::begin_forward() {
   FsdpState& s = *state_;
   if (s.summoned) throw UsageError(s.unit->label() + ": forward inside summon_full_params");
   s.unit->check_params_in_place();
-  const CheckpointPhase phase = checkpoint_phase();
-  if (phase == CheckpointPhase::kRecompute) {
+  const RecomputePhase phase = recompute_phase();
+  if (phase == RecomputePhase::kRecompute) {
     // A checkpointed module around this unit runs its forward again in
     // backward: the unit gathers as for its backward (its gradients come
     // when the checkpoint's backward returns them).
@@ -362,7 +362,7 @@ void FullyShardedCore::begin_forward() {
   try {
     s.current = active->weak_from_this();
     // In a checkpointed forward gradients are off, but they will come.
-    if (at::GradMode::is_enabled() || phase == CheckpointPhase::kForward) active->record_forward(s);
+    if (at::GradMode::is_enabled() || phase == RecomputePhase::kForward) active->record_forward(s);
     s.unit->finish_unshard();
     active->prefetch_forward(s);
   } catch (...) {

@@ -15,6 +15,7 @@
 #include <deque>
 #include <thread>
 
+#include "comm/op_label.h"
 #include "cuda/cuda_check.h"
 #include "nccl/nccl_types.h"
 #include "process_group/device_runtime.h"
@@ -325,10 +326,14 @@ class NcclBackend final : public comm::Backend {
     uint64_t seq;
   };
 
-  // The calling thread's current device; where it is still device 0 and
-  // LOCAL_RANK is set (tdist-run, torchrun), LOCAL_RANK modulo the devices:
-  // one GPU per local rank unless the program chose (c10::cuda::set_device).
+  // The device of the op that makes the backend, when one does (a group of
+  // backend "auto" makes its nccl backend at its first CUDA op, inside that
+  // op's OpDeviceScope). Else the calling thread's current device; where
+  // it is still device 0 and LOCAL_RANK is set (tdist-run, torchrun),
+  // LOCAL_RANK modulo the devices: one GPU per local rank unless the
+  // program chose (c10::cuda::set_device).
   static int pick_device(int count) {
+    if (const int op = detail::current_op_device(); op >= 0) return op;
     const int current = c10::cuda::current_device();
     const char* local = std::getenv("LOCAL_RANK");
     if (current != 0 || local == nullptr || *local == '\0') return current;
@@ -476,10 +481,11 @@ class NcclBackend final : public comm::Backend {
     std::lock_guard<std::recursive_mutex> in_nccl(nccl_mu_);
     errors_->rethrow_if_failed();
     ++seq_;
+    label_ = comm::op_label_or(seq_);  // the group's number for the op (op_label.h)
     const ncclResult_t r = call(s);
     if (r != ncclSuccess && r != ncclInProgress) {
       auto e = std::make_exception_ptr(
-          NetworkError("nccl: " + what + " #" + std::to_string(seq_) + " failed on " + where() + ": " + describe(r)));
+          NetworkError("nccl: " + what + " #" + std::to_string(label_) + " failed on " + where() + ": " + describe(r)));
       fail(e);
       std::rethrow_exception(e);
     }
@@ -519,7 +525,7 @@ class NcclBackend final : public comm::Backend {
       errors_->rethrow_if_failed();
       if (Clock::now() > d) {
         auto err = std::make_exception_ptr(TimeoutError(
-            "nccl: " + what + " #" + std::to_string(seq_) + " on " + where() +
+            "nccl: " + what + " #" + std::to_string(label_) + " on " + where() +
             " did not complete before its deadline; the communicator was aborted"));
         fail(err);
         std::rethrow_exception(err);
@@ -535,7 +541,7 @@ class NcclBackend final : public comm::Backend {
     cuda::check(cudaEventRecord(ev, s), "recording nccl's completion event");
     {
       std::lock_guard<std::mutex> lock(mu_);
-      pending_.push_back({ev, d, what, seq_});
+      pending_.push_back({ev, d, what, label_});
     }
     cv_.notify_one();
   }
@@ -602,6 +608,7 @@ class NcclBackend final : public comm::Backend {
   void* in_scratch_ = nullptr;
   size_t in_cap_ = 0;
   uint64_t seq_ = 0;
+  uint64_t label_ = 0;  // the running op's number as its group gave it (op_label.h), for messages
   std::shared_ptr<comm::AsyncErrors> errors_;
 
   std::recursive_mutex nccl_mu_;  // held across an NCCL call and its settling; abort takes it

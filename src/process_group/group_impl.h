@@ -1,6 +1,6 @@
 // ProcessGroup::Impl: what a group is made of. The group's identity (its
 // ranks, name, backend, timeout, private store), its comm::Backend, the
-// TaskQueue its ops run on, and, with TDIST_DEBUG=detail, the fingerprint
+// TaskQueue its ops run on, and, with TDIST_DEBUG=detail, the collective
 // check. process_group.cpp maps tensor ops onto it; init.cpp builds it.
 //
 // Threading: the identity is immutable after construction; enqueue may be
@@ -10,6 +10,7 @@
 // backend goes: queued ops use the backend.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,7 +20,7 @@
 
 #include "comm/backend.h"
 #include "process_group/device_runtime.h"
-#include "process_group/fingerprint.h"
+#include "process_group/collective_check.h"
 #include "process_group/op_counts.h"
 #include "process_group/task_queue.h"
 #include "process_group/tensor_util.h"
@@ -39,14 +40,27 @@ struct ProcessGroup::Impl {
   Milliseconds timeout = kDefaultCollectiveTimeout;
   std::string master_addr;  // handed to network backends
   int next_subgroup = 0;
-  std::optional<detail::FingerprintCheck> fingerprints;  // TDIST_DEBUG=detail
+  std::optional<detail::CollectiveCheck> collective_check;  // TDIST_DEBUG=detail
   detail::OpCounts counts;  // enqueue may run on any thread: atomics, no lock
+  // The one numbering of the group's ops (op_label.h): collectives and
+  // send/recv apart, from 1, taken at enqueue by every op whether the
+  // flight recorder is on or not.
+  std::atomic<uint64_t> collective_seq{0}, p2p_seq{0};
   detail::FrGroup* recorder = nullptr;  // the flight recorder's record of the group; null: off
   // CUDA ops (device_runtime.h), made at the group's first one: the group's
   // stream on its device and, when the backend moves host memory only, the
   // staging backend over it (destroyed before `backend`).
   std::mutex device_mu;
   std::unique_ptr<detail::DeviceQueue> device_queue;
+  // Backend "auto" where tdist has its nccl plugin: CUDA tensors go to a
+  // backend of their own, `cuda_backend_name` ("nccl"), made with
+  // `cuda_backend_ctx` at the group's first CUDA op (every rank calls its
+  // ops in the same order, so every rank makes it at the same op), as
+  // PyTorch's default "cpu:gloo,cuda:nccl". Empty: CUDA tensors go to
+  // `backend`, itself or staged through host memory.
+  std::string cuda_backend_name;
+  comm::BackendContext cuda_backend_ctx;
+  std::unique_ptr<comm::Backend> cuda_backend;  // under device_mu
   std::unique_ptr<comm::Backend> staged;
   std::unique_ptr<detail::TaskQueue> queue;  // last: started once the rest is set
 
@@ -57,7 +71,7 @@ struct ProcessGroup::Impl {
 
   // Queues an op and counts it (collective_counts) with the bytes of this
   // rank's input and output. With TDIST_DEBUG=detail, describe() (a
-  // callable returning the op's fingerprint, e.g. "all_reduce float[4]
+  // callable returning the op's signature, e.g. "all_reduce float[4]
   // SUM") is called and checked across ranks just before the op runs;
   // otherwise it is never called, so an op costs no string.
   // With the op's dtype (a comm::DataType; -1: none, a barrier) and, for
@@ -79,25 +93,29 @@ struct ProcessGroup::Impl {
                                 bool async_op, Body&& body, Describe&& describe,
                                 const std::optional<c10::Device>& device = std::nullopt) {
     const char* name = detail::group_op_name(op);
-    std::string fp;  // empty: unchecked (debug off, or an op with no fingerprint: send, recv)
-    if (fingerprints) fp = describe();
+    std::string sig;  // empty: unchecked (debug off, or an op with no signature: send, recv)
+    if (collective_check) sig = describe();
     const Milliseconds to = t.value_or(timeout);
     if (to.count() <= 0) throw UsageError(std::string(name) + ": the timeout must be positive");
     if (!async_op) queue->refuse_own_thread(name);
-    const detail::FrHandle rec = record(op, traffic, to);
+    const bool p2p = op == detail::GroupOp::kSend || op == detail::GroupOp::kRecv;
+    const uint64_t label = (p2p ? p2p_seq : collective_seq).fetch_add(1, std::memory_order_relaxed) + 1;
+    const detail::FrHandle rec = record(op, traffic, to, label);
     try {
-      return enqueue_recorded(op, name, traffic, to, async_op, std::forward<Body>(body), std::move(fp), device, rec);
+      return enqueue_recorded(op, {name, label}, traffic, to, async_op, std::forward<Body>(body), std::move(sig),
+                              device, rec);
     } catch (const std::exception& e) {
       rec.failed(e);  // no-op when the op's task already failed with it
       throw;
     }
   }
 
-  detail::FrHandle record(detail::GroupOp op, const Traffic& traffic, Milliseconds to) {
+  detail::FrHandle record(detail::GroupOp op, const Traffic& traffic, Milliseconds to, uint64_t label) {
     if (!recorder) return {};
     detail::FrOp o;
     o.name = detail::group_op_name(op);
     o.p2p = op == detail::GroupOp::kSend || op == detail::GroupOp::kRecv;
+    o.seq = label;
     o.dtype = traffic.dtype;
     if (traffic.dtype >= 0) {
       const auto elem = static_cast<int64_t>(comm::dtype_size(static_cast<comm::DataType>(traffic.dtype)));
@@ -109,30 +127,36 @@ struct ProcessGroup::Impl {
     return detail::FlightRecorder::get().record(recorder, o);
   }
 
+  // An op's name and its number (op_label.h).
+  struct Named {
+    const char* name;
+    uint64_t label;
+  };
   template <typename Body>
-  std::shared_ptr<Work> enqueue_recorded(detail::GroupOp op, const char* name, const Traffic& traffic, Milliseconds to,
-                                         bool async_op, Body&& body, std::string fp,
+  std::shared_ptr<Work> enqueue_recorded(detail::GroupOp op, Named named, const Traffic& traffic, Milliseconds to,
+                                         bool async_op, Body&& body, std::string sig,
                                          const std::optional<c10::Device>& device, const detail::FrHandle& rec) {
+    const char* name = named.name;
     if (!async_op && !device) {
       std::vector<at::Tensor> result;
-      const auto seq = queue->run_now(name, to, [&](comm::Deadline d) {
+      const bool ran = queue->run_now(name, to, [&](comm::Deadline d) {
         counts.add(op, traffic.input_bytes, traffic.output_bytes);
         rec.started();
-        if (!fp.empty()) fingerprints->check(fp, d);
+        if (!sig.empty()) collective_check->check(sig, d);
         result = body(d);  // a failure is recorded by enqueue's catch, once the queue is free again
         rec.completed();
-      });
-      if (seq) {
+      }, named.label);
+      if (ran) {
         auto work = std::make_shared<Work>();
-        work->set_info(*seq, name);
+        work->set_info(named.label, name);
         work->mark_completed(std::move(result));
         return work;
       }
     }
     detail::TaskBody task = std::forward<Body>(body);
-    if (!fp.empty()) {
-      task = [this, fp = std::move(fp), inner = std::move(task)](comm::Deadline d) {
-        fingerprints->check(fp, d);
+    if (!sig.empty()) {
+      task = [this, sig = std::move(sig), inner = std::move(task)](comm::Deadline d) {
+        collective_check->check(sig, d);
         return inner(d);
       };
     }
@@ -158,7 +182,8 @@ struct ProcessGroup::Impl {
       ready = detail::cuda_runtime(name).record_current(*device);
       // A backend on host memory has the data in place when the body ends;
       // one that queues GPU work leaves the wait to the consumer's stream.
-      const bool host_wait = !backend->supports_cuda();
+      comm::Backend& owner = device_backend(*device, name);
+      const bool host_wait = !owner.supports_cuda();
       task = [dq, ready, end, host_wait, index = device->index(), inner = std::move(task)](comm::Deadline d) {
         detail::OpDeviceScope on_device(index);
         auto scope = dq->enter(*ready);
@@ -167,9 +192,9 @@ struct ProcessGroup::Impl {
         return result;
       };
     }
-    auto work = queue->enqueue(name, to, std::move(task));
+    auto work = queue->enqueue(name, to, std::move(task), named.label);
     if (device) {
-      work->set_device_wait([end, errors = backend->async_errors()] {
+      work->set_device_wait([end, errors = device_backend(*device, name).async_errors()] {
         if (*end) (*end)->block_current();
         if (errors) errors->rethrow_if_failed();
       });
@@ -202,13 +227,36 @@ struct ProcessGroup::Impl {
     for (const auto& t : ts) note_device(op, t, dev);
   }
 
-  // The backend an op on `device` calls: the group's own, or for CUDA
-  // tensors on a backend of host memory, the staging one.
+  // The backend an op on `device` calls: the group's own; for CUDA tensors
+  // the one device_backend names, or, where that moves host memory only,
+  // the staging one over it.
   comm::Backend* backend_for(const std::optional<c10::Device>& device, const char* op) {
-    if (!device || backend->supports_cuda()) return backend.get();
+    if (!device) return backend.get();
+    comm::Backend& owner = device_backend(*device, op);
+    if (owner.supports_cuda()) return &owner;
     std::lock_guard<std::mutex> lock(device_mu);
-    if (!staged) staged = detail::cuda_runtime(op).stage(*backend);
+    if (!staged) staged = detail::cuda_runtime(op).stage(owner);
     return staged.get();
+  }
+
+  // The backend that owns the group's CUDA ops: `backend`, or with "auto"
+  // the cuda_backend, made here at the first CUDA op on that op's device.
+  comm::Backend& device_backend(c10::Device device, const char* op) {
+    if (cuda_backend_name.empty()) return *backend;
+    std::lock_guard<std::mutex> lock(device_mu);
+    if (!cuda_backend) {
+      detail::OpDeviceScope on_device(device.index());
+      try {
+        cuda_backend = comm::create_backend(cuda_backend_name, cuda_backend_ctx);
+      } catch (const TimeoutError&) {
+        throw;  // names the ranks that never came
+      } catch (const std::exception& e) {
+        throw Error(std::string(op) + " on " + device.str() + " in group '" + group_name + "' (backend \"auto\": " +
+                    cuda_backend_name + " for CUDA tensors): " + e.what() +
+                    "\nTo move CUDA tensors through host memory instead, ask for backend \"shm\" or \"gloo\".");
+      }
+    }
+    return *cuda_backend;
   }
 
   detail::DeviceQueue* device_queue_for(c10::Device device, const char* op) {
@@ -227,7 +275,9 @@ struct ProcessGroup::Impl {
   }
   // CUDA tensors: on the backend itself, or staged through host memory
   // when tdist was built with its CUDA plugin.
-  bool allows_cuda() const { return backend->supports_cuda() || detail::cuda_support_built(); }
+  bool allows_cuda() const {
+    return backend->supports_cuda() || !cuda_backend_name.empty() || detail::cuda_support_built();
+  }
 
   // Point-to-point and root arguments are group ranks.
   void check_rank(int r, const char* op, const char* what) const {

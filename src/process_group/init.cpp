@@ -37,7 +37,8 @@ std::shared_ptr<ProcessGroup> make_group(std::shared_ptr<Store> store, int rank,
                                          std::string backend, std::string name, Milliseconds timeout,
                                          const std::string& master_addr, const char* desc = "") {
   const int size = static_cast<int>(ranks.size());
-  if (backend == "auto") {
+  const bool automatic = backend == "auto";
+  if (automatic) {
     store->set("host/" + std::to_string(rank), host_identity());
     std::vector<std::string> keys;
     for (int r = 0; r < size; ++r) keys.push_back("host/" + std::to_string(r));
@@ -66,10 +67,15 @@ std::shared_ptr<ProcessGroup> make_group(std::shared_ptr<Store> store, int rank,
   impl->group_name = std::move(name);
   impl->timeout = timeout;
   impl->master_addr = master_addr;
+  if (automatic && comm::has_backend("nccl")) {  // CUDA tensors to nccl (group_impl.h)
+    impl->cuda_backend_name = "nccl";
+    impl->cuda_backend_ctx = ctx;
+    impl->cuda_backend_ctx.store = std::make_shared<PrefixStore>("backend-cuda", impl->store);
+  }
   impl->recorder = detail::FlightRecorder::get().add_group(impl->group_name, desc, backend, impl->ranks);
   const char* debug = std::getenv("TDIST_DEBUG");
   if (debug && std::string(debug) == "detail") {
-    impl->fingerprints.emplace(impl->store, impl->rank, impl->ranks, impl->group_name);
+    impl->collective_check.emplace(impl->store, impl->rank, impl->ranks, impl->group_name);
   }
   return std::make_shared<ProcessGroup>(std::move(impl));
 }

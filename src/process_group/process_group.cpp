@@ -55,6 +55,10 @@ int ProcessGroup::rank() const { return impl_->rank; }
 int ProcessGroup::size() const { return impl_->size; }
 const std::vector<int>& ProcessGroup::ranks() const { return impl_->ranks; }
 const std::string& ProcessGroup::backend_name() const { return impl_->backend_name; }
+std::string ProcessGroup::backend_name(c10::DeviceType device) const {
+  if (device == c10::DeviceType::CUDA && !impl_->cuda_backend_name.empty()) return impl_->cuda_backend_name;
+  return impl_->backend_name;
+}
 const std::string& ProcessGroup::group_name() const { return impl_->group_name; }
 Milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
 
@@ -322,7 +326,7 @@ void check_no_overlap(const std::vector<at::Tensor>& outputs, const std::vector<
   }
 }
 
-// "[n0,n1,...]": a coalesced op's piece sizes, for its fingerprint.
+// "[n0,n1,...]": a coalesced op's piece sizes, for its signature.
 std::string counts_of(const std::vector<at::Tensor>& ts) {
   std::string s = "[";
   for (size_t k = 0; k < ts.size(); ++k) s += (k ? "," : "") + std::to_string(ts[k].numel());

@@ -78,7 +78,7 @@ void TaskQueue::stop() {
   if (watcher_.joinable()) watcher_.join();
 }
 
-std::shared_ptr<Work> TaskQueue::enqueue(const char* name, Milliseconds timeout, TaskBody body) {
+std::shared_ptr<Work> TaskQueue::enqueue(const char* name, Milliseconds timeout, TaskBody body, uint64_t label) {
   auto work = std::make_shared<Work>();
   work->set_runner([g = gate_](const Work& w) { return run_inline(g, &w); });
   bool wake_worker = false, wake_watcher = false;
@@ -86,8 +86,8 @@ std::shared_ptr<Work> TaskQueue::enqueue(const char* name, Milliseconds timeout,
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) throw UsageError(std::string(name) + ": the process group '" + group_name_ + "' is shut down");
     const uint64_t seq = next_seq_++;
-    work->set_info(seq, name);  // under the lock: chains enqueue from the worker too
-    Task task{work, timeout, std::move(body), seq};
+    work->set_info(label, name);
+    Task task{work, timeout, std::move(body), seq, label};
     if (current_queue == this) {
       task.for_worker = true;
       queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(continuations_++), std::move(task));
@@ -120,13 +120,13 @@ void TaskQueue::refuse_own_thread(const char* name) const {
   }
 }
 
-std::optional<uint64_t> TaskQueue::claim_idle(const char* name) {
+bool TaskQueue::claim_idle(const char* name) {
   refuse_own_thread(name);
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) throw UsageError(std::string(name) + ": the process group '" + group_name_ + "' is shut down");
-  if (running_ || !queue_.empty()) return std::nullopt;
+  if (running_ || !queue_.empty()) return false;
   running_ = true;
-  return next_seq_++;
+  return true;
 }
 
 void TaskQueue::release_idle() {
@@ -183,6 +183,7 @@ bool TaskQueue::run_inline(const std::shared_ptr<Gate>& gate, const Work* w) {
 }
 
 void TaskQueue::execute(Task& task) {
+  comm::OpLabelScope labelled(task.label);
   try {
     auto result = task.body(comm::Clock::now() + task.timeout);
     task.work->mark_completed(std::move(result));

@@ -53,12 +53,12 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/op_label.h"
 #include "tdist/process_group.h"
 
 namespace tdist::detail {
@@ -75,26 +75,27 @@ class TaskQueue {
   TaskQueue& operator=(const TaskQueue&) = delete;
 
   // Queues body as the op `name` with `timeout` (positive); the Work
-  // completes with body's result or fails with its exception. Ops are
-  // numbered in enqueue order (Work's sequence number).
-  std::shared_ptr<Work> enqueue(const char* name, Milliseconds timeout, TaskBody body);
+  // completes with body's result or fails with its exception. `label`: the
+  // op's number as its group gave it (op_label.h; 0: none), the Work's
+  // seq() and, while body runs, the thread's current_op_label().
+  std::shared_ptr<Work> enqueue(const char* name, Milliseconds timeout, TaskBody body, uint64_t label = 0);
 
   // The synchronous path (async_op=false): when nothing is queued or
   // running, runs fn(deadline) on this thread at once as the next op (no
-  // Work, no queue entry) and returns its sequence number; fn's exception
-  // propagates. nullopt when the queue is busy: the caller queues the op
-  // and waits for it. UsageError on this queue's own thread (a callback
-  // that waited would wait for itself) and once stopped.
+  // Work, no queue entry; `label` as for enqueue) and returns true; fn's
+  // exception propagates. False when the queue is busy: the caller queues
+  // the op and waits for it. UsageError on this queue's own thread (a
+  // callback that waited would wait for itself) and once stopped.
   template <typename Fn>
-  std::optional<uint64_t> run_now(const char* name, Milliseconds timeout, Fn&& fn) {
-    const std::optional<uint64_t> seq = claim_idle(name);
-    if (!seq) return seq;
+  bool run_now(const char* name, Milliseconds timeout, Fn&& fn, uint64_t label = 0) {
+    if (!claim_idle(name)) return false;
     struct Release {
       TaskQueue* queue;
       ~Release() { queue->release_idle(); }
     } release{this};
+    comm::OpLabelScope labelled(label);
     fn(comm::Clock::now() + timeout);
-    return seq;
+    return true;
   }
 
   // UsageError when called on this queue's own thread (its worker, or a
@@ -110,7 +111,8 @@ class TaskQueue {
     std::shared_ptr<Work> work;
     Milliseconds timeout;
     TaskBody body;
-    uint64_t seq = 0;  // its Work's sequence number
+    uint64_t seq = 0;  // the queue's own count, from 0 (hand-overs are matched by it)
+    uint64_t label = 0;  // the group's number for the op (op_label.h)
     // When the worker first found it fresh at the front (its grace runs
     // from there; zero: not yet). The caller reads no clock to queue it.
     std::chrono::steady_clock::time_point seen_at{};
@@ -124,9 +126,9 @@ class TaskQueue {
     TaskQueue* queue = nullptr;
   };
 
-  // run_now's two halves: marks the idle queue running and numbers the op
-  // (nullopt: not idle); then marks it idle again.
-  std::optional<uint64_t> claim_idle(const char* name);
+  // run_now's two halves: marks the idle queue running (false: not idle);
+  // then marks it idle again.
+  bool claim_idle(const char* name);
   void release_idle();
   static bool run_inline(const std::shared_ptr<Gate>& gate, const Work* w);
   static void execute(Task& task);

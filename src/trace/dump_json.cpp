@@ -186,6 +186,16 @@ void put_entry(std::string& out, const FrRecord& r) {
   } else {
     put_string(out, r.site);
   }
+  // PyTorch's "frames" are the Python stack of the call; tdist keeps no
+  // stack, only the calling site's name (FrSiteScope): one frame with
+  // that name and no file, or none.
+  out += ",\"frames\":[";
+  if (!r.site.empty()) {
+    out += "{\"name\":";
+    put_string(out, r.site);
+    out += ",\"filename\":\"\",\"line\":0}";
+  }
+  out += ']';
   out += ",\"error\":";
   if (r.state == FrState::kFailed) {
     put_string(out, r.error);

@@ -147,7 +147,8 @@ FrHandle FlightRecorder::record(FrGroup* group, const FrOp& op) {
   FrHandle h;
   if (!enabled() || !recording_.load(std::memory_order_relaxed)) return h;
   const bool p2p = op.p2p;
-  const uint64_t seq = (p2p ? group->enqueued_p2p : group->enqueued_collective).fetch_add(1) + 1;
+  const uint64_t seq = op.seq;
+  raise_to(p2p ? group->enqueued_p2p : group->enqueued_collective, seq);
   const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
   Slot& s = slots_[id % capacity_];
   const int64_t now = fr_now_ns();

@@ -40,9 +40,11 @@ namespace tdist::detail {
 enum class DumpReason : uint8_t { kTimeout, kPeerFailure, kMismatch, kSignal, kStall, kRequest };
 const char* dump_reason_name(DumpReason r);
 
-// A group's sequence numbers, per process; 0: none yet. Collectives and
-// point-to-point ops are numbered apart (send/recv are not symmetric
-// across ranks, so they cannot share the numbers ranks line up by).
+// A group's progress, per process, by the group's own numbers (given at
+// enqueue, comm/op_label.h): the highest op enqueued while recording,
+// started and completed; 0: none yet. Collectives and point-to-point ops
+// are numbered apart (send/recv are not symmetric across ranks, so they
+// cannot share the numbers ranks line up by).
 struct FrGroup {
   int id = 0;  // creation order in this process
   std::string name;
@@ -67,6 +69,7 @@ struct FrOp {
   int64_t output_numel = 0;
   int64_t timeout_ms = 0;
   int peer = -1;  // send/recv: the group rank of the other side
+  uint64_t seq = 0;  // the op's number as its group gave it (comm/op_label.h), from 1
 };
 
 // A snapshot of one record (what a dump or a heartbeat reads).

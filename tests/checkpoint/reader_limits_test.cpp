@@ -18,7 +18,7 @@
 
 #include "checkpoint/pt_file.h"
 #include "checkpoint/safetensors_header.h"
-#include "tdist/checkpoint.h"
+#include "tdist/safetensors.h"
 #include "tdist/errors.h"
 #include "tests/util/process.h"
 

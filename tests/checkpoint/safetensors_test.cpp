@@ -18,7 +18,7 @@
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/safetensors_header.h"
-#include "tdist/checkpoint.h"
+#include "tdist/safetensors.h"
 #include "tests/util/process.h"
 
 namespace {

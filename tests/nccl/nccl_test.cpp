@@ -3,6 +3,7 @@
 // real processes, the plugin's registration, and a clear error naming the
 // rank when a group asks for nccl where no GPU is visible (on a GPU machine
 // the same test checks that the group works instead).
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <gtest/gtest.h>
 
@@ -132,6 +133,19 @@ TEST(NcclGroup, NoVisibleGpuIsAClearErrorElseTheGroupWorks) {
   ASSERT_TRUE(WIFEXITED(probe)) << tdist::test::describe_status(probe);
   if (WEXITSTATUS(probe) == 3) {
     EXPECT_EQ(tdist::test::run_world(1, [](tdist::ProcessGroup& pg) { pg.barrier()->wait(); }, o), "");
+    // Backend "auto": CPU tensors on shm, CUDA tensors on nccl (made at the
+    // first CUDA op).
+    tdist::test::WorldOptions a;
+    a.backend = "auto";
+    a.limit = o.limit;
+    EXPECT_EQ(tdist::test::run_world(1, [](tdist::ProcessGroup& pg) {
+      WORLD_CHECK(pg.backend_name() == "shm" && pg.backend_name(c10::DeviceType::CUDA) == "nccl", pg.backend_name());
+      at::Tensor t = at::ones({5}, at::kCUDA);
+      pg.all_reduce(t)->wait();
+      WORLD_CHECK(at::equal(t.cpu(), at::ones({5})), "the CUDA all_reduce of one rank changed its tensor");
+      at::Tensor c = at::ones({5});
+      pg.all_reduce(c)->wait();
+    }, a), "");
     return;
   }
   tdist::comm::BackendContext ctx;

@@ -16,10 +16,10 @@
 // TimeoutError must name the op, its sequence number and rank 1.
 int timeout_case(tdist::ProcessGroup& pg) {
   at::Tensor t = at::ones({16});
-  pg.all_reduce(t)->wait();  // #0
+  pg.all_reduce(t)->wait();  // #1
   if (pg.rank() == 1) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    pg.all_reduce(t)->wait();  // matches rank 0's abandoned #1, so MPI can finish
+    pg.all_reduce(t)->wait();  // matches rank 0's abandoned #2, so MPI can finish
     std::printf("1 passed, 0 failed\n");
     return 0;
   }
@@ -27,7 +27,7 @@ int timeout_case(tdist::ProcessGroup& pg) {
     pg.all_reduce(t, {tdist::ReduceOp::SUM, std::chrono::milliseconds(300)})->wait();
   } catch (const tdist::TimeoutError& e) {
     const std::string msg = e.what();
-    const bool ok = msg.find("all_reduce #1") != std::string::npos && msg.find("rank(s) 1 never arrived") != std::string::npos;
+    const bool ok = msg.find("all_reduce #2") != std::string::npos && msg.find("rank(s) 1 never arrived") != std::string::npos;
     std::printf("%s: %s\n%d passed, %d failed\n", ok ? "OK" : "WRONG MESSAGE", msg.c_str(), ok ? 1 : 0, ok ? 0 : 1);
     return ok ? 0 : 1;
   }

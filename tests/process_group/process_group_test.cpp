@@ -10,9 +10,12 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
+#include "comm/backend.h"
+#include "tdist/config.h"
 #include "tdist/tdist.h"
 #include "tests/util/world.h"
 #include "tests/util/process.h"
@@ -61,13 +64,16 @@ TEST_P(Failures, ATimeoutNamesTheOpItsSequenceNumberAndTheMissingRank) {
   o.final_barrier = false;
   const std::string failures = run_world(2, [](ProcessGroup& pg) {
     at::Tensor t = at::ones({10});
-    pg.all_reduce(t)->wait();  // #0 succeeds
+    auto first = pg.all_reduce(t);  // #1 succeeds
+    first->wait();
+    WORLD_CHECK(first->seq() == 1, "the first collective is #" + std::to_string(first->seq()));
     if (pg.rank() == 0) {
       const auto t0 = Clock::now();
-      const std::string msg = expect_throw<tdist::TimeoutError>(
-          [&] { pg.all_reduce(t, {ReduceOp::SUM, 300ms})->wait(); }, "timed-out all_reduce");
+      auto late = pg.all_reduce(t, {ReduceOp::SUM, 300ms});
+      WORLD_CHECK(late->seq() == 2, "the second collective is #" + std::to_string(late->seq()));
+      const std::string msg = expect_throw<tdist::TimeoutError>([&] { late->wait(); }, "timed-out all_reduce");
       WORLD_CHECK(Clock::now() - t0 < 5s, "took too long");
-      WORLD_CHECK(contains(msg, "all_reduce") && contains(msg, "#1"), msg);
+      WORLD_CHECK(contains(msg, "all_reduce") && contains(msg, "#2") && !contains(msg, "#1"), msg);
       WORLD_CHECK(contains(msg, "rank(s) 1 never arrived"), msg);
       // Later ops fail at once with the first error.
       const auto t1 = Clock::now();
@@ -94,11 +100,11 @@ TEST_P(Failures, ASynchronousCallThrowsItsErrorFromTheCall) {
     at::Tensor t = at::ones({10});
     tdist::AllreduceOptions sync;
     sync.async_op = false;
-    pg.all_reduce(t, sync);  // #0 succeeds
+    pg.all_reduce(t, sync);  // #1 succeeds
     if (pg.rank() == 0) {
       sync.timeout = 300ms;
       const std::string msg = expect_throw<tdist::TimeoutError>([&] { pg.all_reduce(t, sync); }, "synchronous call");
-      WORLD_CHECK(contains(msg, "all_reduce") && contains(msg, "#1"), msg);
+      WORLD_CHECK(contains(msg, "all_reduce") && contains(msg, "#2") && !contains(msg, "#1"), msg);
       WORLD_CHECK(contains(msg, "rank(s) 1 never arrived"), msg);
     } else {
       std::this_thread::sleep_for(1500ms);  // miss the deadline
@@ -180,11 +186,11 @@ TEST_P(DebugDetail, MismatchesAreCaughtOnEveryRank) {
   const auto t0 = Clock::now();
   const std::string failures = run_world(2, [](ProcessGroup& pg) {
     at::Tensor t = at::ones({4});
-    pg.all_reduce(t)->wait();  // a matching op first
+    pg.all_reduce(t)->wait();  // a matching op first: #1
     const std::string msg = expect_throw<tdist::CollectiveMismatchError>([&] {
       if (pg.rank() == 0) pg.all_reduce(at::ones({10}))->wait(); else pg.broadcast(at::ones({10, 1}))->wait();
     }, "mismatch");
-    WORLD_CHECK(contains(msg, "TDIST_DEBUG=detail") && contains(msg, "#1"), msg);
+    WORLD_CHECK(contains(msg, "TDIST_DEBUG=detail") && contains(msg, "#2") && !contains(msg, "#1"), msg);
     WORLD_CHECK(contains(msg, "rank 0: all_reduce Float[10] SUM") && contains(msg, "rank 1: broadcast Float[10,1] root 0"), msg);
   }, o);
   EXPECT_EQ(failures, "");
@@ -497,7 +503,34 @@ TEST_F(Misuse, AutoPicksSharedMemoryOnOneHost) {
   o.world_size = 1;
   auto pg = tdist::init_process_group(o);
   EXPECT_EQ(pg->backend_name(), "shm");
+  EXPECT_EQ(pg->backend_name(c10::DeviceType::CPU), "shm");
   EXPECT_EQ(tdist::default_group(), pg);
+}
+
+// PyTorch's default, "cpu:gloo,cuda:nccl": "auto" sends CUDA tensors to
+// nccl wherever this tdist has its nccl plugin (the CUDA LibTorch build),
+// else to the CPU tensors' backend (staged through host memory). A group
+// asked for by name keeps every tensor on that backend.
+TEST_F(Misuse, AutoSendsCudaTensorsToNcclWhereTdistHasIt) {
+  const auto names = tdist::comm::backend_names();
+  const bool has_nccl = std::find(names.begin(), names.end(), "nccl") != names.end();
+  EXPECT_EQ(has_nccl, TDIST_WITH_NCCL == 1) << "the nccl plugin is built but not registered, or the reverse";
+  for (const std::string backend : {"auto", "shm", "gloo"}) {
+    tdist::InitOptions o;
+    o.store = std::make_shared<tdist::HashStore>();
+    o.rank = 0;
+    o.world_size = 1;
+    o.backend = backend;
+    auto pg = tdist::init_process_group(o);
+    const std::string cpu = backend == "auto" ? "shm" : backend;
+    EXPECT_EQ(pg->backend_name(c10::DeviceType::CUDA), backend == "auto" && has_nccl ? "nccl" : cpu) << backend;
+    // CPU tensors stay where they were, and no nccl communicator is made
+    // for them (there is no GPU here to make one on).
+    at::Tensor t = at::ones({3});
+    pg->all_reduce(t)->wait();
+    EXPECT_TRUE(at::equal(t, at::ones({3})));
+    tdist::destroy_process_group();
+  }
 }
 
 TEST(Work, ThenChainsAndPropagatesErrors) {

@@ -32,6 +32,7 @@
 #include <thread>
 
 #include "comm/heartbeat.h"
+#include "comm/op_label.h"
 #include "comm/reduce.h"
 #include "util/bytes.h"
 #include "util/env.h"
@@ -395,7 +396,7 @@ class GlooBackend final : public Backend {
       std::lock_guard<std::mutex> lock(mu_);
       if (first_error_) std::rethrow_exception(first_error_);
     }
-    const std::string what = std::string(op_kind_name(kind)) + " #" + std::to_string(seq);
+    const std::string what = std::string(op_kind_name(kind)) + " #" + std::to_string(op_label_or(seq + 1));
     const std::string who = "gloo backend, rank " + std::to_string(global(rank())) + ": ";
     try {
       fn();

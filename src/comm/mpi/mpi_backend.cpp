@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "comm/heartbeat.h"
+#include "comm/op_label.h"
 #include "comm/reduce.h"
 #include "util/bytes.h"
 
@@ -424,7 +425,7 @@ class MpiBackend final : public Backend {
     check_first_error();
     reap_sends(/*block=*/false);
     const std::string who = "mpi backend, rank " + std::to_string(ctx_.global_ranks.empty() ? rank() : ctx_.global_ranks[rank()]) +
-                            ": " + what + " #" + std::to_string(seq);
+                            ": " + what + " #" + std::to_string(op_label_or(seq + 1));
     MPI_Request req;
     {
       MpiLock lock;

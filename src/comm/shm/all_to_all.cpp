@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "comm/op_label.h"
 #include "comm/shm/algorithms.h"
 #include "util/bytes.h"
 
@@ -36,7 +37,9 @@ void all_to_all(Rounds& rounds, const void* in, const std::vector<size_t>& send_
       longest = std::max<size_t>(longest, sends);
     }
   }
-  if (!mismatch.empty()) waiter.fail(AbortKind::kMismatch, -1, "all_to_all #" + std::to_string(desc.seq) + ": " + mismatch);
+  if (!mismatch.empty()) {
+    waiter.fail(AbortKind::kMismatch, -1, "all_to_all #" + std::to_string(op_label_or(desc.seq + 1)) + ": " + mismatch);
+  }
   const size_t piece = std::max<size_t>(1, rounds.round_bytes() / n / kAlign * kAlign);
   const size_t n_rounds = (longest + piece - 1) / piece;
   const auto* src = static_cast<const uint8_t*>(in);

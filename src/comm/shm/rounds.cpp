@@ -52,11 +52,17 @@ void Rounds::first_barrier(const OpDesc& desc, Deadline deadline) {
   for (int r = 0; r < size_; ++r) {
     const OpDesc other = seg_.slot(r)->desc[parity];
     if (other != desc) {
+      // Each rank's op by its kind and size; the number is this rank's
+      // (the group's, op_label.h: other ranks' are not in the segment).
+      // Backend steps that differ are shown: a rank ahead or behind.
       std::string all;
       for (int q = 0; q < size_; ++q) {
-        all += "\n  rank " + std::to_string(waiter_.global(q)) + ": " + describe(seg_.slot(q)->desc[parity]);
+        const OpDesc& d = seg_.slot(q)->desc[parity];
+        all += "\n  rank " + std::to_string(waiter_.global(q)) + ": " + describe_op(d);
+        if (d.seq != desc.seq) all += " (its shm step " + std::to_string(d.seq + 1) + ")";
       }
-      waiter_.fail(AbortKind::kMismatch, -1, "ranks called different collectives at the same step:" + all);
+      waiter_.fail(AbortKind::kMismatch, -1,
+                   "ranks called different collectives at the same step, this rank's " + describe(desc) + ":" + all);
     }
   }
 }

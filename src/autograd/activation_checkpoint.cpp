@@ -1,6 +1,6 @@
 // checkpoint_module's autograd side: the node that drops the activations
 // and re-runs the forward in backward. The contract is in
-// include/tdist/checkpoint_module.h.
+// include/tdist/activation_checkpoint.h.
 //
 // The parameters are inputs of the node, next to the tensor arguments: the
 // backward computes their gradients with autograd::grad over the re-run
@@ -18,15 +18,15 @@
 
 #include <mutex>
 
-#include "autograd/checkpoint_phase.h"
-#include "tdist/checkpoint_module.h"
+#include "autograd/recompute_phase.h"
+#include "tdist/activation_checkpoint.h"
 #include "tdist/errors.h"
 
 namespace tdist::detail {
 
 namespace {
 
-thread_local CheckpointPhase t_phase = CheckpointPhase::kNone;
+thread_local RecomputePhase t_phase = RecomputePhase::kNone;
 
 // The random-number state of every device the inputs live on (CPU always).
 struct RngStates {
@@ -79,7 +79,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     ctx->save_for_backward(inputs.vec());
     std::vector<at::Tensor> outputs;
     {
-      CheckpointPhaseGuard phase(CheckpointPhase::kForward);
+      RecomputePhaseGuard phase(RecomputePhase::kForward);
       outputs = rc->run(inputs.vec());
     }
     ctx->saved_data["recompute"] = c10::IValue::make_capsule(rc);
@@ -95,7 +95,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     std::vector<at::Tensor> outputs;
     {
       at::AutoGradMode grad_on(true);
-      CheckpointPhaseGuard phase(CheckpointPhase::kRecompute);
+      RecomputePhaseGuard phase(RecomputePhase::kRecompute);
       const RngStates after = rc->rng.swap_in();
       try {
         outputs = rc->run(inputs);
@@ -141,10 +141,10 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
 }  // namespace
 
-CheckpointPhase checkpoint_phase() { return t_phase; }
+RecomputePhase recompute_phase() { return t_phase; }
 
-CheckpointPhaseGuard::CheckpointPhaseGuard(CheckpointPhase phase) : previous_(t_phase) { t_phase = phase; }
-CheckpointPhaseGuard::~CheckpointPhaseGuard() { t_phase = previous_; }
+RecomputePhaseGuard::RecomputePhaseGuard(RecomputePhase phase) : previous_(t_phase) { t_phase = phase; }
+RecomputePhaseGuard::~RecomputePhaseGuard() { t_phase = previous_; }
 
 bool checkpoint_wanted(const std::vector<at::Tensor>& inputs) {
   if (!at::GradMode::is_enabled()) return false;

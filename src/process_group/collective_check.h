@@ -1,11 +1,12 @@
-// FingerprintCheck: TDIST_DEBUG=detail's cross-rank check. Before each
-// collective runs, every rank publishes a fingerprint of it (op, dtype,
-// shape, root, reduce op) in the group's store and compares it with every
-// other rank's, so that ranks calling different collectives are named on
-// any backend instead of hanging or reducing garbage.
+// CollectiveCheck: TDIST_DEBUG=detail's cross-rank check. Before each
+// collective runs, every rank publishes its signature (op, dtype, shape,
+// root, reduce op: "all_reduce Float[4] SUM") in the group's store and
+// compares it with every other rank's, so that ranks calling different
+// collectives are named on any backend instead of hanging or reducing
+// garbage.
 //
-// Owns: the count of checked ops (fingerprints are matched by the order
-// ops run in, the same on every rank, chained ops included).
+// Owns: the count of checked ops (signatures are matched by the order ops
+// run in, the same on every rank, chained ops included).
 // Threading: check() runs on the thread that runs the group's ops, one at
 // a time (TaskQueue guarantees it); nothing else is shared.
 // Lifetime: holds the group's private store.
@@ -21,12 +22,12 @@
 
 namespace tdist::detail {
 
-class FingerprintCheck {
+class CollectiveCheck {
  public:
   // ranks: the group's ranks in the world (for messages); rank: ours in it.
-  FingerprintCheck(std::shared_ptr<Store> store, int rank, std::vector<int> ranks, std::string group_name);
+  CollectiveCheck(std::shared_ptr<Store> store, int rank, std::vector<int> ranks, std::string group_name);
 
-  // Publishes `mine` as the next op's fingerprint and waits (until d) for
+  // Publishes `mine` as the next op's signature and waits (until d) for
   // every rank's. Throws CollectiveMismatchError naming each rank's op when
   // they differ, TimeoutError naming the ranks that never arrived.
   void check(const std::string& mine, comm::Deadline d);
