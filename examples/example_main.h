@@ -5,14 +5,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <stdexcept>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include <torch/nn/module.h>
@@ -20,6 +21,7 @@
 
 #include "tdist/checkpointer.h"
 #include "tdist/process_group.h"
+#include "tdist/sampler.h"
 #include "tdist/store.h"
 
 namespace examples {
@@ -66,6 +68,14 @@ inline bool write_json(const char* name, const std::string& path, const nlohmann
   return static_cast<bool>(f);
 }
 
+// --backend NAME: the process group's backend (InitOptions::backend).
+inline void add_backend_flag(CLI::App& app, std::string& backend) {
+  app.add_option("--backend", backend,
+                 "auto (shm on one host, gloo across hosts; CUDA tensors on nccl where tdist has it), shm, gloo, mpi "
+                 "(under mpirun), nccl")
+      ->capture_default_str();
+}
+
 // --checkpoint-dir DIR --checkpoint-every N: an example that saves itself
 // (tdist::Checkpointer) and, started again with the same flags (by
 // tdist-run --max-restarts, say), resumes from the latest checkpoint.
@@ -81,26 +91,31 @@ inline void add_checkpoint_flags(CLI::App& app, CheckpointFlags& f) {
       ->capture_default_str();
 }
 
-// Where a run resumed from `r` continues, in steps of this world size, when
-// each epoch is one shuffle of `samples` split over the ranks: at the
-// saved world size, the saved step; at another, the first batch of the
-// saved epoch not yet drawn. The data position is kept in samples (the
-// extras "epoch" and "epoch_samples", see sample_position), not in one
-// world size's steps, so a job restarted with fewer or more ranks neither
-// skips nor repeats a sample of the epoch. Rank 0 says where it continues.
-inline int64_t resume_step(const tdist::RestoredCheckpoint& r, int rank, int world, int64_t steps_per_epoch,
-                           int64_t batch_per_rank) {
+// Where a run resumed from `r` continues: the sampler takes the data
+// position saved in the checkpoint's extras (its state_dict, kept in
+// samples, so it holds at any world size: see tdist/sampler.h), and the
+// step count goes on from the saved step at the saved world size, or, at
+// another, from the batches of the epoch this world size has done. A
+// checkpoint without the position resumes only at its own world size
+// (the position follows from the step). Rank 0 says where it continues.
+inline int64_t resume_data(const tdist::RestoredCheckpoint& r, tdist::DistributedSampler& sampler, int64_t batch,
+                           int rank, int world) {
+  const bool has_position = r.extras.count("epoch") && r.extras.count("epoch_samples");
+  const int64_t per_epoch = sampler.batches_per_epoch(batch);
   int64_t steps = r.step;
-  if (r.saved_world_size != world) {
-    if (!r.extras.count("epoch") || !r.extras.count("epoch_samples")) {
-      throw std::runtime_error("the checkpoint " + r.path + " was saved at world size " +
-                               std::to_string(r.saved_world_size) +
-                               " without its data position (the extras epoch and epoch_samples): it resumes only at "
-                               "that world size, not at " + std::to_string(world));
+  if (has_position) {
+    sampler.load_state_dict(r.extras);
+    if (r.saved_world_size != world) {
+      steps = sampler.epoch() * per_epoch + (per_epoch - std::min(per_epoch, sampler.batches_left(batch)));
     }
-    const int64_t epoch = r.extras.at("epoch").item<int64_t>();
-    const int64_t drawn = r.extras.at("epoch_samples").item<int64_t>();
-    steps = epoch * steps_per_epoch + (drawn + batch_per_rank * world - 1) / (batch_per_rank * world);
+  } else if (r.saved_world_size == world) {
+    sampler.load_state_dict({{"epoch", at::tensor({r.step / per_epoch}, at::kLong)},
+                             {"epoch_samples", at::tensor({r.step % per_epoch * batch * world}, at::kLong)}});
+  } else {
+    throw std::runtime_error("the checkpoint " + r.path + " was saved at world size " +
+                             std::to_string(r.saved_world_size) +
+                             " without its data position (the sampler's state in its extras): it resumes only at "
+                             "that world size, not at " + std::to_string(world));
   }
   if (rank == 0) {
     std::printf("resumed from %s (step %lld at world size %d): continuing at step %lld", r.path.c_str(),
@@ -110,12 +125,6 @@ inline int64_t resume_step(const tdist::RestoredCheckpoint& r, int rank, int wor
     std::fflush(stdout);  // a log (a pipe) sees it now: resuming is timed by it
   }
   return steps;
-}
-
-// The extras that keep the data position: the epoch and how many of its
-// samples all ranks have drawn (see resume_step).
-inline std::map<std::string, at::Tensor> sample_position(int64_t epoch, int64_t epoch_samples) {
-  return {{"epoch", at::tensor({epoch}, at::kLong)}, {"epoch_samples", at::tensor({epoch_samples}, at::kLong)}};
 }
 
 // A 64-bit FNV-1a hash of `tensors`' bytes, in hex: equal exactly when

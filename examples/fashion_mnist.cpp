@@ -7,8 +7,8 @@
 //       [--checkpoint-dir DIR --checkpoint-every N]
 //
 // Reads Debian's dataset-fashion-mnist (gzipped IDX files), shards the
-// training set over the ranks with a distributed sampler (a shuffle shared by
-// all ranks, then every world_size-th sample), trains with Adam, and reports
+// training set over the ranks with tdist::DistributedSampler (PyTorch's: a
+// shuffle shared by all ranks, then every world_size-th sample), and reports
 // the test accuracy measured on all ranks' shards of the test set. Adam, with
 // the learning rate halved after every epoch. With --checkpoint-dir it saves
 // every --checkpoint-every steps and, started again (by tdist-run
@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "examples/cli_checks.h"
@@ -76,7 +77,7 @@ Args parse(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-steps", a.max_steps, "stop after this many steps (0: all epochs)")->capture_default_str();
   app.add_option("--warmup-steps", a.warmup_steps, "steps left out of ms_per_step")->capture_default_str();
-  app.add_option("--backend", a.backend, "auto, shm, gloo, mpi")->capture_default_str();
+  examples::add_backend_flag(app, a.backend);
   app.add_option("--data-dir", a.data_dir, "the gzipped IDX files (Debian's dataset-fashion-mnist)")
       ->capture_default_str();
   app.add_option("--json", a.json, "rank 0 writes the results here")->type_name("FILE");
@@ -151,14 +152,19 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
   }  // --hook is one of the names checked in parse()
   torch::optim::Adam opt(ddp->parameters(), torch::optim::AdamOptions(a.lr));
 
-  const int64_t n = train_x.size(0);
-  const int64_t per_rank = n / world;  // the sampler drops the remainder, as PyTorch's does with drop_last
-  const int64_t steps_per_epoch = (per_rank + a.batch_size - 1) / a.batch_size;
+  // PyTorch's DistributedSampler with drop_last: each epoch a new shuffle,
+  // the same on every rank, every world-size-th sample for this rank.
+  tdist::DistributedSamplerOptions so;
+  so.num_replicas = world;
+  so.rank = rank;
+  so.seed = a.seed + 1000;
+  so.drop_last = true;
+  tdist::DistributedSampler sampler(train_x.size(0), so);
+  const int64_t steps_per_epoch = sampler.batches_per_epoch(a.batch_size);
   const int64_t total_steps = a.max_steps > 0 ? std::min(a.max_steps, steps_per_epoch * a.epochs)
                                               : steps_per_epoch * a.epochs;
-  // Where training stands: steps of this world size, and samples of the
-  // current epoch drawn so far by all ranks (what a resume at another
-  // world size goes by).
+  // Where training stands: steps of this world size; the sampler keeps the
+  // data position (in samples, what a resume at another world size goes by).
   int64_t steps = 0;
   std::unique_ptr<tdist::Checkpointer> ckpt;
   if (!a.checkpoint.dir.empty()) {
@@ -167,43 +173,39 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
     co.every_steps = a.checkpoint.every;
     co.files.comm_hook_state = powersgd;
     ckpt = std::make_unique<tdist::Checkpointer>(group, *ddp, &opt, co);
-    if (auto r = ckpt->restore()) steps = examples::resume_step(*r, rank, world, steps_per_epoch, a.batch_size);
+    if (auto r = ckpt->restore()) steps = examples::resume_data(*r, sampler, a.batch_size, rank, world);
   }
   auto timed_from = std::chrono::steady_clock::now();
   examples::ProgressOptions po = a.progress;
   po.rank = rank;
   examples::Progress progress(po);
   progress.start(total_steps - std::min(steps, total_steps));
-  int64_t first_epoch = steps / steps_per_epoch;
-  for (int64_t epoch = first_epoch; epoch < a.epochs && steps < total_steps; ++epoch) {
+  for (int64_t epoch = sampler.epoch(); epoch < a.epochs && steps < total_steps; ++epoch) {
     ddp->train();
+    sampler.set_epoch(epoch);  // keeps a restored position in its epoch
     // Halve the learning rate after every epoch.
     for (auto& group : opt.param_groups()) {
       static_cast<torch::optim::AdamOptions&>(group.options()).lr(a.lr / (1 << epoch));
     }
-    torch::manual_seed(a.seed + 1000 + epoch);  // the same shuffle on every rank
-    const torch::Tensor order = torch::randperm(n, torch::kLong).slice(0, rank, per_rank * world, world);
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
     int64_t done = 0;
     progress.set_label("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(a.epochs));
-    for (int64_t s = steps - epoch * steps_per_epoch; s < steps_per_epoch && steps < total_steps; ++s) {
-      const torch::Tensor idx = order.slice(0, s * a.batch_size, std::min(per_rank, (s + 1) * a.batch_size));
+    while (steps < total_steps) {
+      const std::optional<torch::Tensor> idx = sampler.next(a.batch_size);
+      if (!idx) break;
       opt.zero_grad();
-      torch::Tensor loss = torch::nn::functional::cross_entropy(ddp->forward(train_x.index_select(0, idx)),
-                                                       train_y.index_select(0, idx));
+      torch::Tensor loss = torch::nn::functional::cross_entropy(ddp->forward(train_x.index_select(0, *idx)),
+                                                       train_y.index_select(0, *idx));
       loss.backward();
       opt.step();
       const double step_loss = loss.item<double>();
       loss_sum += step_loss;
       ++steps;
       ++done;
-      progress.step(idx.size(0) * world, step_loss);
+      progress.step(idx->size(0) * world, step_loss);
       if (steps == a.warmup_steps) timed_from = std::chrono::steady_clock::now();
-      if (ckpt) {
-        const int64_t epoch_samples = std::min(per_rank, (s + 1) * a.batch_size) * world;
-        ckpt->maybe_save(steps, examples::sample_position(epoch, epoch_samples));
-      }
+      if (ckpt) ckpt->maybe_save(steps, sampler.state_dict());
     }
     progress.finish();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

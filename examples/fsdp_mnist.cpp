@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "examples/cli_checks.h"
@@ -40,6 +41,7 @@ struct Args {
   int64_t batch_size = 64;
   double lr = 2e-3;
   uint64_t seed = 0;
+  std::string backend = "auto";
   bool nested = false;
   bool checkpointing = false;
   std::string auto_wrap = "none";
@@ -53,17 +55,18 @@ struct Args {
 Args parse(int argc, char** argv) {
   Args a;
   CLI::App app{"Fashion-MNIST with FullyShardedDataParallel (torch_xla's MNIST FSDP example in C++).", "fsdp_mnist"};
-  app.add_option("--epochs", a.epochs)->check(examples::positive())->capture_default_str();
+  app.add_option("--epochs", a.epochs, "passes over the training set")->check(examples::positive())->capture_default_str();
   app.add_option("--batch-size", a.batch_size, "samples per rank per step")->check(examples::positive())
       ->capture_default_str();
-  app.add_option("--lr", a.lr)->check(examples::positive())->capture_default_str();
-  app.add_option("--seed", a.seed)->capture_default_str();
+  app.add_option("--lr", a.lr, "Adam's peak learning rate (cosine decay over the run)")->check(examples::positive())->capture_default_str();
+  app.add_option("--seed", a.seed, "initial weights and shuffles")->capture_default_str();
+  examples::add_backend_flag(app, a.backend);
   app.add_flag("--use-nested-fsdp", a.nested, "wrap every stage in a unit of its own while building");
   app.add_flag("--use-gradient-checkpointing", a.checkpointing, "checkpoint_module inside every inner unit");
   app.add_option("--auto-wrap-policy", a.auto_wrap, "let the outer wrapper pick the units")
       ->check(CLI::IsMember({"none", "size", "type"}))->capture_default_str();
   app.add_option("--sharding", a.sharding)->check(CLI::IsMember({"full", "grad_op", "no"}))->capture_default_str();
-  app.add_option("--data-dir", a.data_dir)->capture_default_str();
+  app.add_option("--data-dir", a.data_dir, "Fashion-MNIST's gzipped IDX files (Debian's dataset-fashion-mnist)")->capture_default_str();
   app.add_option("--json", a.json, "rank 0 writes the results here")->type_name("FILE");
   examples::add_progress_flags(app, a.progress);
   examples::add_checkpoint_flags(app, a.checkpoint);
@@ -141,12 +144,17 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
   if (rank == 0) std::cout << *model << "\n";
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(a.lr));
 
-  const int64_t n = data.train_x.size(0);
-  const int64_t per_rank = n / world;
-  const int64_t steps_per_epoch = (per_rank + a.batch_size - 1) / a.batch_size;
-  // --checkpoint-dir: resume at the step of the latest checkpoint there
-  // (the shuffle and the learning rate are functions of the step), save
-  // every --checkpoint-every steps.
+  // PyTorch's DistributedSampler with drop_last (fashion_mnist.cpp's).
+  tdist::DistributedSamplerOptions so;
+  so.num_replicas = world;
+  so.rank = rank;
+  so.seed = a.seed + 1000;
+  so.drop_last = true;
+  tdist::DistributedSampler sampler(data.train_x.size(0), so);
+  const int64_t steps_per_epoch = sampler.batches_per_epoch(a.batch_size);
+  // --checkpoint-dir: resume from the latest checkpoint there (the data
+  // position from the sampler's state, the learning rate a function of the
+  // step), save every --checkpoint-every steps.
   int64_t steps = 0;
   std::unique_ptr<tdist::Checkpointer> ckpt;
   if (!a.checkpoint.dir.empty()) {
@@ -155,44 +163,42 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
     co.every_steps = a.checkpoint.every;
     ckpt = std::make_unique<tdist::Checkpointer>(tdist::default_group(), *model, &opt, co);
     if (auto r = ckpt->restore()) {
-      steps = std::min(examples::resume_step(*r, rank, world, steps_per_epoch, a.batch_size), steps_per_epoch * a.epochs);
+      steps = std::min(examples::resume_data(*r, sampler, a.batch_size, rank, world), steps_per_epoch * a.epochs);
     }
   }
   examples::ProgressOptions po = a.progress;
   po.rank = rank;
   examples::Progress bar(po);
   bar.start(steps_per_epoch * a.epochs - steps);
-  for (int epoch = static_cast<int>(steps / steps_per_epoch); epoch < a.epochs; ++epoch) {
+  for (int64_t epoch = sampler.epoch(); epoch < a.epochs; ++epoch) {
     model->train();
-    torch::manual_seed(a.seed + 1000 + epoch);  // the same shuffle on every rank
-    const torch::Tensor order = torch::randperm(n, torch::kLong).slice(0, rank, per_rank * world, world);
+    sampler.set_epoch(epoch);  // keeps a restored position in its epoch
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
     int64_t done = 0;
     bar.set_label("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(a.epochs));
-    for (int64_t s = steps - epoch * steps_per_epoch; s < steps_per_epoch; ++s) {
+    while (const std::optional<torch::Tensor> idx = sampler.next(a.batch_size)) {
       // Cosine decay over the whole run.
       const double progress = static_cast<double>(steps) / static_cast<double>(steps_per_epoch * a.epochs);
       for (auto& g : opt.param_groups()) {
         static_cast<torch::optim::AdamOptions&>(g.options()).lr(a.lr * 0.5 * (1 + std::cos(M_PI * progress)));
       }
-      const torch::Tensor idx = order.slice(0, s * a.batch_size, std::min(per_rank, (s + 1) * a.batch_size));
       opt.zero_grad();
-      torch::Tensor loss = torch::nn::functional::cross_entropy(model(data.train_x.index_select(0, idx)),
-                                                                data.train_y.index_select(0, idx));
+      torch::Tensor loss = torch::nn::functional::cross_entropy(model(data.train_x.index_select(0, *idx)),
+                                                                data.train_y.index_select(0, *idx));
       loss.backward();
       opt.step();
       const double step_loss = loss.item<double>();
       loss_sum += step_loss;
       ++steps;
       ++done;
-      bar.step(idx.size(0) * world, step_loss);
-      if (ckpt) ckpt->maybe_save(steps, examples::sample_position(epoch, std::min(per_rank, (s + 1) * a.batch_size) * world));
+      bar.step(idx->size(0) * world, step_loss);
+      if (ckpt) ckpt->maybe_save(steps, sampler.state_dict());
     }
     bar.finish();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (rank == 0 && done > 0) {
-      std::printf("epoch %d/%d: %lld steps, %.1f s, mean loss %.4f\n", epoch + 1, a.epochs,
+      std::printf("epoch %lld/%d: %lld steps, %.1f s, mean loss %.4f\n", static_cast<long long>(epoch + 1), a.epochs,
                   static_cast<long long>(done), secs, loss_sum / static_cast<double>(done));
     }
   }
@@ -231,5 +237,5 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  return examples::run_example("fsdp_mnist", "auto", [&](tdist::ProcessGroup& pg) { return train(a, pg); });
+  return examples::run_example("fsdp_mnist", a.backend, [&](tdist::ProcessGroup& pg) { return train(a, pg); });
 }

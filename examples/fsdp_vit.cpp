@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "examples/cli_checks.h"
@@ -36,6 +37,7 @@ struct Args {
   int64_t batch_size = 64;
   double lr = 1e-3;
   uint64_t seed = 0;
+  std::string backend = "auto";
   int64_t depth = 4;
   int64_t dim = 64;
   int64_t heads = 4;
@@ -51,18 +53,19 @@ struct Args {
 Args parse(int argc, char** argv) {
   Args a;
   CLI::App app{"A small ViT on Fashion-MNIST with FSDP auto wrapping, checkpointing and bf16.", "fsdp_vit"};
-  app.add_option("--epochs", a.epochs)->check(examples::positive())->capture_default_str();
-  app.add_option("--batch-size", a.batch_size)->check(examples::positive())->capture_default_str();
-  app.add_option("--lr", a.lr)->check(examples::positive())->capture_default_str();
-  app.add_option("--seed", a.seed)->capture_default_str();
+  app.add_option("--epochs", a.epochs, "passes over the training set")->check(examples::positive())->capture_default_str();
+  app.add_option("--batch-size", a.batch_size, "samples per rank per step")->check(examples::positive())->capture_default_str();
+  app.add_option("--lr", a.lr, "AdamW's peak learning rate (cosine decay over the run)")->check(examples::positive())->capture_default_str();
+  app.add_option("--seed", a.seed, "initial weights and shuffles")->capture_default_str();
+  examples::add_backend_flag(app, a.backend);
   app.add_option("--depth", a.depth, "transformer blocks")->check(examples::positive())->capture_default_str();
   app.add_option("--dim", a.dim, "embedding width")->check(examples::positive())->capture_default_str();
-  app.add_option("--heads", a.heads)->check(examples::positive())->capture_default_str();
+  app.add_option("--heads", a.heads, "attention heads")->check(examples::positive())->capture_default_str();
   app.add_option("--precision", a.precision)->check(CLI::IsMember({"bf16", "fp32"}))->capture_default_str();
   app.add_flag("--no-checkpointing", a.no_checkpointing, "keep the blocks' activations");
   app.add_flag("--build-wrapped", a.build_wrapped, "wrap each block while the model is built");
   app.add_option("--max-steps", a.max_steps, "stop after this many steps (0: all epochs)")->capture_default_str();
-  app.add_option("--data-dir", a.data_dir)->capture_default_str();
+  app.add_option("--data-dir", a.data_dir, "Fashion-MNIST's gzipped IDX files (Debian's dataset-fashion-mnist)")->capture_default_str();
   app.add_option("--json", a.json, "rank 0 writes the results here")->type_name("FILE");
   examples::add_progress_flags(app, a.progress);
   try {
@@ -103,9 +106,14 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
   if (rank == 0) std::cout << *model << "\n";
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(a.lr).weight_decay(0.01));
 
-  const int64_t n = data.train_x.size(0);
-  const int64_t per_rank = n / world;
-  const int64_t steps_per_epoch = (per_rank + a.batch_size - 1) / a.batch_size;
+  // PyTorch's DistributedSampler with drop_last (fashion_mnist.cpp's).
+  tdist::DistributedSamplerOptions so;
+  so.num_replicas = world;
+  so.rank = rank;
+  so.seed = a.seed + 1000;
+  so.drop_last = true;
+  tdist::DistributedSampler sampler(data.train_x.size(0), so);
+  const int64_t steps_per_epoch = sampler.batches_per_epoch(a.batch_size);
   int64_t steps = 0;
   double train_seconds = 0;
   examples::ProgressOptions po = a.progress;
@@ -114,28 +122,28 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
   bar.start(a.max_steps > 0 ? std::min(a.max_steps, steps_per_epoch * a.epochs) : steps_per_epoch * a.epochs);
   for (int epoch = 0; epoch < a.epochs && (a.max_steps == 0 || steps < a.max_steps); ++epoch) {
     model->train();
-    torch::manual_seed(a.seed + 1000 + epoch);
-    const torch::Tensor order = torch::randperm(n, torch::kLong).slice(0, rank, per_rank * world, world);
+    sampler.set_epoch(epoch);
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
     bar.set_label("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(a.epochs));
     int64_t s = 0;
-    for (; s < steps_per_epoch && (a.max_steps == 0 || steps < a.max_steps); ++s) {
+    for (; a.max_steps == 0 || steps < a.max_steps; ++s) {
+      const std::optional<torch::Tensor> idx = sampler.next(a.batch_size);
+      if (!idx) break;
       // Cosine decay over the whole run.
       const double progress = static_cast<double>(steps) / (steps_per_epoch * a.epochs);
       for (auto& g : opt.param_groups()) {
         static_cast<torch::optim::AdamWOptions&>(g.options()).lr(a.lr * 0.5 * (1 + std::cos(M_PI * progress)));
       }
-      const torch::Tensor idx = order.slice(0, s * a.batch_size, std::min(per_rank, (s + 1) * a.batch_size));
       opt.zero_grad();
       torch::Tensor loss = torch::nn::functional::cross_entropy(
-          model(data.train_x.index_select(0, idx)).to(torch::kFloat), data.train_y.index_select(0, idx));
+          model(data.train_x.index_select(0, *idx)).to(torch::kFloat), data.train_y.index_select(0, *idx));
       loss.backward();
       opt.step();
       const double step_loss = loss.item<double>();
       loss_sum += step_loss;
       ++steps;
-      bar.step(idx.size(0) * world, step_loss);
+      bar.step(idx->size(0) * world, step_loss);
     }
     bar.finish();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -179,5 +187,5 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  return examples::run_example("fsdp_vit", "auto", [&](tdist::ProcessGroup& pg) { return train(a, pg); });
+  return examples::run_example("fsdp_vit", a.backend, [&](tdist::ProcessGroup& pg) { return train(a, pg); });
 }

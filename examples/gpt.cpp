@@ -40,17 +40,23 @@
 
 namespace {
 
+// Tokens per window unless --block-size says: Hugging Face's run_clm
+// default (its 1024 is GPT-2's n_positions) scaled to this small model,
+// and like run_clm never longer than the model's n_positions.
+constexpr int64_t kDefaultBlockSize = 128;
+
 struct Args {
   std::string fsdp = "full";  // full | grad_op | no
   bool ddp = false;
   std::string precision = "fp32";
   bool activation_checkpointing = false;
   std::string device = "cpu";
+  std::string backend = "auto";
   std::string from_pretrained, save_pretrained, max_shard_size = "5GB";
   std::string data;
   int64_t steps = 300;
   int64_t batch_size = 8;  // per rank
-  int64_t block_size = 128;
+  int64_t block_size = 0;  // 0: kDefaultBlockSize, or the model's n_positions when that is smaller
   int64_t n_layer = 4, n_head = 4, n_embd = 128;
   double dropout = 0;
   double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, grad_clip = 1.0;
@@ -104,7 +110,9 @@ Args parse(int argc, char** argv) {
   app.add_option("--precision", a.precision, "fp32, or bf16 (FSDP mixed precision)")
       ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
   app.add_flag("--activation-checkpointing", a.activation_checkpointing, "recompute each block's activations in backward");
-  app.add_option("--device", a.device)->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  app.add_option("--device", a.device, "where the model trains: cpu, or cuda (LOCAL_RANK's GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  examples::add_backend_flag(app, a.backend);
   app.add_option("--from-pretrained", a.from_pretrained, "a Hugging Face GPT-2 directory (config.json + safetensors)")
       ->type_name("DIR");
   app.add_option("--save-pretrained", a.save_pretrained, "write the trained model there, as Hugging Face does")
@@ -115,10 +123,14 @@ Args parse(int argc, char** argv) {
   app.add_option("--steps", a.steps, "training steps (0: none)")->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--batch-size", a.batch_size, "windows per rank and step")->check(examples::positive())
       ->capture_default_str();
-  app.add_option("--block-size", a.block_size, "tokens per window")->check(examples::positive())->capture_default_str();
+  app.add_option("--block-size", a.block_size,
+                 "tokens per window (default: 128, or a pretrained model's n_positions when that is smaller)")
+      ->check(examples::positive());
   app.add_option("--n-layer", a.n_layer, "a fresh model's blocks")->check(examples::positive())->capture_default_str();
-  app.add_option("--n-head", a.n_head)->check(examples::positive())->capture_default_str();
-  app.add_option("--n-embd", a.n_embd)->check(examples::positive())->capture_default_str();
+  app.add_option("--n-head", a.n_head, "a fresh model's attention heads")->check(examples::positive())
+      ->capture_default_str();
+  app.add_option("--n-embd", a.n_embd, "a fresh model's width (a multiple of --n-head)")->check(examples::positive())
+      ->capture_default_str();
   app.add_option("--dropout", a.dropout, "a fresh model's dropout")->check(CLI::Range(0.0, 0.99))->capture_default_str();
   app.add_option("--lr", a.lr, "peak learning rate (AdamW)")->check(examples::positive())->capture_default_str();
   app.add_option("--min-lr", a.min_lr, "the cosine decay's floor")->check(CLI::NonNegativeNumber)->capture_default_str();
@@ -127,7 +139,7 @@ Args parse(int argc, char** argv) {
   app.add_option("--grad-clip", a.grad_clip, "clip the global gradient norm (0: off)")->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--warmup", a.warmup, "linear warmup steps")->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--seed", a.seed)->capture_default_str();
+  app.add_option("--seed", a.seed, "seeds the fresh model's weights, the batches and the sample")->capture_default_str();
   app.add_flag("--eval-only", a.eval_only, "no training: print the validation loss");
   app.add_flag("--skip-eval", a.skip_eval,
                "no validation at the end (a big shape's timing run: the full split costs far more than a few steps)");
@@ -135,10 +147,11 @@ Args parse(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--eval-batch", a.eval_batch, "validation windows per forward")->check(examples::positive())
       ->capture_default_str();
-  app.add_option("--prompt", a.prompt)->capture_default_str();
+  app.add_option("--prompt", a.prompt, "the text rank 0 continues at the end")->capture_default_str();
   app.add_option("--sample-bytes", a.sample_bytes, "bytes sampled after the prompt (0: none)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--temperature", a.temperature)->check(examples::positive())->capture_default_str();
+  app.add_option("--temperature", a.temperature, "the sample's softmax temperature")->check(examples::positive())
+      ->capture_default_str();
   app.add_option("--json", a.json, "rank 0 writes the results here")->type_name("FILE");
   examples::add_progress_flags(app, a.progress);
   examples::add_checkpoint_flags(app, a.checkpoint);
@@ -291,7 +304,7 @@ examples::GptConfig config_of(const Args& a, nlohmann::ordered_json& base) {
     c.n_layer = a.n_layer;
     c.n_head = a.n_head;
     c.n_embd = a.n_embd;
-    c.n_positions = a.block_size;
+    c.n_positions = a.block_size > 0 ? a.block_size : kDefaultBlockSize;
     c.embd_pdrop = c.attn_pdrop = c.resid_pdrop = a.dropout;
     return c;
   }
@@ -341,18 +354,36 @@ c10::Device device_of(const Args& a) {
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>((local ? std::atoll(local) : 0) % n));
 }
 
-int run(const Args& a, tdist::ProcessGroup& pg) {
-  const int rank = pg.rank(), world = pg.size();
-  const auto t_start = std::chrono::steady_clock::now();
-  const c10::Device device = device_of(a);
-  nlohmann::ordered_json base;
-  const examples::GptConfig cfg = config_of(a, base);
-  check_fits(a, cfg);
-  if (a.block_size > cfg.n_positions) {
+// --block-size: as given, or the default (kDefaultBlockSize, at most the
+// model's n_positions). A run that uses windows (training, evaluation, a
+// sample) refuses one longer than the model's n_positions; a conversion
+// (--steps 0 --skip-eval --sample-bytes 0) uses none and checks nothing.
+int64_t block_size_of(const Args& a, const examples::GptConfig& cfg) {
+  if (a.block_size == 0) return std::min(kDefaultBlockSize, cfg.n_positions);
+  const bool uses_windows = a.steps > 0 || !a.skip_eval || a.sample_bytes > 0;
+  if (uses_windows && a.block_size > cfg.n_positions) {
     throw std::runtime_error("--block-size " + std::to_string(a.block_size) + " is longer than the model's n_positions (" +
                              std::to_string(cfg.n_positions) + ")");
   }
-  const examples::ByteText text(a.data.empty() ? examples::fortunes_corpus() : examples::read_text_file(a.data));
+  return a.block_size;
+}
+
+// The text, where the run reads any (training or evaluation); else empty.
+examples::ByteText text_of(const Args& a) {
+  if (a.steps == 0 && a.skip_eval) return examples::ByteText(std::string());
+  return examples::ByteText(a.data.empty() ? examples::fortunes_corpus() : examples::read_text_file(a.data));
+}
+
+int run(const Args& args, tdist::ProcessGroup& pg) {
+  const int rank = pg.rank(), world = pg.size();
+  const auto t_start = std::chrono::steady_clock::now();
+  const c10::Device device = device_of(args);
+  nlohmann::ordered_json base;
+  const examples::GptConfig cfg = config_of(args, base);
+  check_fits(args, cfg);
+  Args a = args;
+  a.block_size = block_size_of(args, cfg);
+  const examples::ByteText text = text_of(a);
   const int64_t rss0 = examples::proc_status_bytes("VmRSS");
   Trained m = build(a, cfg, device);
   if (!a.from_pretrained.empty()) {
@@ -371,8 +402,10 @@ int run(const Args& a, tdist::ProcessGroup& pg) {
                 static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),
                 static_cast<long long>(cfg.n_embd), static_cast<long long>(cfg.vocab_size), params / 1e6,
                 a.ddp ? "DDP" : ("FSDP " + a.fsdp).c_str(), world, a.precision.c_str());
-    std::printf("text: %lld bytes for training, %lld for validation\n", static_cast<long long>(text.train_bytes()),
-                static_cast<long long>(text.val_bytes()));
+    if (text.size() > 0) {
+      std::printf("text: %lld bytes for training, %lld for validation\n", static_cast<long long>(text.train_bytes()),
+                  static_cast<long long>(text.val_bytes()));
+    }
   }
 
   // AdamW with weight decay on matrices and embeddings, none on biases and
@@ -446,6 +479,14 @@ int run(const Args& a, tdist::ProcessGroup& pg) {
   }
   bar.finish();
   if (ckpt) ckpt->wait();
+  // The trained weights' fingerprint for the JSON (collective under FSDP:
+  // every rank gathers the full state dict, unit by unit).
+  std::string weights_fingerprint;
+  if (!a.json.empty()) {
+    std::vector<torch::Tensor> weights;
+    for (const auto& item : tdist::full_state_dict(*m.root)) weights.push_back(item.value());
+    weights_fingerprint = examples::fingerprint(weights);
+  }
   // Peak memory of training (before the evaluation and the save).
   torch::Tensor mem = torch::zeros({world}, torch::kDouble);
   mem[rank] = static_cast<double>(examples::proc_status_bytes("VmHWM"));
@@ -499,6 +540,7 @@ int run(const Args& a, tdist::ProcessGroup& pg) {
       j["peak_rss_bytes"] = std::vector<double>(mem.data_ptr<double>(), mem.data_ptr<double>() + world);
       j["rss_before_model_bytes"] = rss0;
       j["sample"] = continuation;
+      j["weights_fingerprint"] = weights_fingerprint;
       if (!examples::write_json("gpt", a.json, j)) return 1;
     }
   }
@@ -510,5 +552,5 @@ int run(const Args& a, tdist::ProcessGroup& pg) {
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  return examples::run_example("gpt", "auto", [&](tdist::ProcessGroup& pg) { return run(a, pg); });
+  return examples::run_example("gpt", a.backend, [&](tdist::ProcessGroup& pg) { return run(a, pg); });
 }

@@ -13,16 +13,17 @@
 
 #include <torch/torch.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include "src/util/open_file.h"
 
 namespace examples {
 
@@ -33,17 +34,23 @@ inline constexpr const char* kFortuneDir = "/usr/share/games/fortunes";
 // refused rather than read into memory.
 inline constexpr int64_t kMaxTextBytes = int64_t{4} << 30;
 
-// The whole of a regular file, at most max_bytes.
+// The whole of a regular file, at most max_bytes. Opened non-blocking (a
+// FIFO named as the data cannot hang the run) and refused unless fstat
+// says it is a regular file.
 inline std::string read_text_file(const std::string& path, int64_t max_bytes = kMaxTextBytes) {
-  std::string error;
-  struct stat st;
-  const int fd = tdist::detail::open_regular(path, O_RDONLY, error, 0, &st);
-  if (fd < 0) throw std::runtime_error(error);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(path + ": cannot open (" + std::strerror(errno) + ")");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    throw std::runtime_error(path + ": not a regular file");
+  }
   if (st.st_size > max_bytes) {
     close(fd);
     throw std::runtime_error(path + ": " + std::to_string(st.st_size) + " bytes, more than the " +
                              std::to_string(max_bytes) + " this example reads");
   }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   std::string out(static_cast<size_t>(st.st_size), '\0');
   size_t got = 0;
   while (got < out.size()) {

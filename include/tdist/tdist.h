@@ -2,11 +2,11 @@
 #pragma once
 
 #include "tdist/config.h"
-#include "tdist/checkpoint.h"
+#include "tdist/safetensors.h"
 #include "tdist/ddp.h"
 #include "tdist/device_mesh.h"
 #include "tdist/errors.h"
-#include "tdist/checkpoint_module.h"
+#include "tdist/activation_checkpoint.h"
 #include "tdist/fsdp.h"
 #include "tdist/fsdp_wrap.h"
 #include "tdist/join.h"
@@ -15,6 +15,7 @@
 #include "tdist/pretrained.h"
 #include "tdist/process_group.h"
 #include "tdist/rendezvous.h"
+#include "tdist/sampler.h"
 #include "tdist/sharded_checkpoint.h"
 #include "tdist/checkpointer.h"
 #include "tdist/state_dict.h"

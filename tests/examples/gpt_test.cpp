@@ -15,6 +15,7 @@
 #include <string>
 
 #include "tests/util/process.h"
+#include "tests/util/resume_check.h"
 
 using namespace std::chrono_literals;
 namespace test = tdist::test;
@@ -113,6 +114,49 @@ TEST_F(GptExample, DdpAndFsdpTrainToTheSameWeights) {
   auto same = python("same " + fsdp + " " + ddp);
   ASSERT_TRUE(test::exited_ok(same.status)) << same.output;
   EXPECT_LT(value_of(same.output, "max_rel_diff"), 1e-5) << same.output;
+}
+
+// --checkpoint-dir/--checkpoint-every: a rank killed under tdist-run
+// --max-restarts; the ranks resume by themselves and end with the weights
+// of a run that never stopped (AdamW's state, the learning-rate schedule,
+// the batches and the RNGs all continue).
+TEST_F(GptExample, AKilledRankRestartsAndResumesBitForBit) {
+  test::expect_a_killed_rank_to_resume_bit_for_bit(
+      kRun + " --nproc-per-node 2", kGpt, "gpt",
+      "--data " + data_ + " --n-layer 2 --n-head 2 --n-embd 32 --block-size 32 --batch-size 4 --steps 24 "
+      "--warmup 4 --skip-eval --sample-bytes 0 --quiet",
+      3, 9);
+}
+
+// A conversion (no training, no evaluation, no sample) of a model whose
+// n_positions (64) is below the default block size (128) reads no data and
+// is not refused; a run that evaluates takes the model's n_positions as its
+// block size, as Hugging Face's scripts do; a --block-size longer than
+// n_positions is refused where windows are used.
+TEST_F(GptExample, TheBlockSizeFollowsTheModelAndAConversionNeedsNoData) {
+  const std::string out = own_.path() + "/converted";
+  auto r = test::run_command(kRun + " --nproc-per-node 2 " + kGpt + " --from-pretrained " + hf_ +
+                                 " --steps 0 --skip-eval --sample-bytes 0 --save-pretrained " + out +
+                                 " --data /nonexistent/text 2>&1",
+                             180s);
+  ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+  auto same = python("same " + hf_ + " " + out);
+  ASSERT_TRUE(test::exited_ok(same.status)) << same.output;
+  EXPECT_EQ(value_of(same.output, "max_rel_diff"), 0) << same.output;
+
+  r = test::run_command(kRun + " --nproc-per-node 2 " + kGpt + " --from-pretrained " + hf_ + " --data " + data_ +
+                            " --eval-only --sample-bytes 0 --quiet 2>&1",
+                        180s);
+  ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+  const auto want = python("val " + hf_ + " " + data_ + " 64");
+  ASSERT_TRUE(test::exited_ok(want.status)) << want.output;
+  EXPECT_NEAR(value_of(r.output, "val_loss"), value_of(want.output, "val_loss"), 1e-4) << r.output << want.output;
+
+  r = test::run_command(kRun + " --nproc-per-node 2 " + kGpt + " --from-pretrained " + hf_ + " --data " + data_ +
+                            " --eval-only --block-size 65 --quiet 2>&1",
+                        180s);
+  EXPECT_FALSE(test::exited_ok(r.status)) << r.output;
+  EXPECT_NE(r.output.find("--block-size 65 is longer than the model's n_positions (64)"), std::string::npos) << r.output;
 }
 
 TEST_F(GptExample, AFreshBf16ModelTrains) {

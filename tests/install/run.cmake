@@ -4,8 +4,10 @@
 # (everything is found through RPATHs), on shm and (WITH_GLOO) on the gloo
 # plugin. With OTHER_TORCH_DIR (a TorchConfig.cmake directory of another
 # LibTorch version), also checks that a consumer using that LibTorch is
-# refused by find_package(tdist) with both versions named.
-#   -DBUILD_DIR= -DSOURCE_DIR= -DTORCH_VERSION= [-DSANITIZE=] [-DWITH_GLOO=ON]
+# refused by find_package(tdist) with both versions named. With
+# WITH_EXAMPLES, also builds every example against the installed package
+# (tests/install/examples).
+#   -DBUILD_DIR= -DSOURCE_DIR= -DTORCH_VERSION= [-DSANITIZE=] [-DWITH_GLOO=ON] [-DWITH_EXAMPLES=ON]
 #   [-DOTHER_TORCH_DIR= -DOTHER_TORCH_VERSION=]
 set(prefix ${BUILD_DIR}/install-test/prefix)
 set(consumer_build ${BUILD_DIR}/install-test/consumer)
@@ -57,6 +59,23 @@ foreach(backend IN LISTS backends)
     message(FATAL_ERROR "the consumer on ${backend} exited with ${rc}")
   endif()
 endforeach()
+
+# Every example, built against the installed package alone (WITH_EXAMPLES:
+# one suite does it; the examples compile the same against both).
+if(WITH_EXAMPLES)
+  execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/install/examples -B ${consumer_build}-examples
+                          ${configure_args} -DEXAMPLES_DIR=${SOURCE_DIR}/examples -DCCACHE_BASEDIR=${SOURCE_DIR}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "configuring the examples against the installed tdist failed: ${rc}\n${out}\n${err}")
+  endif()
+  execute_process(COMMAND ${CMAKE_COMMAND} --build ${consumer_build}-examples -j 2
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "building the examples against the installed tdist failed: ${rc}\n${out}\n${err}")
+  endif()
+  message(STATUS "every example built against the installed tdist")
+endif()
 
 # A consumer on another LibTorch: find_package(tdist) must refuse it, naming both.
 if(OTHER_TORCH_DIR)

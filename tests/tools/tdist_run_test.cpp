@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "tests/util/process.h"
+#include "tests/util/resume_check.h"
 
 using namespace std::chrono_literals;
 namespace test = tdist::test;
@@ -289,48 +290,23 @@ TEST(FashionMnist, OneEpochOnTwoRanksWithTheFp16Hook) {
   EXPECT_EQ(r.output.find("[rank 1]: "), std::string::npos) << r.output;
 }
 
-std::string fingerprint_in(const std::string& json) {
-  const auto j = nlohmann::json::parse(test::read_all(json), nullptr, /*allow_exceptions=*/false);
-  return j.is_object() && j.contains("weights_fingerprint") ? j["weights_fingerprint"].get<std::string>() : "";
-}
-
 // Issue 37: a rank killed with SIGKILL in the middle of a run with
 // --checkpoint-dir; tdist-run restarts every rank, they resume from the
 // latest checkpoint by themselves and end with the very weights of a run
 // that never stopped. 30 steps per epoch: the run crosses an epoch.
 TEST(FashionMnist, AKilledRankRestartsAndResumesBitForBit) {
-  test::TempDir dir;
-  const std::string d = dir.path();
-  const std::string args = " --nproc-per-node 2 " TDIST_BIN_DIR "/fashion_mnist --batch-size 1000 --epochs 2 "
-                           "--max-steps 45 --quiet";
-  auto straight = test::run_command(kRun + args + " --json " + d + "/straight.json", 300s);
-  ASSERT_TRUE(test::exited_ok(straight.status)) << straight.output;
-  const std::string cmd = "exec " + kRun + " --max-restarts 2" + args + " --checkpoint-dir " + d +
-                          "/ckpt --checkpoint-every 3 --json " + d + "/resumed.json > " + d + "/log 2>&1";
-  pid_t launcher = test::fork_child([&] {
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    return 127;
-  });
-  // Kill a rank once a few checkpoints are in place (step 9 or later).
-  bool killed = false;
-  for (int i = 0; i < 1200 && !killed; ++i) {
-    const std::string latest = test::read_all(d + "/ckpt/latest");
-    if (latest.size() > 5 && std::atoi(latest.c_str() + 5) >= 9) {
-      const auto ranks = test::children_named(launcher, "fashion_mnist");
-      if (!ranks.empty()) killed = kill(ranks.back(), SIGKILL) == 0;
-    }
-    if (!killed) std::this_thread::sleep_for(50ms);
-  }
-  const int st = test::wait_child(launcher, 300s);
-  const std::string log = test::read_all(d + "/log");
-  ASSERT_TRUE(killed) << log;
-  ASSERT_NE(st, -1) << log;
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << test::describe_status(st) << "\n" << log;
-  EXPECT_NE(log.find("restarting all ranks"), std::string::npos) << log;
-  EXPECT_NE(log.find("[rank 0]: resumed from " + d + "/ckpt/step-"), std::string::npos) << log;
-  const std::string want = fingerprint_in(d + "/straight.json");
-  EXPECT_EQ(want.size(), 16u);
-  EXPECT_EQ(fingerprint_in(d + "/resumed.json"), want) << log;
+  test::expect_a_killed_rank_to_resume_bit_for_bit(kRun + " --nproc-per-node 2", TDIST_BIN_DIR "/fashion_mnist",
+                                                   "fashion_mnist", "--batch-size 1000 --epochs 2 --max-steps 45 --quiet",
+                                                   3, 9);
+}
+
+// The same for FSDP (FULL_SHARD, every layer a unit of its own, its
+// sharded optimizer state in the checkpoint): 30 steps per epoch, two
+// epochs.
+TEST(FsdpMnist, AKilledRankRestartsAndResumesBitForBit) {
+  test::expect_a_killed_rank_to_resume_bit_for_bit(kRun + " --nproc-per-node 2", TDIST_BIN_DIR "/fsdp_mnist",
+                                                   "fsdp_mnist", "--batch-size 1000 --epochs 2 --use-nested-fsdp --quiet",
+                                                   4, 12);
 }
 
 // --quiet: no progress lines, the summaries stay; --all-ranks: every rank's.
