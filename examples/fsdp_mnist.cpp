@@ -3,7 +3,8 @@
 //
 //   build/bin/tdist-run --nproc-per-node 2 build/bin/fsdp_mnist --use-nested-fsdp --use-gradient-checkpointing
 //   build/bin/tdist-run --nproc-per-node 2 build/bin/fsdp_mnist --auto-wrap-policy type --sharding grad_op
-//       [--epochs 2] [--batch-size 64] [--lr 0.002] [--seed 0] [--data-dir ...] [--json FILE] [--quiet] [--all-ranks]
+//       [--epochs 2] [--max-steps N] [--batch-size 64] [--backend auto] [--lr 0.002] [--seed 0]
+//       [--data-dir ...] [--json FILE] [--quiet] [--all-ranks]
 //       [--checkpoint-dir DIR --checkpoint-every N]  (resumes from the latest checkpoint in DIR by itself)
 //
 // The network is one torch::nn::Sequential (two convolution stages with
@@ -39,6 +40,7 @@ namespace {
 struct Args {
   int epochs = 2;
   int64_t batch_size = 64;
+  int64_t max_steps = 0;  // stop after this many steps (0: all epochs)
   double lr = 2e-3;
   uint64_t seed = 0;
   std::string backend = "auto";
@@ -60,6 +62,8 @@ Args parse(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--lr", a.lr, "Adam's peak learning rate (cosine decay over the run)")->check(examples::positive())->capture_default_str();
   app.add_option("--seed", a.seed, "initial weights and shuffles")->capture_default_str();
+  app.add_option("--max-steps", a.max_steps, "stop after this many steps (0: all epochs)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   examples::add_backend_flag(app, a.backend);
   app.add_flag("--use-nested-fsdp", a.nested, "wrap every stage in a unit of its own while building");
   app.add_flag("--use-gradient-checkpointing", a.checkpointing, "checkpoint_module inside every inner unit");
@@ -152,6 +156,8 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
   so.drop_last = true;
   tdist::DistributedSampler sampler(data.train_x.size(0), so);
   const int64_t steps_per_epoch = sampler.batches_per_epoch(a.batch_size);
+  const int64_t total_steps = a.max_steps > 0 ? std::min(a.max_steps, steps_per_epoch * a.epochs)
+                                              : steps_per_epoch * a.epochs;
   // --checkpoint-dir: resume from the latest checkpoint there (the data
   // position from the sampler's state, the learning rate a function of the
   // step), save every --checkpoint-every steps.
@@ -163,21 +169,23 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
     co.every_steps = a.checkpoint.every;
     ckpt = std::make_unique<tdist::Checkpointer>(tdist::default_group(), *model, &opt, co);
     if (auto r = ckpt->restore()) {
-      steps = std::min(examples::resume_data(*r, sampler, a.batch_size, rank, world), steps_per_epoch * a.epochs);
+      steps = std::min(examples::resume_data(*r, sampler, a.batch_size, rank, world), total_steps);
     }
   }
   examples::ProgressOptions po = a.progress;
   po.rank = rank;
   examples::Progress bar(po);
-  bar.start(steps_per_epoch * a.epochs - steps);
-  for (int64_t epoch = sampler.epoch(); epoch < a.epochs; ++epoch) {
+  bar.start(total_steps - steps);
+  for (int64_t epoch = sampler.epoch(); epoch < a.epochs && steps < total_steps; ++epoch) {
     model->train();
     sampler.set_epoch(epoch);  // keeps a restored position in its epoch
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
     int64_t done = 0;
     bar.set_label("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(a.epochs));
-    while (const std::optional<torch::Tensor> idx = sampler.next(a.batch_size)) {
+    while (steps < total_steps) {
+      const std::optional<torch::Tensor> idx = sampler.next(a.batch_size);
+      if (!idx) break;
       // Cosine decay over the whole run.
       const double progress = static_cast<double>(steps) / static_cast<double>(steps_per_epoch * a.epochs);
       for (auto& g : opt.param_groups()) {

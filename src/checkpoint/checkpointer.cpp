@@ -16,7 +16,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -26,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "checkpoint/latest_marker.h"
 #include "checkpoint/rank_file.h"
 #include "checkpoint/sharded_files.h"
 #include "checkpoint/training_state.h"
@@ -38,48 +38,22 @@ namespace tdist {
 
 namespace {
 
+using checkpoint::kLatestMarker;
+using checkpoint::parse_step_folder;
+using checkpoint::read_latest_marker;
+using checkpoint::step_folder_name;
+using checkpoint::StepFolder;
+
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kModel = "model";
 constexpr const char* kTrain = "train";
 constexpr const char* kSuffix = "_rank-*-of-*.pt";
-constexpr const char* kLatest = "latest";
 
-// One save's folder: "step-00000100-<save id, 16 hex digits>". Every save
-// gets a folder of its own, so no save ever writes into a folder that a
-// marker names (a resumed run saving a step number again, a crash's
-// leftovers).
-struct Folder {
-  int64_t step = 0;
-  std::string name;
-};
-
-std::string folder_name(int64_t step, int64_t save_id) {
-  char name[48];
-  std::snprintf(name, sizeof name, "step-%08lld-%016llx", static_cast<long long>(step),
-                static_cast<unsigned long long>(save_id));
-  return name;
-}
-
-// The folder a name says, or nullopt for a name a Checkpointer never makes.
-std::optional<Folder> parse_folder(const std::string& name) {
-  const size_t dash = name.find('-', 5);
-  if (name.compare(0, 5, "step-") != 0 || dash == std::string::npos || dash < 13 || dash > 24 ||
-      name.size() != dash + 17) {
-    return std::nullopt;
-  }
-  int64_t v = 0;
-  for (size_t i = 5; i < dash; ++i) {
-    if (name[i] < '0' || name[i] > '9' || v > (INT64_MAX - 9) / 10) return std::nullopt;
-    v = v * 10 + (name[i] - '0');
-  }
-  for (size_t i = dash + 1; i < name.size(); ++i) {
-    if (!std::isxdigit(static_cast<unsigned char>(name[i])) || std::isupper(static_cast<unsigned char>(name[i]))) {
-      return std::nullopt;
-    }
-  }
-  return Folder{v, name};
-}
+// One save's folder (latest_marker.h). Every save gets a folder of its
+// own, so no save ever writes into a folder that a marker names (a resumed
+// run saving a step number again, a crash's leftovers).
+using Folder = StepFolder;
 
 void make_dir(const std::string& dir) {
   std::string at;
@@ -101,50 +75,10 @@ void fsync_dir(const std::string& dir) {
   }
 }
 
-// dir/latest: the complete checkpoints' folders, newest first, one a line
-// (at most keep_last). Read with a bound; empty when there is no marker;
-// CheckpointError when it is not a regular file or holds a line that names
-// no folder a Checkpointer makes.
-constexpr size_t kLatestBytes = 64 << 10;
-
-std::vector<Folder> read_latest(const std::string& dir) {
-  const std::string path = dir + "/" + kLatest;
-  std::string why;
-  const int fd = detail::open_regular(path, O_RDONLY, why);
-  if (fd < 0) {
-    if (errno == ENOENT) return {};
-    throw CheckpointError("Checkpointer: the latest marker " + why);
-  }
-  std::string text(kLatestBytes + 1, '\0');
-  size_t got = 0;
-  while (got < text.size()) {
-    const ssize_t n = ::read(fd, &text[got], text.size() - got);
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  text.resize(got);
-  auto bad = [&](const std::string& why) {
-    return CheckpointError("Checkpointer: the latest marker " + path + " " + why + "; remove it to start afresh");
-  };
-  if (got > kLatestBytes) throw bad("is over " + std::to_string(kLatestBytes) + " bytes");
-  std::vector<Folder> out;
-  size_t at = 0;
-  while (at < text.size()) {
-    const size_t nl = std::min(text.find('\n', at), text.size());
-    const std::string line = text.substr(at, nl - at);
-    at = nl + 1;
-    if (line.empty()) continue;
-    const auto f = parse_folder(line);
-    if (!f) throw bad("holds a line that names no step folder (\"step-NNNNNNNN-<16 hex digits>\")");
-    out.push_back(*f);
-  }
-  if (out.empty()) throw bad("names no step folder");
-  return out;
-}
+std::vector<Folder> read_latest(const std::string& dir) { return read_latest_marker(dir, "Checkpointer"); }
 
 void write_latest(const std::string& dir, const std::vector<Folder>& folders) {
-  const std::string path = dir + "/" + kLatest, tmp = path + ".tmp";
+  const std::string path = dir + "/" + kLatestMarker, tmp = path + ".tmp";
   std::string text;
   for (const auto& f : folders) text += f.name + "\n";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
@@ -191,7 +125,7 @@ void prune(const std::string& dir, const std::vector<Folder>& kept) {
   std::vector<std::string> names;
   if (DIR* d = ::opendir(dir.c_str())) {
     while (dirent* e = ::readdir(d)) {
-      if (parse_folder(e->d_name)) names.push_back(e->d_name);
+      if (parse_step_folder(e->d_name)) names.push_back(e->d_name);
     }
     ::closedir(d);
   }
@@ -288,7 +222,7 @@ struct Checkpointer::Impl {
     const auto t0 = Clock::now();
     const detail::TimelineSpan span("checkpoint", "checkpoint write", "step " + std::to_string(step));
     const detail::FrSiteScope site("checkpoint save");
-    const Folder made{step, folder_name(step, save_id)};
+    const Folder made{step, step_folder_name(step, static_cast<uint64_t>(save_id))};
     const std::string folder = o.dir + "/" + made.name;
     if (error.empty()) {
       try {
@@ -465,7 +399,7 @@ std::optional<RestoredCheckpoint> Checkpointer::restore() {
   bo.async_op = false;
   pg.broadcast(bytes, bo);
   name.assign(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(std::min<int64_t>(length, 48)));
-  const auto folder = parse_folder(name);
+  const auto folder = parse_step_folder(name);
   if (!folder) throw CheckpointError("Checkpointer: rank 0 sent a folder name that is none: '" + name + "'");
   const int64_t step = folder->step;
   RestoredCheckpoint out;

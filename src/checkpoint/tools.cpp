@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint_tree.h"
+#include "checkpoint/latest_marker.h"
 #include "checkpoint/pt_file.h"
 #include "tdist/safetensors.h"
 #include "tdist/errors.h"
@@ -249,29 +250,9 @@ std::string consolidate_streaming(const std::string& ckpt_prefix, const std::str
 
 namespace {
 
-// The Checkpointer's layout (checkpointer.cpp): its marker, its bound, the
-// prefix of a step folder's model files.
-constexpr const char* kMarker = "latest";
-constexpr size_t kMarkerBytes = 64 << 10;
+// The prefix of a Checkpointer's step folder's model files
+// (checkpointer.cpp; the marker and folder names: latest_marker.h).
 constexpr const char* kModel = "model";
-
-// "step-<8 to 19 digits>-<16 lower-case hex digits>": a name the
-// Checkpointer gives a step folder (the same test as its parse_folder).
-bool is_step_folder(const std::string& name) {
-  const size_t dash = name.find('-', 5);
-  if (name.compare(0, 5, "step-") != 0 || dash == std::string::npos || dash < 13 || dash > 24 ||
-      name.size() != dash + 17) {
-    return false;
-  }
-  for (size_t i = 5; i < dash; ++i) {
-    if (name[i] < '0' || name[i] > '9') return false;
-  }
-  for (size_t i = dash + 1; i < name.size(); ++i) {
-    const char c = name[i];
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  }
-  return true;
-}
 
 // Whether `dir` has an entry whose name starts with `start`.
 bool has_entry_starting(const std::string& dir, const std::string& start) {
@@ -286,34 +267,6 @@ bool has_entry_starting(const std::string& dir, const std::string& start) {
   }
   ::closedir(d);
   return found;
-}
-
-// The folders a marker lists, newest first.
-std::vector<std::string> read_marker(const std::string& path) {
-  const auto bad = [&](const std::string& why) {
-    return CheckpointError("the Checkpointer's latest marker " + path + " " + why);
-  };
-  std::string text, error;
-  // Never through a link (the Checkpointer writes its marker aside and
-  // renames it: a regular file), never waiting on a FIFO; one byte past
-  // the bound is enough to know the marker is too long.
-  if (!detail::read_regular_file(path, kMarkerBytes + 1, text, error, O_NOFOLLOW)) {
-    throw CheckpointError("the Checkpointer's latest marker " + error);
-  }
-  if (text.size() > kMarkerBytes) throw bad("is over " + std::to_string(kMarkerBytes) + " bytes");
-  std::vector<std::string> folders;
-  for (size_t at = 0; at < text.size();) {
-    const size_t nl = std::min(text.find('\n', at), text.size());
-    const std::string line = text.substr(at, nl - at);
-    at = nl + 1;
-    if (line.empty()) continue;
-    if (!is_step_folder(line)) {
-      throw bad("holds a line that names no step folder (step-NNNNNNNN-<16 hex digits>)");
-    }
-    folders.push_back(line);
-  }
-  if (folders.empty()) throw bad("names no step folder");
-  return folders;
 }
 
 std::string file_name(const std::string& path) {
@@ -337,14 +290,15 @@ InspectTarget resolve_inspect_target(const std::string& path, const std::string&
   std::string dir = path;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   const std::string files_start = std::string(kModel) + suffix.substr(0, suffix.find('*'));
-  const std::string marker = dir + "/" + kMarker;
+  const std::string marker = dir + "/" + kLatestMarker;
   if (::lstat(marker.c_str(), &st) == 0) {  // a root: whatever is there is the marker, and read as one
-    const auto folders = read_marker(marker);
-    const std::string folder = dir + "/" + folders.front();
+    const auto folders = read_latest_marker(dir, "tdist-ckpt inspect");
+    if (folders.empty()) throw CheckpointError("tdist-ckpt inspect: the latest marker " + marker + " is gone");
+    const std::string folder = dir + "/" + folders.front().name;
     const bool there = ::lstat(folder.c_str(), &st) == 0;
     if (!there || !S_ISDIR(st.st_mode)) {
-      throw CheckpointError("the Checkpointer's latest marker " + marker + " names " + folders.front() + ", but " +
-                            folder + (there ? " is " + detail::file_type_name(st.st_mode) + ", not a directory"
+      throw CheckpointError("tdist-ckpt inspect: the latest marker " + marker + " names " + folders.front().name +
+                            ", but " + folder + (there ? " is " + detail::file_type_name(st.st_mode) + ", not a directory"
                                             : " is not there"));
     }
     return {folder + "/" + kModel, "the newest of the " + std::to_string(folders.size()) +
