@@ -26,6 +26,7 @@
 #include "tdist/tdist.h"
 #include "tests/checkpoint/rewrite.h"
 #include "tests/fsdp/models.h"
+#include "tests/util/damage.h"
 #include "tests/util/process.h"
 #include "tests/util/world.h"
 
@@ -262,7 +263,7 @@ TEST_F(Tools, EveryBrokenCheckpointIsNamed) {
   expect_refused(prefix_, r1);
   // A flipped byte in the middle (tensor data or pickle): a checksum says so.
   std::string bad = good1;
-  bad[bad.size() / 3] ^= 0x40;
+  ASSERT_NO_FATAL_FAILURE(test::flip_byte(bad, bad.size() / 3, 0x40));
   spit(r1, bad);
   expect_refused(prefix_, r1);
   restore();
@@ -432,7 +433,7 @@ TEST_F(Tools, ACorruptRecordFailsEveryToolAndLeavesNoOutput) {
   ASSERT_GT(best_len, 0u);
   const size_t next_header = bytes.rfind(std::string("PK\x03\x04", 4), best_at + best_len);
   ASSERT_GT(next_header, best_at);
-  bytes[next_header - 1] ^= 0x01;
+  ASSERT_NO_FATAL_FAILURE(test::flip_byte(bytes, next_header - 1));
   spit(r1, bytes);
   const std::vector<std::string> commands = {
       "consolidate --ckpt-prefix " + prefix_ + " --optimizer --save-path " + dir_.path() + "/out.pt",

@@ -27,6 +27,7 @@
 #include "checkpoint/zip_format.h"
 #include "tdist/errors.h"
 #include "tdist/sharded_checkpoint.h"
+#include "tests/util/damage.h"
 #include "tests/util/process.h"
 
 namespace {
@@ -325,7 +326,7 @@ TEST(PtFile, DamagedFilesAreNamed) {
     expect_error(path, "zip: ");
   }
   std::string b = bytes;
-  b[find("archive/data/0").data_offset + 399] ^= 1;  // the last byte of a's data
+  ASSERT_NO_FATAL_FAILURE(test::flip_byte(b, find("archive/data/0").data_offset + 399));  // the last byte of a's data
   spit(path, b);
   expect_error(path, "record 'archive/data/0' is corrupt", true);
   {
@@ -337,11 +338,11 @@ TEST(PtFile, DamagedFilesAreNamed) {
     EXPECT_THROW(r.storage_bytes("7"), CheckpointError);
   }
   b = bytes;
-  b[find("archive/data.pkl").data_offset + 20] ^= 0x10;
+  ASSERT_NO_FATAL_FAILURE(test::flip_byte(b, find("archive/data.pkl").data_offset + 20, 0x10));
   spit(path, b);
   expect_error(path, "record 'archive/data.pkl' is corrupt");
   b = bytes;
-  b[bytes.rfind(std::string("PK\x01\x02", 4)) + 16] ^= 1;  // the CRC of version in the directory
+  ASSERT_NO_FATAL_FAILURE(test::flip_byte(b, bytes.rfind(std::string("PK\x01\x02", 4)) + 16));  // the CRC of version in the directory
   spit(path, b);
   expect_error(path, "record 'archive/version' is corrupt");
   // A record renamed in the directory and its local header: missing.
@@ -389,8 +390,12 @@ TEST(PtFile, ForbiddenContentIsNamed) {
     expect_error(path, c.says);
   }
   std::string stored = make_zip({{"x/data.pkl", tensor_pkl}});
-  stored[8] = 8;  // deflated, in the local header
-  stored[stored.find(std::string("PK\x01\x02", 4)) + 10] = 8;
+  // Method 8 (deflated) where the writer put 0 (stored), in the local header and the directory.
+  const size_t local_method = 8, directory_method = stored.find(std::string("PK\x01\x02", 4)) + 10;
+  ASSERT_EQ(stored[local_method], 0);
+  ASSERT_EQ(stored[directory_method], 0);
+  stored[local_method] = 8;
+  stored[directory_method] = 8;
   spit(path, stored);
   expect_error(path, "is compressed");
   expect_error(dir.path() + "/missing.pt", "cannot open");
@@ -728,7 +733,7 @@ TEST(PtFilePython, WeReadTorchSaveFiles) {
       const bool pkl = e.name == "theirs/data.pkl";
       if (!pkl && e.name != "theirs/data/" + v.at("base").as_tensor().storage_key) continue;
       std::string b = bytes;
-      b[e.data_offset + e.size / 2] ^= 0x04;
+      ASSERT_NO_FATAL_FAILURE(test::flip_byte(b, e.data_offset + e.size / 2, 0x04));
       const std::string bad = dir.path() + "/bad.pt";
       spit(bad, b);
       expect_error(bad, "record '" + e.name + "' is corrupt", !pkl);

@@ -19,6 +19,7 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/safetensors_header.h"
 #include "tdist/safetensors.h"
+#include "tests/util/damage.h"
 #include "tests/util/process.h"
 
 namespace {
@@ -116,7 +117,7 @@ TEST(Safetensors, OneTensorIsReadAlone) {
   tdist::save_safetensors(path, d);
   // Damage a's bytes: b still reads, a is named as corrupt.
   std::string bytes = slurp(path);
-  bytes[bytes.size() - 20] ^= 0x40;
+  ASSERT_NO_FATAL_FAILURE(test::flip_byte(bytes, bytes.size() - 20, 0x40));
   spit(path, bytes);
   tdist::SafetensorsReader r(path);
   EXPECT_TRUE(torch::equal(r.read("b"), torch::full({4}, 2.0)));

@@ -363,6 +363,7 @@ inline void AllReduceWireDtypeIsCastReduceCast(ProcessGroup& pg) {
       {{1, 0, 7, 1001}, {1009}},
       {{40'000, 1, 300'007, 0, 13}, {13, 300'007, 0, 40'000, 1}},
   };
+  at::manual_seed(300 + r);  // the same values on every run: a rounding case found once is found again
   for (auto wire : {at::kHalf, at::kBFloat16}) {
     for (auto op : {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::MAX}) {
       for (const auto& pair : layouts) {
