@@ -30,16 +30,17 @@ struct BlockImpl : torch::nn::Module {
 TORCH_MODULE(Block);
 
 struct NetImpl : torch::nn::Module {
-  // wrap_blocks: each block in FSDP<Block> with these options.
-  explicit NetImpl(const FullyShardedDataParallelOptions* wrap_blocks = nullptr, int blocks = 3) {
+  // wrap_blocks: each block in FSDP<Block> with these options; hidden:
+  // the blocks' hidden width.
+  explicit NetImpl(const FullyShardedDataParallelOptions* wrap_blocks = nullptr, int blocks = 3, int64_t hidden = 5) {
     in = register_module("in", torch::nn::Linear(6, 7));
     for (int i = 0; i < blocks; ++i) {
       const std::string name = "block" + std::to_string(i);
       if (wrap_blocks) {
-        auto b = register_module(name, FSDP<Block>(Block(), *wrap_blocks));
+        auto b = register_module(name, FSDP<Block>(Block(7, hidden), *wrap_blocks));
         calls.push_back([b](const torch::Tensor& x) { return b->forward(x); });
       } else {
-        auto b = register_module(name, Block());
+        auto b = register_module(name, Block(7, hidden));
         calls.push_back([b](const torch::Tensor& x) { return b->forward(x); });
       }
     }
@@ -48,12 +49,20 @@ struct NetImpl : torch::nn::Module {
   }
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = in->forward(x);
-    for (auto& c : calls) h = c(h);
+    for (size_t i = 0; i < calls.size(); ++i) {
+      if (before_block) before_block(i, h);
+      h = calls[i](h);
+      if (after_block) after_block(i, h);
+    }
     return head->forward(h * scale);
   }
   torch::nn::Linear in{nullptr}, head{nullptr};
   torch::Tensor scale;
   std::vector<std::function<torch::Tensor(const torch::Tensor&)>> calls;
+  // Probes for tests that watch what happens around each block: called
+  // with block i's input just before it runs, and with its output just
+  // after (outside the block's wrapper, if it has one).
+  std::function<void(size_t, const torch::Tensor&)> before_block, after_block;
 };
 TORCH_MODULE(Net);
 

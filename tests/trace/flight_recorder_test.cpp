@@ -79,15 +79,16 @@ TEST(FlightRecorder, ADumpHoldsEveryGroupsOpsInOrderNumberedPerGroup) {
     WORLD_CHECK(dump["pg_config"]["world"]["ranks"] == "[0, 1]", dump["pg_config"].dump());
     WORLD_CHECK(dump["pg_config"]["world"]["desc"] == "default_pg", dump["pg_config"].dump());
     WORLD_CHECK(dump["pg_config"].contains("world/0"), dump["pg_config"].dump());
-    // The world's ops after init's own: all_reduce, broadcast, then send or recv apart, all_gather.
+    // The world's ops after init's own: all_reduce, broadcast, then send or recv apart, all_gather;
+    // every op with the time it was queued.
     std::vector<json> world = entries_of(dump, "world");
-    std::vector<json> mine;
-    for (const auto& e : world) {
-      if (e["time_created_ns"].get<int64_t>() > 0 && e["profiling_name"] != "tdist:all_gather_into_tensor") {
-        mine.push_back(e);
-      }
-    }
     WORLD_CHECK(world.size() >= 4, world.size());
+    std::vector<std::string> mine;
+    for (size_t k = world.size() - 4; k < world.size(); ++k) mine.push_back(world[k]["profiling_name"]);
+    const std::vector<std::string> want_mine = {"tdist:all_reduce", "tdist:broadcast", r == 0 ? "tdist:send" : "tdist:recv",
+                                                "tdist:all_gather_into_tensor"};
+    WORLD_CHECK(mine == want_mine, "the last four ops: " << json(mine).dump());
+    for (const auto& e : world) WORLD_CHECK(e["time_created_ns"].get<int64_t>() > 0, e.dump());
     const json& last = world.back();
     WORLD_CHECK(last["profiling_name"] == "tdist:all_gather_into_tensor", last.dump());
     WORLD_CHECK(last["input_sizes"] == json::parse("[[6]]") && last["output_sizes"] == json::parse("[[12]]"), last.dump());
