@@ -39,6 +39,7 @@ mkdir -p "$out"
 epochs=$(( (steps * world * batch) / 60000 + 1 ))
 args=(--nproc-per-node "$world" "$example" --batch-size "$batch" --epochs "$epochs" --max-steps "$steps")
 export TDIST_TTY=1  # rank 0's progress line in place, every 0.2 s (see above); both runs alike
+export TDIST_DUMP_DIR="$out/dumps"  # the ranks' flight-recorder dumps at a peer's failure, with the rest
 now() { date +%s.%N; }
 
 echo "# chaos: fashion_mnist, world $world, $steps steps of $batch per rank, a checkpoint every $every steps,"
