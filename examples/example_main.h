@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -102,13 +103,18 @@ inline int64_t resume_data(const tdist::RestoredCheckpoint& r, tdist::Distribute
                            int rank, int world) {
   const bool has_position = r.extras.count("epoch") && r.extras.count("epoch_samples");
   const int64_t per_epoch = sampler.batches_per_epoch(batch);
+  if (per_epoch == 0) throw std::runtime_error("the data set holds no batch for " + std::to_string(world) + " ranks");
   int64_t steps = r.step;
   if (has_position) {
     sampler.load_state_dict(r.extras);
     if (r.saved_world_size != world) {
+      if (sampler.epoch() > (INT64_MAX - per_epoch) / per_epoch) {
+        throw std::runtime_error("the checkpoint " + r.path + " says epoch " + std::to_string(sampler.epoch()));
+      }
       steps = sampler.epoch() * per_epoch + (per_epoch - std::min(per_epoch, sampler.batches_left(batch)));
     }
   } else if (r.saved_world_size == world) {
+    // Every step a whole global batch (drop_last, as these examples sample).
     sampler.load_state_dict({{"epoch", at::tensor({r.step / per_epoch}, at::kLong)},
                              {"epoch_samples", at::tensor({r.step % per_epoch * batch * world}, at::kLong)}});
   } else {

@@ -479,18 +479,19 @@ int run(const Args& args, tdist::ProcessGroup& pg) {
   }
   bar.finish();
   if (ckpt) ckpt->wait();
-  // The trained weights' fingerprint for the JSON (collective under FSDP:
-  // every rank gathers the full state dict, unit by unit).
+  // Peak memory of training (before the evaluation and the save).
+  torch::Tensor mem = torch::zeros({world}, torch::kDouble);
+  mem[rank] = static_cast<double>(examples::proc_status_bytes("VmHWM"));
+  pg.all_reduce(mem)->wait();
+  // The trained weights' fingerprint for the JSON, after the peak is read
+  // (collective under FSDP: every rank gathers the full state dict, unit by
+  // unit, which would raise it).
   std::string weights_fingerprint;
   if (!a.json.empty()) {
     std::vector<torch::Tensor> weights;
     for (const auto& item : tdist::full_state_dict(*m.root)) weights.push_back(item.value());
     weights_fingerprint = examples::fingerprint(weights);
   }
-  // Peak memory of training (before the evaluation and the save).
-  torch::Tensor mem = torch::zeros({world}, torch::kDouble);
-  mem[rank] = static_cast<double>(examples::proc_status_bytes("VmHWM"));
-  pg.all_reduce(mem)->wait();
   // Speed: the median step after two warm-up steps, the slowest rank's.
   torch::Tensor ms = torch::tensor(step_ms.empty() ? std::vector<double>{0.0} : step_ms, torch::kDouble);
   pg.all_reduce(ms, {tdist::ReduceOp::MAX})->wait();

@@ -61,11 +61,13 @@ class Work : public std::enable_shared_from_this<Work> {
   // completed successfully.
   std::vector<at::Tensor> result() const;
   // The op's sequence number in its group, and its name ("all_reduce").
-  // Collectives are numbered 1, 2, 3, ... in the order they were called,
-  // send/recv apart; the same number names the op in its errors
-  // ("all_reduce #13 timed out"), the flight recorder's dumps
-  // (collective_seq_id / p2p_seq_id), tdist-trace and tdist-run's stall
-  // report.
+  // Collectives are numbered 1, 2, 3, ... in the order they run (the order
+  // they were called, but that a chain()'s collectives go ahead of ops
+  // other threads queued meanwhile), send/recv apart; the same on every
+  // rank. The same number names the op in its errors ("all_reduce #13
+  // timed out"), the flight recorder's dumps (collective_seq_id /
+  // p2p_seq_id), tdist-trace and tdist-run's stall report. 0 until the op
+  // starts.
   uint64_t seq() const;
   const std::string& op_name() const;
 
@@ -89,7 +91,8 @@ class Work : public std::enable_shared_from_this<Work> {
   void mark_failed(std::exception_ptr error);
   // A Work that is already complete, e.g. a hook's pass-through result.
   static std::shared_ptr<Work> completed(std::vector<at::Tensor> result);
-  void set_info(uint64_t seq, std::string op_name);
+  void set_info(uint64_t seq, std::string op_name);  // before the work is handed out
+  void set_seq(uint64_t seq);  // any time (a queued op is numbered when it starts)
   // For process groups: how wait() may run the op on the waiting thread
   // (called with this work; returns whether it ran it). Set before the
   // work is handed out.

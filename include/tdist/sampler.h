@@ -57,9 +57,10 @@ class DistributedSampler {
   explicit DistributedSampler(int64_t dataset_size, const DistributedSamplerOptions& options = {});
 
   // Starts epoch `epoch` from its first sample (PyTorch's set_epoch: call
-  // it before every epoch, or every epoch shuffles alike). The epoch the
-  // sampler is in already goes on where it stands: a position restored by
-  // load_state_dict survives the loop's set_epoch for that epoch.
+  // it before every pass over the data; an epoch is one pass of next(), and
+  // without it every epoch shuffles alike). One exception: right after
+  // load_state_dict, the call for the restored epoch keeps the restored
+  // position (the resumed loop's first set_epoch).
   void set_epoch(int64_t epoch);
   int64_t epoch() const { return epoch_; }
 
@@ -105,6 +106,7 @@ class DistributedSampler {
   int64_t epoch_ = 0;
   int64_t start_ = 0;  // the position this rank's share of the epoch begins at
   int64_t taken_ = 0;  // this rank's samples handed out since start_
+  bool resumed_ = false;  // load_state_dict ran, and neither next() nor set_epoch since
   mutable at::Tensor order_;  // epoch_'s permutation, made when first needed
   mutable int64_t order_epoch_ = -1;
 };

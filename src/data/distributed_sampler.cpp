@@ -14,7 +14,7 @@
 namespace tdist {
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 int64_t scalar_of(const std::map<std::string, at::Tensor>& state, const char* key) {
   const auto it = state.find(key);
@@ -23,8 +23,9 @@ int64_t scalar_of(const std::map<std::string, at::Tensor>& state, const char* ke
                      "\" in the state (a sampler's state_dict has \"epoch\", \"epoch_samples\" and \"dataset_size\")");
   }
   const at::Tensor& t = it->second;
-  if (!t.defined() || t.numel() != 1 || !at::isIntegralType(t.scalar_type(), /*includeBool=*/false)) {
-    throw UsageError(std::string("DistributedSampler::load_state_dict: \"") + key + "\" is not one integer");
+  if (!t.defined() || t.numel() != 1 || !at::isIntegralType(t.scalar_type(), /*includeBool=*/false) ||
+      !t.device().is_cpu()) {
+    throw UsageError(std::string("DistributedSampler::load_state_dict: \"") + key + "\" is not one integer on the CPU");
   }
   return t.item<int64_t>();
 }
@@ -51,7 +52,11 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, const DistributedSa
 }
 
 void DistributedSampler::set_epoch(int64_t epoch) {
-  if (epoch == epoch_) return;
+  if (resumed_ && epoch == epoch_) {  // the loop's call for the epoch a state was restored in
+    resumed_ = false;
+    return;
+  }
+  resumed_ = false;
   epoch_ = epoch;
   start_ = 0;
   taken_ = 0;
@@ -85,6 +90,7 @@ at::Tensor DistributedSampler::take(int64_t first, int64_t last) const {
 std::optional<at::Tensor> DistributedSampler::next(int64_t batch_size) {
   if (batch_size < 1) throw UsageError("DistributedSampler::next: batch size " + std::to_string(batch_size) + " < 1");
   const int64_t share = rank_share(start_);
+  resumed_ = false;
   if (taken_ >= share) return std::nullopt;
   const int64_t last = std::min(share, taken_ + batch_size);
   at::Tensor out = take(taken_, last);
@@ -126,6 +132,7 @@ void DistributedSampler::load_state_dict(const std::map<std::string, at::Tensor>
   epoch_ = epoch;
   start_ = position;
   taken_ = 0;
+  resumed_ = true;
 }
 
 }  // namespace tdist

@@ -10,7 +10,7 @@
 // backend goes: queued ops use the backend.
 #pragma once
 
-#include <atomic>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -42,10 +42,6 @@ struct ProcessGroup::Impl {
   int next_subgroup = 0;
   std::optional<detail::CollectiveCheck> collective_check;  // TDIST_DEBUG=detail
   detail::OpCounts counts;  // enqueue may run on any thread: atomics, no lock
-  // The one numbering of the group's ops (op_label.h): collectives and
-  // send/recv apart, from 1, taken at enqueue by every op whether the
-  // flight recorder is on or not.
-  std::atomic<uint64_t> collective_seq{0}, p2p_seq{0};
   detail::FrGroup* recorder = nullptr;  // the flight recorder's record of the group; null: off
   // CUDA ops (device_runtime.h), made at the group's first one: the group's
   // stream on its device and, when the backend moves host memory only, the
@@ -61,6 +57,7 @@ struct ProcessGroup::Impl {
   std::string cuda_backend_name;
   comm::BackendContext cuda_backend_ctx;
   std::unique_ptr<comm::Backend> cuda_backend;  // under device_mu
+  std::exception_ptr cuda_backend_error;  // its making failed: every later CUDA op raises it; under device_mu
   std::unique_ptr<comm::Backend> staged;
   std::unique_ptr<detail::TaskQueue> queue;  // last: started once the rest is set
 
@@ -98,24 +95,24 @@ struct ProcessGroup::Impl {
     const Milliseconds to = t.value_or(timeout);
     if (to.count() <= 0) throw UsageError(std::string(name) + ": the timeout must be positive");
     if (!async_op) queue->refuse_own_thread(name);
-    const bool p2p = op == detail::GroupOp::kSend || op == detail::GroupOp::kRecv;
-    const uint64_t label = (p2p ? p2p_seq : collective_seq).fetch_add(1, std::memory_order_relaxed) + 1;
-    const detail::FrHandle rec = record(op, traffic, to, label);
+    const detail::FrHandle rec = record(op, traffic, to);
     try {
-      return enqueue_recorded(op, {name, label}, traffic, to, async_op, std::forward<Body>(body), std::move(sig),
-                              device, rec);
+      return enqueue_recorded(op, name, traffic, to, async_op, std::forward<Body>(body), std::move(sig), device, rec);
     } catch (const std::exception& e) {
       rec.failed(e);  // no-op when the op's task already failed with it
       throw;
     }
   }
 
-  detail::FrHandle record(detail::GroupOp op, const Traffic& traffic, Milliseconds to, uint64_t label) {
+  static bool is_p2p(detail::GroupOp op) { return op == detail::GroupOp::kSend || op == detail::GroupOp::kRecv; }
+
+  // The flight recorder's record of an op as queued (numbered when it
+  // starts: FrHandle::started).
+  detail::FrHandle record(detail::GroupOp op, const Traffic& traffic, Milliseconds to) {
     if (!recorder) return {};
     detail::FrOp o;
     o.name = detail::group_op_name(op);
-    o.p2p = op == detail::GroupOp::kSend || op == detail::GroupOp::kRecv;
-    o.seq = label;
+    o.p2p = is_p2p(op);
     o.dtype = traffic.dtype;
     if (traffic.dtype >= 0) {
       const auto elem = static_cast<int64_t>(comm::dtype_size(static_cast<comm::DataType>(traffic.dtype)));
@@ -127,28 +124,23 @@ struct ProcessGroup::Impl {
     return detail::FlightRecorder::get().record(recorder, o);
   }
 
-  // An op's name and its number (op_label.h).
-  struct Named {
-    const char* name;
-    uint64_t label;
-  };
   template <typename Body>
-  std::shared_ptr<Work> enqueue_recorded(detail::GroupOp op, Named named, const Traffic& traffic, Milliseconds to,
+  std::shared_ptr<Work> enqueue_recorded(detail::GroupOp op, const char* name, const Traffic& traffic, Milliseconds to,
                                          bool async_op, Body&& body, std::string sig,
                                          const std::optional<c10::Device>& device, const detail::FrHandle& rec) {
-    const char* name = named.name;
+    const detail::OpCount count = is_p2p(op) ? detail::OpCount::kP2p : detail::OpCount::kCollective;
     if (!async_op && !device) {
       std::vector<at::Tensor> result;
-      const bool ran = queue->run_now(name, to, [&](comm::Deadline d) {
+      const auto label = queue->run_now(name, to, [&](comm::Deadline d) {
         counts.add(op, traffic.input_bytes, traffic.output_bytes);
         rec.started();
         if (!sig.empty()) collective_check->check(sig, d);
         result = body(d);  // a failure is recorded by enqueue's catch, once the queue is free again
         rec.completed();
-      }, named.label);
-      if (ran) {
+      }, count);
+      if (label) {
         auto work = std::make_shared<Work>();
-        work->set_info(named.label, name);
+        work->set_info(*label, name);
         work->mark_completed(std::move(result));
         return work;
       }
@@ -192,7 +184,7 @@ struct ProcessGroup::Impl {
         return result;
       };
     }
-    auto work = queue->enqueue(name, to, std::move(task), named.label);
+    auto work = queue->enqueue(name, to, std::move(task), count);
     if (device) {
       work->set_device_wait([end, errors = device_backend(*device, name).async_errors()] {
         if (*end) (*end)->block_current();
@@ -244,16 +236,20 @@ struct ProcessGroup::Impl {
   comm::Backend& device_backend(c10::Device device, const char* op) {
     if (cuda_backend_name.empty()) return *backend;
     std::lock_guard<std::mutex> lock(device_mu);
+    if (cuda_backend_error) std::rethrow_exception(cuda_backend_error);  // not again: its store keys are spent
     if (!cuda_backend) {
       detail::OpDeviceScope on_device(device.index());
       try {
         cuda_backend = comm::create_backend(cuda_backend_name, cuda_backend_ctx);
       } catch (const TimeoutError&) {
-        throw;  // names the ranks that never came
+        cuda_backend_error = std::current_exception();  // names the ranks that never came
+        throw;
       } catch (const std::exception& e) {
-        throw Error(std::string(op) + " on " + device.str() + " in group '" + group_name + "' (backend \"auto\": " +
-                    cuda_backend_name + " for CUDA tensors): " + e.what() +
-                    "\nTo move CUDA tensors through host memory instead, ask for backend \"shm\" or \"gloo\".");
+        cuda_backend_error = std::make_exception_ptr(
+            Error(std::string(op) + " on " + device.str() + " in group '" + group_name + "' (backend \"auto\": " +
+                  cuda_backend_name + " for CUDA tensors): " + e.what() +
+                  "\nTo move CUDA tensors through host memory instead, ask for backend \"shm\" or \"gloo\"."));
+        std::rethrow_exception(cuda_backend_error);
       }
     }
     return *cuda_backend;

@@ -35,7 +35,8 @@ std::string host_identity() {
 
 std::shared_ptr<ProcessGroup> make_group(std::shared_ptr<Store> store, int rank, std::vector<int> ranks,
                                          std::string backend, std::string name, Milliseconds timeout,
-                                         const std::string& master_addr, const char* desc = "") {
+                                         const std::string& master_addr, const char* desc = "",
+                                         const std::string& inherited_cuda_backend = "") {
   const int size = static_cast<int>(ranks.size());
   const bool automatic = backend == "auto";
   if (automatic) {
@@ -67,8 +68,11 @@ std::shared_ptr<ProcessGroup> make_group(std::shared_ptr<Store> store, int rank,
   impl->group_name = std::move(name);
   impl->timeout = timeout;
   impl->master_addr = master_addr;
-  if (automatic && comm::has_backend("nccl")) {  // CUDA tensors to nccl (group_impl.h)
-    impl->cuda_backend_name = "nccl";
+  // CUDA tensors to nccl under "auto" (group_impl.h); a subgroup asked for
+  // no backend of its own keeps its parent's choice.
+  const std::string cuda_backend = automatic && comm::has_backend("nccl") ? "nccl" : inherited_cuda_backend;
+  if (!cuda_backend.empty()) {
+    impl->cuda_backend_name = cuda_backend;
     impl->cuda_backend_ctx = ctx;
     impl->cuda_backend_ctx.store = std::make_shared<PrefixStore>("backend-cuda", impl->store);
   }
@@ -103,7 +107,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks, co
   auto store = std::make_shared<PrefixStore>("group" + std::to_string(id), impl_->store);
   return make_group(store, static_cast<int>(it - ranks.begin()), std::move(world_ranks),
                     options.backend.empty() ? impl_->backend_name : options.backend, name,
-                    options.timeout.value_or(impl_->timeout), impl_->master_addr);
+                    options.timeout.value_or(impl_->timeout), impl_->master_addr, "",
+                    options.backend.empty() ? impl_->cuda_backend_name : "");
 }
 
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {

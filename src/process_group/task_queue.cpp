@@ -78,7 +78,7 @@ void TaskQueue::stop() {
   if (watcher_.joinable()) watcher_.join();
 }
 
-std::shared_ptr<Work> TaskQueue::enqueue(const char* name, Milliseconds timeout, TaskBody body, uint64_t label) {
+std::shared_ptr<Work> TaskQueue::enqueue(const char* name, Milliseconds timeout, TaskBody body, OpCount count) {
   auto work = std::make_shared<Work>();
   work->set_runner([g = gate_](const Work& w) { return run_inline(g, &w); });
   bool wake_worker = false, wake_watcher = false;
@@ -86,8 +86,8 @@ std::shared_ptr<Work> TaskQueue::enqueue(const char* name, Milliseconds timeout,
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) throw UsageError(std::string(name) + ": the process group '" + group_name_ + "' is shut down");
     const uint64_t seq = next_seq_++;
-    work->set_info(label, name);
-    Task task{work, timeout, std::move(body), seq, label};
+    work->set_info(0, name);  // numbered when it starts (pop_front_locked)
+    Task task{work, timeout, std::move(body), seq, count};
     if (current_queue == this) {
       task.for_worker = true;
       queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(continuations_++), std::move(task));
@@ -120,13 +120,13 @@ void TaskQueue::refuse_own_thread(const char* name) const {
   }
 }
 
-bool TaskQueue::claim_idle(const char* name) {
+uint64_t TaskQueue::claim_idle(const char* name, OpCount count) {
   refuse_own_thread(name);
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) throw UsageError(std::string(name) + ": the process group '" + group_name_ + "' is shut down");
-  if (running_ || !queue_.empty()) return false;
+  if (running_ || !queue_.empty()) return 0;
   running_ = true;
-  return true;
+  return number_locked(count);
 }
 
 void TaskQueue::release_idle() {
@@ -141,6 +141,8 @@ void TaskQueue::release_idle() {
 TaskQueue::Task TaskQueue::pop_front_locked() {
   Task task = std::move(queue_.front());
   queue_.pop_front();
+  task.label = number_locked(task.count);  // in the order ops start: the same on every rank
+  task.work->set_seq(task.label);
   continuations_ = 0;
   // What is left behind the popped task was queued while it waited: handed
   // to the worker already, none fresh.

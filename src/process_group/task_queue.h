@@ -53,6 +53,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -66,6 +67,14 @@ namespace tdist::detail {
 // A task's body: runs the op before the deadline, returns Work's result.
 using TaskBody = std::function<std::vector<at::Tensor>(comm::Deadline)>;
 
+// The group's two numberings (op_label.h): collectives, and send/recv apart
+// (they are not symmetric across ranks). Each counts 1, 2, 3, ... in the
+// order the ops start, which is the order they run in: the same on every
+// rank that calls them in the same order, whatever the threads' timing
+// (a continuation queued from a callback runs, and so is numbered, ahead
+// of ops other threads queued meanwhile).
+enum class OpCount : uint8_t { kCollective, kP2p };
+
 class TaskQueue {
  public:
   // group_name: for error messages.
@@ -75,27 +84,31 @@ class TaskQueue {
   TaskQueue& operator=(const TaskQueue&) = delete;
 
   // Queues body as the op `name` with `timeout` (positive); the Work
-  // completes with body's result or fails with its exception. `label`: the
-  // op's number as its group gave it (op_label.h; 0: none), the Work's
-  // seq() and, while body runs, the thread's current_op_label().
-  std::shared_ptr<Work> enqueue(const char* name, Milliseconds timeout, TaskBody body, uint64_t label = 0);
+  // completes with body's result or fails with its exception. The op is
+  // numbered when it starts (`count`: which of the group's two numberings,
+  // op_label.h): the Work's seq() from then on, and, while body runs, the
+  // thread's current_op_label().
+  std::shared_ptr<Work> enqueue(const char* name, Milliseconds timeout, TaskBody body,
+                                OpCount count = OpCount::kCollective);
 
   // The synchronous path (async_op=false): when nothing is queued or
   // running, runs fn(deadline) on this thread at once as the next op (no
-  // Work, no queue entry; `label` as for enqueue) and returns true; fn's
-  // exception propagates. False when the queue is busy: the caller queues
-  // the op and waits for it. UsageError on this queue's own thread (a
-  // callback that waited would wait for itself) and once stopped.
+  // Work, no queue entry; numbered as for enqueue) and returns its number;
+  // fn's exception propagates. nullopt when the queue is busy: the caller
+  // queues the op and waits for it. UsageError on this queue's own thread
+  // (a callback that waited would wait for itself) and once stopped.
   template <typename Fn>
-  bool run_now(const char* name, Milliseconds timeout, Fn&& fn, uint64_t label = 0) {
-    if (!claim_idle(name)) return false;
+  std::optional<uint64_t> run_now(const char* name, Milliseconds timeout, Fn&& fn,
+                                  OpCount count = OpCount::kCollective) {
+    const uint64_t label = claim_idle(name, count);
+    if (label == 0) return std::nullopt;
     struct Release {
       TaskQueue* queue;
       ~Release() { queue->release_idle(); }
     } release{this};
     comm::OpLabelScope labelled(label);
     fn(comm::Clock::now() + timeout);
-    return true;
+    return label;
   }
 
   // UsageError when called on this queue's own thread (its worker, or a
@@ -112,7 +125,8 @@ class TaskQueue {
     Milliseconds timeout;
     TaskBody body;
     uint64_t seq = 0;  // the queue's own count, from 0 (hand-overs are matched by it)
-    uint64_t label = 0;  // the group's number for the op (op_label.h)
+    OpCount count = OpCount::kCollective;
+    uint64_t label = 0;  // its number (op_label.h), given when it starts
     // When the worker first found it fresh at the front (its grace runs
     // from there; zero: not yet). The caller reads no clock to queue it.
     std::chrono::steady_clock::time_point seen_at{};
@@ -126,9 +140,11 @@ class TaskQueue {
     TaskQueue* queue = nullptr;
   };
 
-  // run_now's two halves: marks the idle queue running (false: not idle);
-  // then marks it idle again.
-  bool claim_idle(const char* name);
+  // run_now's two halves: marks the idle queue running and numbers the op
+  // (0: not idle); then marks it idle again.
+  uint64_t claim_idle(const char* name, OpCount count);
+  // The next number of `count`; REQUIRES mu_.
+  uint64_t number_locked(OpCount count) { return ++numbered_[static_cast<int>(count)]; }
   void release_idle();
   static bool run_inline(const std::shared_ptr<Gate>& gate, const Work* w);
   static void execute(Task& task);
@@ -153,6 +169,7 @@ class TaskQueue {
   std::condition_variable cv_;
   std::deque<Task> queue_;
   uint64_t next_seq_ = 0;
+  uint64_t numbered_[2] = {0, 0};  // the last number given, per OpCount; under mu_
   // A task is running (on the worker, or inline): one at a time. Written
   // under mu_; the watcher reads it without, only when about to sleep.
   std::atomic<bool> running_{false};

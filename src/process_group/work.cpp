@@ -21,7 +21,7 @@ struct Work::State {
   std::exception_ptr error;
   std::vector<at::Tensor> result;
   std::vector<std::function<void()>> callbacks;  // run once, on completion
-  uint64_t seq = 0;
+  std::atomic<uint64_t> seq{0};
   std::string op_name = "work";
   std::function<bool(const Work&)> run_here;  // set before the work is shared
   std::function<void()> device_wait;  // likewise
@@ -31,13 +31,14 @@ Work::Work() : state_(std::make_unique<State>()) {}
 Work::~Work() = default;
 
 void Work::set_info(uint64_t seq, std::string op_name) {
-  state_->seq = seq;
+  state_->seq.store(seq, std::memory_order_relaxed);
   state_->op_name = std::move(op_name);
 }
+void Work::set_seq(uint64_t seq) { state_->seq.store(seq, std::memory_order_relaxed); }
 void Work::set_runner(std::function<bool(const Work&)> run_here) { state_->run_here = std::move(run_here); }
 void Work::set_device_wait(std::function<void()> device_wait) { state_->device_wait = std::move(device_wait); }
 
-uint64_t Work::seq() const { return state_->seq; }
+uint64_t Work::seq() const { return state_->seq.load(std::memory_order_relaxed); }
 const std::string& Work::op_name() const { return state_->op_name; }
 
 bool Work::is_completed() const { return state_->done.load(std::memory_order_acquire); }
@@ -103,7 +104,9 @@ void Work::wait(Milliseconds timeout) {
   if (detail::Timeline::active() && !is_completed()) waited.emplace("wait", "wait", state_->op_name);
   std::unique_lock<std::mutex> lock(state_->mu);
   if (!state_->done_cv.wait_for(lock, timeout, [&] { return state_->done.load(); })) {
-    throw TimeoutError("Work::wait: " + state_->op_name + " #" + std::to_string(state_->seq) +
+    const uint64_t seq = state_->seq.load(std::memory_order_relaxed);
+    throw TimeoutError("Work::wait: " + state_->op_name +
+                       (seq != 0 ? " #" + std::to_string(seq) : std::string(" (queued, not started)")) +
                        " did not complete within " + detail::format_duration_ms(timeout.count()));
   }
   if (state_->error) std::rethrow_exception(state_->error);
@@ -149,7 +152,7 @@ std::shared_ptr<Work> Work::completed(std::vector<at::Tensor> result) {
 
 std::shared_ptr<Work> Work::chain(std::function<std::shared_ptr<Work>(Work&)> fn) {
   auto next = std::make_shared<Work>();
-  next->set_info(state_->seq, state_->op_name + ".chain");
+  next->set_info(seq(), state_->op_name + ".chain");
   auto self = shared_from_this();
   auto run = [self, next, fn = std::move(fn)] {
     if (auto err = self->exception()) {
@@ -187,7 +190,7 @@ void Work::when_done(std::function<void()> cb) {
 
 std::shared_ptr<Work> Work::then(std::function<std::vector<at::Tensor>(Work&)> fn) {
   auto next = std::make_shared<Work>();
-  next->set_info(state_->seq, state_->op_name + ".then");
+  next->set_info(seq(), state_->op_name + ".then");
   auto self = shared_from_this();
   auto run = [self, next, fn = std::move(fn)] {
     if (auto err = self->exception()) {

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "comm/op_label.h"
 #include "tdist/errors.h"
 #include "trace/timeline.h"
 #include "trace/write_aside.h"
@@ -147,8 +148,9 @@ FrHandle FlightRecorder::record(FrGroup* group, const FrOp& op) {
   FrHandle h;
   if (!enabled() || !recording_.load(std::memory_order_relaxed)) return h;
   const bool p2p = op.p2p;
-  const uint64_t seq = op.seq;
-  raise_to(p2p ? group->enqueued_p2p : group->enqueued_collective, seq);
+  // Numbered when it starts (FrHandle::started); until then the count of
+  // ops queued is the highest number they will have.
+  (p2p ? group->enqueued_p2p : group->enqueued_collective).fetch_add(1, std::memory_order_relaxed);
   const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
   Slot& s = slots_[id % capacity_];
   const int64_t now = fr_now_ns();
@@ -157,7 +159,7 @@ FrHandle FlightRecorder::record(FrGroup* group, const FrOp& op) {
     s.used = true;
     s.id = id;
     s.group = group;
-    s.seq = seq;
+    s.seq = 0;
     s.p2p = p2p;
     s.op = op;
     s.state = FrState::kScheduled;
@@ -184,13 +186,11 @@ FrHandle FlightRecorder::record(FrGroup* group, const FrOp& op) {
     } else {
       std::snprintf(site, kSiteBytes, "%s", t_site);
     }
-    tl->instant("ready", std::string(site) + " ready", now,
-                "\"op\":\"" + std::string(op.name) + " #" + std::to_string(seq) + "\"");
+    tl->instant("ready", std::string(site) + " ready", now, "\"op\":\"" + std::string(op.name) + "\"");
   }
   h.slot_ = &s;
   h.id_ = id;
   h.group_ = group;
-  h.seq_ = seq;
   h.p2p_ = p2p;
   return h;
 }
@@ -198,11 +198,13 @@ FrHandle FlightRecorder::record(FrGroup* group, const FrOp& op) {
 void FrHandle::started() const {
   if (!slot_) return;
   const int64_t now = fr_now_ns();
+  seq_ = comm::current_op_label();  // the number the queue gave the op as it started it
   {
     std::lock_guard<std::mutex> lock(slot_->mu);
     if (slot_->id == id_ && slot_->state == FrState::kScheduled) {
       slot_->state = FrState::kStarted;
       slot_->started_ns = now;
+      slot_->seq = seq_;
     }
   }
   raise_to(p2p_ ? group_->started_p2p : group_->started_collective, seq_);

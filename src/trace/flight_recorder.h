@@ -40,9 +40,10 @@ namespace tdist::detail {
 enum class DumpReason : uint8_t { kTimeout, kPeerFailure, kMismatch, kSignal, kStall, kRequest };
 const char* dump_reason_name(DumpReason r);
 
-// A group's progress, per process, by the group's own numbers (given at
-// enqueue, comm/op_label.h): the highest op enqueued while recording,
-// started and completed; 0: none yet. Collectives and point-to-point ops
+// A group's progress, per process, by the group's own numbers (given as
+// each op starts, in the order ops run: comm/op_label.h): how many ops were
+// enqueued while recording (the highest number they will have), the
+// highest started and completed; 0: none yet. Collectives and point-to-point ops
 // are numbered apart (send/recv are not symmetric across ranks, so they
 // cannot share the numbers ranks line up by).
 struct FrGroup {
@@ -69,7 +70,6 @@ struct FrOp {
   int64_t output_numel = 0;
   int64_t timeout_ms = 0;
   int peer = -1;  // send/recv: the group rank of the other side
-  uint64_t seq = 0;  // the op's number as its group gave it (comm/op_label.h), from 1
 };
 
 // A snapshot of one record (what a dump or a heartbeat reads).
@@ -92,6 +92,8 @@ class FlightRecorder;
 class FrHandle {
  public:
   FrHandle() = default;
+  // On the thread that runs the op, inside its OpLabelScope: takes the
+  // op's number from it (a record is unnumbered, seq 0, until then).
   void started() const;
   void completed() const;
   // Marks the op failed with the exception's message; a timeout, a peer's
@@ -105,7 +107,7 @@ class FrHandle {
   struct Slot* slot_ = nullptr;
   uint64_t id_ = 0;
   FrGroup* group_ = nullptr;
-  uint64_t seq_ = 0;
+  mutable uint64_t seq_ = 0;  // set by started()
   bool p2p_ = false;
 };
 

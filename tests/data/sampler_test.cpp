@@ -7,6 +7,7 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <climits>
 #include <fstream>
 #include <map>
 #include <set>
@@ -185,6 +186,26 @@ TEST(DistributedSampler, AResumeAtAnotherWorldSizeNeitherSkipsNorRepeats) {
       }
     }
   }
+}
+
+// set_epoch starts a pass again, even for the same epoch (an evaluation
+// sampler used every evaluation), except the one call right after a
+// restore; a restored position at or past the end, or a hostile one, is
+// an epoch with nothing left, not a loop or an allocation.
+TEST(DistributedSampler, SetEpochStartsAPassAndHugePositionsAreEmpty) {
+  DistributedSampler s(20, options(2, 1, true, 0, false));
+  const auto first = drain(s, 4);
+  EXPECT_EQ(first.size(), 10u);
+  EXPECT_FALSE(s.next(4).has_value());
+  s.set_epoch(0);
+  EXPECT_EQ(drain(s, 4), first) << "set_epoch of the same epoch did not start the pass again";
+  DistributedSampler r(20, options(2, 1, true, 0, false));
+  const auto huge = at::tensor({INT64_MAX}, at::kLong);
+  r.load_state_dict({{"epoch", huge}, {"epoch_samples", huge}, {"dataset_size", at::tensor({20}, at::kLong)}});
+  r.set_epoch(INT64_MAX);
+  EXPECT_EQ(r.batches_left(4), 0);
+  EXPECT_FALSE(r.next(4).has_value());
+  EXPECT_EQ(DistributedSampler(INT64_MAX, options(3, 0, false, 0, false)).batches_per_epoch(INT64_MAX), 1);
 }
 
 TEST(DistributedSampler, ABadStateOrMisuseIsNamed) {

@@ -70,8 +70,8 @@ TEST_P(Failures, ATimeoutNamesTheOpItsSequenceNumberAndTheMissingRank) {
     if (pg.rank() == 0) {
       const auto t0 = Clock::now();
       auto late = pg.all_reduce(t, {ReduceOp::SUM, 300ms});
-      WORLD_CHECK(late->seq() == 2, "the second collective is #" + std::to_string(late->seq()));
       const std::string msg = expect_throw<tdist::TimeoutError>([&] { late->wait(); }, "timed-out all_reduce");
+      WORLD_CHECK(late->seq() == 2, "the second collective is #" + std::to_string(late->seq()));
       WORLD_CHECK(Clock::now() - t0 < 5s, "took too long");
       WORLD_CHECK(contains(msg, "all_reduce") && contains(msg, "#2") && !contains(msg, "#1"), msg);
       WORLD_CHECK(contains(msg, "rank(s) 1 never arrived"), msg);
@@ -524,6 +524,12 @@ TEST_F(Misuse, AutoSendsCudaTensorsToNcclWhereTdistHasIt) {
     auto pg = tdist::init_process_group(o);
     const std::string cpu = backend == "auto" ? "shm" : backend;
     EXPECT_EQ(pg->backend_name(c10::DeviceType::CUDA), backend == "auto" && has_nccl ? "nccl" : cpu) << backend;
+    // A subgroup that names no backend keeps its parent's, for both kinds
+    // of tensor (FSDP's hybrid groups, DeviceMesh).
+    auto sub = pg->new_group({0});
+    ASSERT_TRUE(sub);
+    EXPECT_EQ(sub->backend_name(), cpu) << backend;
+    EXPECT_EQ(sub->backend_name(c10::DeviceType::CUDA), pg->backend_name(c10::DeviceType::CUDA)) << backend;
     // CPU tensors stay where they were, and no nccl communicator is made
     // for them (there is no GPU here to make one on).
     at::Tensor t = at::ones({3});

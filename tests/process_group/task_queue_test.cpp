@@ -190,33 +190,40 @@ TEST(TaskQueue, TheWatcherPollsAtIdlePriorityAndAQuietQueueSleeps) {
 }
 
 // run_now, the synchronous call's path: on the calling thread when the
-// queue is idle, with the op's number (its group's, op_label.h) set while
-// it runs, as for a queued op; refused while an op waits or runs (the
-// caller then queues it); the error of its function reaches the caller
-// and leaves the queue usable.
-TEST(TaskQueue, RunNowRunsOnTheCallingThreadWhenIdleLabelledAsQueuedOps) {
+// queue is idle, numbered as it starts in line with queued ops (collectives
+// and send/recv apart), the number set on the thread while it runs;
+// refused while an op waits or runs (the caller then queues it); the error
+// of its function reaches the caller and leaves the queue usable.
+TEST(TaskQueue, RunNowRunsOnTheCallingThreadWhenIdleNumberedInLineWithQueuedOps) {
+  using tdist::detail::OpCount;
   TaskQueue q("test");
   auto empty = [](tdist::comm::Deadline) { return std::vector<at::Tensor>{}; };
   uint64_t queued_label = 0;
   auto w0 = q.enqueue("op", 10s, [&](tdist::comm::Deadline) {
     queued_label = tdist::comm::current_op_label();
     return std::vector<at::Tensor>{};
-  }, 41);
+  });
   w0->wait();
-  EXPECT_EQ(w0->seq(), 41u);
-  EXPECT_EQ(queued_label, 41u);
+  EXPECT_EQ(w0->seq(), 1u);
+  EXPECT_EQ(queued_label, 1u);
   std::thread::id ran;
   uint64_t label = 0;
-  ASSERT_TRUE(q.run_now("op", 10s, [&](tdist::comm::Deadline d) {
+  const auto seq = q.run_now("op", 10s, [&](tdist::comm::Deadline d) {
     ran = std::this_thread::get_id();
     label = tdist::comm::current_op_label();
     EXPECT_GT(d, tdist::comm::Clock::now() + 9s);
-  }, 42));
-  EXPECT_EQ(label, 42u);
-  EXPECT_EQ(tdist::comm::current_op_label(), 0u) << "the label outlived its op";
+  });
+  ASSERT_TRUE(seq.has_value());
+  EXPECT_EQ(*seq, 2u);
+  EXPECT_EQ(label, 2u);
+  EXPECT_EQ(tdist::comm::current_op_label(), 0u) << "the number outlived its op";
   EXPECT_EQ(ran, std::this_thread::get_id());
-  EXPECT_EQ(q.enqueue("op", 10s, empty, 43)->seq(), 43u);
-
+  auto p2p = q.enqueue("send", 10s, empty, OpCount::kP2p);
+  p2p->wait();
+  EXPECT_EQ(p2p->seq(), 1u) << "send/recv are numbered apart";
+  auto w3 = q.enqueue("op", 10s, empty);
+  w3->wait();
+  EXPECT_EQ(w3->seq(), 3u);
   // Busy: an op runs (on the worker), and one is queued behind it.
   std::promise<void> release;
   auto released = release.get_future().share();
@@ -228,7 +235,7 @@ TEST(TaskQueue, RunNowRunsOnTheCallingThreadWhenIdleLabelledAsQueuedOps) {
   });
   ASSERT_TRUE(wait_for([&] { return started.load(); }, 5000ms));
   bool called = false;
-  EXPECT_FALSE(q.run_now("op", 10s, [&](tdist::comm::Deadline) { called = true; }));
+  EXPECT_FALSE(q.run_now("op", 10s, [&](tdist::comm::Deadline) { called = true; }).has_value());
   auto behind = q.enqueue("behind", 10s, empty);
   release.set_value();
   // Once it may run here, what was queued before it has run.
@@ -242,7 +249,7 @@ TEST(TaskQueue, RunNowRunsOnTheCallingThreadWhenIdleLabelledAsQueuedOps) {
   // An error propagates; the queue is idle again afterwards.
   EXPECT_THROW(q.run_now("op", 10s, [](tdist::comm::Deadline) { throw std::runtime_error("broke"); }),
                std::runtime_error);
-  EXPECT_TRUE(q.run_now("op", 10s, [&](tdist::comm::Deadline) { called = true; }));
+  EXPECT_TRUE(q.run_now("op", 10s, [&](tdist::comm::Deadline) { called = true; }).has_value());
   EXPECT_TRUE(called);
 }
 

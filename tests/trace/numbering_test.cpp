@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -97,11 +98,11 @@ TEST_P(Numbering, ATimeoutNamesTheOpAsTheDumpAndWorkDo) {
     o.timeout = std::chrono::milliseconds(800);
     at::Tensor t = at::ones({4});
     auto w = pg.all_reduce(t, o);
-    WORLD_CHECK(w->seq() == n, "Work::seq() " << w->seq() << ", expected " << n);
     try {
       w->wait();
       WORLD_CHECK(false, "no TimeoutError");
     } catch (const tdist::TimeoutError& e) {
+      WORLD_CHECK(w->seq() == n, "Work::seq() " << w->seq() << ", expected " << n);
       check_one_number(e.what(), last_world_entry(dir.path(), 0), n);
     }
   }, no_final_barrier(GetParam())), "");
@@ -121,6 +122,40 @@ TEST_P(Numbering, APeersDeathNamesTheOpAsTheDumpDoes) {
       check_one_number(e.what(), last_world_entry(dir.path(), 0), n);
     }
   }, no_final_barrier(GetParam())), "");
+}
+
+// Ops are numbered in the order they run, which is the same on every
+// rank; the order they were queued in need not be: a chain()'s collective
+// goes ahead of what another thread queued meanwhile. Rank 1 queues B while
+// A runs, rank 0 after A's chain has queued C: both run A, C, B, and both
+// must call C #2 and B #3, in Work::seq() and in their dumps.
+TEST_P(Numbering, AChainedCollectiveIsNumberedAsItRunsOnEveryRank) {
+  TempDir dir;
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    setenv("TDIST_DUMP_DIR", dir.path().c_str(), 1);
+    at::Tensor a = at::ones({4}), b = at::ones({8}), c = at::ones({16});
+    auto wa = pg.all_reduce(a);
+    std::shared_ptr<tdist::Work> wc;
+    auto chained = wa->chain([&](tdist::Work&) { return wc = pg.all_reduce(c); });
+    if (pg.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    auto wb = pg.all_reduce(b);
+    wb->wait();
+    chained->wait();
+    WORLD_CHECK(wa->seq() == 1 && wc->seq() == 2 && wb->seq() == 3,
+                "A #" << wa->seq() << ", C (chained) #" << wc->seq() << ", B #" << wb->seq() << "; want 1, 2, 3");
+    const std::string text = tdist::test::read_all(tdist::trace::dump_flight_recorder());
+    const json dump = json::parse(text);
+    std::map<uint64_t, int64_t> numel;  // collective_seq_id -> input elements
+    for (const auto& e : dump["entries"]) {
+      if (e["process_group"][0] == "world") numel[e["collective_seq_id"]] = e["input_sizes"][0][0];
+    }
+    WORLD_CHECK(numel[1] == 4 && numel[2] == 16 && numel[3] == 8,
+                "the dump's #1, #2, #3 hold " << numel[1] << ", " << numel[2] << ", " << numel[3] << " elements");
+  }, [this] {
+    tdist::test::WorldOptions o;
+    o.backend = GetParam();
+    return o;
+  }()), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Numbering, ::testing::Values("shm", "gloo"));

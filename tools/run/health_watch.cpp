@@ -102,7 +102,9 @@ std::string describe_op(const std::string& tag) {
   if (tag.empty() || tag == "-") return "none";
   const size_t hash = tag.find('#'), at = tag.find('@');
   if (hash == std::string::npos || at == std::string::npos || at < hash) return tag;
-  return tag.substr(0, hash) + " #" + tag.substr(hash + 1, at - hash - 1) + " of group '" + tag.substr(at + 1) + "'";
+  const std::string number = tag.substr(hash + 1, at - hash - 1);  // "0": queued, not numbered until it starts
+  return tag.substr(0, hash) + (number == "0" ? std::string(" (queued, not started)") : " #" + number) + " of group '" +
+         tag.substr(at + 1) + "'";
 }
 
 JobFiles::JobFiles(const std::string& rdzv_id) {

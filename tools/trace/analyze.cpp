@@ -124,7 +124,9 @@ const std::string* skipping_side(const std::vector<std::string>& at, const std::
 
 // "all_reduce #12 of group 'world'", "send #3 to rank 1 of group 'world'".
 std::string op_text(const FrEntry& e, const std::vector<int>& group_ranks) {
-  std::string s = op_name(e.op) + " #" + std::to_string(e.is_p2p ? e.p2p_seq_id : e.collective_seq_id);
+  const int64_t seq = e.is_p2p ? e.p2p_seq_id : e.collective_seq_id;
+  // An op is numbered when it starts: one still queued has no number yet.
+  std::string s = op_name(e.op) + (seq > 0 ? " #" + std::to_string(seq) : std::string(" (queued, not started)"));
   if (e.is_p2p && e.peer >= 0) {
     const bool known = static_cast<size_t>(e.peer) < group_ranks.size();
     s += std::string(e.op == "recv" ? " from " : " to ") +
@@ -137,7 +139,7 @@ std::string op_text(const FrEntry& e, const std::vector<int>& group_ranks) {
 struct View {
   const RankDump* dump = nullptr;
   bool has_group = false;
-  int64_t enqueued = 0, completed = 0;
+  int64_t enqueued = 0, started = 0, completed = 0;  // enqueued: how many (the highest number they will have)
   std::map<int64_t, const FrEntry*> coll;  // collectives in the ring, by seq (the latest record wins)
 };
 
@@ -240,6 +242,7 @@ class Analyzer {
         View& v = named[name][r];
         v.has_group = true;
         v.enqueued = st.last_enqueued_collective;
+        v.started = st.last_started_collective;
         v.completed = st.last_completed_collective;
       }
       const FrEntry*& oldest = oldest_pending_[r];
@@ -248,7 +251,7 @@ class Analyzer {
         v.has_group = true;
         const bool pending = e.state == FrState::scheduled || e.state == FrState::started;
         if (pending && (!oldest || e.record_id < oldest->record_id)) oldest = &e;
-        if (e.is_p2p) continue;
+        if (e.is_p2p || e.collective_seq_id <= 0) continue;  // unnumbered: queued, not started
         const FrEntry*& slot = v.coll[e.collective_seq_id];
         if (!slot || e.record_id >= slot->record_id) slot = &e;
       }
@@ -273,6 +276,7 @@ class Analyzer {
         v.dump = d->second;
         for (const auto& [seq, e] : v.coll) {
           v.enqueued = std::max(v.enqueued, seq);
+          if (e->state != FrState::scheduled) v.started = std::max(v.started, seq);
           if (e->state == FrState::completed) v.completed = std::max(v.completed, seq);
         }
         g.views.emplace(r, std::move(v));
@@ -354,7 +358,12 @@ class Analyzer {
       }
       waiting.push_back(r);
       const auto it = v.coll.find(seq);
-      if (it == v.coll.end()) continue;
+      if (it == v.coll.end()) {
+        // Ops are numbered as they start: queued behind another, it has no
+        // number (and no entry under one) yet.
+        if (v.started < seq) queued.push_back(r);
+        continue;
+      }
       const FrEntry& e = *it->second;
       if (!any || !any->time_started_ns) any = &e;
       if (e.state == FrState::scheduled) queued.push_back(r);

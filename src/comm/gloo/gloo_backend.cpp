@@ -330,7 +330,7 @@ class GlooBackend final : public Backend {
       pending->data.resize(std::max<size_t>(bytes, 1));
       pending->ub = context_->createUnboundBuffer(pending->data.data(), bytes);
       pending->deadline = d;
-      pending->what = "send #" + std::to_string(seq_ - 1) + " to rank " + std::to_string(global(dst));
+      pending->what = "send #" + std::to_string(op_label_or(seq_)) + " to rank " + std::to_string(global(dst));
       pending->ub->send(dst, p2p_slot(tag), 0, bytes);
       {
         std::lock_guard<std::mutex> lock(mu_);

@@ -292,7 +292,9 @@ class MpiBackend final : public Backend {
     PendingSend s;
     s.data.assign(static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(buf) + bytes);
     s.deadline = d;
-    s.what = "send #" + std::to_string(seq_++) + " to rank " + std::to_string(dst) + " (tag " + std::to_string(tag) + ")";
+    const uint64_t seq = seq_++;
+    s.what = "send #" + std::to_string(op_label_or(seq + 1)) + " to rank " + std::to_string(dst) + " (tag " +
+             std::to_string(tag) + ")";
     {
       MpiLock lock;
       if (MPI_Isend(s.data.data(), n, MPI_BYTE, dst, tag, comm_, &s.req) != MPI_SUCCESS) {
