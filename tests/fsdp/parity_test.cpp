@@ -264,10 +264,11 @@ INSTANTIATE_TEST_SUITE_P(Backends, CollectivesPerUnit,
 
 // ---- when each unit is gathered, from the flight recorder -------------------------------
 
-// The FSDP units' all-gathers that the world group queued after its op
-// number `after`, oldest first, each by its calling site (the unit's name),
-// and the number of the last op queued: this rank's flight recorder,
-// dumped now (into $TDIST_DUMP_DIR).
+// The FSDP units' all-gathers that the world group queued after the
+// record `after`, oldest first, each by its calling site (the unit's name),
+// and the last record: this rank's flight recorder, dumped now (into
+// $TDIST_DUMP_DIR). By record, not by op number: an op is numbered when it
+// starts, and a prefetch may be queued and not started yet.
 struct Recorded {
   uint64_t last = 0;
   std::vector<std::string> gathers;
@@ -278,10 +279,10 @@ Recorded recorded_since(uint64_t after) {
   WORLD_CHECK(!path.empty(), "no flight recorder dump (is TDIST_DUMP_DIR set?)");
   const auto dump = nlohmann::json::parse(tdist::test::read_all(path));
   Recorded r;
-  r.last = dump["pg_status"]["world"]["last_enqueued_collective"].get<uint64_t>();
+  for (const auto& e : dump["entries"]) r.last = std::max(r.last, e["record_id"].get<uint64_t>());
   for (const auto& e : dump["entries"]) {
     if (e["process_group"][0] != "world" || e["profiling_name"] != "tdist:all_gather_into_tensor_coalesced") continue;
-    if (e["collective_seq_id"].get<uint64_t>() <= after) continue;
+    if (e["record_id"].get<uint64_t>() <= after) continue;
     r.gathers.push_back(e["site"].is_string() ? e["site"].get<std::string>() : "(no site)");
   }
   return r;
