@@ -92,6 +92,18 @@ inline void add_checkpoint_flags(CLI::App& app, CheckpointFlags& f) {
       ->capture_default_str();
 }
 
+// PyTorch's DistributedSampler with drop_last over a data set of n
+// samples: each epoch a new shuffle (seeded seed + epoch), the same on
+// every rank, every world-size-th sample for this rank.
+inline tdist::DistributedSampler drop_last_sampler(int64_t n, int rank, int world, uint64_t seed) {
+  tdist::DistributedSamplerOptions o;
+  o.num_replicas = world;
+  o.rank = rank;
+  o.seed = seed;
+  o.drop_last = true;
+  return tdist::DistributedSampler(n, o);
+}
+
 // Where a run resumed from `r` continues: the sampler takes the data
 // position saved in the checkpoint's extras (its state_dict, kept in
 // samples, so it holds at any world size: see tdist/sampler.h), and the

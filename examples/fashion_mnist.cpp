@@ -154,12 +154,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
 
   // PyTorch's DistributedSampler with drop_last: each epoch a new shuffle,
   // the same on every rank, every world-size-th sample for this rank.
-  tdist::DistributedSamplerOptions so;
-  so.num_replicas = world;
-  so.rank = rank;
-  so.seed = a.seed + 1000;
-  so.drop_last = true;
-  tdist::DistributedSampler sampler(train_x.size(0), so);
+  tdist::DistributedSampler sampler = examples::drop_last_sampler(train_x.size(0), rank, world, a.seed + 1000);
   const int64_t steps_per_epoch = sampler.batches_per_epoch(a.batch_size);
   const int64_t total_steps = a.max_steps > 0 ? std::min(a.max_steps, steps_per_epoch * a.epochs)
                                               : steps_per_epoch * a.epochs;

@@ -149,12 +149,7 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(a.lr));
 
   // PyTorch's DistributedSampler with drop_last (fashion_mnist.cpp's).
-  tdist::DistributedSamplerOptions so;
-  so.num_replicas = world;
-  so.rank = rank;
-  so.seed = a.seed + 1000;
-  so.drop_last = true;
-  tdist::DistributedSampler sampler(data.train_x.size(0), so);
+  tdist::DistributedSampler sampler = examples::drop_last_sampler(data.train_x.size(0), rank, world, a.seed + 1000);
   const int64_t steps_per_epoch = sampler.batches_per_epoch(a.batch_size);
   const int64_t total_steps = a.max_steps > 0 ? std::min(a.max_steps, steps_per_epoch * a.epochs)
                                               : steps_per_epoch * a.epochs;
