@@ -76,7 +76,10 @@ std::shared_ptr<ProcessGroup> make_group(std::shared_ptr<Store> store, int rank,
     impl->cuda_backend_ctx = ctx;
     impl->cuda_backend_ctx.store = std::make_shared<PrefixStore>("backend-cuda", impl->store);
   }
-  impl->recorder = detail::FlightRecorder::get().add_group(impl->group_name, desc, backend, impl->ranks);
+  // The dump names both when CUDA tensors go elsewhere, as PyTorch writes
+  // a backend per device ("cpu:gloo,cuda:nccl").
+  const std::string recorded = cuda_backend.empty() ? backend : "cpu:" + backend + ",cuda:" + cuda_backend;
+  impl->recorder = detail::FlightRecorder::get().add_group(impl->group_name, desc, recorded, impl->ranks);
   const char* debug = std::getenv("TDIST_DEBUG");
   if (debug && std::string(debug) == "detail") {
     impl->collective_check.emplace(impl->store, impl->rank, impl->ranks, impl->group_name);

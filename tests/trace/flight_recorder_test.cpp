@@ -78,6 +78,10 @@ TEST(FlightRecorder, ADumpHoldsEveryGroupsOpsInOrderNumberedPerGroup) {
     WORLD_CHECK(dump["rank"] == r && dump["world_size"] == 2 && dump["reason"] == "request", dump["reason"]);
     WORLD_CHECK(dump["pg_config"]["world"]["ranks"] == "[0, 1]", dump["pg_config"].dump());
     WORLD_CHECK(dump["pg_config"]["world"]["desc"] == "default_pg", dump["pg_config"].dump());
+    // The backend of each device, as PyTorch writes it when they differ ("cpu:shm,cuda:nccl").
+    const std::string cpu = pg.backend_name(), cuda = pg.backend_name(c10::kCUDA);
+    const std::string backends = cuda == cpu ? cpu : "cpu:" + cpu + ",cuda:" + cuda;
+    WORLD_CHECK(dump["pg_config"]["world"]["backend"] == backends, dump["pg_config"].dump());
     WORLD_CHECK(dump["pg_config"].contains("world/0"), dump["pg_config"].dump());
     // The world's ops after init's own: all_reduce, broadcast, then send or recv apart, all_gather;
     // every op with the time it was queued.
