@@ -4,6 +4,7 @@
 #include "tdist/config.h"
 #include "tdist/safetensors.h"
 #include "tdist/ddp.h"
+#include "tdist/deferred_init.h"
 #include "tdist/device_mesh.h"
 #include "tdist/errors.h"
 #include "tdist/activation_checkpoint.h"
