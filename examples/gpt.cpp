@@ -52,6 +52,7 @@ struct Args {
   bool activation_checkpointing = false;
   std::string device = "cpu";
   std::string backend = "auto";
+  std::string init = "deferred";
   std::string from_pretrained, save_pretrained, max_shard_size = "5GB";
   std::string data;
   int64_t steps = 300;
@@ -107,6 +108,11 @@ Args parse(int argc, char** argv) {
   app.add_option("--fsdp", a.fsdp, "FSDP sharding, each block a unit: full (ZeRO-3), grad_op (ZeRO-2), no (NO_SHARD)")
       ->check(CLI::IsMember({"full", "grad_op", "no"}))->capture_default_str();
   app.add_flag("--ddp", a.ddp, "DistributedDataParallel instead of FSDP");
+  app.add_option("--init", a.init,
+                 "deferred: build the model with no memory and make it one FSDP unit at a time (with "
+                 "--from-pretrained the files' values are the first the shards hold); eager: build it whole "
+                 "on every rank first")
+      ->check(CLI::IsMember({"deferred", "eager"}))->capture_default_str();
   app.add_option("--precision", a.precision, "fp32, or bf16 (FSDP mixed precision)")
       ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
   app.add_flag("--activation-checkpointing", a.activation_checkpointing, "recompute each block's activations in backward");
@@ -195,10 +201,13 @@ Trained build(const Args& a, const examples::GptConfig& cfg, const c10::Device& 
     };
   }
   torch::manual_seed(a.seed);
-  examples::GptLMHeadModel net(cfg, plain_checkpointed);
+  const auto make = [&] { return examples::GptLMHeadModel(cfg, plain_checkpointed); };
+  // Deferred: no memory until FSDP makes each unit (the same values as eager).
+  examples::GptLMHeadModel net = a.init == "deferred" ? tdist::deferred_init(make) : make();
   Trained t;
   for (const auto& p : tdist::unique_parameters(*net)) t.parameters += p.numel();
   if (a.ddp) {
+    tdist::materialize_module(*net);  // DDP keeps the whole model on every rank
     net->to(device);
     auto ddp = std::make_shared<tdist::DistributedDataParallel<examples::GptLMHeadModel>>(net);
     t.root = ddp->get();
@@ -216,6 +225,9 @@ Trained build(const Args& a, const examples::GptConfig& cfg, const c10::Device& 
                                               : tdist::ShardingStrategy::NO_SHARD;
   if (a.precision == "bf16") o.mixed_precision.param_dtype = at::kBFloat16;
   if (device.is_cuda()) o.device_id = device;
+  // Pretrained weights go straight into the shards: no initialization first
+  // (load_pretrained is strict, so a tensor the files lack is an error).
+  if (a.init == "deferred" && !a.from_pretrained.empty()) o.param_init_fn = [](torch::nn::Module&) {};
   if (a.activation_checkpointing) {
     o.auto_wrapper_callable = [](torch::nn::AnyModule m, const tdist::FullyShardedDataParallelOptions& c) {
       return torch::nn::AnyModule(tdist::FullyShardedDataParallel(tdist::checkpoint_module(std::move(m)), c));
@@ -324,25 +336,46 @@ examples::GptConfig config_of(const Args& a, nlohmann::ordered_json& base) {
   }
 }
 
-// Every rank builds the whole model in fp32 before FSDP shards it (and a
-// pretrained one before its weights are read): refuse a size this machine
-// cannot hold, naming where it came from, before allocating any of it.
-void check_fits(const Args& a, const examples::GptConfig& cfg) {
+// What one rank holds at its peak, in fp32 bytes. Eager (and DDP): the
+// whole model at start-up, and its gradients and AdamW's two moments while
+// training. Deferred under FSDP: the model states of its strategy (ZeRO-3:
+// parameters, gradients and moments sharded; ZeRO-2: parameters whole; no
+// sharding: everything whole) and the largest unit gathered with its
+// gradient.
+double bytes_per_rank(const Args& a, const examples::GptConfig& cfg, int world) {
+  const double p = static_cast<double>(cfg.parameter_count());
+  if (a.ddp || a.init == "eager" || a.fsdp == "no") return 16 * p;
+  const double e = static_cast<double>(cfg.n_embd), inner = static_cast<double>(cfg.inner());
+  const double block = 4 * e + 3 * e * e + 3 * e + e * e + e + e * inner + inner + inner * e + e;
+  const double root = static_cast<double>(cfg.vocab_size + cfg.n_positions) * e + 2 * e +
+                      (cfg.tie_word_embeddings ? 0 : static_cast<double>(cfg.vocab_size) * e);
+  const double unit = std::max(block, root);
+  const double w = std::max(1, world);
+  const double states = a.fsdp == "full" ? 16 * p / w : 4 * p + 12 * p / w;
+  return states + 8 * unit;
+}
+
+// Refuse a size this machine cannot hold, naming where it came from,
+// before allocating any of it.
+void check_fits(const Args& a, const examples::GptConfig& cfg, int world) {
   const int64_t params = cfg.parameter_count();
   const char* local = std::getenv("LOCAL_WORLD_SIZE");
   const int64_t ranks = std::max<int64_t>(1, local ? std::atoll(local) : 1);
-  const double need = static_cast<double>(params) * 4 * static_cast<double>(ranks);
+  const double per_rank = bytes_per_rank(a, cfg, world);
+  const double need = per_rank * static_cast<double>(ranks);
   const int64_t available = examples::proc_field_bytes("/proc/meminfo", "MemAvailable");
   if (available <= 0 || need <= static_cast<double>(available)) return;
   const std::string from = a.from_pretrained.empty() ? std::string("--n-layer/--n-head/--n-embd/--block-size")
                                                      : a.from_pretrained + "/config.json (n_layer, n_embd, n_inner, "
                                                                            "vocab_size, n_positions)";
-  char msg[512];
+  char msg[640];
   std::snprintf(msg, sizeof msg,
-                "%s: a model of %.1f M parameters is %.1f GiB in fp32 on each of this node's %lld ranks, "
+                "%s: a model of %.1f M parameters needs %.1f GiB on each of this node's %lld ranks (%s), "
                 "and this machine has %.1f GiB available",
-                from.c_str(), static_cast<double>(params) / 1e6, static_cast<double>(params) * 4 / (1 << 30),
-                static_cast<long long>(ranks), static_cast<double>(available) / (1 << 30));
+                from.c_str(), static_cast<double>(params) / 1e6, per_rank / (1 << 30), static_cast<long long>(ranks),
+                a.ddp || a.init == "eager" || a.fsdp == "no" ? "the whole model, its gradients and AdamW's moments"
+                                                             : "its shards of the model states and the largest unit",
+                static_cast<double>(available) / (1 << 30));
   throw std::runtime_error(msg);
 }
 
@@ -380,7 +413,7 @@ int run(const Args& args, tdist::ProcessGroup& pg) {
   const c10::Device device = device_of(args);
   nlohmann::ordered_json base;
   const examples::GptConfig cfg = config_of(args, base);
-  check_fits(args, cfg);
+  check_fits(args, cfg, world);
   Args a = args;
   a.block_size = block_size_of(args, cfg);
   const examples::ByteText text = text_of(a);

@@ -55,6 +55,7 @@ class DeferredInitScope {
 
  private:
   bool outermost_;
+  bool grad_before_ = c10::GradMode::is_enabled();
   c10::AutoGradMode no_grad_{false};  // construction records no autograd graph
 };
 }  // namespace detail
@@ -79,5 +80,10 @@ void materialize_tensor(const at::Tensor& t, std::optional<c10::Device> device =
 
 // Every deferred parameter and buffer of m and its submodules, together.
 void materialize_module(torch::nn::Module& m, std::optional<c10::Device> device = std::nullopt);
+
+// Every deferred parameter and buffer of m and its submodules becomes real
+// on `device` with its elements unset (PyTorch's Module.to_empty), for an
+// init of one's own or a load that sets every element.
+void to_empty(torch::nn::Module& m, c10::Device device);
 
 }  // namespace tdist

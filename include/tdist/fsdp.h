@@ -32,7 +32,9 @@
 // `device_id`); forward and backward on one thread; every rank
 // runs the same units in the same order (a unit skipped on one rank only is
 // a CollectiveMismatchError or a timeout, never a silent wrong result);
-// move, convert or load the module before wrapping it.
+// convert or load the module before wrapping it (or build it with
+// tdist::deferred_init: each unit is then made where it trains, one at a
+// time, see param_init_fn).
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -174,12 +176,28 @@ struct FullyShardedDataParallelOptions {
   AutoWrapPolicy auto_wrap_policy;
   // Makes the children's wrappers; empty: FullyShardedDataParallel itself.
   AutoWrapperCallable auto_wrapper_callable;
-  // The device the module trains on, as PyTorch's FSDP device_id: the
-  // module is moved there (module->to) before it is wrapped. Unset: where
-  // its parameters are. A unit's parameters must be on one device; shards,
+  // The device the module trains on, as PyTorch's FSDP device_id: each
+  // unit's parameters and buffers are moved there as the unit is made (one
+  // unit at a time, never the whole model at once). Unset: where its
+  // parameters are. A unit's parameters must be on one device; shards,
   // full parameters and gradients live there, and every backend serves it
   // (nccl natively, shm/gloo/mpi through pinned host memory).
   std::optional<c10::Device> device_id = std::nullopt;
+  // A model built with tdist::deferred_init (tdist/deferred_init.h) is
+  // made real one unit at a time as its wrappers are built: each unit's
+  // parameters and buffers full on the unit's device (device_id, else the
+  // CPU), initialized, sharded, the full copy freed before the next unit.
+  // By default they are initialized as the model's constructor did (its
+  // layers' reset(), its own init: bit for bit the eager values with the
+  // same seed). param_init_fn, FSDP1's name, replaces that: the unit's
+  // tensors are made real with their elements unset and it is called on
+  // each module that holds one of them (not on inner units' modules), in
+  // model order; it must set every element, e.g.
+  //   o.param_init_fn = [](torch::nn::Module& m) {
+  //     torch::NoGradGuard g;
+  //     for (auto& p : m.parameters(false)) p.normal_(0.0, 0.02);
+  //   };
+  std::function<void(torch::nn::Module&)> param_init_fn;
 };
 
 namespace detail {

@@ -27,6 +27,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "deferred/deferred.h"
 #include "deferred/record.h"
 #include "tdist/deferred_init.h"
 #include "tdist/errors.h"
@@ -38,6 +39,7 @@ namespace {
 struct Recording {
   std::shared_ptr<DeferredRecord> record;
   int depth = 0;
+  bool grad_before = true;  // the grad mode outside the outermost scope
 };
 thread_local Recording t_recording;
 
@@ -228,6 +230,7 @@ size_t deferred_record_count() {
 
 DeferredInitScope::DeferredInitScope() : outermost_(t_recording.depth == 0) {
   if (outermost_) {
+    t_recording.grad_before = grad_before_;
     auto record = std::make_shared<DeferredRecord>();
     Registry& reg = registry();
     std::lock_guard<std::mutex> lock(reg.mu);
@@ -265,12 +268,16 @@ bool is_deferred(const torch::nn::Module& m) {
 }
 
 namespace detail {
-namespace {
 
-// Materializes named tensors, grouped by record; forgets them afterwards.
-void materialize_named(const std::vector<DeferredRecord::Target>& targets, std::optional<c10::Device> device) {
+DeferredInitPause::DeferredInitPause()
+    : grad_(t_recording.depth > 0 ? t_recording.grad_before : c10::GradMode::is_enabled()) {}
+
+namespace {
+// The named tensors that are meta, grouped by record.
+std::vector<std::pair<std::shared_ptr<DeferredRecord>, std::vector<DeferredRecord::Target>>> by_record(
+    const std::vector<NamedTensor>& tensors) {
   std::vector<std::pair<std::shared_ptr<DeferredRecord>, std::vector<DeferredRecord::Target>>> groups;
-  for (const DeferredRecord::Target& t : targets) {
+  for (const NamedTensor& t : tensors) {
     if (!t.tensor.defined() || !t.tensor.is_meta()) continue;
     std::shared_ptr<DeferredRecord> rec = record_of(t.tensor);
     if (rec == nullptr) {
@@ -279,9 +286,14 @@ void materialize_named(const std::vector<DeferredRecord::Target>& targets, std::
     }
     auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == rec; });
     if (g == groups.end()) g = groups.insert(groups.end(), {rec, {}});
-    g->second.push_back(t);
+    g->second.push_back({t.name, t.tensor});
   }
-  for (auto& [rec, group] : groups) {
+  return groups;
+}
+}  // namespace
+
+void materialize_named(const std::vector<NamedTensor>& tensors, std::optional<c10::Device> device) {
+  for (auto& [rec, group] : by_record(tensors)) {
     {
       std::lock_guard<std::mutex> lock(rec->mu);
       rec->materialize(group, device);
@@ -292,7 +304,18 @@ void materialize_named(const std::vector<DeferredRecord::Target>& targets, std::
   }
 }
 
-}  // namespace
+void empty_named(const std::vector<NamedTensor>& tensors, c10::Device device) {
+  for (auto& [rec, group] : by_record(tensors)) {
+    {
+      std::lock_guard<std::mutex> lock(rec->mu);
+      rec->make_empty(group, device);
+    }
+    Registry& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mu);
+    sweep_locked(reg);
+  }
+}
+
 }  // namespace detail
 
 void materialize_tensor(const at::Tensor& t, std::optional<c10::Device> device) {
@@ -308,10 +331,17 @@ void materialize_tensor(const at::Tensor& t, std::optional<c10::Device> device) 
 }
 
 void materialize_module(torch::nn::Module& m, std::optional<c10::Device> device) {
-  std::vector<detail::DeferredRecord::Target> targets;
+  std::vector<detail::NamedTensor> targets;
   for (const auto& p : m.named_parameters(true)) targets.push_back({p.key(), p.value()});
   for (const auto& b : m.named_buffers(true)) targets.push_back({b.key(), b.value()});
   detail::materialize_named(targets, device);
+}
+
+void to_empty(torch::nn::Module& m, c10::Device device) {
+  std::vector<detail::NamedTensor> targets;
+  for (const auto& p : m.named_parameters(true)) targets.push_back({p.key(), p.value()});
+  for (const auto& b : m.named_buffers(true)) targets.push_back({b.key(), b.value()});
+  detail::empty_named(targets, device);
 }
 
 }  // namespace tdist

@@ -320,6 +320,27 @@ void DeferredRecord::materialize(const std::vector<Target>& targets, std::option
   }
 }
 
+void DeferredRecord::make_empty(const std::vector<Target>& targets, c10::Device device) {
+  std::unordered_set<c10::TensorImpl*> impls;
+  std::unordered_map<const c10::StorageImpl*, c10::Storage> real;  // one storage per meta storage: ties stay tied
+  c10::impl::ExcludeDispatchKeyGuard no_record(c10::DispatchKey::DeferredInit);
+  at::NoGradGuard no_grad;
+  for (const Target& t : targets) {
+    if (!t.tensor.defined() || !t.tensor.is_meta() || !impls.insert(t.tensor.unsafeGetTensorImpl()).second) continue;
+    const c10::StorageImpl* s = storage_of(t.tensor);
+    auto it = real.find(s);
+    if (it == real.end()) {
+      const int64_t elements = static_cast<int64_t>(t.tensor.storage().nbytes() / t.tensor.element_size());
+      it = real.emplace(s, at::empty({elements}, t.tensor.options().device(device)).storage()).first;
+    }
+    adopt_storage(t.tensor, it->second);
+    StorageNode& node = storages_[s];
+    node.final = true;
+    node.name = t.name;
+  }
+  retire(impls);
+}
+
 // The record stops holding the targets (they are the module's now, with
 // their values): each place that did holds their meta form instead.
 void DeferredRecord::retire(const std::unordered_set<c10::TensorImpl*>& impls) {

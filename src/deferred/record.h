@@ -63,6 +63,9 @@ class DeferredRecord {
   // was materialized before.
   void materialize(const std::vector<Target>& targets, std::optional<c10::Device> device);
 
+  // Every target becomes real on `device`, uninitialized, and final.
+  void make_empty(const std::vector<Target>& targets, c10::Device device);
+
   // Whether any storage not yet materialized is held from outside.
   bool in_use() const;
   // The meta storages it recorded (the registry's keys).

@@ -65,7 +65,7 @@ int64_t nonwrapped_numel(torch::nn::Module& m) {
   return n;
 }
 
-thread_local const std::unordered_set<const c10::TensorImpl*>* t_deferred = nullptr;
+thread_local const std::unordered_set<const c10::TensorImpl*>* t_left_to_outer = nullptr;
 
 // Every parameter registered in m's tree (into wrappers too), except in
 // the subtree `skip`.
@@ -75,13 +75,13 @@ void params_of(torch::nn::Module& m, const torch::nn::Module* skip, std::unorder
   for (const auto& c : m.children()) params_of(*c, skip, out);
 }
 
-// Sets t_deferred for one wrapper's construction.
-class DeferScope {
+// Sets t_left_to_outer for one wrapper's construction.
+class LeaveToOuterScope {
  public:
-  explicit DeferScope(const std::unordered_set<const c10::TensorImpl*>* d) : before_(t_deferred) { t_deferred = d; }
-  DeferScope(const DeferScope&) = delete;
-  DeferScope& operator=(const DeferScope&) = delete;
-  ~DeferScope() { t_deferred = before_; }
+  explicit LeaveToOuterScope(const std::unordered_set<const c10::TensorImpl*>* d) : before_(t_left_to_outer) { t_left_to_outer = d; }
+  LeaveToOuterScope(const LeaveToOuterScope&) = delete;
+  LeaveToOuterScope& operator=(const LeaveToOuterScope&) = delete;
+  ~LeaveToOuterScope() { t_left_to_outer = before_; }
 
  private:
   const std::unordered_set<const c10::TensorImpl*>* before_;
@@ -127,13 +127,13 @@ class Walk {
                        "tdist::wrap), or give a policy that does not pick it");
     }
     // The parameters m shares with the rest of root's tree stay out of its unit.
-    std::unordered_set<const c10::TensorImpl*> inside, outside, deferred;
+    std::unordered_set<const c10::TensorImpl*> inside, outside, left;
     params_of(m, nullptr, inside);
     params_of(root_, &m, outside);
     for (const auto* impl : inside) {
-      if (outside.count(impl)) deferred.insert(impl);
+      if (outside.count(impl)) left.insert(impl);
     }
-    const DeferScope scope(deferred.empty() ? nullptr : &deferred);
+    const LeaveToOuterScope scope(left.empty() ? nullptr : &left);
     for (auto it = seq->begin(); it != seq->end(); ++it) {
       if (it->ptr().get() != &m) continue;
       torch::nn::AnyModule wrapped =
@@ -162,7 +162,7 @@ void auto_wrap_children(torch::nn::Module& root, const FullyShardedDataParallelO
   Walk(root, options, label).visit(root, "", nullptr, "", /*only_children=*/true);
 }
 
-const std::unordered_set<const c10::TensorImpl*>* deferred_to_outer() { return t_deferred; }
+const std::unordered_set<const c10::TensorImpl*>* left_to_outer() { return t_left_to_outer; }
 
 }  // namespace detail
 }  // namespace tdist

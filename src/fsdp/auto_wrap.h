@@ -31,6 +31,6 @@ void auto_wrap_children(torch::nn::Module& root, const FullyShardedDataParallelO
 // While auto_wrap_children builds a picked module's wrapper: the
 // parameters (by TensorImpl) that wrapper must leave to an outer one; null
 // otherwise. Thread-local (wrappers are built on the constructing thread).
-const std::unordered_set<const c10::TensorImpl*>* deferred_to_outer();
+const std::unordered_set<const c10::TensorImpl*>* left_to_outer();
 
 }  // namespace tdist::detail

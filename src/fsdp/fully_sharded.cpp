@@ -17,9 +17,11 @@
 
 #include "autograd/recompute_phase.h"
 #include "ddp/model_check.h"
+#include "deferred/deferred.h"
 #include "fsdp/auto_wrap.h"
 #include "fsdp/coordinator.h"
 #include "fsdp/fsdp_state.h"
+#include "fsdp/materialize_unit.h"
 #include "fsdp/wrapper_groups.h"
 #include "process_group/async_ops.h"
 #include "tdist/errors.h"
@@ -93,24 +95,31 @@ struct Collected {
   std::vector<char> norm;  // per parameter: a BatchNorm's
   std::vector<std::string> names;
   std::vector<at::Tensor> params;
+  std::vector<std::string> buffer_names;
   std::vector<at::Tensor> buffers;
+  std::vector<torch::nn::Module*> owners;  // the modules with a parameter or buffer of the unit's own, in model order
   std::unordered_set<const c10::TensorImpl*> seen;
 };
 void collect(torch::nn::Module& m, const std::string& prefix, bool in_inner, Collected& out) {
   const bool norm = dynamic_cast<torch::nn::BatchNorm1dImpl*>(&m) || dynamic_cast<torch::nn::BatchNorm2dImpl*>(&m) ||
                     dynamic_cast<torch::nn::BatchNorm3dImpl*>(&m);
-  const auto* deferred = deferred_to_outer();
+  const auto* left = left_to_outer();
   for (const auto& p : m.named_parameters(/*recurse=*/false)) {
     const c10::TensorImpl* impl = p.value().unsafeGetTensorImpl();
-    if (deferred && deferred->count(impl)) continue;
+    if (left && left->count(impl)) continue;
     if (in_inner && claimed(p.value())) continue;
     if (!out.seen.insert(impl).second) continue;
     out.norm.push_back(norm);
     out.names.push_back(join(prefix, p.key()));
     out.params.push_back(p.value());
+    if (out.owners.empty() || out.owners.back() != &m) out.owners.push_back(&m);
   }
   if (!in_inner) {
-    for (const auto& b : m.named_buffers(/*recurse=*/false)) out.buffers.push_back(b.value());
+    for (const auto& b : m.named_buffers(/*recurse=*/false)) {
+      out.buffer_names.push_back(join(prefix, b.key()));
+      out.buffers.push_back(b.value());
+      if (out.owners.empty() || out.owners.back() != &m) out.owners.push_back(&m);
+    }
   }
   for (const auto& c : m.named_children()) {
     const bool inner = in_inner || dynamic_cast<FullyShardedModule*>(c.value().get()) != nullptr;
@@ -222,9 +231,9 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
   if (dynamic_cast<FullyShardedModule*>(&module)) {
     throw UsageError("FullyShardedDataParallel: the module is already an FSDP wrapper; wrap the inner module once");
   }
+  const DeferredInitPause pause;  // made inside a deferred_init (a unit built in a model's constructor): for real
   const WrapperGroups groups = resolve_groups(options);
   const auto& pg = groups.shard;
-  if (options.device_id) module.to(*options.device_id);
   state_ = std::make_shared<FsdpState>();
   FsdpState& s = *state_;
   s.pg = groups.shard;
@@ -253,6 +262,9 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
   claim(label, names, params);
   try {
     check_same_model(*s.world_pg, names, params, "FullyShardedDataParallel over " + module.name());
+    // This unit's tensors only, on its device: a deferred model is made one
+    // unit at a time, and device_id never moves the whole model.
+    materialize_unit({names, params, found.buffer_names, buffers, found.owners}, s.options, label);
     if (s.options.sync_module_states) {
       broadcast_from_rank0(*s.world_pg, params);
       broadcast_from_rank0(*s.world_pg, buffers);

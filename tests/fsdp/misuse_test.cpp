@@ -10,6 +10,7 @@
 
 #include <chrono>
 
+#include "fsdp/unit.h"
 #include "tdist/errors.h"
 #include "tests/fsdp/models.h"
 #include "tests/util/two_devices.h"
@@ -75,11 +76,25 @@ TEST(FsdpMisuse, AUnitOfTwoDtypesIsRefusedByName) {
   }), "");
 }
 
-TEST(FsdpMisuse, AUnitOnTwoDevicesIsRefusedByName) {
+// A meta tensor FSDP cannot make real (deferred_init did not make it) is
+// refused by name before anything is sharded.
+TEST(FsdpMisuse, AMetaTensorNotFromDeferredInitIsRefusedByName) {
   EXPECT_EQ(run_world(2, [](ProcessGroup&) {
     tdist::FullyShardedDataParallelOptions o;
-    o.sync_module_states = false;  // else the broadcast refuses the meta tensor first
-    const std::string msg = expect_throw<tdist::UsageError>([&] { FSDP<TwoDevices> m(TwoDevices(), o); }, "devices");
+    const std::string msg = expect_throw<tdist::UsageError>([&] { FSDP<TwoDevices> m(TwoDevices(), o); }, "meta");
+    WORLD_CHECK(contains(msg, "'b'") && contains(msg, "deferred_init") && contains(msg, "FullyShardedDataParallel"), msg);
+  }), "");
+}
+
+// A unit's parameters on two devices (the CPU and, as the one other device
+// a CPU-only machine has, meta) are refused by name.
+TEST(FsdpMisuse, AUnitOnTwoDevicesIsRefusedByName) {
+  EXPECT_EQ(run_world(2, [](ProcessGroup&) {
+    std::vector<tdist::detail::FsdpParamSpec> specs;
+    specs.push_back({"a", torch::ones({4}), false});
+    specs.push_back({"b", torch::empty({4}, torch::kMeta), false});
+    const std::string msg = expect_throw<tdist::UsageError>(
+        [&] { tdist::detail::ShardedUnit u(tdist::default_group(), "unit", std::move(specs), {}); }, "device");
     WORLD_CHECK(contains(msg, "'b'") && contains(msg, "meta") && contains(msg, "device_id"), msg);
   }), "");
 }
