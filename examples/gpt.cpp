@@ -429,8 +429,15 @@ int run(const Args& args, tdist::ProcessGroup& pg) {
                   report.files.size());
     }
   }
+  // Start-up's peak (the model built, sharded and loaded): every rank's.
+  torch::Tensor startup = torch::zeros({world}, torch::kDouble);
+  startup[rank] = static_cast<double>(examples::proc_status_bytes("VmHWM"));
+  pg.all_reduce(startup)->wait();
   const int64_t params = m.parameters;
   if (rank == 0) {
+    std::printf("start-up (--init %s): peak RSS per rank:", a.init.c_str());
+    for (int r = 0; r < world; ++r) std::printf(" %.0f MiB", startup[r].item<double>() / (1 << 20));
+    std::printf(" (before the model: %.0f MiB)\n", static_cast<double>(rss0) / (1 << 20));
     std::printf("GPT-2: %lld layers, %lld heads, %lld wide, vocabulary %lld, %.2f M parameters; %s, %d ranks, %s\n",
                 static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),
                 static_cast<long long>(cfg.n_embd), static_cast<long long>(cfg.vocab_size), params / 1e6,
@@ -573,6 +580,8 @@ int run(const Args& args, tdist::ProcessGroup& pg) {
       j["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
       j["peak_rss_bytes"] = std::vector<double>(mem.data_ptr<double>(), mem.data_ptr<double>() + world);
       j["rss_before_model_bytes"] = rss0;
+      j["init"] = a.init;
+      j["startup_peak_rss_bytes"] = std::vector<double>(startup.data_ptr<double>(), startup.data_ptr<double>() + world);
       j["sample"] = continuation;
       j["weights_fingerprint"] = weights_fingerprint;
       if (!examples::write_json("gpt", a.json, j)) return 1;

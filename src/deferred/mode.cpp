@@ -20,8 +20,12 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/library.h>
 
+#include <malloc.h>
+#include <sys/mman.h>
+
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -136,6 +140,23 @@ bool touches_meta(const std::vector<c10::IValue>& args) {
   return any;
 }
 
+// A zeroed tensor of m's sizes and strides on `device`. On the CPU its
+// memory is mapped for it alone and unmapped when it dies: freed through
+// malloc, blocks of this size stay in the process (glibc raises its mmap
+// threshold after the first free), and deferred_init's peak would grow
+// with every scratch tensor instead of being the largest one.
+at::Tensor scratch_like(const at::Tensor& m, c10::Device device) {
+  if (!device.is_cpu() || m.numel() == 0) {
+    return at::empty_strided(m.sizes(), m.strides(), m.options().device(device)).zero_();
+  }
+  size_t span = 1;
+  for (int64_t d = 0; d < m.dim(); ++d) span += static_cast<size_t>(m.size(d) - 1) * static_cast<size_t>(m.stride(d));
+  const size_t bytes = span * m.element_size();
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  return at::from_blob(p, m.sizes(), m.strides(), [bytes](void* q) { ::munmap(q, bytes); }, m.options().device(device));
+}
+
 // Runs op for real on scratch tensors of the meta arguments' shapes, on
 // `device`, with `gen`: what the construction would have drawn from it.
 void advance_generator(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args, int generator_arg,
@@ -145,11 +166,11 @@ void advance_generator(const c10::OperatorHandle& op, const std::vector<c10::IVa
   for (const c10::IValue& v : args) {
     if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_meta()) {
       const at::Tensor& m = v.toTensor();
-      stack.emplace_back(at::empty_strided(m.sizes(), m.strides(), m.options().device(record.device_of(m))).zero_());
+      stack.emplace_back(scratch_like(m, record.device_of(m)));
     } else if (v.isTensorList() && touches_meta({v})) {
       std::vector<at::Tensor> list;
       for (const at::Tensor& m : v.toTensorVector()) {
-        list.push_back(m.is_meta() ? at::zeros(m.sizes(), m.options().device(record.device_of(m))) : m);
+        list.push_back(m.is_meta() ? scratch_like(m, record.device_of(m)) : m);
       }
       stack.emplace_back(list);
     } else {
@@ -249,6 +270,7 @@ DeferredInitScope::~DeferredInitScope() {
   std::lock_guard<std::mutex> lock(reg.mu);
   reg.recording.erase(t_recording.record.get());
   t_recording.record.reset();
+  ::malloc_trim(0);  // what random factories' scratch outputs left in the heap goes back
 }
 
 }  // namespace detail

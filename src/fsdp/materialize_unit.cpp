@@ -39,15 +39,15 @@ bool holds_meta(torch::nn::Module& m) {
 
 }  // namespace
 
-void materialize_unit(const UnitTensors& unit, const FullyShardedDataParallelOptions& o, const std::string& label) {
+bool materialize_unit(const UnitTensors& unit, const FullyShardedDataParallelOptions& o, const std::string& label) {
   const std::vector<NamedTensor> tensors = named(unit);
   if (!any_meta(tensors)) {
-    if (!o.device_id) return;
+    if (!o.device_id) return false;
     at::NoGradGuard no_grad;
     for (const NamedTensor& t : tensors) {
       if (t.tensor.defined() && t.tensor.device() != *o.device_id) t.tensor.set_data(t.tensor.to(*o.device_id));
     }
-    return;
+    return false;
   }
   const c10::Device device = o.device_id.value_or(c10::Device(c10::kCPU));
   if (o.param_init_fn) {
@@ -73,6 +73,7 @@ void materialize_unit(const UnitTensors& unit, const FullyShardedDataParallelOpt
       t.tensor.set_data(t.tensor.to(device));
     }
   }
+  return true;
 }
 
 }  // namespace tdist::detail

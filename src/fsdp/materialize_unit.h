@@ -23,7 +23,8 @@ struct UnitTensors {
   const std::vector<torch::nn::Module*>& owners;  // the modules holding them, in model order
 };
 
-// UsageError naming a tensor still meta afterwards (param_init_fn left it).
-void materialize_unit(const UnitTensors& unit, const FullyShardedDataParallelOptions& options, const std::string& label);
+// Whether any of them was deferred. UsageError naming a tensor still meta
+// afterwards (param_init_fn left it).
+bool materialize_unit(const UnitTensors& unit, const FullyShardedDataParallelOptions& options, const std::string& label);
 
 }  // namespace tdist::detail
