@@ -93,17 +93,6 @@ bool is_type(const c10::Argument& a, c10::TypeKind kind) {
   return t->kind() == kind;
 }
 
-template <typename Fn>
-void for_each_tensor(const c10::IValue& v, Fn&& fn) {
-  if (v.isTensor()) {
-    if (v.toTensor().defined()) fn(v.toTensor());
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorVector()) {
-      if (t.defined()) fn(t);
-    }
-  }
-}
-
 // What the fallback needs to know of one call.
 struct Call {
   int device_arg = -1;

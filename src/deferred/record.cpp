@@ -16,23 +16,6 @@
 namespace tdist::detail {
 namespace {
 
-// Calls fn(tensor) for every defined tensor in v (a tensor, a list of
-// tensors or of optional tensors).
-template <typename Fn>
-void for_each_tensor(const c10::IValue& v, Fn&& fn) {
-  if (v.isTensor()) {
-    if (v.toTensor().defined()) fn(v.toTensor());
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorVector()) {
-      if (t.defined()) fn(t);
-    }
-  } else if (v.isList()) {
-    for (const c10::IValue& e : v.toListRef()) {
-      if (e.isTensor() && e.toTensor().defined()) fn(e.toTensor());
-    }
-  }
-}
-
 // The outputs recorded as `recorded` take the values of `result` (the
 // same operation, run for real): same object, so every holder sees them.
 void adopt(const c10::IValue& recorded, const c10::IValue& result) {

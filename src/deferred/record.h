@@ -107,6 +107,23 @@ class DeferredRecord {
   std::vector<at::Tensor> retired_;  // the meta forms of materialized targets the ops hold now
 };
 
+// Calls fn(tensor) for every defined tensor in v (a tensor, a list of
+// tensors, or of optional tensors as index_put_'s indices).
+template <typename Fn>
+void for_each_tensor(const c10::IValue& v, Fn&& fn) {
+  if (v.isTensor()) {
+    if (v.toTensor().defined()) fn(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorVector()) {
+      if (t.defined()) fn(t);
+    }
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isTensor() && e.toTensor().defined()) fn(e.toTensor());
+    }
+  }
+}
+
 // How many records are alive (mode.cpp; for tests).
 size_t deferred_record_count();
 
