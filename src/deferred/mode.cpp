@@ -188,6 +188,12 @@ void deferred_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, 
   } else if (call.first_meta != nullptr) {
     device = record->device_of(*call.first_meta);
   }
+  if (device.is_meta()) {
+    // A deferred tensor's options() name meta (zeros({n}, w.options())):
+    // eagerly they named the device its values are made on.
+    device = call.first_meta != nullptr ? record->device_of(*call.first_meta) : c10::Device(c10::kCPU);
+    if (call.device_arg >= 0) args[call.device_arg] = c10::IValue(device);
+  }
   std::optional<at::Generator> before;
   if (call.generator_arg >= 0 || draws_without_generator_argument(schema)) {
     c10::impl::ExcludeDispatchKeyGuard no_record(c10::DispatchKey::DeferredInit);
@@ -338,7 +344,7 @@ void materialize_tensor(const at::Tensor& t, std::optional<c10::Device> device) 
     }
     return;
   }
-  detail::materialize_named({{"", t}}, device);
+  detail::materialize_named({{"the tensor", t}}, device);
 }
 
 void materialize_module(torch::nn::Module& m, std::optional<c10::Device> device) {

@@ -205,6 +205,28 @@ TEST(DeferredInit, ATensorMadeFromAnotherIsMadeWithItOrRefused) {
   EXPECT_TRUE(torch::equal(reverse->a, eager->a));
 }
 
+// Factories given a deferred tensor's options() (which name meta inside
+// the scope) make what they made eagerly.
+struct OptionsImpl : torch::nn::Module {
+  torch::Tensor w, z, r;
+  OptionsImpl() {
+    w = register_parameter("w", torch::randn({4}));
+    z = register_buffer("z", torch::zeros({4}, w.options()));
+    r = register_parameter("r", torch::randn({4}, w.options()));
+  }
+};
+TORCH_MODULE(Options);
+
+TEST(DeferredInit, FactoriesGivenADeferredTensorsOptionsMakeWhatTheyMadeEagerly) {
+  torch::manual_seed(9);
+  Options eager;
+  torch::manual_seed(9);
+  Options net = tdist::deferred_init([] { return Options(); });
+  tdist::materialize_module(*net);
+  expect_same(*net, *eager);
+  EXPECT_TRUE(net->z.device().is_cpu());
+}
+
 TEST(DeferredInit, AGeneratorOfTheUsersIsReplayedAndAdvanced) {
   at::Generator gen = at::detail::createCPUGenerator(42);
   at::Generator eager_gen = at::detail::createCPUGenerator(42);
