@@ -206,6 +206,19 @@ void deferred_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, 
     }
     advance_generator(op, args, call.generator_arg, gen, *record);
   }
+  std::vector<c10::IValue> seen;  // the arguments' meta forms as this call sees them
+  seen.reserve(args.size());
+  for (const c10::IValue& v : args) {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_meta()) {
+      seen.emplace_back(meta_snapshot(v.toTensor()));
+    } else if (v.isTensorList() && touches_meta({v})) {
+      std::vector<at::Tensor> list;
+      for (const at::Tensor& t : v.toTensorVector()) list.push_back(t.defined() && t.is_meta() ? meta_snapshot(t) : t);
+      seen.emplace_back(list);
+    } else {
+      seen.push_back(v);
+    }
+  }
   const size_t base = stack->size() - n;
   if (call.device_arg >= 0) (*stack)[base + call.device_arg] = c10::IValue(c10::Device(c10::kMeta));
   if (call.pin_memory_arg >= 0) (*stack)[base + call.pin_memory_arg] = c10::IValue();
@@ -223,7 +236,7 @@ void deferred_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, 
   }
   const size_t returns = schema.returns().size();
   std::vector<c10::IValue> outputs(stack->end() - static_cast<std::ptrdiff_t>(returns), stack->end());
-  record->record(op, std::move(args), outputs, std::move(before), call.generator_arg, device);
+  record->record(op, std::move(args), std::move(seen), outputs, std::move(before), call.generator_arg, device);
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);
   for (const c10::IValue& v : outputs) {
@@ -264,6 +277,7 @@ DeferredInitScope::~DeferredInitScope() {
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);
   reg.recording.erase(t_recording.record.get());
+  t_recording.record->seal();
   t_recording.record.reset();
   ::malloc_trim(0);  // what random factories' scratch outputs left in the heap goes back
 }

@@ -38,7 +38,7 @@ const c10::StorageImpl* storage_of(const at::Tensor& t) {
   return t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
 }
 
-void adopt_storage(const at::Tensor& t, const c10::Storage& real);
+void adopt_storage(const at::Tensor& t, const c10::Storage& real, const at::Tensor& like);
 
 }  // namespace
 
@@ -58,14 +58,25 @@ void DeferredRecord::hold(const c10::IValue& v) {
 }
 
 void DeferredRecord::record(const c10::OperatorHandle& op, std::vector<c10::IValue> args,
-                            std::vector<c10::IValue> outputs, std::optional<at::Generator> generator,
-                            int generator_arg, c10::Device device) {
-  Op rec{op, std::move(args), std::move(outputs), std::move(generator), generator_arg, {}, {}};
+                            std::vector<c10::IValue> before, std::vector<c10::IValue> outputs,
+                            std::optional<at::Generator> generator, int generator_arg, c10::Device device) {
+  Op rec{op, std::move(args), std::move(before), std::move(outputs), {}, std::move(generator), generator_arg, {}, {}};
+  for (const c10::IValue& v : rec.outputs) {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_meta()) {
+      rec.outputs_seen.emplace_back(meta_snapshot(v.toTensor()));
+    } else if (v.isTensorList()) {
+      std::vector<at::Tensor> list;
+      for (const at::Tensor& t : v.toTensorVector()) list.push_back(t.defined() && t.is_meta() ? meta_snapshot(t) : t);
+      rec.outputs_seen.emplace_back(list);
+    } else {
+      rec.outputs_seen.push_back(v);
+    }
+  }
   const auto& schema = op.schema().arguments();
-  for (size_t i = 0; i < rec.args.size() && i < schema.size(); ++i) {
+  for (size_t i = 0; i < rec.before.size() && i < schema.size(); ++i) {
     const c10::AliasInfo* alias = schema[i].alias_info();
     const bool written = alias != nullptr && alias->isWrite();
-    for_each_tensor(rec.args[i], [&](const at::Tensor& t) {
+    for_each_tensor(rec.before[i], [&](const at::Tensor& t) {
       if (!t.is_meta()) return;
       rec.reads.push_back(storage_of(t));
       if (written) rec.writes.push_back(storage_of(t));
@@ -86,7 +97,7 @@ void DeferredRecord::record(const c10::OperatorHandle& op, std::vector<c10::IVal
     }
     return it;
   };
-  for (const c10::IValue& v : rec.args) for_each_tensor(v, [&](const at::Tensor& t) { if (t.is_meta()) node_of(t); });
+  for (const c10::IValue& v : rec.before) for_each_tensor(v, [&](const at::Tensor& t) { if (t.is_meta()) node_of(t); });
   for (const c10::IValue& v : rec.outputs) for_each_tensor(v, [&](const at::Tensor& t) { if (t.is_meta()) node_of(t); });
   for (const c10::StorageImpl* s : rec.writes) {
     if (seen.insert(s).second) storages_[s].writers.push_back(index);
@@ -94,6 +105,13 @@ void DeferredRecord::record(const c10::OperatorHandle& op, std::vector<c10::IVal
   for (const c10::IValue& v : rec.args) hold(v);
   for (const c10::IValue& v : rec.outputs) hold(v);
   ops_.push_back(std::move(rec));
+}
+
+void DeferredRecord::seal() {
+  for (auto& [impl, h] : held_) {
+    if (impl->device().type() != c10::kMeta) continue;
+    h.meta_snapshot = meta_snapshot(at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(impl)));
+  }
 }
 
 c10::Device DeferredRecord::device_of(const at::Tensor& meta) const {
@@ -136,6 +154,15 @@ bool DeferredRecord::in_use() const {
     }
   }
   for (const at::Tensor& t : retired_) ++own[storage_of(t)];
+  for (const Op& op : ops_) {
+    for (const auto* values : {&op.before, &op.outputs_seen}) {
+      for (const c10::IValue& v : *values) {
+        for_each_tensor(v, [&](const at::Tensor& t) {
+          if (t.is_meta()) ++own[storage_of(t)];
+        });
+      }
+    }
+  }
   for (const auto& [s, node] : storages_) {
     if (node.final) continue;
     if (c10::raw::intrusive_ptr::use_count(const_cast<c10::StorageImpl*>(s)) > own[s]) return true;
@@ -187,12 +214,25 @@ std::vector<size_t> DeferredRecord::closure(const std::vector<const c10::Storage
 // every tensor of it (a copy a torch:: factory handed out, a view) is
 // made real before the operation runs, and its outputs are added.
 void DeferredRecord::replay(Op& op, RealStorages& real) {
-  auto make_real = [&](const at::Tensor& t) {
-    if (!t.is_meta()) return;
-    auto it = real.find(storage_of(t));
-    if (it != real.end()) adopt_storage(t, it->second);
+  // Each argument as the call saw it: its storage's real values, its
+  // sizes, strides and offset from then.
+  auto make_real = [&](const at::Tensor& t, const at::Tensor& seen) {
+    if (!seen.is_meta()) return;
+    auto it = real.find(storage_of(seen));
+    if (it != real.end()) adopt_storage(t, it->second, seen);
   };
-  for (const c10::IValue& v : op.args) for_each_tensor(v, make_real);
+  for (size_t i = 0; i < op.args.size() && i < op.before.size(); ++i) {
+    const c10::IValue& v = op.args[i];
+    const c10::IValue& b = op.before[i];
+    if (v.isTensor() && b.isTensor()) {
+      if (v.toTensor().defined() && b.toTensor().defined()) make_real(v.toTensor(), b.toTensor());
+    } else if (v.isTensorList() && b.isTensorList()) {
+      const std::vector<at::Tensor> ts = v.toTensorVector(), bs = b.toTensorVector();
+      for (size_t k = 0; k < ts.size() && k < bs.size(); ++k) {
+        if (ts[k].defined() && bs[k].defined()) make_real(ts[k], bs[k]);
+      }
+    }
+  }
   std::vector<c10::IValue> stack = op.args;
   if (op.generator.has_value() && op.generator_arg >= 0) {
     stack[op.generator_arg] = c10::IValue(op.generator->clone());
@@ -221,12 +261,22 @@ void DeferredRecord::replay(Op& op, RealStorages& real) {
     op.op.callBoxed(&stack);
   }
   for (size_t i = 0; i < op.outputs.size() && i < stack.size(); ++i) adopt(op.outputs[i], stack[i]);
-  auto note = [&](const at::Tensor& t) {
-    auto h = held_.find(t.unsafeGetTensorImpl());
-    if (h != held_.end() && !t.is_meta() && t.has_storage()) real.emplace(storage_of(h->second.meta_snapshot), t.storage());
+  // What became real, by the meta storage it had in the recording.
+  auto note_tensor = [&](const at::Tensor& t, const at::Tensor& m) {
+    if (t.defined() && m.defined() && m.is_meta() && !t.is_meta() && t.has_storage()) {
+      real.emplace(storage_of(m), t.storage());
+    }
   };
-  for (const c10::IValue& v : op.outputs) for_each_tensor(v, note);
-  for (const c10::IValue& v : op.args) for_each_tensor(v, note);
+  auto note = [&](const c10::IValue& v, const c10::IValue& seen) {
+    if (v.isTensor() && seen.isTensor()) {
+      note_tensor(v.toTensor(), seen.toTensor());
+    } else if (v.isTensorList() && seen.isTensorList()) {
+      const std::vector<at::Tensor> ts = v.toTensorVector(), ms = seen.toTensorVector();
+      for (size_t k = 0; k < ts.size() && k < ms.size(); ++k) note_tensor(ts[k], ms[k]);
+    }
+  };
+  for (size_t i = 0; i < stack.size() && i < op.outputs_seen.size(); ++i) note(stack[i], op.outputs_seen[i]);
+  for (size_t i = 0; i < op.args.size() && i < op.before.size(); ++i) note(op.args[i], op.before[i]);
 }
 
 // Every recorded tensor of `ops` made real, but the targets, goes back to
@@ -244,11 +294,11 @@ void DeferredRecord::restore_meta(const std::vector<size_t>& ops, const std::uno
 }
 
 namespace {
-// t (meta, of storage S) becomes the view of `real` (S's values) with t's
-// own sizes, strides and offset.
-void adopt_storage(const at::Tensor& t, const c10::Storage& real) {
-  at::Tensor view = at::empty({0}, t.options().device(real.device()));
-  view.set_(real, t.storage_offset(), t.sizes(), t.strides());
+// t becomes the view of `real` (the values of like's storage) with like's
+// sizes, strides, offset and dtype.
+void adopt_storage(const at::Tensor& t, const c10::Storage& real, const at::Tensor& like) {
+  at::Tensor view = at::empty({0}, like.options().device(real.device()));
+  view.set_(real, like.storage_offset(), like.sizes(), like.strides());
   t.unsafeGetTensorImpl()->shallow_copy_from(view.getIntrusivePtr());
 }
 }  // namespace
@@ -278,7 +328,9 @@ void DeferredRecord::materialize(const std::vector<Target>& targets, std::option
     for (size_t k = 0; k < todo.size(); ++k) {
       auto it = real.find(storages[k]);  // by the storage it had before the replay
       if (it == real.end()) throw UsageError("materialize: nothing recorded makes '" + todo[k].name + "'");
-      if (todo[k].tensor.is_meta()) adopt_storage(todo[k].tensor, it->second);
+      // As it stands at the end of the construction (the replay may have
+      // made it real as an earlier operation saw it: before a set_data, a t_()).
+      adopt_storage(todo[k].tensor, it->second, before[k]);
     }
   } catch (...) {
     restore_meta(ops, {});
@@ -316,7 +368,7 @@ void DeferredRecord::make_empty(const std::vector<Target>& targets, c10::Device 
       const int64_t elements = static_cast<int64_t>(t.tensor.storage().nbytes() / t.tensor.element_size());
       it = real.emplace(s, at::empty({elements}, t.tensor.options().device(device)).storage()).first;
     }
-    adopt_storage(t.tensor, it->second);
+    adopt_storage(t.tensor, it->second, t.tensor);
     StorageNode& node = storages_[s];
     node.final = true;
     node.name = t.name;

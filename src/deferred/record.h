@@ -49,8 +49,15 @@ class DeferredRecord {
   // the generator it drew from, as it stood before (unset: not random),
   // passed as its argument `generator_arg` (-1: it has none and draws from
   // the device's default generator); `device` where its values are made.
-  void record(const c10::OperatorHandle& op, std::vector<c10::IValue> args, std::vector<c10::IValue> outputs,
-              std::optional<at::Generator> generator, int generator_arg, c10::Device device);
+  // `before`: the arguments as the operation saw them (each meta tensor's
+  // meta form from before the call: an in-place shape op such as t_()
+  // changes the tensor object itself).
+  void record(const c10::OperatorHandle& op, std::vector<c10::IValue> args, std::vector<c10::IValue> before,
+              std::vector<c10::IValue> outputs, std::optional<at::Generator> generator, int generator_arg,
+              c10::Device device);
+  // The scope ended: each recorded tensor's meta form to go back to is
+  // the one it has now.
+  void seal();
 
   // The device a recorded tensor's values are made on (CPU if unknown).
   c10::Device device_of(const at::Tensor& meta) const;
@@ -77,7 +84,9 @@ class DeferredRecord {
   struct Op {
     c10::OperatorHandle op;
     std::vector<c10::IValue> args;
+    std::vector<c10::IValue> before;  // args' meta forms as the call saw them
     std::vector<c10::IValue> outputs;
+    std::vector<c10::IValue> outputs_seen;  // the outputs' meta forms as the call left them
     std::optional<at::Generator> generator;  // random: a copy of the generator from before
     int generator_arg = -1;                 // where it goes; -1: the device's default generator
     std::vector<const c10::StorageImpl*> reads, writes;

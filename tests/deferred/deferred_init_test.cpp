@@ -56,6 +56,8 @@ void expect_same(torch::nn::Module& got, torch::nn::Module& want) {
   for (const auto& p : w) {
     const at::Tensor& mine = g[p.key()];
     ASSERT_FALSE(mine.is_meta()) << p.key();
+    EXPECT_EQ(mine.scalar_type(), p.value().scalar_type()) << p.key();
+    EXPECT_EQ(mine.sizes(), p.value().sizes()) << p.key();
     EXPECT_TRUE(torch::equal(mine, p.value())) << p.key();
   }
   auto gb = got.named_buffers(true);
@@ -225,6 +227,36 @@ TEST(DeferredInit, FactoriesGivenADeferredTensorsOptionsMakeWhatTheyMadeEagerly)
   tdist::materialize_module(*net);
   expect_same(*net, *eager);
   EXPECT_TRUE(net->z.device().is_cpu());
+}
+
+// In-place shape operations change the tensor object: each operation
+// replays on the shape it saw. Module::to inside the scope (set_data) too.
+struct ShapesImpl : torch::nn::Module {
+  torch::Tensor t, u;
+  torch::nn::Linear l{nullptr};
+  ShapesImpl() {
+    auto a = torch::randn({3, 5});
+    a.t_();
+    t = register_parameter("t", a.contiguous());
+    auto b = torch::randn({3});
+    b.unsqueeze_(0);
+    b.mul_(2);
+    u = register_parameter("u", b);
+    l = register_module("l", torch::nn::Linear(4, 3));
+    l->to(torch::kDouble);
+  }
+};
+TORCH_MODULE(Shapes);
+
+TEST(DeferredInit, InPlaceShapeOperationsReplayOnTheShapeTheySaw) {
+  torch::manual_seed(13);
+  Shapes eager;
+  torch::manual_seed(13);
+  Shapes net = tdist::deferred_init([] { return Shapes(); });
+  EXPECT_EQ(net->t.sizes(), (std::vector<int64_t>{5, 3}));
+  tdist::materialize_module(*net);
+  expect_same(*net, *eager);
+  EXPECT_EQ(net->l->weight.scalar_type(), torch::kDouble);
 }
 
 TEST(DeferredInit, AGeneratorOfTheUsersIsReplayedAndAdvanced) {
