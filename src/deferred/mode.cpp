@@ -123,6 +123,45 @@ bool draws_without_generator_argument(const c10::FunctionSchema& schema) {
          name.rfind("aten::rrelu", 0) == 0;
 }
 
+// The overload of a random operation that takes a generator (randn ->
+// randn.generator, randint.low -> randint.low_generator, randn.names ->
+// randn.generator_with_names), if LibTorch has one.
+std::optional<c10::OperatorHandle> generator_overload(const c10::FunctionSchema& schema) {
+  const std::string& ov = schema.overload_name();
+  const std::vector<std::string> names =
+      ov.empty() ? std::vector<std::string>{"generator"} : std::vector<std::string>{ov + "_generator", "generator_with_" + ov};
+  for (const std::string& o : names) {
+    auto h = c10::Dispatcher::singleton().findSchema({schema.name(), o});
+    if (h.has_value()) return *h;
+  }
+  return std::nullopt;
+}
+
+// `values` (one per argument of `from`) as the arguments of `to`, matched
+// by name (defaults where `from` has none), its generator slot empty at
+// *generator_arg. Unset when an argument of `to` has no value.
+std::optional<std::vector<c10::IValue>> by_name(const c10::FunctionSchema& from, const std::vector<c10::IValue>& values,
+                                                const c10::FunctionSchema& to, int* generator_arg) {
+  std::vector<c10::IValue> out;
+  for (size_t i = 0; i < to.arguments().size(); ++i) {
+    const c10::Argument& a = to.arguments()[i];
+    if (is_type(a, c10::TypeKind::GeneratorType)) {
+      *generator_arg = static_cast<int>(i);
+      out.emplace_back();
+      continue;
+    }
+    const auto k = from.argumentIndexWithName(a.name());
+    if (k.has_value() && static_cast<size_t>(*k) < values.size()) {
+      out.push_back(values[*k]);
+    } else if (a.default_value().has_value()) {
+      out.push_back(*a.default_value());
+    } else {
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+
 bool touches_meta(const std::vector<c10::IValue>& args) {
   bool any = false;
   for (const c10::IValue& v : args) for_each_tensor(v, [&](const at::Tensor& t) { any = any || t.is_meta(); });
@@ -236,7 +275,25 @@ void deferred_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, 
   }
   const size_t returns = schema.returns().size();
   std::vector<c10::IValue> outputs(stack->end() - static_cast<std::ptrdiff_t>(returns), stack->end());
-  record->record(op, std::move(args), std::move(seen), outputs, std::move(before), call.generator_arg, device);
+  // A random operation without a generator argument is recorded as its
+  // overload with one, so that replay passes a copy of the generator and
+  // never sets the process's default one (another thread may be drawing).
+  c10::OperatorHandle recorded = op;
+  int generator_arg = call.generator_arg;
+  if (generator_arg < 0 && before.has_value()) {
+    if (const auto with = generator_overload(schema)) {
+      int at_arg = -1;
+      auto a = by_name(schema, args, with->schema(), &at_arg);
+      auto b = by_name(schema, seen, with->schema(), &at_arg);
+      if (a && b && at_arg >= 0) {
+        recorded = *with;
+        args = std::move(*a);
+        seen = std::move(*b);
+        generator_arg = at_arg;
+      }
+    }
+  }
+  record->record(recorded, std::move(args), std::move(seen), outputs, std::move(before), generator_arg, device);
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);
   for (const c10::IValue& v : outputs) {

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "deferred/record.h"  // deferred_record_count
@@ -269,6 +270,27 @@ TEST(DeferredInit, AGeneratorOfTheUsersIsReplayedAndAdvanced) {
   EXPECT_TRUE(torch::equal(at::randn({2}, gen), want_next));
   tdist::materialize_tensor(t);
   EXPECT_TRUE(torch::equal(t, want));
+}
+
+// Materializing draws nothing from the default generator, even for
+// torch::randn(size), which has no generator argument: another thread's
+// stream is undisturbed while it runs.
+TEST(DeferredInit, MaterializingLeavesOtherThreadsRandomNumbersAlone) {
+  std::vector<torch::Tensor> params;
+  for (int i = 0; i < 300; ++i) params.push_back(tdist::deferred_init([] { return torch::randn({64}); }));
+  torch::manual_seed(77);
+  const at::Tensor want = torch::rand({20000});
+  torch::manual_seed(77);
+  std::thread other([&] {
+    for (auto& p : params) tdist::materialize_tensor(p);
+  });
+  std::vector<float> got;
+  for (int i = 0; i < 20000; ++i) got.push_back(torch::rand({1}).item<float>());
+  other.join();
+  int differ = 0;
+  for (int i = 0; i < 20000; ++i) differ += got[i] != want[i].item<float>();
+  EXPECT_EQ(differ, 0);
+  for (auto& p : params) EXPECT_FALSE(p.is_meta());
 }
 
 TEST(DeferredInit, ForgetsWhatNobodyHolds) {
