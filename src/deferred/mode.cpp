@@ -247,17 +247,7 @@ void deferred_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, 
   }
   std::vector<c10::IValue> seen;  // the arguments' meta forms as this call sees them
   seen.reserve(args.size());
-  for (const c10::IValue& v : args) {
-    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_meta()) {
-      seen.emplace_back(meta_snapshot(v.toTensor()));
-    } else if (v.isTensorList() && touches_meta({v})) {
-      std::vector<at::Tensor> list;
-      for (const at::Tensor& t : v.toTensorVector()) list.push_back(t.defined() && t.is_meta() ? meta_snapshot(t) : t);
-      seen.emplace_back(list);
-    } else {
-      seen.push_back(v);
-    }
-  }
+  for (const c10::IValue& v : args) seen.push_back(meta_form(v));
   const size_t base = stack->size() - n;
   if (call.device_arg >= 0) (*stack)[base + call.device_arg] = c10::IValue(c10::Device(c10::kMeta));
   if (call.pin_memory_arg >= 0) (*stack)[base + call.pin_memory_arg] = c10::IValue();
@@ -380,11 +370,14 @@ std::vector<std::pair<std::shared_ptr<DeferredRecord>, std::vector<DeferredRecor
 }
 }  // namespace
 
-void materialize_named(const std::vector<NamedTensor>& tensors, std::optional<c10::Device> device) {
+// Runs fn(record, its targets) for each record of the named tensors under
+// the record's lock, then drops the records nobody holds any more.
+template <typename Fn>
+void per_record(const std::vector<NamedTensor>& tensors, Fn&& fn) {
   for (auto& [rec, group] : by_record(tensors)) {
     {
       std::lock_guard<std::mutex> lock(rec->mu);
-      rec->materialize(group, device);
+      fn(*rec, group);
     }
     Registry& reg = registry();
     std::lock_guard<std::mutex> lock(reg.mu);
@@ -392,16 +385,12 @@ void materialize_named(const std::vector<NamedTensor>& tensors, std::optional<c1
   }
 }
 
+void materialize_named(const std::vector<NamedTensor>& tensors, std::optional<c10::Device> device) {
+  per_record(tensors, [&](DeferredRecord& rec, const auto& group) { rec.materialize(group, device); });
+}
+
 void empty_named(const std::vector<NamedTensor>& tensors, c10::Device device) {
-  for (auto& [rec, group] : by_record(tensors)) {
-    {
-      std::lock_guard<std::mutex> lock(rec->mu);
-      rec->make_empty(group, device);
-    }
-    Registry& reg = registry();
-    std::lock_guard<std::mutex> lock(reg.mu);
-    sweep_locked(reg);
-  }
+  per_record(tensors, [&](DeferredRecord& rec, const auto& group) { rec.make_empty(group, device); });
 }
 
 }  // namespace detail

@@ -49,6 +49,14 @@ at::Tensor meta_snapshot(const at::Tensor& t) {
   return m;
 }
 
+c10::IValue meta_form(const c10::IValue& v) {
+  if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_meta()) return c10::IValue(meta_snapshot(v.toTensor()));
+  if (!v.isTensorList()) return v;
+  std::vector<at::Tensor> list;
+  for (const at::Tensor& t : v.toTensorVector()) list.push_back(t.defined() && t.is_meta() ? meta_snapshot(t) : t);
+  return c10::IValue(list);
+}
+
 void DeferredRecord::hold(const c10::IValue& v) {
   for_each_tensor(v, [&](const at::Tensor& t) {
     if (!t.is_meta()) return;
@@ -61,17 +69,7 @@ void DeferredRecord::record(const c10::OperatorHandle& op, std::vector<c10::IVal
                             std::vector<c10::IValue> before, std::vector<c10::IValue> outputs,
                             std::optional<at::Generator> generator, int generator_arg, c10::Device device) {
   Op rec{op, std::move(args), std::move(before), std::move(outputs), {}, std::move(generator), generator_arg, {}, {}};
-  for (const c10::IValue& v : rec.outputs) {
-    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_meta()) {
-      rec.outputs_seen.emplace_back(meta_snapshot(v.toTensor()));
-    } else if (v.isTensorList()) {
-      std::vector<at::Tensor> list;
-      for (const at::Tensor& t : v.toTensorVector()) list.push_back(t.defined() && t.is_meta() ? meta_snapshot(t) : t);
-      rec.outputs_seen.emplace_back(list);
-    } else {
-      rec.outputs_seen.push_back(v);
-    }
-  }
+  for (const c10::IValue& v : rec.outputs) rec.outputs_seen.push_back(meta_form(v));
   const auto& schema = op.schema().arguments();
   for (size_t i = 0; i < rec.before.size() && i < schema.size(); ++i) {
     const c10::AliasInfo* alias = schema[i].alias_info();

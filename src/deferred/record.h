@@ -133,6 +133,9 @@ void for_each_tensor(const c10::IValue& v, Fn&& fn) {
   }
 }
 
+// v with each meta tensor (alone or in a list) replaced by its meta_snapshot.
+c10::IValue meta_form(const c10::IValue& v);
+
 // How many records are alive (mode.cpp; for tests).
 size_t deferred_record_count();
 
