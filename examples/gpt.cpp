@@ -227,7 +227,7 @@ Trained build(const Args& a, const examples::GptConfig& cfg, const c10::Device& 
   if (device.is_cuda()) o.device_id = device;
   // Pretrained weights go straight into the shards: no initialization first
   // (load_pretrained is strict, so a tensor the files lack is an error).
-  if (a.init == "deferred" && !a.from_pretrained.empty()) o.param_init_fn = [](torch::nn::Module&) {};
+  o.skip_init = a.init == "deferred" && !a.from_pretrained.empty();  // the files give the first values
   if (a.activation_checkpointing) {
     o.auto_wrapper_callable = [](torch::nn::AnyModule m, const tdist::FullyShardedDataParallelOptions& c) {
       return torch::nn::AnyModule(tdist::FullyShardedDataParallel(tdist::checkpoint_module(std::move(m)), c));

@@ -198,6 +198,15 @@ struct FullyShardedDataParallelOptions {
   //     for (auto& p : m.parameters(false)) p.normal_(0.0, 0.02);
   //   };
   std::function<void(torch::nn::Module&)> param_init_fn;
+  // For a deferred model whose weights come from files (fine-tuning,
+  // resuming): its parameters are made real with no initialization at all
+  // (its buffers as its constructor made them), so that a loader's values
+  // (load_pretrained, load_full_state_dict, load_sharded_checkpoint, a
+  // Checkpointer's restore) are the first its shards hold. Until a loader
+  // has written a parameter, a forward, summon_full_params or a full
+  // state dict of its unit is a UsageError naming it. Not with
+  // param_init_fn; nothing to skip in a model built eagerly.
+  bool skip_init = false;
 };
 
 namespace detail {

@@ -84,4 +84,9 @@ struct FsdpState : GradReadyListener, std::enable_shared_from_this<FsdpState> {
   void on_backward_end() override {}
 };
 
+// Tells state's unit, and every unit inside `module` (the module state's
+// wrapper wraps), their parameters' names in that model, for messages
+// (skip_init's); an outer wrapper's call names them again, in its model.
+void name_params_in_model(FsdpState& state, torch::nn::Module& module);
+
 }  // namespace tdist::detail

@@ -266,9 +266,9 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
     check_same_model(*s.world_pg, names, params, "FullyShardedDataParallel over " + module.name());
     // This unit's tensors only, on its device: a deferred model is made one
     // unit at a time, and device_id never moves the whole model.
-    const bool deferred =
+    const MaterializedUnit made =
         materialize_unit({names, params, found.buffer_names, buffers, found.owners}, s.options, label);
-    if (s.options.sync_module_states) {
+    if (s.options.sync_module_states && made.unset_params.empty()) {
       broadcast_from_rank0(*s.world_pg, params);
       broadcast_from_rank0(*s.world_pg, buffers);
     }
@@ -299,11 +299,12 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
     unit_options.compute_dtype = s.options.mixed_precision.param_dtype;
     unit_options.reduce_dtype = s.options.mixed_precision.reduce_dtype;
     s.unit = std::make_unique<ShardedUnit>(pg, label, std::move(specs), unit_options);
+    s.unit->await_load(made.unset_params);
     // The unit's full copy is free now: give its memory back before the next
     // unit is made (glibc keeps freed blocks of this size in the heap, and
     // the shards allocated meanwhile keep it from reusing them), so that a
     // deferred model's start-up peak is its shards and one unit.
-    if (deferred) ::malloc_trim(0);
+    if (made.deferred) ::malloc_trim(0);
     static std::atomic<int> units_made{0};
     s.unit->set_trace_name(module.name() + " #" + std::to_string(units_made++));
   } catch (...) {
@@ -311,6 +312,7 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
     throw;
   }
   s.own = std::make_shared<Coordinator>();
+  if (s.options.skip_init) name_params_in_model(s, module);
 }
 
 FullyShardedCore::~FullyShardedCore() {

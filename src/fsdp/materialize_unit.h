@@ -23,8 +23,15 @@ struct UnitTensors {
   const std::vector<torch::nn::Module*>& owners;  // the modules holding them, in model order
 };
 
-// Whether any of them was deferred. UsageError naming a tensor still meta
-// afterwards (param_init_fn left it).
-bool materialize_unit(const UnitTensors& unit, const FullyShardedDataParallelOptions& options, const std::string& label);
+struct MaterializedUnit {
+  bool deferred = false;            // any of them was
+  std::vector<size_t> unset_params;  // skip_init: the parameters made empty, awaiting a loader
+};
+
+// UsageError naming a tensor still meta afterwards (param_init_fn left
+// it). With skip_init the deferred parameters are made empty (their
+// buffers are replayed: small, and often not in a model's files).
+MaterializedUnit materialize_unit(const UnitTensors& unit, const FullyShardedDataParallelOptions& options,
+                                  const std::string& label);
 
 }  // namespace tdist::detail

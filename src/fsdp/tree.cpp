@@ -183,6 +183,17 @@ std::unique_ptr<JoinHook> fsdp_join_hook(torch::nn::Module& root, std::function<
 void set_require_sync(torch::nn::Module& root, bool on) { wrappers(root)[0].state.own->require_sync = on; }
 bool require_sync(torch::nn::Module& root) { return wrappers(root)[0].state.own->require_sync; }
 
+void name_params_in_model(FsdpState& state, torch::nn::Module& module) {
+  std::vector<Visit> all{{state, "", ""}};
+  walk(module, "", "", all);  // the inner wrappers
+  for (const auto& v : all) {
+    ShardedUnit& u = *v.state.unit;
+    for (size_t k = 0; k < u.params().size(); ++k) {
+      u.set_model_name(k, join(v.original_path, v.state.original_names[k].name));
+    }
+  }
+}
+
 ShardMetadata shard_metadata(torch::nn::Module& root) {
   const auto all = wrappers(root);
   ShardMetadata md;

@@ -138,6 +138,36 @@ ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, st
 
 ShardedUnit::~ShardedUnit() { drop_in_flight(); }
 
+void ShardedUnit::await_load(const std::vector<size_t>& indices) {
+  for (size_t k : indices) {
+    FsdpParam& p = params_.at(k);
+    if (p.awaiting_load_at >= 0) continue;
+    p.awaiting_load_at = static_cast<int64_t>(p.param._version());
+    ++awaiting_;
+  }
+}
+
+void ShardedUnit::check_awaiting() {
+  for (FsdpParam& p : params_) {
+    if (p.awaiting_load_at < 0) continue;
+    // A rank without rows of it has nothing to load (a loader may skip it).
+    if (p.shard.defined() && p.shard.numel() == 0 && sharded_) {
+      p.awaiting_load_at = -1;
+      --awaiting_;
+      continue;
+    }
+    if (static_cast<int64_t>(p.param._version()) != p.awaiting_load_at) {
+      p.awaiting_load_at = -1;
+      --awaiting_;
+      continue;
+    }
+    throw UsageError(label_ + ": '" + (p.model_name.empty() ? p.name : p.model_name) +
+                     "' was made with skip_init and nothing has written it since: load the model's weights "
+                     "(load_pretrained, load_full_state_dict, load_sharded_checkpoint, a Checkpointer's restore) "
+                     "before a forward or a save; a name the loaded files lack stays unset");
+  }
+}
+
 bool ShardedUnit::has_frozen() const {
   return std::any_of(params_.begin(), params_.end(), [](const FsdpParam& p) { return !p.trainable; });
 }
@@ -240,6 +270,7 @@ int64_t ShardedUnit::param_versions() const {
 }
 
 void ShardedUnit::start_unshard(bool exact) {
+  check_loaded();
   if (state_ != State::kSharded) return;
   try {
     launch_unshard(exact);
@@ -253,6 +284,7 @@ void ShardedUnit::start_unshard(bool exact) {
 }
 
 void ShardedUnit::finish_unshard() {
+  check_loaded();
   if (state_ == State::kFull) return;
   start_unshard();
   if (gather_) {
@@ -277,6 +309,7 @@ void ShardedUnit::finish_unshard() {
 }
 
 void ShardedUnit::unshard(bool exact) {
+  check_loaded();
   if (exact && !sharded_ && state_ == State::kSharded) return;  // the shards are whole and exact
   start_unshard(exact);
   finish_unshard();

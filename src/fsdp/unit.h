@@ -100,6 +100,12 @@ struct FsdpParam {
   // .grad from before this backward (undefined if there was none).
   at::Tensor grad_before;
   bool grad_set_aside = false;
+  // Its name in the whole model, for messages, once the outermost wrapper
+  // has told it (empty until then: name).
+  std::string model_name;
+  // Made with skip_init and not written since: the version counter the
+  // module's tensor had then (-1: it holds values).
+  int64_t awaiting_load_at = -1;
 
   bool empty() const { return layout->shard_numel() == 0; }
 };
@@ -159,6 +165,14 @@ class ShardedUnit {
   // UsageError naming the parameter if one no longer lies where the unit
   // put it (e.g. module.to() or set_data after wrapping).
   void check_params_in_place() const;
+  // skip_init (FullyShardedDataParallelOptions): the parameters at these
+  // indices hold no values yet. Until something writes each one (a
+  // loader's copy moves its version counter), gathering the unit is a
+  // UsageError naming the first: never a forward or a save of unset
+  // memory. One integer test per gather otherwise.
+  void await_load(const std::vector<size_t>& indices);
+  bool awaiting_load() const { return awaiting_ > 0; }
+  void set_model_name(size_t k, std::string name) { params_.at(k).model_name = std::move(name); }
 
   // ---- gradients ----
   // Before parameter k's gradient accumulates in a backward: sets its
@@ -235,6 +249,10 @@ class ShardedUnit {
   void launch_post_forward_gather(Gather& g);
   int64_t param_versions() const;
   void release_full();  // unless the full storage is kept
+  void check_loaded() {
+    if (awaiting_ > 0) check_awaiting();
+  }
+  void check_awaiting();  // UsageError naming a parameter still awaiting its values
   void finish_reduce_unsharded(Reduce& r);
 
   std::shared_ptr<ProcessGroup> pg_;
@@ -252,6 +270,7 @@ class ShardedUnit {
   at::ScalarType reduce_dtype_;   // the gradients' in the reduction
   bool keep_full_;                // SHARD_GRAD_OP without a compute dtype of its own
   std::vector<FsdpParam> params_;
+  size_t awaiting_ = 0;  // parameters awaiting their values (await_load)
 
   at::Tensor chunk_;       // this rank's shards, padding zero (none when the full storage is kept)
   FullStorage full_;       // the full parameters, in the full layout

@@ -1,0 +1,260 @@
+// Weights straight into the shards: a model built with tdist::deferred_init
+// and wrapped with skip_init gets no initialization at all; each loader
+// (load_full_state_dict, load_sharded_checkpoint, a Checkpointer's restore,
+// load_pretrained, tdist-ckpt's consolidated file) gives its shards their
+// first values, which equal the saved model's shards bit for bit, and
+// training goes on from them as from the saved model. A parameter no
+// loader wrote is named: by a strict load that lacks it, and by the
+// forward or full state dict that would read it.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "tdist/checkpoint_tools.h"
+#include "tdist/checkpointer.h"
+#include "tdist/deferred_init.h"
+#include "tdist/errors.h"
+#include "tdist/fsdp.h"
+#include "tdist/fsdp_wrap.h"
+#include "tdist/pretrained.h"
+#include "tdist/safetensors.h"
+#include "tdist/sharded_checkpoint.h"
+#include "tdist/state_dict.h"
+#include "tests/fsdp/tied_models.h"
+#include "tests/util/process.h"
+#include "tests/util/world.h"
+
+namespace {
+
+using tdist::ProcessGroup;
+using tdist::ShardingStrategy;
+using tdist::test::run_world;
+using tdist::test::TempDir;
+using tdist::test::TiedBlock;
+using tdist::test::TiedLm;
+using Shards = std::vector<std::pair<std::string, at::Tensor>>;
+
+enum class Loader { kFullStateDict, kShardedCheckpoint, kCheckpointer, kPretrained, kConsolidated };
+
+struct Case {
+  const char* name;
+  Loader loader;
+  ShardingStrategy strategy;
+  int world;
+  bool tied_block;
+};
+
+const Case kCases[] = {
+    {"full_state_dict", Loader::kFullStateDict, ShardingStrategy::FULL_SHARD, 2, false},
+    {"full_state_dict/no_shard/tied", Loader::kFullStateDict, ShardingStrategy::NO_SHARD, 2, true},
+    {"sharded_checkpoint/grad_op/tied", Loader::kShardedCheckpoint, ShardingStrategy::SHARD_GRAD_OP, 3, true},
+    {"checkpointer", Loader::kCheckpointer, ShardingStrategy::FULL_SHARD, 2, true},
+    {"pretrained", Loader::kPretrained, ShardingStrategy::FULL_SHARD, 3, false},
+    {"consolidated", Loader::kConsolidated, ShardingStrategy::FULL_SHARD, 2, true},
+};
+
+tdist::FullyShardedDataParallelOptions options_for(const Case& c) {
+  tdist::FullyShardedDataParallelOptions o;
+  o.sharding_strategy = c.strategy;
+  o.auto_wrap_policy =
+      tdist::lambda_auto_wrap_policy([](torch::nn::Module& m) { return m.as<TiedBlock>() != nullptr; });
+  return o;
+}
+
+Shards shards(torch::nn::Module& m) {
+  Shards out;
+  for (const auto& p : m.named_parameters(true)) out.emplace_back(p.key(), p.value().detach().clone());
+  for (const auto& b : m.named_buffers(true)) out.emplace_back(b.key(), b.value().detach().clone());
+  return out;
+}
+
+std::string compare(const Shards& got, const Shards& want) {
+  if (got.size() != want.size()) return "sizes " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    if (got[k].first != want[k].first) return "names " + got[k].first + " vs " + want[k].first;
+    if (!torch::equal(got[k].second, want[k].second)) return got[k].first + " differs";
+  }
+  return "";
+}
+
+template <typename Model, typename Opt>
+void train(Model& model, Opt& opt, ProcessGroup& pg, int first_step) {
+  for (int step = first_step; step < first_step + 2; ++step) {
+    const auto ids = tdist::test::tied_rows(tdist::test::tied_batch(step), pg.rank(), pg.size());
+    opt.zero_grad();
+    tdist::test::tied_loss(model, ids).backward();
+    opt.step();
+  }
+}
+
+// The deferred model, wrapped with skip_init.
+tdist::FSDP<TiedLm> deferred_model(const Case& c, uint64_t seed) {
+  auto o = options_for(c);
+  o.skip_init = true;
+  torch::manual_seed(seed);
+  TiedLm inner = tdist::deferred_init([&] { return TiedLm(c.tied_block); });
+  return tdist::FSDP<TiedLm>(inner, o);
+}
+
+// Saves `source` as `c.loader` reads it, loads that into `target`.
+void save_and_load(const Case& c, const std::string& dir, ProcessGroup& pg, tdist::FSDP<TiedLm>& source,
+                   torch::optim::Optimizer& source_opt, tdist::FSDP<TiedLm>& target,
+                   torch::optim::Optimizer& target_opt) {
+  const std::string prefix = dir + "/ck";
+  switch (c.loader) {
+    case Loader::kFullStateDict:
+      tdist::load_full_state_dict(*target, tdist::full_state_dict(*source, /*rank0_only=*/false));
+      return;
+    case Loader::kShardedCheckpoint:
+      tdist::save_sharded_checkpoint(prefix, pg, *source, &source_opt);
+      tdist::load_sharded_checkpoint(prefix, pg, *target, &target_opt);
+      return;
+    case Loader::kCheckpointer: {
+      tdist::CheckpointerOptions o;
+      o.dir = dir + "/run";
+      o.async = false;
+      {
+        tdist::Checkpointer saver(tdist::default_group(), *source, &source_opt, o);
+        saver.save(2);
+      }
+      tdist::Checkpointer loader(tdist::default_group(), *target, &target_opt, o);
+      const auto restored = loader.restore();
+      WORLD_CHECK(restored && restored->step == 2, "nothing restored");
+      return;
+    }
+    case Loader::kPretrained:
+      tdist::save_pretrained(*source, dir + "/hf");
+      tdist::load_pretrained(*target, dir + "/hf");
+      return;
+    case Loader::kConsolidated: {
+      tdist::save_sharded_checkpoint(prefix, pg, *source);
+      if (pg.rank() == 0) {
+        tdist::ConsolidateOptions co;
+        co.format = tdist::CheckpointFormat::safetensors;
+        tdist::consolidate_sharded_model_checkpoints(prefix, "_rank-*-of-*.pt", dir + "/full.safetensors", co);
+      }
+      pg.barrier()->wait();
+      tdist::load_pretrained(*target, dir + "/full.safetensors");
+      return;
+    }
+  }
+}
+
+class DeferredLoad : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DeferredLoad, TheLoadedValuesAreTheShardsFirstValues) {
+  const Case c = GetParam();
+  TempDir dir;
+  EXPECT_EQ(run_world(c.world, [&](ProcessGroup& pg) {
+    torch::manual_seed(11);
+    tdist::FSDP<TiedLm> source(TiedLm(c.tied_block), options_for(c));
+    auto source_opt = tdist::test::tied_optimizer(tdist::unique_parameters(*source));
+    train(source, source_opt, pg, 0);  // values no initialization makes
+    tdist::FSDP<TiedLm> target = deferred_model(c, 7);
+    auto target_opt = tdist::test::tied_optimizer(tdist::unique_parameters(*target));
+    save_and_load(c, dir.path(), pg, source, source_opt, target, target_opt);
+    std::string why = compare(shards(*target), shards(*source));
+    WORLD_CHECK(why.empty(), c.name << " after loading: " << why);
+    if (c.loader == Loader::kShardedCheckpoint || c.loader == Loader::kCheckpointer) {
+      // The optimizer came with it: training goes on as the source's does.
+      train(source, source_opt, pg, 2);
+      train(target, target_opt, pg, 2);
+      why = compare(shards(*target), shards(*source));
+      WORLD_CHECK(why.empty(), c.name << " after training on: " << why);
+    }
+  }), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Loaders, DeferredLoad, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           std::string n = i.param.name;
+                           for (char& ch : n) {
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return n;
+                         });
+
+bool names(const std::exception& e, const std::string& what) {
+  return std::string(e.what()).find(what) != std::string::npos;
+}
+
+const Case kPlain = kCases[0];
+
+TEST(DeferredLoadMissing, AForwardBeforeAnyLoadIsRefusedByName) {
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    tdist::FSDP<TiedLm> target = deferred_model(kPlain, 7);
+    try {
+      tdist::test::tied_loss(target, tdist::test::tied_rows(tdist::test::tied_batch(0), pg.rank(), pg.size()));
+      WORLD_CHECK(false, "no error");
+    } catch (const tdist::UsageError& e) {
+      WORLD_CHECK(names(e, "skip_init") && names(e, "wte.weight"), e.what());
+    }
+    try {
+      tdist::full_state_dict(*target, false);
+      WORLD_CHECK(false, "no error");
+    } catch (const tdist::UsageError& e) {
+      WORLD_CHECK(names(e, "skip_init"), e.what());
+    }
+  }), "");
+}
+
+TEST(DeferredLoadMissing, ANameTheFilesLackIsAnError) {
+  TempDir dir;
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    torch::manual_seed(11);
+    tdist::FSDP<TiedLm> source(TiedLm(false), options_for(kPlain));
+    tdist::StateDict full = tdist::full_state_dict(*source, false);
+    const std::string lacking = "h.1.fc.weight";
+    WORLD_CHECK(full.contains(lacking), "no " << lacking);
+    full.erase(lacking);
+    tdist::FSDP<TiedLm> target = deferred_model(kPlain, 7);
+    for (bool strict : {true, false}) {  // a state dict lacking an entry is refused either way
+      try {
+        tdist::load_full_state_dict(*target, full, strict);
+        WORLD_CHECK(false, "no error");
+      } catch (const tdist::CheckpointError& e) {
+        WORLD_CHECK(names(e, lacking), e.what());
+      }
+    }
+    const std::string file = dir.path() + "/lacking.safetensors";
+    if (pg.rank() == 0) tdist::save_safetensors(file, full);
+    pg.barrier()->wait();
+    try {
+      tdist::load_pretrained(*target, file);  // strict
+      WORLD_CHECK(false, "no error");
+    } catch (const tdist::CheckpointError& e) {
+      WORLD_CHECK(names(e, lacking), e.what());
+    }
+    // Not strict, load_pretrained loads the rest and reports what it
+    // lacked, and the forward that would read it names it.
+    tdist::LoadPretrainedOptions lenient;
+    lenient.strict = false;
+    const auto report = tdist::load_pretrained(*target, file, lenient);
+    WORLD_CHECK(report.missing == std::vector<std::string>{lacking}, report.missing.size());
+    try {
+      tdist::test::tied_loss(target, tdist::test::tied_rows(tdist::test::tied_batch(0), pg.rank(), pg.size()));
+      WORLD_CHECK(false, "no error");
+    } catch (const tdist::UsageError& e) {
+      WORLD_CHECK(names(e, lacking) && names(e, "skip_init"), e.what());
+    }
+  }), "");
+}
+
+TEST(DeferredLoadMissing, SkipInitWithParamInitFnIsRefused) {
+  EXPECT_EQ(run_world(1, [&](ProcessGroup&) {
+    auto o = options_for(kPlain);
+    o.skip_init = true;
+    o.param_init_fn = [](torch::nn::Module&) {};
+    TiedLm inner = tdist::deferred_init([] { return TiedLm(false); });
+    try {
+      tdist::FSDP<TiedLm> fsdp(inner, o);
+      WORLD_CHECK(false, "no error");
+    } catch (const tdist::UsageError& e) {
+      WORLD_CHECK(names(e, "skip_init") && names(e, "param_init_fn"), e.what());
+    }
+  }), "");
+}
+
+}  // namespace
