@@ -272,40 +272,6 @@ ShardMetadata shard_metadata(torch::nn::Module& root);
 void begin_summon(torch::nn::Module& root, bool writeback);
 void end_summon(torch::nn::Module& root, bool writeback) noexcept;
 
-// For state dicts (include/tdist/state_dict.h): every parameter of every
-// unit in root's tree (none when it holds no wrapper), outermost unit
-// first, by its name in the unwrapped model, with this rank's rows of it.
-struct UnitParam {
-  std::string original_name;
-  at::Tensor tensor;               // the module's parameter: this rank's rows between iterations
-  std::vector<int64_t> full_shape;
-  int64_t first_row = 0;           // this rank's rows of the full parameter (all of them without sharding)
-  int64_t rows = 0;
-  int64_t rows_per_rank = 0;       // every rank's rows, padded (sharded units)
-  bool sharded = false;            // false: every rank holds it whole
-};
-std::vector<UnitParam> unit_params(torch::nn::Module& root);
-// The process group of root's wrappers (the shard group under hybrid
-// sharding), or null without any.
-std::shared_ptr<ProcessGroup> units_group(torch::nn::Module& root);
-// Under hybrid sharding, the group replicating this rank's shards (null
-// otherwise, or without wrappers).
-std::shared_ptr<ProcessGroup> units_replicate_group(torch::nn::Module& root);
-// The wrappers' whole group (the shard group's ranks and their replicas),
-// or null without any.
-std::shared_ptr<ProcessGroup> units_world_group(torch::nn::Module& root);
-// Settles the last iteration of root's wrappers (every unit sharded, no
-// collective in flight); UsageError inside a forward, a backward or
-// summon_full_params. `what` names the caller in that message.
-void settle_units(torch::nn::Module& root, const char* what);
-// Gathers the units one at a time, outermost first (exact: in the shards'
-// dtype), calls fn(original name, full parameter) for each parameter of
-// the unit, and frees it again. Collective: every rank calls it.
-void visit_gathered(torch::nn::Module& root, const std::function<void(const std::string&, const at::Tensor&)>& fn);
-// The buffers root's wrappers converted to a buffer_dtype, with the dtype
-// each had before (state dicts hand them out in that one).
-std::vector<std::pair<const c10::TensorImpl*, at::ScalarType>> converted_buffers(torch::nn::Module& root);
-
 }  // namespace detail
 
 // Everything of a wrapper but its forward (FullyShardedDataParallelImpl

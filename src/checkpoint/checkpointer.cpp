@@ -29,6 +29,7 @@
 #include "checkpoint/rank_file.h"
 #include "checkpoint/sharded_files.h"
 #include "checkpoint/training_state.h"
+#include "fsdp/fsdp_model.h"
 #include "tdist/fsdp.h"
 #include "trace/flight_recorder.h"
 #include "trace/timeline.h"
@@ -326,12 +327,14 @@ Checkpointer::Checkpointer(std::shared_ptr<ProcessGroup> pg, torch::nn::Module& 
   if (options.every.count() < 0) throw UsageError("Checkpointer: every must not be negative");
   if (options.keep_last < 1) throw UsageError("Checkpointer: keep_last must be at least 1");
   if (options.files.timeout.count() <= 0) throw UsageError("Checkpointer: the files' timeout must be positive");
-  if (detail::units_replicate_group(model)) {
+  const auto fsdp = detail::FsdpModel::of(model);
+  if (fsdp && fsdp->replicate_group()) {
     throw UsageError("Checkpointer: the model is hybrid-sharded (HSDP); save it with save_sharded_checkpoint "
                      "over its device mesh's group (the Checkpointer takes models sharded or replicated over one "
                      "group)");
   }
-  if (const auto units = detail::units_group(model)) {
+  if (fsdp) {
+    const auto& units = fsdp->group();
     if (units->size() != pg->size() || units->rank() != pg->rank()) {
       throw UsageError("Checkpointer: the model's FSDP group is rank " + std::to_string(units->rank()) + " of " +
                        std::to_string(units->size()) + ", the group given rank " + std::to_string(pg->rank()) +

@@ -48,13 +48,14 @@ std::vector<std::string> module_names(torch::nn::Module& model) {
   return out;
 }
 
-Units units_of(torch::nn::Module& model) {
+Units units_of(const std::optional<detail::FsdpModel>& fsdp) {
   Units out;
-  for (auto& u : detail::unit_params(model)) out.emplace(u.tensor.unsafeGetTensorImpl(), std::move(u));
+  if (!fsdp) return out;
+  for (const auto& u : fsdp->params()) out.emplace(u.tensor.unsafeGetTensorImpl(), u);
   return out;
 }
 
-at::Tensor rows_of(const at::Tensor& full, const detail::UnitParam& u) {
+at::Tensor rows_of(const at::Tensor& full, const detail::FsdpParamRecord& u) {
   if (u.full_shape.empty()) return u.rows == 1 ? full : full.new_empty({0});
   if (u.rows == 0) return full.narrow(0, 0, 0);  // first_row may lie past the end
   return full.narrow(0, u.first_row, u.rows);

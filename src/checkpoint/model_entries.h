@@ -6,11 +6,13 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "checkpoint/checkpoint_tree.h"  // shape_string
+#include "fsdp/fsdp_model.h"
 #include "tdist/fsdp.h"
 
 namespace tdist::checkpoint {
@@ -34,13 +36,13 @@ std::vector<Entry> unique_entries_of(torch::nn::Module& model);
 std::vector<std::string> module_names(torch::nn::Module& model);
 
 // The units' parameters by TensorImpl (empty without FSDP).
-using Units = std::unordered_map<const c10::TensorImpl*, detail::UnitParam>;
-Units units_of(torch::nn::Module& model);
+using Units = std::unordered_map<const c10::TensorImpl*, detail::FsdpParamRecord>;
+Units units_of(const std::optional<detail::FsdpModel>& fsdp);
 
 // This rank's rows of a whole tensor shaped like the unit parameter u:
 // rows [first_row, first_row + rows) (none on a rank that holds none; a 0-d
 // one whole on the rank holding it, an empty [0] elsewhere), the shape
 // the parameter has between iterations.
-at::Tensor rows_of(const at::Tensor& full, const detail::UnitParam& u);
+at::Tensor rows_of(const at::Tensor& full, const detail::FsdpParamRecord& u);
 
 }  // namespace tdist::checkpoint

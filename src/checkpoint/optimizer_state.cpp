@@ -23,7 +23,7 @@ using checkpoint::shape_string;
 struct Stepped {
   std::string name;
   at::Tensor param;
-  const detail::UnitParam* unit = nullptr;  // the FSDP unit parameter it is, if any
+  const detail::FsdpParamRecord* unit = nullptr;  // the FSDP unit parameter it is, if any
 };
 
 std::vector<std::vector<Stepped>> stepped_params(torch::nn::Module& model, torch::optim::Optimizer& opt,
@@ -49,7 +49,7 @@ std::vector<std::vector<Stepped>> stepped_params(torch::nn::Module& model, torch
 
 // A unit parameter's state tensor (this rank's rows), whole: every rank's
 // rows all-gathered (padded to the same count), the padding cut off.
-at::Tensor gather_rows(ProcessGroup& pg, const at::Tensor& rows, const detail::UnitParam& u) {
+at::Tensor gather_rows(ProcessGroup& pg, const at::Tensor& rows, const detail::FsdpParamRecord& u) {
   int64_t row_numel = 1;
   for (size_t d = 1; d < u.full_shape.size(); ++d) row_numel *= u.full_shape[d];
   const int64_t full_rows = u.full_shape.empty() ? 1 : u.full_shape[0];
@@ -76,9 +76,10 @@ int64_t field_mask(const StateDict& fields) {
 OptimizerStateDict take(torch::nn::Module& model, torch::optim::Optimizer& opt, bool gather, bool keep,
                         const char* what) {
   const checkpoint::OptimizerKind& kind = checkpoint::kind_of(opt);
-  const checkpoint::Units units = checkpoint::units_of(model);
-  const auto pg = detail::units_group(model);
-  if (pg) detail::settle_units(model, what);
+  const auto fsdp = detail::FsdpModel::of(model);
+  const checkpoint::Units units = checkpoint::units_of(fsdp);
+  const auto pg = fsdp ? fsdp->group() : nullptr;
+  if (fsdp) fsdp->settle(what);
   const auto groups = stepped_params(model, opt, units, what);
   OptimizerStateDict out;
   out.optimizer = kind.name();
@@ -127,9 +128,10 @@ OptimizerStateDict take(torch::nn::Module& model, torch::optim::Optimizer& opt, 
 void put(torch::nn::Module& model, torch::optim::Optimizer& opt, const OptimizerStateDict& state, bool full,
          const char* what, bool apply = true) {
   const checkpoint::OptimizerKind& kind = checkpoint::kind_of(opt);
-  const checkpoint::Units units = checkpoint::units_of(model);
-  const auto pg = detail::units_group(model);
-  if (pg) detail::settle_units(model, what);
+  const auto fsdp = detail::FsdpModel::of(model);
+  const checkpoint::Units units = checkpoint::units_of(fsdp);
+  const auto pg = fsdp ? fsdp->group() : nullptr;
+  if (fsdp) fsdp->settle(what);
   const auto groups = stepped_params(model, opt, units, what);
   const auto fail = [&](const std::string& why) { throw CheckpointError(std::string(what) + ": " + why); };
   if (!state.optimizer.empty() && state.optimizer != kind.name()) {
@@ -196,7 +198,8 @@ void put(torch::nn::Module& model, torch::optim::Optimizer& opt, const Optimizer
 }  // namespace
 
 OptimizerStateDict full_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer& opt, bool rank0_only) {
-  const auto pg = detail::units_world_group(model);  // rank 0 of them all (hybrid sharding: of every replica)
+  const auto fsdp = detail::FsdpModel::of(model);
+  const auto pg = fsdp ? fsdp->world_group() : nullptr;  // rank 0 of them all (hybrid sharding: of every replica)
   const bool keep = !pg || !rank0_only || pg->rank() == 0;
   return take(model, opt, /*gather=*/true, keep, "full_optimizer_state_dict");
 }

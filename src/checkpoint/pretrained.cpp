@@ -25,6 +25,7 @@
 #include "checkpoint/model_entries.h"
 #include "checkpoint/pretrained_sources.h"
 #include "tdist/safetensors.h"
+#include "fsdp/fsdp_model.h"
 #include "tdist/fsdp.h"
 #include "tdist/process_group.h"
 #include "util/printable.h"
@@ -146,8 +147,9 @@ std::vector<const SourceTensor*> match(const std::vector<Entry>& entries, const 
 LoadPretrainedReport load_pretrained(torch::nn::Module& model, const std::string& path,
                                      const LoadPretrainedOptions& options) {
   const std::vector<Entry> entries = checkpoint::unique_entries_of(model);
-  const Units units = checkpoint::units_of(model);
-  if (!units.empty()) detail::settle_units(model, "load_pretrained");
+  const auto fsdp = detail::FsdpModel::of(model);
+  const Units units = checkpoint::units_of(fsdp);
+  if (fsdp) fsdp->settle("load_pretrained");
   const PretrainedSources files(path);
   LoadPretrainedReport report;
   report.files = files.files();
@@ -253,15 +255,16 @@ void save_pretrained(torch::nn::Module& model, const std::string& dir, const Sav
       if (!skip.count(e.name)) entries.push_back(std::move(e));
     }
   }
-  const Units units = checkpoint::units_of(model);
-  const auto pg = detail::units_world_group(model);  // hybrid sharding: one writer over every replica
-  if (!units.empty()) detail::settle_units(model, "save_pretrained");
+  const auto fsdp = detail::FsdpModel::of(model);
+  const Units units = checkpoint::units_of(fsdp);
+  const auto pg = fsdp ? fsdp->world_group() : nullptr;  // hybrid sharding: one writer over every replica
+  if (fsdp) fsdp->settle("save_pretrained");
   const bool writes = !pg || pg->rank() == 0;
 
   // Each entry's file, in the model's order: a shard holds at most
   // max_shard_size bytes (one larger tensor a shard of its own).
   std::unordered_map<const c10::TensorImpl*, at::ScalarType> buffer_dtypes;
-  for (const auto& [impl, dtype] : detail::converted_buffers(model)) buffer_dtypes[impl] = dtype;
+  if (fsdp) buffer_dtypes = fsdp->converted_buffers();
   std::vector<SafetensorsTensorInfo> infos;
   std::vector<size_t> file_of;
   size_t files = 0;
@@ -294,8 +297,8 @@ void save_pretrained(torch::nn::Module& model, const std::string& dir, const Sav
   }
   std::vector<size_t> order;
   std::vector<bool> gathered(entries.size(), false);
-  for (const auto& u : detail::unit_params(model)) {
-    const auto it = by_name.find(u.original_name);
+  for (const auto& u : fsdp ? fsdp->params() : std::vector<detail::FsdpParamRecord>{}) {
+    const auto it = by_name.find(u.name);
     if (it == by_name.end() || gathered[it->second]) continue;
     gathered[it->second] = true;
     order.push_back(it->second);
@@ -333,7 +336,7 @@ void save_pretrained(torch::nn::Module& model, const std::string& dir, const Sav
   };
   at::NoGradGuard no_grad;
   if (pg && !units.empty()) {
-    detail::visit_gathered(model, [&](const std::string& name, const at::Tensor& full) {
+    fsdp->visit_gathered([&](const std::string& name, const at::Tensor& full) {
       if (!writes) return;
       const auto it = by_name.find(name);
       if (it == by_name.end() || !gathered[it->second]) return;

@@ -32,7 +32,8 @@ using checkpoint::PtValue;
 using checkpoint::PtWriter;
 
 void check_group(const char* what, ProcessGroup& pg, torch::nn::Module& model) {
-  if (const auto units = detail::units_group(model)) {
+  if (const auto fsdp = detail::FsdpModel::of(model)) {
+    const auto& units = fsdp->group();
     if (units->size() != pg.size() || units->rank() != pg.rank()) {
       throw UsageError(std::string(what) + ": the model's FSDP group is rank " + std::to_string(units->rank()) +
                        " of " + std::to_string(units->size()) + ", the group given rank " +
@@ -202,8 +203,8 @@ std::optional<Staged> stage_own(const PtReader& reader, ProcessGroup& pg, torch:
   const PtValue& root = reader.root();
   const PtValue& tag = checkpoint::field(root, "tdist", path);
   ShardMetadata saved = checkpoint::metadata_from(checkpoint::field(root, "shard_metadata", path));
-  const bool fsdp = detail::units_group(model) != nullptr;
-  const ShardMetadata now = fsdp ? detail::shard_metadata(model) : ShardMetadata{};
+  const auto fsdp = detail::FsdpModel::of(model);
+  const ShardMetadata now = fsdp ? fsdp->metadata() : ShardMetadata{};
   if (tag.at("kind").as_string() != "sharded" || saved.world_size != pg.size() || saved.rank != pg.rank()) {
     return std::nullopt;
   }
@@ -282,12 +283,14 @@ Staged stage_resharded(const std::string& prefix, const ShardedCheckpointOptions
                           "a comm hook's state resumes only from each rank's own file (the same world size, " +
                           "now " + std::to_string(pg.size()) + ", and the same sharding)");
   }
-  const bool fsdp = detail::units_group(model) != nullptr;
-  std::map<std::string, detail::UnitParam> units;  // by name
-  for (auto& [impl, u] : checkpoint::units_of(model)) units.emplace(u.original_name, u);
+  const auto fsdp = detail::FsdpModel::of(model);
+  std::map<std::string, detail::FsdpParamRecord> units;  // by name
+  if (fsdp) {
+    for (const auto& u : fsdp->params()) units.emplace(u.name, u);
+  }
   std::map<std::string, const checkpoint::LogicalTensor*> saved;
   for (const auto& t : files.model()) saved[t.name] = &t;
-  s.model.metadata = fsdp ? detail::shard_metadata(model) : ShardMetadata{};
+  s.model.metadata = fsdp ? fsdp->metadata() : ShardMetadata{};
   std::set<std::string> names;
   // A tied tensor once, found under any of its names (the file has it under
   // its first; one from elsewhere may have another).
@@ -433,10 +436,11 @@ namespace {
 template <typename Fn>
 bool across_replicas(const char* what, ProcessGroup& pg, torch::nn::Module& model, bool first_replica_only,
                      const ShardedCheckpointOptions& options, Fn&& fn) {
-  const auto replicate = detail::units_replicate_group(model);
+  const auto fsdp = detail::FsdpModel::of(model);
+  const auto replicate = fsdp ? fsdp->replicate_group() : nullptr;
   if (!replicate) return false;
-  const auto shard = detail::units_group(model);
-  const auto world = detail::units_world_group(model);
+  const auto shard = fsdp->group();
+  const auto world = fsdp->world_group();
   if (&pg != world.get() && &pg != shard.get()) {
     throw UsageError(std::string(what) + ": the model is hybrid-sharded over " + std::to_string(world->size()) +
                      " ranks (shard groups of " + std::to_string(shard->size()) +
@@ -563,8 +567,8 @@ void load_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch:
                              torch::optim::Optimizer* optimizer, const ShardedCheckpointOptions& options) {
   if (across_replicas("load_sharded_checkpoint", pg, model, /*first_replica_only=*/false, options,
                       [&](ProcessGroup& shard) {
-                        load_on(prefix, shard, model, optimizer, options,
-                                detail::units_replicate_group(model).get());
+                        const auto fsdp = detail::FsdpModel::of(model);
+                        load_on(prefix, shard, model, optimizer, options, fsdp->replicate_group().get());
                       })) {
     return;
   }

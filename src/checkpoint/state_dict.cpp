@@ -79,8 +79,8 @@ std::vector<const at::Tensor*> match(const char* what, const std::vector<Entry>&
 // copy); anything else as it is.
 class OriginalDtypes {
  public:
-  explicit OriginalDtypes(torch::nn::Module& model) {
-    for (const auto& [impl, dtype] : detail::converted_buffers(model)) dtypes_[impl] = dtype;
+  explicit OriginalDtypes(const std::optional<detail::FsdpModel>& fsdp) {
+    if (fsdp) dtypes_ = fsdp->converted_buffers();
   }
   at::Tensor operator()(const at::Tensor& t) const {
     const auto it = dtypes_.find(t.unsafeGetTensorImpl());
@@ -95,8 +95,9 @@ class OriginalDtypes {
 
 StateDict full_state_dict(torch::nn::Module& model, bool rank0_only) {
   const std::vector<Entry> entries = entries_of(model);
-  const auto pg = detail::units_world_group(model);  // rank 0 of them all (hybrid sharding: of every replica)
-  const Units units = units_of(model);
+  const auto fsdp = detail::FsdpModel::of(model);
+  const auto pg = fsdp ? fsdp->world_group() : nullptr;  // rank 0 of them all (hybrid sharding: of every replica)
+  const Units units = units_of(fsdp);
   const bool keep = !pg || !rank0_only || pg->rank() == 0;
   StateDict out;
   if (keep) {
@@ -108,8 +109,8 @@ StateDict full_state_dict(torch::nn::Module& model, bool rank0_only) {
   std::unordered_map<const c10::TensorImpl*, at::Tensor> values;
   if (pg) {
     std::unordered_map<std::string, const c10::TensorImpl*> unit_impl;  // by the unit's name for it
-    for (const auto& [impl, u] : units) unit_impl.emplace(u.original_name, impl);
-    detail::visit_gathered(model, [&](const std::string& name, const at::Tensor& full) {
+    for (const auto& [impl, u] : units) unit_impl.emplace(u.name, impl);
+    fsdp->visit_gathered([&](const std::string& name, const at::Tensor& full) {
       if (!keep) return;
       const auto it = unit_impl.find(name);
       TDIST_CHECK(it != unit_impl.end());
@@ -117,7 +118,7 @@ StateDict full_state_dict(torch::nn::Module& model, bool rank0_only) {
     });
   }
   if (keep) {
-    const OriginalDtypes original(model);
+    const OriginalDtypes original(fsdp);
     for (const auto& e : entries) {
       at::Tensor& v = values[e.tensor.unsafeGetTensorImpl()];
       if (!v.defined()) v = original(e.tensor).clone();
@@ -129,8 +130,9 @@ StateDict full_state_dict(torch::nn::Module& model, bool rank0_only) {
 
 void load_full_state_dict(torch::nn::Module& model, const StateDict& state, bool strict) {
   const std::vector<Entry> entries = unique_entries_of(model);
-  const Units units = units_of(model);
-  if (!units.empty()) detail::settle_units(model, "load_full_state_dict");
+  const auto fsdp = detail::FsdpModel::of(model);
+  const Units units = units_of(fsdp);
+  if (fsdp) fsdp->settle("load_full_state_dict");
   const auto full_shape = [&](const Entry& e) {
     const auto it = units.find(e.tensor.unsafeGetTensorImpl());
     return it != units.end() ? it->second.full_shape : e.tensor.sizes().vec();
@@ -148,11 +150,12 @@ void load_full_state_dict(torch::nn::Module& model, const StateDict& state, bool
 ShardedStateDict sharded_state_dict(torch::nn::Module& model) {
   const std::vector<Entry> entries = unique_entries_of(model);
   ShardedStateDict out;
-  if (detail::units_group(model)) {
-    detail::settle_units(model, "sharded_state_dict");
-    out.metadata = detail::shard_metadata(model);
+  const auto fsdp = detail::FsdpModel::of(model);
+  if (fsdp) {
+    fsdp->settle("sharded_state_dict");
+    out.metadata = fsdp->metadata();
   }
-  const OriginalDtypes original(model);
+  const OriginalDtypes original(fsdp);
   for (const auto& e : entries) out.tensors.insert(e.name, original(e.tensor));  // a tied tensor once
   return out;
 }
@@ -163,9 +166,9 @@ namespace {
 std::vector<const at::Tensor*> check_sharded(torch::nn::Module& model, const std::vector<Entry>& entries,
                                              const ShardedStateDict& state, bool strict) {
   ShardMetadata md;
-  if (detail::units_group(model)) {
-    detail::settle_units(model, "load_sharded_state_dict");
-    md = detail::shard_metadata(model);
+  if (const auto fsdp = detail::FsdpModel::of(model)) {
+    fsdp->settle("load_sharded_state_dict");
+    md = fsdp->metadata();
   }
   if (state.metadata.world_size != md.world_size || state.metadata.rank != md.rank) {
     throw CheckpointError("load_sharded_state_dict: the state is rank " + std::to_string(state.metadata.rank) +

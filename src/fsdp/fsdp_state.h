@@ -46,17 +46,6 @@ struct FsdpState : GradReadyListener, std::enable_shared_from_this<FsdpState> {
   std::optional<std::vector<std::weak_ptr<FsdpState>>> backward_prefetch_units;
   bool kept_after_backward = false;  // the last backward left it gathered (reshard_after_backward off)
   std::unique_ptr<ShardedUnit> unit;
-  // Per unit parameter: its first name in model order without wrapper
-  // steps, and the other names a tied parameter is registered under.
-  struct OriginalName {
-    std::string name;
-    std::vector<std::string> aliases;
-  };
-  // A parameter used under several names, or by an inner unit's modules
-  // too, has one accumulator, which autograd runs once per backward with
-  // the gradients of every use summed (checkpoint_module hands its
-  // gradients to the outer backward): its arrival means it is whole.
-  std::vector<OriginalName> original_names;
   // Buffers converted to buffer_dtype, with their dtype before.
   std::vector<std::pair<const c10::TensorImpl*, at::ScalarType>> converted_buffers;
   std::optional<GradReadyTracker> tracker;  // over the unit's trainable parameters, in unit order

@@ -145,13 +145,13 @@ void registrations(torch::nn::Module& m, const std::string& original,
 
 // Per unit parameter: its first name in model order (without wrapper
 // steps) and its other names.
-void name_params(torch::nn::Module& module, const std::vector<at::Tensor>& params, FsdpState& s) {
+void name_params(torch::nn::Module& module, std::vector<FsdpParamSpec>& specs) {
   std::unordered_map<const c10::TensorImpl*, std::vector<std::string>> names;
   registrations(module, "", names);
-  s.original_names.clear();
-  for (const auto& p : params) {
-    const auto& all = names.at(p.unsafeGetTensorImpl());
-    s.original_names.push_back({all.front(), std::vector<std::string>(all.begin() + 1, all.end())});
+  for (FsdpParamSpec& spec : specs) {
+    const auto& all = names.at(spec.param.unsafeGetTensorImpl());
+    spec.original_name = all.front();
+    spec.aliases.assign(all.begin() + 1, all.end());
   }
 }
 
@@ -260,7 +260,6 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
   const std::vector<std::string>& names = found.names;
   const std::vector<at::Tensor>& params = found.params;
   const std::vector<at::Tensor>& buffers = found.buffers;
-  name_params(module, params, s);
   claim(label, names, params);
   try {
     check_same_model(*s.world_pg, names, params, "FullyShardedDataParallel over " + module.name());
@@ -289,7 +288,14 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
     const std::vector<char> keep_dtype = keep_norm_dtype(s.options, found.norm);
     if (!s.tracked.empty()) make_tracker(s, params, keep_dtype, s.tracked);
     std::vector<FsdpParamSpec> specs;
-    for (size_t k = 0; k < params.size(); ++k) specs.push_back({names[k], params[k], k < keep_dtype.size() && keep_dtype[k] != 0});
+    for (size_t k = 0; k < params.size(); ++k) {
+      FsdpParamSpec spec;
+      spec.name = names[k];
+      spec.param = params[k];
+      spec.keep_dtype = k < keep_dtype.size() && keep_dtype[k] != 0;
+      specs.push_back(std::move(spec));
+    }
+    name_params(module, specs);
     UnitOptions unit_options;
     unit_options.shard = s.options.sharding_strategy != ShardingStrategy::NO_SHARD;
     unit_options.keep_full =

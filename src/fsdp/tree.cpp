@@ -9,41 +9,37 @@
 
 #include "fsdp/coordinator.h"
 #include "fsdp/fsdp_state.h"
+#include "fsdp/wrapper_tree.h"
 #include "tdist/errors.h"
 #include "tdist/fsdp.h"
 
 namespace tdist::detail {
 
-namespace {
+std::string join_name(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
 
-std::string join(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
-
-struct Visit {
-  FsdpState& state;
-  std::string path;           // the wrapper in the wrapped model
-  std::string original_path;  // the same without the wrappers' "module" steps
-};
-
-void walk(torch::nn::Module& m, const std::string& path, const std::string& original, std::vector<Visit>& out) {
+void walk_wrappers(torch::nn::Module& m, const std::string& path, const std::string& original,
+                   std::vector<WrapperVisit>& out) {
   auto* w = dynamic_cast<FullyShardedModule*>(&m);
   if (w) out.push_back({*w->fsdp_core().state(), path, original});
   const bool wrapper = dynamic_cast<WrapperModule*>(&m) != nullptr;  // FSDP, CheckpointModule
   for (const auto& c : m.named_children()) {
     const bool wrapped = wrapper && c.key() == "module";
-    walk(*c.value(), join(path, c.key()), wrapped ? original : join(original, c.key()), out);
+    walk_wrappers(*c.value(), join_name(path, c.key()), wrapped ? original : join_name(original, c.key()), out);
   }
 }
 
-std::vector<Visit> wrappers(torch::nn::Module& root) {
-  std::vector<Visit> out;
-  walk(root, "", "", out);
+namespace {
+
+std::vector<WrapperVisit> wrappers(torch::nn::Module& root) {
+  std::vector<WrapperVisit> out;
+  walk_wrappers(root, "", "", out);
   if (out.empty()) throw UsageError("FullyShardedDataParallel: the module holds no FSDP wrapper");
   return out;
 }
 
-// The wrappers of a model between iterations (the state dicts' and summon's
-// precondition), their iteration settled.
-std::vector<Visit> settled_wrappers(torch::nn::Module& root, const char* what) {
+}  // namespace
+
+std::vector<WrapperVisit> settled_wrappers(torch::nn::Module& root, const char* what) {
   if (active_coordinator()) throw UsageError(std::string(what) + " inside a forward");
   const auto all = wrappers(root);
   Coordinator& c = *all[0].state.own;
@@ -55,8 +51,6 @@ std::vector<Visit> settled_wrappers(torch::nn::Module& root, const char* what) {
   for (const auto& v : all) v.state.unit->reshard();  // units kept or prefetched outside the last forward
   return all;
 }
-
-}  // namespace
 
 double clip_grad_norm(torch::nn::Module& root, double max_norm, double norm_type) {
   if (!(max_norm >= 0)) throw UsageError("clip_grad_norm_: max_norm must be >= 0");
@@ -149,7 +143,7 @@ class FsdpJoinHook : public JoinHook {
   void main_hook() override {
     // Every unit reduces zeros for the step's length, however it ends.
     struct ZerosWhileAlive {
-      std::vector<Visit> all;
+      std::vector<WrapperVisit> all;
       explicit ZerosWhileAlive(torch::nn::Module& root) : all(wrappers(root)) { set(true); }
       ~ZerosWhileAlive() { set(false); }
       void set(bool on) {
@@ -184,12 +178,12 @@ void set_require_sync(torch::nn::Module& root, bool on) { wrappers(root)[0].stat
 bool require_sync(torch::nn::Module& root) { return wrappers(root)[0].state.own->require_sync; }
 
 void name_params_in_model(FsdpState& state, torch::nn::Module& module) {
-  std::vector<Visit> all{{state, "", ""}};
-  walk(module, "", "", all);  // the inner wrappers
+  std::vector<WrapperVisit> all{{state, "", ""}};
+  walk_wrappers(module, "", "", all);  // the inner wrappers
   for (const auto& v : all) {
     ShardedUnit& u = *v.state.unit;
     for (size_t k = 0; k < u.params().size(); ++k) {
-      u.set_model_name(k, join(v.original_path, v.state.original_names[k].name));
+      u.set_model_name(k, join_name(v.original_path, u.params()[k].original_name));
     }
   }
 }
@@ -208,9 +202,9 @@ ShardMetadata shard_metadata(torch::nn::Module& root) {
     for (size_t k = 0; k < u.params().size(); ++k) {
       const auto& pl = u.layout().param(k);
       ShardedParamInfo p;
-      p.name = join(join(v.path, "module"), u.params()[k].name);
-      p.original_name = join(v.original_path, v.state.original_names[k].name);
-      for (const auto& a : v.state.original_names[k].aliases) p.aliases.push_back(join(v.original_path, a));
+      p.name = join_name(join_name(v.path, "module"), u.params()[k].name);
+      p.original_name = join_name(v.original_path, u.params()[k].original_name);
+      for (const auto& a : u.params()[k].aliases) p.aliases.push_back(join_name(v.original_path, a));
       p.shape = pl.shape;
       p.shard_shape = pl.shard_shape(u.shard_rank());
       p.numel = pl.numel();
@@ -253,63 +247,6 @@ void end_summon(torch::nn::Module& root, bool writeback) noexcept {
       if (!writeback) v.state.unit->restore_shards();
     }
   } catch (...) {
-  }
-}
-
-std::vector<UnitParam> unit_params(torch::nn::Module& root) {
-  std::vector<Visit> all;
-  walk(root, "", "", all);
-  std::vector<UnitParam> out;
-  for (const auto& v : all) {
-    const ShardedUnit& u = *v.state.unit;
-    for (size_t k = 0; k < u.params().size(); ++k) {
-      const auto& pl = u.layout().param(k);
-      out.push_back({join(v.original_path, v.state.original_names[k].name), u.params()[k].param, pl.shape,
-                     pl.first_row_on(u.shard_rank()), pl.rows_on(u.shard_rank()), pl.rows_per_rank, u.sharded()});
-    }
-  }
-  return out;
-}
-
-std::shared_ptr<ProcessGroup> units_group(torch::nn::Module& root) {
-  std::vector<Visit> all;
-  walk(root, "", "", all);
-  return all.empty() ? nullptr : all[0].state.pg;
-}
-
-std::shared_ptr<ProcessGroup> units_replicate_group(torch::nn::Module& root) {
-  std::vector<Visit> all;
-  walk(root, "", "", all);
-  return all.empty() ? nullptr : all[0].state.replicate_pg;
-}
-
-std::shared_ptr<ProcessGroup> units_world_group(torch::nn::Module& root) {
-  std::vector<Visit> all;
-  walk(root, "", "", all);
-  return all.empty() ? nullptr : all[0].state.world_pg;
-}
-
-void settle_units(torch::nn::Module& root, const char* what) { settled_wrappers(root, what); }
-
-std::vector<std::pair<const c10::TensorImpl*, at::ScalarType>> converted_buffers(torch::nn::Module& root) {
-  std::vector<Visit> all;
-  walk(root, "", "", all);
-  std::vector<std::pair<const c10::TensorImpl*, at::ScalarType>> out;
-  for (const auto& v : all) out.insert(out.end(), v.state.converted_buffers.begin(), v.state.converted_buffers.end());
-  return out;
-}
-
-void visit_gathered(torch::nn::Module& root, const std::function<void(const std::string&, const at::Tensor&)>& fn) {
-  for (const auto& v : settled_wrappers(root, "full_state_dict")) {
-    ShardedUnit& u = *v.state.unit;
-    u.unshard(/*exact=*/true);
-    try {
-      for (size_t k = 0; k < u.params().size(); ++k) fn(join(v.original_path, v.state.original_names[k].name), u.params()[k].param);
-    } catch (...) {
-      u.reshard();
-      throw;
-    }
-    u.reshard();
   }
 }
 

@@ -108,6 +108,8 @@ ShardedUnit::ShardedUnit(std::shared_ptr<ProcessGroup> pg, std::string label, st
   for (size_t k = 0; k < specs.size(); ++k) {
     FsdpParam p;
     p.name = std::move(specs[k].name);
+    p.original_name = std::move(specs[k].original_name);
+    p.aliases = std::move(specs[k].aliases);
     p.param = std::move(specs[k].param);
     p.layout = &layout_.param(k);
     p.trainable = p.param.requires_grad();
@@ -377,15 +379,15 @@ void ShardedUnit::write_back() {
 }
 
 void ShardedUnit::save_shards() {
-  saved_shards_.clear();
-  if (!keep_full_) return;
-  for (const FsdpParam& p : params_) saved_shards_.push_back(p.shard.clone());
+  for (FsdpParam& p : params_) p.saved_shard = keep_full_ ? p.shard.clone() : at::Tensor();
 }
 
 void ShardedUnit::restore_shards() {
   at::NoGradGuard no_grad;
-  for (size_t k = 0; k < saved_shards_.size(); ++k) params_[k].shard.copy_(saved_shards_[k]);
-  saved_shards_.clear();
+  for (FsdpParam& p : params_) {
+    if (p.saved_shard.defined()) p.shard.copy_(p.saved_shard);
+    p.saved_shard = at::Tensor();
+  }
 }
 
 void ShardedUnit::check_params_in_place() const {

@@ -57,12 +57,17 @@ namespace tdist::detail {
 
 // What a unit is made from, per parameter.
 struct FsdpParamSpec {
-  std::string name;  // how messages name it
+  std::string name;  // in the wrapped module, as its named_parameters() says
   at::Tensor param;  // CPU or one CUDA device, dense, full as the module built it (equal on every rank)
   // Forward and backward see it in its own dtype even with a compute dtype
   // (BatchNorm's: its kernels take fp32 weights with bf16 inputs); it is
   // still gathered in the compute dtype.
   bool keep_dtype = false;
+  // Its first name in model order without wrapper steps, and the other
+  // names a tied parameter is registered under (both within the wrapped
+  // module).
+  std::string original_name;
+  std::vector<std::string> aliases;
 };
 
 // How a unit shards and computes.
@@ -90,7 +95,9 @@ struct UnitOptions {
 // One parameter of a unit (as FSDP2's FSDPParam): the module's tensor, its
 // place in the unit's buffers, and its gradient's state in a backward.
 struct FsdpParam {
-  std::string name;
+  std::string name;                  // FsdpParamSpec's three names
+  std::string original_name;
+  std::vector<std::string> aliases;
   at::Tensor param;  // the module's tensor: re-pointed, never replaced
   const ParamShardLayout* layout = nullptr;  // its shape and offsets (in the unit's ShardLayout)
   bool trainable = false;                    // requires_grad when wrapped
@@ -100,6 +107,9 @@ struct FsdpParam {
   // .grad from before this backward (undefined if there was none).
   at::Tensor grad_before;
   bool grad_set_aside = false;
+  // save_shards(): a copy of shard while a summon without writeback lets
+  // the full parameters' edits reach it.
+  at::Tensor saved_shard;
   // Its name in the whole model, for messages, once the outermost wrapper
   // has told it (empty until then: name).
   std::string model_name;
@@ -281,7 +291,6 @@ class ShardedUnit {
   std::optional<Gather> gather_;
   std::optional<Reduce> reduce_;
   std::optional<PostForward> post_;  // hpZ: kept from the last forward
-  std::vector<at::Tensor> saved_shards_;  // save_shards()
 };
 
 }  // namespace tdist::detail

@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "fsdp/fsdp_model.h"
 #include "tests/fsdp/models.h"
 #include "tests/util/process.h"
 #include "tests/util/world.h"
@@ -140,13 +141,13 @@ TEST(HybridShard, EveryFormMatchesFullShardAndOneProcess) {
     for (auto& f : forms) {
       if (f.local_world_size) setenv("LOCAL_WORLD_SIZE", "2", 1);
       Trained t = train(world, f.o, 1);  // one step to make the groups, then count a clean run
-      auto replicate = tdist::detail::units_replicate_group(**t.model);
-      auto shard = tdist::detail::units_group(**t.model);
+      auto replicate = tdist::detail::FsdpModel::of(**t.model)->replicate_group();
+      auto shard = tdist::detail::FsdpModel::of(**t.model)->group();
       WORLD_CHECK(replicate && replicate->size() == 2 && shard->size() == 2, f.name << ": groups");
       replicate->reset_collective_counts();
       t = train(world, f.o);
       unsetenv("LOCAL_WORLD_SIZE");
-      replicate = tdist::detail::units_replicate_group(**t.model);
+      replicate = tdist::detail::FsdpModel::of(**t.model)->replicate_group();
       const Weights got = summoned(*t.model);
       WORLD_CHECK(max_relative(got, reference) <= 1e-5, f.name << " vs one process: " << max_relative(got, reference));
       WORLD_CHECK(max_relative(got, fs) <= 1e-6, f.name << " vs FULL_SHARD at world 4: " << max_relative(got, fs));

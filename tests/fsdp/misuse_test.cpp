@@ -91,8 +91,8 @@ TEST(FsdpMisuse, AMetaTensorNotFromDeferredInitIsRefusedByName) {
 TEST(FsdpMisuse, AUnitOnTwoDevicesIsRefusedByName) {
   EXPECT_EQ(run_world(2, [](ProcessGroup&) {
     std::vector<tdist::detail::FsdpParamSpec> specs;
-    specs.push_back({"a", torch::ones({4}), false});
-    specs.push_back({"b", torch::empty({4}, torch::kMeta), false});
+    specs.push_back({"a", torch::ones({4}), false, "a", {}});
+    specs.push_back({"b", torch::empty({4}, torch::kMeta), false, "b", {}});
     const std::string msg = expect_throw<tdist::UsageError>(
         [&] { tdist::detail::ShardedUnit u(tdist::default_group(), "unit", std::move(specs), {}); }, "device");
     WORLD_CHECK(contains(msg, "'b'") && contains(msg, "meta") && contains(msg, "device_id"), msg);
