@@ -204,7 +204,10 @@ struct FullyShardedDataParallelOptions {
   // (load_pretrained, load_full_state_dict, load_sharded_checkpoint, a
   // Checkpointer's restore) are the first its shards hold. Until a loader
   // has written a parameter, a forward, summon_full_params or a full
-  // state dict of its unit is a UsageError naming it. Not with
+  // state dict of its unit is a UsageError naming it (every rank alike).
+  // A write counts when it goes through the module's tensor (copy_,
+  // fill_, an optimizer's step), not through .data(). With
+  // sync_module_states, rank 0's broadcast values are the load. Not with
   // param_init_fn; nothing to skip in a model built eagerly.
   bool skip_init = false;
 };

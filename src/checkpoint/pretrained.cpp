@@ -149,7 +149,7 @@ LoadPretrainedReport load_pretrained(torch::nn::Module& model, const std::string
   const std::vector<Entry> entries = checkpoint::unique_entries_of(model);
   const auto fsdp = detail::FsdpModel::of(model);
   const Units units = checkpoint::units_of(fsdp);
-  if (fsdp) fsdp->settle("load_pretrained");
+  if (!units.empty()) fsdp->settle("load_pretrained");
   const PretrainedSources files(path);
   LoadPretrainedReport report;
   report.files = files.files();
@@ -169,6 +169,8 @@ LoadPretrainedReport load_pretrained(torch::nn::Module& model, const std::string
       dst.copy_(checkpoint::rows_of(files.read(*src), u->second));
     } else if (u->second.rows > 0) {
       dst.copy_(files.read_rows(*src, u->second.first_row, u->second.rows));
+    } else {
+      dst.zero_();  // no rows here: a write of nothing, so every rank counts it loaded (skip_init)
     }
   }
   return report;
@@ -258,7 +260,7 @@ void save_pretrained(torch::nn::Module& model, const std::string& dir, const Sav
   const auto fsdp = detail::FsdpModel::of(model);
   const Units units = checkpoint::units_of(fsdp);
   const auto pg = fsdp ? fsdp->world_group() : nullptr;  // hybrid sharding: one writer over every replica
-  if (fsdp) fsdp->settle("save_pretrained");
+  if (!units.empty()) fsdp->settle("save_pretrained");
   const bool writes = !pg || pg->rank() == 0;
 
   // Each entry's file, in the model's order: a shard holds at most

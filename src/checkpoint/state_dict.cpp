@@ -132,7 +132,7 @@ void load_full_state_dict(torch::nn::Module& model, const StateDict& state, bool
   const std::vector<Entry> entries = unique_entries_of(model);
   const auto fsdp = detail::FsdpModel::of(model);
   const Units units = units_of(fsdp);
-  if (fsdp) fsdp->settle("load_full_state_dict");
+  if (!units.empty()) fsdp->settle("load_full_state_dict");
   const auto full_shape = [&](const Entry& e) {
     const auto it = units.find(e.tensor.unsafeGetTensorImpl());
     return it != units.end() ? it->second.full_shape : e.tensor.sizes().vec();

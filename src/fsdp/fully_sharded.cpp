@@ -143,6 +143,13 @@ void registrations(torch::nn::Module& m, const std::string& original,
   }
 }
 
+// Whether rank 0's unit holds values (rank 0 says; collective over pg).
+bool rank0_holds_values(ProcessGroup& pg, bool holds) {
+  std::vector<at::Tensor> flag{at::tensor({holds ? int64_t{1} : int64_t{0}}, at::kLong)};
+  broadcast_from_rank0(pg, flag);
+  return flag[0].item<int64_t>() == 1;
+}
+
 // Per unit parameter: its first name in model order (without wrapper
 // steps) and its other names.
 void name_params(torch::nn::Module& module, std::vector<FsdpParamSpec>& specs) {
@@ -267,8 +274,14 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
     // unit at a time, and device_id never moves the whole model.
     const MaterializedUnit made =
         materialize_unit({names, params, found.buffer_names, buffers, found.owners}, s.options, label);
-    if (s.options.sync_module_states && made.unset_params.empty()) {
-      broadcast_from_rank0(*s.world_pg, params);
+    // skip_init with sync_module_states: rank 0's values are the load when
+    // rank 0 has them (FSDP1's rank-0-only materialization); when rank 0
+    // awaits a loader too, only the buffers are broadcast and every rank
+    // awaits one. Rank 0 decides, so every rank does alike.
+    bool rank0_loaded = false;
+    if (s.options.sync_module_states) {
+      rank0_loaded = !s.options.skip_init || rank0_holds_values(*s.world_pg, made.unset_params.empty());
+      if (rank0_loaded) broadcast_from_rank0(*s.world_pg, params);
       broadcast_from_rank0(*s.world_pg, buffers);
     }
     if (const auto bt = s.options.mixed_precision.buffer_dtype) {
@@ -305,7 +318,7 @@ FullyShardedCore::FullyShardedCore(torch::nn::Module& module, FullyShardedDataPa
     unit_options.compute_dtype = s.options.mixed_precision.param_dtype;
     unit_options.reduce_dtype = s.options.mixed_precision.reduce_dtype;
     s.unit = std::make_unique<ShardedUnit>(pg, label, std::move(specs), unit_options);
-    s.unit->await_load(made.unset_params);
+    if (!rank0_loaded) s.unit->await_load(made.unset_params);
     // The unit's full copy is free now: give its memory back before the next
     // unit is made (glibc keeps freed blocks of this size in the heap, and
     // the shards allocated meanwhile keep it from reusing them), so that a

@@ -152,12 +152,6 @@ void ShardedUnit::await_load(const std::vector<size_t>& indices) {
 void ShardedUnit::check_awaiting() {
   for (FsdpParam& p : params_) {
     if (p.awaiting_load_at < 0) continue;
-    // A rank without rows of it has nothing to load (a loader may skip it).
-    if (p.shard.defined() && p.shard.numel() == 0 && sharded_) {
-      p.awaiting_load_at = -1;
-      --awaiting_;
-      continue;
-    }
     if (static_cast<int64_t>(p.param._version()) != p.awaiting_load_at) {
       p.awaiting_load_at = -1;
       --awaiting_;

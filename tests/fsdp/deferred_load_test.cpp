@@ -242,6 +242,58 @@ TEST(DeferredLoadMissing, ANameTheFilesLackIsAnError) {
   }), "");
 }
 
+// A parameter with one row at world 2: rank 1 holds none of it. Every rank
+// still decides alike (a loader writes the empty rows too), so a load that
+// lacks it fails the forward on both ranks, never one rank in a gather.
+TEST(DeferredLoadMissing, ARankWithoutRowsDecidesAsTheOthers) {
+  TempDir dir;
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    tdist::FullyShardedDataParallelOptions o;
+    o.skip_init = true;
+    const auto make = [&] {
+      return tdist::FSDP<torch::nn::Linear>(tdist::deferred_init([] { return torch::nn::Linear(3, 1); }), o);
+    };
+    tdist::StateDict full;
+    full.insert("weight", torch::full({1, 3}, 0.5));
+    full.insert("bias", torch::full({1}, 0.25));
+    auto loaded = make();
+    tdist::load_full_state_dict(*loaded, full);
+    const at::Tensor y = loaded(torch::ones({2, 3}));
+    WORLD_CHECK(torch::allclose(y, torch::full({2, 1}, 1.75)), y);
+    const std::string file = dir.path() + "/no_bias.safetensors";
+    if (pg.rank() == 0) tdist::save_safetensors(file, {{"weight", full["weight"]}});
+    pg.barrier()->wait();
+    auto lacking = make();
+    tdist::LoadPretrainedOptions lenient;
+    lenient.strict = false;
+    tdist::load_pretrained(*lacking, file, lenient);
+    try {
+      lacking(torch::ones({2, 3}));
+      WORLD_CHECK(false, "no error");
+    } catch (const tdist::UsageError& e) {
+      WORLD_CHECK(names(e, "'bias'"), e.what());
+    }
+  }), "");
+}
+
+// sync_module_states: rank 0's values are the load (it built the model
+// eagerly; the others deferred, with skip_init).
+TEST(DeferredLoadMissing, SyncModuleStatesIsTheLoad) {
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    auto o = options_for(kPlain);
+    o.skip_init = true;
+    o.sync_module_states = true;
+    torch::manual_seed(11);
+    tdist::FSDP<TiedLm> reference(TiedLm(false), options_for(kPlain));
+    torch::manual_seed(11);
+    TiedLm inner = pg.rank() == 0 ? TiedLm(false) : tdist::deferred_init([] { return TiedLm(false); });
+    tdist::FSDP<TiedLm> model(inner, o);
+    const std::string why = compare(shards(*model), shards(*reference));
+    WORLD_CHECK(why.empty(), why);
+    tdist::test::tied_loss(model, tdist::test::tied_rows(tdist::test::tied_batch(0), pg.rank(), pg.size()));
+  }), "");
+}
+
 TEST(DeferredLoadMissing, SkipInitWithParamInitFnIsRefused) {
   EXPECT_EQ(run_world(1, [&](ProcessGroup&) {
     auto o = options_for(kPlain);
