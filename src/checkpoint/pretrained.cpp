@@ -299,7 +299,9 @@ void save_pretrained(torch::nn::Module& model, const std::string& dir, const Sav
   }
   std::vector<size_t> order;
   std::vector<bool> gathered(entries.size(), false);
-  for (const auto& u : fsdp ? fsdp->params() : std::vector<detail::FsdpParamRecord>{}) {
+  static const std::vector<detail::FsdpParamRecord> kNone;
+  const std::vector<detail::FsdpParamRecord>& units_in_order = fsdp ? fsdp->params() : kNone;  // outermost first
+  for (const auto& u : units_in_order) {
     const auto it = by_name.find(u.name);
     if (it == by_name.end() || gathered[it->second]) continue;
     gathered[it->second] = true;

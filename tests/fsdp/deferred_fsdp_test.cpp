@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tests/fsdp/models.h"
+#include "tests/fsdp/shard_compare.h"
 #include "tests/fsdp/tied_models.h"
 #include "tdist/activation_checkpoint.h"
 #include "tdist/deferred_init.h"
@@ -25,6 +26,7 @@ namespace {
 using tdist::ProcessGroup;
 using tdist::ShardingStrategy;
 using tdist::test::run_world;
+using tdist::test::shards;
 using tdist::test::TiedBlock;
 using tdist::test::TiedLm;
 
@@ -63,25 +65,6 @@ tdist::FullyShardedDataParallelOptions options_for(const Config& c) {
   return o;
 }
 
-// Every shard of the model, by name, as it is now.
-std::vector<std::pair<std::string, at::Tensor>> shards(torch::nn::Module& m) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& p : m.named_parameters(true)) out.emplace_back(p.key(), p.value().detach().clone());
-  for (const auto& b : m.named_buffers(true)) out.emplace_back(b.key(), b.value().detach().clone());
-  return out;
-}
-
-std::string compare(const std::vector<std::pair<std::string, at::Tensor>>& got,
-                    const std::vector<std::pair<std::string, at::Tensor>>& want) {
-  if (got.size() != want.size()) return "sizes " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
-  for (size_t k = 0; k < got.size(); ++k) {
-    if (got[k].first != want[k].first) return "names " + got[k].first + " vs " + want[k].first;
-    if (got[k].second.is_meta()) return got[k].first + " is still meta";
-    if (!torch::equal(got[k].second, want[k].second)) return got[k].first + " differs";
-  }
-  return "";
-}
-
 template <typename Model>
 void train(Model& model, ProcessGroup& pg) {
   auto opt = tdist::test::tied_optimizer(model->parameters());
@@ -105,22 +88,18 @@ TEST_P(DeferredFsdp, EqualsTheEagerModelBitForBit) {
     TiedLm inner = tdist::deferred_init([&] { return TiedLm(c.tied_block); });
     WORLD_CHECK(tdist::is_deferred(*inner), c.name);
     tdist::FSDP<TiedLm> deferred(inner, o);
-    std::string why = compare(shards(*deferred), shards(*eager));
+    std::string why = tdist::test::compare_shards(shards(*deferred), shards(*eager));
     WORLD_CHECK(why.empty(), c.name << " after wrapping: " << why);
     train(eager, pg);
     train(deferred, pg);
-    why = compare(shards(*deferred), shards(*eager));
+    why = tdist::test::compare_shards(shards(*deferred), shards(*eager));
     WORLD_CHECK(why.empty(), c.name << " after training: " << why);
   }), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, DeferredFsdp, ::testing::ValuesIn(kConfigs),
                          [](const ::testing::TestParamInfo<Config>& i) {
-                           std::string n = i.param.name;
-                           for (char& ch : n) {
-                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           }
-                           return n;
+                           return tdist::test::param_test_name(i.param.name);
                          });
 
 // Units built by hand inside the model's constructor run inside
@@ -133,7 +112,7 @@ TEST(DeferredFsdpNested, UnitsBuiltInTheConstructorEqualTheEagerOnes) {
     torch::manual_seed(3);
     auto inner = tdist::deferred_init([&] { return tdist::test::Net(&o); });
     tdist::FSDP<tdist::test::Net> deferred(inner, o);
-    const std::string why = compare(shards(*deferred), shards(*eager));
+    const std::string why = tdist::test::compare_shards(shards(*deferred), shards(*eager));
     WORLD_CHECK(why.empty(), why);
     (void)pg;
   }), "");

@@ -22,6 +22,7 @@
 #include "tdist/safetensors.h"
 #include "tdist/sharded_checkpoint.h"
 #include "tdist/state_dict.h"
+#include "tests/fsdp/shard_compare.h"
 #include "tests/fsdp/tied_models.h"
 #include "tests/util/process.h"
 #include "tests/util/world.h"
@@ -31,10 +32,10 @@ namespace {
 using tdist::ProcessGroup;
 using tdist::ShardingStrategy;
 using tdist::test::run_world;
+using tdist::test::shards;
 using tdist::test::TempDir;
 using tdist::test::TiedBlock;
 using tdist::test::TiedLm;
-using Shards = std::vector<std::pair<std::string, at::Tensor>>;
 
 enum class Loader { kFullStateDict, kShardedCheckpoint, kCheckpointer, kPretrained, kConsolidated };
 
@@ -61,22 +62,6 @@ tdist::FullyShardedDataParallelOptions options_for(const Case& c) {
   o.auto_wrap_policy =
       tdist::lambda_auto_wrap_policy([](torch::nn::Module& m) { return m.as<TiedBlock>() != nullptr; });
   return o;
-}
-
-Shards shards(torch::nn::Module& m) {
-  Shards out;
-  for (const auto& p : m.named_parameters(true)) out.emplace_back(p.key(), p.value().detach().clone());
-  for (const auto& b : m.named_buffers(true)) out.emplace_back(b.key(), b.value().detach().clone());
-  return out;
-}
-
-std::string compare(const Shards& got, const Shards& want) {
-  if (got.size() != want.size()) return "sizes " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
-  for (size_t k = 0; k < got.size(); ++k) {
-    if (got[k].first != want[k].first) return "names " + got[k].first + " vs " + want[k].first;
-    if (!torch::equal(got[k].second, want[k].second)) return got[k].first + " differs";
-  }
-  return "";
 }
 
 template <typename Model, typename Opt>
@@ -155,13 +140,13 @@ TEST_P(DeferredLoad, TheLoadedValuesAreTheShardsFirstValues) {
     tdist::FSDP<TiedLm> target = deferred_model(c, 7);
     auto target_opt = tdist::test::tied_optimizer(tdist::unique_parameters(*target));
     save_and_load(c, dir.path(), pg, source, source_opt, target, target_opt);
-    std::string why = compare(shards(*target), shards(*source));
+    std::string why = tdist::test::compare_shards(shards(*target), shards(*source));
     WORLD_CHECK(why.empty(), c.name << " after loading: " << why);
     if (c.loader == Loader::kShardedCheckpoint || c.loader == Loader::kCheckpointer) {
       // The optimizer came with it: training goes on as the source's does.
       train(source, source_opt, pg, 2);
       train(target, target_opt, pg, 2);
-      why = compare(shards(*target), shards(*source));
+      why = tdist::test::compare_shards(shards(*target), shards(*source));
       WORLD_CHECK(why.empty(), c.name << " after training on: " << why);
     }
   }), "");
@@ -169,11 +154,7 @@ TEST_P(DeferredLoad, TheLoadedValuesAreTheShardsFirstValues) {
 
 INSTANTIATE_TEST_SUITE_P(Loaders, DeferredLoad, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<Case>& i) {
-                           std::string n = i.param.name;
-                           for (char& ch : n) {
-                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           }
-                           return n;
+                           return tdist::test::param_test_name(i.param.name);
                          });
 
 bool names(const std::exception& e, const std::string& what) {
@@ -288,7 +269,7 @@ TEST(DeferredLoadMissing, SyncModuleStatesIsTheLoad) {
     torch::manual_seed(11);
     TiedLm inner = pg.rank() == 0 ? TiedLm(false) : tdist::deferred_init([] { return TiedLm(false); });
     tdist::FSDP<TiedLm> model(inner, o);
-    const std::string why = compare(shards(*model), shards(*reference));
+    const std::string why = tdist::test::compare_shards(shards(*model), shards(*reference));
     WORLD_CHECK(why.empty(), why);
     tdist::test::tied_loss(model, tdist::test::tied_rows(tdist::test::tied_batch(0), pg.rank(), pg.size()));
   }), "");
