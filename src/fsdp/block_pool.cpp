@@ -51,6 +51,22 @@ class BlockPool {
     return c10::DataPtr(b->memory.get(), b, &BlockPool::give_back, c10::Device(c10::kCPU));
   }
 
+  void release_free() {
+    std::vector<Block*> out;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [size, blocks] : free_) out.insert(out.end(), blocks.begin(), blocks.end());
+      free_.clear();
+      free_bytes_ = 0;
+      free_blocks_ = 0;
+    }
+    for (Block* b : out) {
+      const size_t n = b->nbytes;
+      delete b;
+      all_bytes_ -= n;
+    }
+  }
+
   size_t free_bytes() {
     std::lock_guard<std::mutex> lock(mu_);
     return free_bytes_;
@@ -94,6 +110,7 @@ void BlockPool::give_back(void* ctx) {
 }  // namespace
 
 c10::DataPtr take_block(size_t nbytes) { return pool().take(nbytes); }
+void release_pooled_blocks() { pool().release_free(); }
 size_t pooled_bytes() { return pool().free_bytes(); }
 size_t block_bytes() { return pool().all_bytes(); }
 

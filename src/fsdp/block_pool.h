@@ -30,6 +30,12 @@ namespace tdist::detail {
 // A block of `nbytes` (uninitialised) whose deleter gives it back to the
 // pool, or frees it when the pool is full.
 c10::DataPtr take_block(size_t nbytes);
+// Gives every free block back to the C library: when no unit will gather
+// before the next forward (the Coordinator, once the backward has begun
+// for every unit), so the end of a backward, its peak with a model's
+// largest unit (the outermost, holding a tied embedding) still gathered,
+// does not also hold blocks nobody takes.
+void release_pooled_blocks();
 // Bytes the pool holds free (for tests and benchmarks).
 size_t pooled_bytes();
 // Bytes of every block alive, in use or free: the part of the CPU

@@ -4,6 +4,7 @@
 
 #include <torch/csrc/autograd/engine.h>
 
+#include "fsdp/block_pool.h"
 #include "fsdp/fsdp_state.h"
 #include "process_group/async_ops.h"
 #include "trace/flight_recorder.h"
@@ -132,6 +133,10 @@ void Coordinator::pre_backward(FsdpState& s) {
   }
   if (s.prepared) return;
   s.prepared = true;
+  // The outermost unit stays gathered through the backward: with units
+  // inside it, whose backwards come between its first gradients and its
+  // last, its gradient buffer is taken only for its reduction (unit.h).
+  s.unit->set_late_grad_buffer(s.is_root && order_.size() > 1);
   s.backward_began_ns = Timeline::active() ? fr_now_ns() : 0;
   s.unit->finish_unshard();
   if (s.backward_prefetch_units) {
@@ -149,13 +154,25 @@ void Coordinator::unit_ready(FsdpState& s) {
     tl->complete("compute", "backward " + s.unit->trace_name(), s.backward_began_ns, fr_now_ns());
     s.backward_began_ns = 0;
   }
-  // Its backward is over: the full parameters can go, unless a frozen
-  // parameter's backward (which reads them but reports nothing) may still
-  // be to come, or this is the outermost unit (ended with the backward).
-  if (s.reshard_after_forward && (s.reshard_after_backward || syncs(s)) && !s.is_root && !s.unit->has_frozen()) {
+  // Its backward is over: the full parameters can go (before the
+  // reduction takes its buffer, which may reuse their block), unless a
+  // frozen parameter's backward (which reads them but reports nothing) may
+  // still be to come.
+  if (s.reshard_after_forward && (s.reshard_after_backward || syncs(s)) && !s.unit->has_frozen()) {
     s.unit->reshard();
   }
   launch_ready_in_order();
+  // Nothing gathers again before the next forward: the pool's free blocks
+  // go (block_pool.h), once the reduction just launched took its buffer
+  // (the block the reshard above gave back, for the outermost unit).
+  if (!gathers_left()) release_pooled_blocks();
+}
+
+bool Coordinator::gathers_left() const {
+  for (const auto& t : order_) {
+    if (!t->prepared) return true;
+  }
+  return false;
 }
 
 void Coordinator::poll_in_flight() {

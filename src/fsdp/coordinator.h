@@ -74,6 +74,8 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   // it (a gather from before the optimizer's step must not be used).
   void drop_unused_prefetches();
   void launch_ready_in_order();
+  // Whether a unit of this forward has not begun its backward (may gather).
+  bool gathers_left() const;
   void launch(FsdpState& s);
   void reset_flags();
 

@@ -410,6 +410,13 @@ void ShardedUnit::set_aside_grad(size_t k) {
   FsdpParam& p = params_[k];
   if (!sharded_ || grads_full_ || !p.trainable || p.grad_set_aside) return;
   p.grad_before = p.param.grad();
+  if (late_grad_buffer_) {
+    // Autograd makes (or takes) a tensor of its own; start_reduce copies it
+    // into the buffer.
+    p.param.mutable_grad() = at::Tensor();
+    p.grad_set_aside = true;
+    return;
+  }
   // Autograd accumulates into a .grad that exists: the full gradient lands
   // in its place in the unit's gradient buffer, the reduce-scatter input.
   ensure_grad_buffer();
@@ -433,7 +440,16 @@ at::Tensor ShardedUnit::take_full_grad(FsdpParam& p) {
                        " elements where the full parameter has " + std::to_string(pl.numel()) +
                        " (was .grad set by hand, or an optimizer stepped during no_sync?)");
     }
-    region.copy_(g.reshape({-1}));  // a .grad set by hand, or made after being dropped
+    // Autograd's own tensor (late_grad_buffer: of any strides, or sparse
+    // from an embedding), a .grad set by hand, or one made after being
+    // dropped. Copied in its shape: no contiguous copy on the way.
+    at::Tensor dst = region.view(pl.shape);
+    if (g.is_sparse()) {
+      dst.zero_();
+      dst.add_(g);
+    } else {
+      dst.copy_(g.reshape(pl.shape));
+    }
   }
   g.reset();
   return grad_full_.tensor_at(pl.offset_in_full, {pl.shard_numel() * layout_.world_size()});

@@ -192,6 +192,14 @@ class ShardedUnit {
   void set_aside_grad(size_t k);
   // The same for every parameter not yet set aside.
   void set_aside_shard_grads();
+  // Whether the gradients accumulate in autograd's own tensors, copied
+  // into the gradient buffer by start_reduce, instead of in the buffer
+  // itself (the default). For a unit gathered through the whole backward
+  // (the outermost one: its parameters are used at both ends of the
+  // forward, as a tied embedding is) the buffer would be held through the
+  // whole backward beside the full parameters; taken late, after
+  // reshard(), it reuses their block. Set before a backward starts.
+  void set_late_grad_buffer(bool on) { late_grad_buffer_ = on; }
   // Whether the full-gradient buffer is taken (the unit's gradients are
   // accumulating, or kept from no_sync).
   bool has_grad_buffer() const { return grad_full_.allocated(); }
@@ -288,6 +296,7 @@ class ShardedUnit {
   State state_ = State::kSharded;
   bool grads_full_ = false;  // a no_sync backward left full gradients in .grad
   bool reduce_zeros_ = false;  // set_reduce_zeros
+  bool late_grad_buffer_ = false;  // set_late_grad_buffer
   std::optional<Gather> gather_;
   std::optional<Reduce> reduce_;
   std::optional<PostForward> post_;  // hpZ: kept from the last forward

@@ -1,0 +1,95 @@
+// What a backward holds for a model whose outermost unit owns a large tied
+// embedding (GPT-2's wte, used at both ends of the forward): that unit stays
+// gathered through the backward, and its gradient buffer must not be held
+// beside it all that time (it is taken at its reduction, reusing the
+// gathered block); and once no unit will gather again, the block pool gives
+// its free blocks back. Real processes, world 2, the CPU allocator counted.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <functional>
+
+#include "bench/memory_meter.h"
+#include "fsdp/block_pool.h"
+#include "tdist/tdist.h"
+#include "tests/util/world.h"
+
+namespace {
+
+using tdist::ProcessGroup;
+using tdist::test::run_world;
+
+constexpr int64_t kVocab = 4096;
+constexpr int64_t kWidth = 64;  // the embedding: 1 MiB in fp32, the blocks 16 KiB each
+
+struct SmallBlockImpl : torch::nn::Module {
+  SmallBlockImpl() : fc(register_module("fc", torch::nn::Linear(kWidth, kWidth))) {}
+  torch::Tensor forward(torch::Tensor x) { return x + torch::tanh(fc(x)); }
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(SmallBlock);
+
+struct BigTiedImpl : torch::nn::Module {
+  BigTiedImpl() {
+    wte = register_module("wte", torch::nn::Embedding(kVocab, kWidth));
+    h = register_module("h", torch::nn::Sequential(SmallBlock(), SmallBlock()));
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kWidth})));
+  }
+  torch::Tensor forward(torch::Tensor idx) {
+    torch::Tensor e = wte(idx);
+    if (on_embedding_grad) e.register_hook([this](const torch::Tensor&) { on_embedding_grad(); });
+    return torch::matmul(ln_f(h->forward(e)), wte->weight.t());  // the tied head
+  }
+  torch::nn::Embedding wte{nullptr};
+  torch::nn::Sequential h{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};  // the outermost unit's gradient that comes first
+  // Runs in the backward once every block's backward is over (before the
+  // embedding's).
+  std::function<void()> on_embedding_grad;
+};
+TORCH_MODULE(BigTied);
+
+TEST(TiedMemory, TheOutermostUnitsGradientBufferIsNotHeldThroughTheBackward) {
+  EXPECT_EQ(run_world(2,
+                      [](ProcessGroup&) {
+                        auto& mem = tdist::bench::CountingAllocator::install();
+                        torch::manual_seed(1);
+                        tdist::FullyShardedDataParallelOptions o;
+                        o.auto_wrap_policy = tdist::lambda_auto_wrap_policy(
+                            [](torch::nn::Module& m) { return dynamic_cast<SmallBlockImpl*>(&m) != nullptr; });
+                        BigTied net;
+                        tdist::FSDP<BigTied> model(net, o);
+                        int64_t pooled_after_blocks = -1;
+                        net->on_embedding_grad = [&] {
+                          pooled_after_blocks = static_cast<int64_t>(tdist::detail::pooled_bytes());
+                        };
+                        torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
+                        const auto idx = torch::randint(kVocab, {4, 8}, torch::kLong);
+                        const int64_t embedding = kVocab * kWidth * 4;
+                        int64_t worst = 0;
+                        for (int i = 0; i < 3; ++i) {
+                          for (auto& p : model->parameters()) p.mutable_grad().reset();
+                          auto loss = model(idx).logsumexp(-1).mean();
+                          const int64_t before = mem.live();
+                          mem.reset_peak();
+                          loss.backward();
+                          worst = std::max(worst, mem.peak() - before);
+                          opt.step();
+                          WORLD_CHECK(pooled_after_blocks == 0,
+                                      "the pool held " << pooled_after_blocks << " bytes after the last gather");
+                        }
+                        // The head's gradient waits for the embedding's,
+                        // which autograd adds to it (and copies into the
+                        // weight's layout): two embeddings at once, plus
+                        // small ones. Held beside them all backward, the
+                        // gradient buffer made it three.
+                        WORLD_CHECK(worst < 2.5 * embedding,
+                                    "the backward held " << worst << " bytes above its start; the embedding is "
+                                                         << embedding);
+                        WORLD_CHECK(worst >= 2 * embedding, "the backward held only " << worst << " bytes");
+                      }),
+            "");
+}
+
+}  // namespace
