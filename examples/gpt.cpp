@@ -271,7 +271,11 @@ double validation_loss(const Args& a, const examples::ByteText& text, Trained& m
     const int64_t from = first + b * a.eval_batch, count = std::max<int64_t>(0, std::min(a.eval_batch, last - from));
     auto [x, y] = text.val_batch(from, std::max<int64_t>(count, 1), a.block_size);  // a stand-in when none are left
     const torch::Tensor logits = m.forward(x.to(device));
-    if (count > 0) sum += ce_sum(logits, y.to(device)).item<double>();
+    // A window at a time: its fp32 logits and log-softmax, vocabulary-wide,
+    // are the only bytes the loss adds (not the whole batch's: 2 x 100 MiB
+    // a rank for GPT-2 at --eval-batch 4, block 128).
+    const torch::Tensor targets = y.to(device);
+    for (int64_t i = 0; i < count; ++i) sum += ce_sum(logits[i], targets[i]).item<double>();
   }
   m.train_mode(true);
   torch::Tensor total = torch::tensor({sum}, torch::kDouble);
