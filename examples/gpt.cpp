@@ -502,15 +502,16 @@ int run(const Args& args, tdist::ProcessGroup& pg) {
     const auto t0 = std::chrono::steady_clock::now();
     for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr_at(a, step));
     auto [x, y] = text.train_batch(a.seed, step, rank, world, a.batch_size, a.block_size);
-    // zero_grad(set_to_none), 2.x's default, on 1.13 too: no gradient is
-    // held while the forward runs (each unit's arrives with its backward).
-    for (auto& group : opt.param_groups()) {
-      for (auto& p : group.params()) p.mutable_grad().reset();
-    }
     torch::Tensor loss = ce_sum(m.forward(x.to(device)), y.to(device)) / static_cast<double>(x.numel());
     loss.backward();
     if (a.grad_clip > 0) m.clip(a.grad_clip);
     opt.step();
+    // zero_grad(set_to_none), 2.x's default, on 1.13 too, and at once: no
+    // gradient is held through an evaluation, a save or the next forward
+    // (each unit's arrives with its backward).
+    for (auto& group : opt.param_groups()) {
+      for (auto& p : group.params()) p.mutable_grad().reset();
+    }
     // The global batch's loss (every rank's mean, averaged) for the display and the JSON.
     torch::Tensor l = loss.detach().to(torch::kDouble).cpu().reshape({1});
     pg.all_reduce(l, {tdist::ReduceOp::AVG})->wait();
