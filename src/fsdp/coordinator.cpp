@@ -40,9 +40,7 @@ void FsdpState::on_grad_ready(size_t index) {
 
 void Coordinator::reset_flags() {
   for (auto& s : order_) {
-    s->recorded = false;
-    s->prepared = false;
-    s->ready = false;
+    s->phase = FsdpState::Phase::kIdle;
     s->arrived = 0;
     if (s->tracker) s->tracker->reset();
   }
@@ -66,7 +64,7 @@ void Coordinator::prefetch(const std::vector<std::weak_ptr<FsdpState>>& units) {
 void Coordinator::drop_unused_prefetches() {
   for (const auto& w : prefetched_) {
     auto t = w.lock();
-    if (t && !t->recorded && !t->summoned) t->unit->reshard();
+    if (t && !t->recorded() && !t->summoned) t->unit->reshard();
   }
   prefetched_.clear();
 }
@@ -110,8 +108,8 @@ void Coordinator::begin_iteration() {
 }
 
 void Coordinator::record_forward(FsdpState& s) {
-  if (s.recorded) return;
-  s.recorded = true;
+  if (s.recorded()) return;
+  s.phase = FsdpState::Phase::kRecorded;
   s.order_index = order_.size();
   order_.push_back(s.shared_from_this());
 }
@@ -124,15 +122,15 @@ FsdpState* Coordinator::next_in_last_forward(const FsdpState& s) const {
 }
 
 void Coordinator::pre_backward(FsdpState& s) {
-  if (!s.recorded) return;  // a second backward through this iteration's graph
+  if (!s.recorded()) return;  // a second backward through this iteration's graph
   if (!backward_started_) {
     backward_started_ = true;
     torch::autograd::Engine::get_default_engine().queue_callback([weak = weak_from_this()] {
       if (auto c = weak.lock()) c->end_of_backward();
     });
   }
-  if (s.prepared) return;
-  s.prepared = true;
+  if (s.backward_began()) return;
+  s.phase = FsdpState::Phase::kBackwardBegan;
   // The outermost unit stays gathered through the backward: with units
   // inside it, whose backwards come between its first gradients and its
   // last, its gradient buffer is taken only for its reduction (unit.h).
@@ -143,13 +141,13 @@ void Coordinator::pre_backward(FsdpState& s) {
     prefetch(*s.backward_prefetch_units);
   } else if (s.options.backward_prefetch == BackwardPrefetch::BACKWARD_PRE && s.order_index > 0) {
     FsdpState& next = *order_[s.order_index - 1];
-    if (!next.prepared) prefetch_one(next);
+    if (!next.backward_began()) prefetch_one(next);
   }
 }
 
 void Coordinator::unit_ready(FsdpState& s) {
-  if (!s.recorded || s.ready) return;
-  s.ready = true;
+  if (!s.recorded() || s.gradients_ready()) return;
+  s.phase = FsdpState::Phase::kGradientsReady;
   if (Timeline* tl = Timeline::active(); tl && s.backward_began_ns > 0) {
     tl->complete("compute", "backward " + s.unit->trace_name(), s.backward_began_ns, fr_now_ns());
     s.backward_began_ns = 0;
@@ -170,7 +168,7 @@ void Coordinator::unit_ready(FsdpState& s) {
 
 bool Coordinator::gathers_left() const {
   for (const auto& t : order_) {
-    if (!t->prepared) return true;
+    if (!t->backward_began()) return true;
   }
   return false;
 }
@@ -198,7 +196,7 @@ void Coordinator::launch(FsdpState& s) {
 void Coordinator::launch_ready_in_order() {
   while (launched_ < order_.size()) {
     FsdpState& s = *order_[order_.size() - 1 - launched_];
-    if (!s.ready) return;
+    if (!s.gradients_ready()) return;
     if (syncs(s)) launch(s);  // else its full gradients stay (end_of_backward)
     ++launched_;
   }

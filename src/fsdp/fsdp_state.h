@@ -56,14 +56,21 @@ struct FsdpState : GradReadyListener, std::enable_shared_from_this<FsdpState> {
 
   // Per iteration (the Coordinator resets them).
   bool is_root = false;   // outermost wrapper of this iteration's forward
-  bool recorded = false;  // in the forward order (ran forward with gradients on)
+  // Where this iteration has taken the unit, in order (a unit whose
+  // gradients all arrive goes to kGradientsReady from either before it):
+  // kIdle, not in this iteration's forward (or it ran without gradients);
+  // kRecorded, in the forward order; kBackwardBegan, its backward has
+  // started (gathered); kGradientsReady, every tracked gradient arrived.
+  enum class Phase { kIdle, kRecorded, kBackwardBegan, kGradientsReady };
+  Phase phase = Phase::kIdle;
+  bool recorded() const { return phase != Phase::kIdle; }
+  bool backward_began() const { return phase >= Phase::kBackwardBegan; }
+  bool gradients_ready() const { return phase == Phase::kGradientsReady; }
   size_t order_index = 0;
-  bool prepared = false;  // its backward has started: gathered
   // With the timeline on (trace/timeline.h): when its forward and its
   // backward began, CLOCK_REALTIME ns.
   int64_t forward_began_ns = 0;
   int64_t backward_began_ns = 0;
-  bool ready = false;     // every tracked gradient arrived
   size_t arrived = 0;
 
   std::vector<size_t> tracked;  // tracker index -> unit parameter index

@@ -381,7 +381,7 @@ void FullyShardedCore::begin_forward() {
     // backward: the unit gathers as for its backward (its gradients come
     // when the checkpoint's backward returns them).
     auto c = s.current.lock();
-    if (!c || !s.recorded || !c->in_backward()) {
+    if (!c || !s.recorded() || !c->in_backward()) {
       throw UsageError(s.unit->label() +
                        ": checkpoint_module around an outermost FSDP wrapper (its forward ran again in "
                        "backward, outside the iteration): put the checkpoint inside the wrapper, "
