@@ -48,6 +48,10 @@ void Coordinator::reset_flags() {
 
 bool Coordinator::syncs(const FsdpState& s) const { return require_sync && s.requires_gradient_sync; }
 
+bool Coordinator::reshards_when_ready(const FsdpState& s) const {
+  return s.reshard_after_forward && (s.reshard_after_backward || syncs(s)) && !s.unit->has_frozen();
+}
+
 void Coordinator::prefetch_one(FsdpState& s) {
   if (s.unit->unsharded() || s.unit->gathering()) return;
   const detail::AsyncOpsScope async;  // a prefetch: the worker runs it while this unit computes
@@ -133,8 +137,10 @@ void Coordinator::pre_backward(FsdpState& s) {
   s.phase = FsdpState::Phase::kBackwardBegan;
   // The outermost unit stays gathered through the backward: with units
   // inside it, whose backwards come between its first gradients and its
-  // last, its gradient buffer is taken only for its reduction (unit.h).
-  s.unit->set_late_grad_buffer(s.is_root && order_.size() > 1);
+  // last, its gradient buffer is taken only for its reduction (unit.h),
+  // where it reuses the block of the full parameters freed when the unit
+  // is ready (so not when they stay).
+  s.unit->set_late_grad_buffer(s.is_root && order_.size() > 1 && reshards_when_ready(s));
   s.backward_began_ns = Timeline::active() ? fr_now_ns() : 0;
   s.unit->finish_unshard();
   if (s.backward_prefetch_units) {
@@ -156,9 +162,7 @@ void Coordinator::unit_ready(FsdpState& s) {
   // reduction takes its buffer, which may reuse their block), unless a
   // frozen parameter's backward (which reads them but reports nothing) may
   // still be to come.
-  if (s.reshard_after_forward && (s.reshard_after_backward || syncs(s)) && !s.unit->has_frozen()) {
-    s.unit->reshard();
-  }
+  if (reshards_when_ready(s)) s.unit->reshard();
   launch_ready_in_order();
   // Nothing gathers again before the next forward: the pool's free blocks
   // go (block_pool.h), once the reduction just launched took its buffer

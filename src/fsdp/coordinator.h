@@ -74,6 +74,10 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   // it (a gather from before the optimizer's step must not be used).
   void drop_unused_prefetches();
   void launch_ready_in_order();
+  // Whether s's full parameters are freed once its gradients are all in
+  // (not under SHARD_GRAD_OP, nor while a frozen parameter's backward may
+  // still read them, nor when kept gathered for the next forward).
+  bool reshards_when_ready(const FsdpState& s) const;
   // Whether a unit of this forward has not begun its backward (may gather).
   bool gathers_left() const;
   void launch(FsdpState& s);
