@@ -21,9 +21,10 @@ void set_active_coordinator(Coordinator* c) { t_active = c; }
 
 void FsdpState::before_grad_accumulates(size_t index) {
   // The reduction in flight ends (and its buffer goes back to the pool)
-  // before this unit takes its gradient buffer from it.
+  // before this unit takes its gradient buffer from it (not now when it
+  // has one, or takes it late).
   if (auto c = current.lock()) {
-    if (unit->has_grad_buffer()) {
+    if (unit->has_grad_buffer() || unit->late_grad_buffer()) {
       c->poll_in_flight();
     } else {
       c->finish_in_flight();
@@ -139,8 +140,10 @@ void Coordinator::pre_backward(FsdpState& s) {
   // inside it, whose backwards come between its first gradients and its
   // last, its gradient buffer is taken only for its reduction (unit.h),
   // where it reuses the block of the full parameters freed when the unit
-  // is ready (so not when they stay).
-  s.unit->set_late_grad_buffer(s.is_root && order_.size() > 1 && reshards_when_ready(s));
+  // is ready (so not when they stay). Not in a backward without
+  // reduction: its gradients stay full, accumulating over backwards in
+  // the buffer's reduce dtype, not in autograd's (the compute dtype).
+  s.unit->set_late_grad_buffer(s.is_root && order_.size() > 1 && syncs(s) && reshards_when_ready(s));
   s.backward_began_ns = Timeline::active() ? fr_now_ns() : 0;
   s.unit->finish_unshard();
   if (s.backward_prefetch_units) {
@@ -209,7 +212,12 @@ void Coordinator::launch_ready_in_order() {
 void Coordinator::end_of_backward() {
   while (launched_ < order_.size()) {
     FsdpState& s = *order_[order_.size() - 1 - launched_];
-    if (syncs(s)) launch(s);
+    if (syncs(s)) {
+      // Never ready (a parameter got no gradient): freed now, before its
+      // reduction takes a buffer (a late one reuses their block).
+      if (reshards_when_ready(s)) s.unit->reshard();
+      launch(s);
+    }
     ++launched_;
   }
   for (auto& s : order_) {

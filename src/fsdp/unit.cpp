@@ -434,15 +434,15 @@ at::Tensor ShardedUnit::take_full_grad(FsdpParam& p) {
   at::Tensor region = grad_full_.tensor_at(pl.offset_in_full, {pl.numel()});
   if (!g.defined()) {
     region.zero_();  // .grad was dropped after a no_sync backward: nothing to add
-  } else if (g.storage().unsafeGetStorageImpl() != grad_full_.storage_impl()) {
+  } else if (g.is_sparse() || g.storage().unsafeGetStorageImpl() != grad_full_.storage_impl()) {
     if (g.numel() != pl.numel()) {
       throw UsageError(label_ + ": the gradient of '" + p.name + "' has " + std::to_string(g.numel()) +
                        " elements where the full parameter has " + std::to_string(pl.numel()) +
                        " (was .grad set by hand, or an optimizer stepped during no_sync?)");
     }
-    // Autograd's own tensor (late_grad_buffer: of any strides, or sparse
-    // from an embedding), a .grad set by hand, or one made after being
-    // dropped. Copied in its shape: no contiguous copy on the way.
+    // Autograd's own tensor (late_grad_buffer: sparse from an embedding,
+    // else in the parameter's layout), a .grad set by hand, or one made
+    // after being dropped; copied in the parameter's shape.
     at::Tensor dst = region.view(pl.shape);
     if (g.is_sparse()) {
       dst.zero_();

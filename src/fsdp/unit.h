@@ -200,6 +200,7 @@ class ShardedUnit {
   // whole backward beside the full parameters; taken late, after
   // reshard(), it reuses their block. Set before a backward starts.
   void set_late_grad_buffer(bool on) { late_grad_buffer_ = on; }
+  bool late_grad_buffer() const { return late_grad_buffer_; }
   // Whether the full-gradient buffer is taken (the unit's gradients are
   // accumulating, or kept from no_sync).
   bool has_grad_buffer() const { return grad_full_.allocated(); }

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <set>
+
 #include "bench/memory_meter.h"
 #include "fsdp/block_pool.h"
 #include "tdist/tdist.h"
@@ -78,6 +80,13 @@ Trained train(ProcessGroup& pg, tdist::FullyShardedDataParallelOptions o, Extras
     if (extras.no_sync) {
       auto guard = model->no_sync();
       torch::mse_loss(model(x.narrow(0, 0, 4)).to(torch::kFloat), y.narrow(0, 0, 4)).backward();
+      // The full gradients kept for the next backward, the outermost
+      // unit's too, accumulate in one dtype (the reduction's).
+      std::set<at::ScalarType> kept;
+      for (const auto& p : model->parameters()) {
+        if (p.grad().defined()) kept.insert(p.grad().scalar_type());
+      }
+      WORLD_CHECK(kept.size() == 1, "gradients kept under no_sync in " << kept.size() << " dtypes");
       x = x.narrow(0, 4, 4);
       y = y.narrow(0, 4, 4);
     }

@@ -3,12 +3,14 @@
 // gathered through the backward, and its gradient buffer must not be held
 // beside it all that time (it is taken at its reduction, reusing the
 // gathered block); and once no unit will gather again, the block pool gives
-// its free blocks back. Real processes, world 2, the CPU allocator counted.
+// its free blocks back. Its gradients taken late may be sparse (an untied
+// sparse embedding). Real processes, world 2, the CPU allocator counted.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <functional>
+#include <vector>
 
 #include "bench/memory_meter.h"
 #include "fsdp/block_pool.h"
@@ -88,6 +90,54 @@ TEST(TiedMemory, TheOutermostUnitsGradientBufferIsNotHeldThroughTheBackward) {
                                     "the backward held " << worst << " bytes above its start; the embedding is "
                                                          << embedding);
                         WORLD_CHECK(worst >= 2 * embedding, "the backward held only " << worst << " bytes");
+                      }),
+            "");
+}
+
+// The outermost unit owns an untied sparse embedding, with units inside:
+// its gradient, taken late, is autograd's sparse tensor.
+struct SparseRootImpl : torch::nn::Module {
+  explicit SparseRootImpl(bool sparse) {
+    wte = register_module("wte", torch::nn::Embedding(torch::nn::EmbeddingOptions(kVocab, kWidth).sparse(sparse)));
+    h = register_module("h", torch::nn::Sequential(SmallBlock(), SmallBlock()));
+    head = register_module("head", torch::nn::Linear(kWidth, 16));
+  }
+  torch::Tensor forward(torch::Tensor idx) { return head(h->forward(wte(idx))); }
+  torch::nn::Embedding wte{nullptr};
+  torch::nn::Sequential h{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(SparseRoot);
+
+std::vector<torch::Tensor> train_sparse_root(bool sparse) {
+  torch::manual_seed(1);
+  tdist::FullyShardedDataParallelOptions o;
+  o.auto_wrap_policy = tdist::lambda_auto_wrap_policy(
+      [](torch::nn::Module& m) { return dynamic_cast<SmallBlockImpl*>(&m) != nullptr; });
+  tdist::FSDP<SparseRoot> model(SparseRoot(sparse), o);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  const auto idx = torch::randint(kVocab, {4, 8}, torch::kLong);
+  for (int i = 0; i < 2; ++i) {
+    for (auto& p : model->parameters()) p.mutable_grad().reset();
+    model(idx).square().mean().backward();
+    opt.step();
+  }
+  std::vector<torch::Tensor> out;
+  for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+TEST(TiedMemory, ASparseEmbeddingInTheOutermostUnitTrainsAsADenseOne) {
+  EXPECT_EQ(run_world(2,
+                      [](ProcessGroup&) {
+                        const auto dense = train_sparse_root(false);
+                        const auto sparse = train_sparse_root(true);
+                        WORLD_CHECK(dense.size() == sparse.size(), dense.size() << " vs " << sparse.size());
+                        for (size_t i = 0; i < dense.size(); ++i) {
+                          WORLD_CHECK(torch::allclose(dense[i], sparse[i], 1e-5, 1e-7),
+                                      "shard " << i << " differs by "
+                                               << (dense[i] - sparse[i]).abs().max().item<float>());
+                        }
                       }),
             "");
 }
