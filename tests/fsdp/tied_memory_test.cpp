@@ -58,8 +58,7 @@ TEST(TiedMemory, TheOutermostUnitsGradientBufferIsNotHeldThroughTheBackward) {
                         auto& mem = tdist::bench::CountingAllocator::install();
                         torch::manual_seed(1);
                         tdist::FullyShardedDataParallelOptions o;
-                        o.auto_wrap_policy = tdist::lambda_auto_wrap_policy(
-                            [](torch::nn::Module& m) { return dynamic_cast<SmallBlockImpl*>(&m) != nullptr; });
+                        o.auto_wrap_policy = tdist::transformer_auto_wrap_policy<SmallBlock>();
                         BigTied net;
                         tdist::FSDP<BigTied> model(net, o);
                         int64_t pooled_after_blocks = -1;
@@ -112,8 +111,7 @@ TORCH_MODULE(SparseRoot);
 std::vector<torch::Tensor> train_sparse_root(bool sparse) {
   torch::manual_seed(1);
   tdist::FullyShardedDataParallelOptions o;
-  o.auto_wrap_policy = tdist::lambda_auto_wrap_policy(
-      [](torch::nn::Module& m) { return dynamic_cast<SmallBlockImpl*>(&m) != nullptr; });
+  o.auto_wrap_policy = tdist::transformer_auto_wrap_policy<SmallBlock>();
   tdist::FSDP<SparseRoot> model(SparseRoot(sparse), o);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
   const auto idx = torch::randint(kVocab, {4, 8}, torch::kLong);
