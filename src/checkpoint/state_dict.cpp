@@ -153,6 +153,7 @@ ShardedStateDict sharded_state_dict(torch::nn::Module& model) {
   const auto fsdp = detail::FsdpModel::of(model);
   if (fsdp) {
     fsdp->settle("sharded_state_dict");
+    fsdp->check_loaded();  // never a save of shards made with skip_init and not loaded
     out.metadata = fsdp->metadata();
   }
   const OriginalDtypes original(fsdp);

@@ -39,6 +39,12 @@ ShardMetadata FsdpModel::metadata() const { return shard_metadata(*root_); }
 
 void FsdpModel::settle(const char* what) const { settled_wrappers(*root_, what); }
 
+void FsdpModel::check_loaded() const {
+  std::vector<WrapperVisit> all;
+  walk_wrappers(*root_, "", "", all);
+  for (const auto& v : all) v.state.unit->check_loaded();
+}
+
 void FsdpModel::visit_gathered(const std::function<void(const std::string&, const at::Tensor&)>& fn) const {
   for (const auto& v : settled_wrappers(*root_, "full_state_dict")) {
     ShardedUnit& u = *v.state.unit;

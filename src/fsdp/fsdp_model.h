@@ -61,6 +61,11 @@ class FsdpModel {
   // flight); UsageError inside a forward, a backward or summon_full_params.
   // `what` names the caller in that message.
   void settle(const char* what) const;
+  // UsageError naming the first parameter made with skip_init that nothing
+  // has written since (unit.h, await_load): before reading the shards
+  // without gathering them, as a sharded save does. Every rank decides
+  // alike (a loader writes even empty rows), so no rank is left waiting.
+  void check_loaded() const;
   // Gathers the units one at a time, outermost first (exact: in the shards'
   // dtype), calls fn(name, full parameter) for each parameter of the unit,
   // and frees it again. Collective: every rank calls it. Settles first.

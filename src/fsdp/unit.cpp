@@ -25,16 +25,6 @@ std::vector<std::vector<int64_t>> shapes_of(const std::vector<FsdpParamSpec>& pa
   return out;
 }
 
-// Waits for a work, if any, ignoring its error (the failure was reported
-// where it happened). Every wait has the group's timeout, so this ends.
-void wait_quietly(const std::shared_ptr<Work>& work) noexcept {
-  if (!work) return;
-  try {
-    work->wait();
-  } catch (...) {
-  }
-}
-
 // Rows [first, first + n) of a full parameter (the whole of a 0-d one).
 at::Tensor rows_of(const at::Tensor& full, const ParamShardLayout& p, int rank) {
   if (p.shape.empty()) return full;
@@ -214,18 +204,16 @@ void ShardedUnit::launch_unshard(bool exact) {
   // The all-gather input in the dtype of the output (a converted copy in a
   // pooled block: like the unit's other buffers, it comes and goes with
   // every gather).
-  Gather g;
   if (from_post) {
-    launch_post_forward_gather(g);
-    gather_ = std::move(g);
+    gather_ = launch_post_forward_gather();
     return;
   }
-  at::Tensor source = chunk_;
+  at::Tensor converted;
   if (full_.dtype() != dtype_ && !keep_full_) {
-    g.source = pooled_empty(full_.dtype(), layout_.chunk_numel(), device_);
-    g.source.copy_(chunk_);
-    source = g.source;
+    converted = pooled_empty(full_.dtype(), layout_.chunk_numel(), device_);
+    converted.copy_(chunk_);
   }
+  const at::Tensor& source = converted.defined() ? converted : chunk_;
   std::vector<at::Tensor> outs, ins;
   for (const FsdpParam& p : params_) {
     if (p.empty()) continue;  // every rank skips it: an empty parameter
@@ -236,27 +224,26 @@ void ShardedUnit::launch_unshard(bool exact) {
     ins.push_back(keep_full_ ? outs.back().narrow(0, shard_rank_ * n, n)
                              : source.narrow(0, p.layout->offset_in_chunk, n));
   }
-  if (!ins.empty()) g.work = pg_->all_gather_into_tensor_coalesced(outs, ins);
-  gather_ = std::move(g);
+  gather_ = launch_gather(*pg_, std::move(outs), std::move(ins), std::move(converted));
 }
 
 // The post-forward layout's rows of every parameter sit at the start of its
 // padded region in the full storage (k divides the group's size, so the k
 // ranks' padded rows are no more than the group's): each rank's piece of
 // the chunk gathers there, within the k ranks.
-void ShardedUnit::launch_post_forward_gather(Gather& g) {
+GatherRecord ShardedUnit::launch_post_forward_gather() {
   const detail::FrSiteScope site(trace_name_);
   const ShardLayout& post = *post_layout_;
-  g.source = std::move(post_->chunk);
+  at::Tensor chunk = std::move(post_->chunk);
   post_.reset();
   std::vector<at::Tensor> outs, ins;
   for (size_t i = 0; i < params_.size(); ++i) {
     const int64_t n = post.param(i).shard_numel();
     if (n == 0) continue;
     outs.push_back(padded_full_of(params_[i]).narrow(0, 0, n * post.world_size()));
-    ins.push_back(g.source.narrow(0, post.param(i).offset_in_chunk, n));
+    ins.push_back(chunk.narrow(0, post.param(i).offset_in_chunk, n));
   }
-  if (!ins.empty()) g.work = post_pg_->all_gather_into_tensor_coalesced(outs, ins);
+  return launch_gather(*post_pg_, std::move(outs), std::move(ins), std::move(chunk));
 }
 
 int64_t ShardedUnit::param_versions() const {
@@ -284,10 +271,10 @@ void ShardedUnit::finish_unshard() {
   if (state_ == State::kFull) return;
   start_unshard();
   if (gather_) {
-    Gather g = std::move(*gather_);
+    const GatherRecord g = std::move(*gather_);
     gather_.reset();
     try {
-      if (g.work) g.work->wait();
+      g.wait();
     } catch (...) {
       release_full();
       state_ = State::kSharded;
@@ -322,11 +309,11 @@ void ShardedUnit::reshard() {
   if (!swaps() || state_ == State::kSharded) return;
   if (state_ == State::kGathering) {
     // A prefetch nobody used: wait it out (it writes the full storage).
-    std::optional<Gather> g = std::move(gather_);
+    std::optional<GatherRecord> g = std::move(gather_);
     gather_.reset();
     state_ = State::kSharded;
     try {
-      if (g && g->work) g->work->wait();
+      if (g) g->wait();
     } catch (...) {
       release_full();
       throw;
@@ -464,8 +451,9 @@ void ShardedUnit::start_reduce() {
   at::NoGradGuard no_grad;
   const detail::AsyncOpsScope async;  // backward goes on: the worker runs them
   set_aside_shard_grads();  // a unit whose backward never ran still takes part
-  Reduce r;
   if (!sharded_) {
+    std::vector<at::Tensor> inputs;
+    std::vector<FsdpParam*> targets;
     for (FsdpParam& p : params_) {
       if (!p.trainable || p.param.numel() == 0) continue;
       at::Tensor& g = p.param.mutable_grad();
@@ -473,49 +461,31 @@ void ShardedUnit::start_reduce() {
       if (!g.is_contiguous()) g = g.contiguous();
       // In reduce_dtype_: a converted copy, converted back when it is done.
       if (reduce_zeros_) g.zero_();
-      r.inputs.push_back(g.scalar_type() == reduce_dtype_ ? g : g.to(reduce_dtype_));
-      r.targets.push_back(&p);
+      inputs.push_back(g.scalar_type() == reduce_dtype_ ? g : g.to(reduce_dtype_));
+      targets.push_back(&p);
     }
     // Hybrid sharding over shard groups of one: the replicas hold it all.
     ProcessGroup& group = replicate_ && pg_->size() == 1 ? *replicate_ : *pg_;
-    if (!r.inputs.empty()) r.work = group.all_reduce_coalesced(r.inputs, {ReduceOp::AVG});
-    reduce_ = std::move(r);
+    reduce_ = launch_all_reduce(group, std::move(inputs), std::move(targets));
     return;
   }
   ensure_grad_buffer();
-  r.out = pooled_empty(reduce_dtype_, layout_.chunk_numel(), device_);
+  at::Tensor out = pooled_empty(reduce_dtype_, layout_.chunk_numel(), device_);
   std::vector<at::Tensor> outs, ins;
   for (FsdpParam& p : params_) {
     if (!p.trainable || p.empty()) continue;
     ins.push_back(take_full_grad(p));
     if (reduce_zeros_) ins.back().zero_();
-    outs.push_back(r.out.narrow(0, p.layout->offset_in_chunk, p.layout->shard_numel()));
+    outs.push_back(out.narrow(0, p.layout->offset_in_chunk, p.layout->shard_numel()));
   }
-  if (!ins.empty()) {
-    r.work = pg_->reduce_scatter_tensor_coalesced(outs, ins, {ReduceOp::AVG});
-    if (replicate_) {
-      // Then across the replicas: queued by the shard group's worker once
-      // the reduce-scatter is done, so every rank queues them in the order
-      // of its reductions.
-      r.scatter = r.work;
-      r.across = std::make_shared<std::shared_ptr<Work>>();
-      r.work = r.work->chain([replicate = replicate_, outs, across = r.across](Work&) {
-        const detail::AsyncOpsScope async;  // nobody waits on it inline: the worker runs it at once
-        *across = replicate->all_reduce_coalesced(outs, {ReduceOp::AVG});
-        return *across;
-      });
-    }
-  }
-  reduce_ = std::move(r);
+  reduce_ = launch_reduce_scatter(*pg_, replicate_, std::move(out), std::move(outs), std::move(ins));
 }
 
 void ShardedUnit::finish_reduce() {
   if (!reduce_) return;
-  Reduce r = std::move(*reduce_);
+  const ReduceRecord r = std::move(*reduce_);
   reduce_.reset();
-  if (r.work) r.work->wait();
-  if (r.scatter) r.scatter->wait();
-  if (r.across && *r.across) (*r.across)->wait();
+  r.wait();
   grads_full_ = false;
   if (!sharded_) {
     finish_reduce_unsharded(r);
@@ -545,7 +515,7 @@ void ShardedUnit::finish_reduce() {
   }
 }
 
-void ShardedUnit::finish_reduce_unsharded(Reduce& r) {
+void ShardedUnit::finish_reduce_unsharded(const ReduceRecord& r) {
   // Reduced in place, or in converted copies.
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < r.inputs.size(); ++i) {
@@ -557,13 +527,9 @@ void ShardedUnit::finish_reduce_unsharded(Reduce& r) {
 // ---- after a failure ------------------------------------------------------------------
 
 void ShardedUnit::drop_in_flight() noexcept {
-  if (gather_) wait_quietly(gather_->work);
+  if (gather_) gather_->drop_quietly();
   gather_.reset();
-  if (reduce_) {
-    wait_quietly(reduce_->work);
-    wait_quietly(reduce_->scatter);
-    if (reduce_->across) wait_quietly(*reduce_->across);
-  }
+  if (reduce_) reduce_->drop_quietly();
   reduce_.reset();
   if (!grads_full_) {
     for (FsdpParam& p : params_) {

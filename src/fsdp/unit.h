@@ -5,7 +5,7 @@
 // - Made: each parameter (an FsdpParam, below) keeps this rank's rows of
 //   itself (ShardLayout) in the unit's chunk, and the parameter the module
 //   holds is pointed at them: what the optimizer steps.
-// - unshard(): ONE all-gather of the whole unit (every parameter's shard
+// - unshard(): ONE all-gather (unit_comm.h) of the whole unit (every parameter's shard
 //   straight into its place in the FullStorage), then the parameters are
 //   pointed at the full tensors.
 // - Backward: just before a parameter's gradient accumulates, its .grad
@@ -51,6 +51,7 @@
 
 #include "fsdp/full_storage.h"
 #include "fsdp/shard_layout.h"
+#include "fsdp/unit_comm.h"
 #include "tdist/process_group.h"
 
 namespace tdist::detail {
@@ -182,6 +183,11 @@ class ShardedUnit {
   // memory. One integer test per gather otherwise.
   void await_load(const std::vector<size_t>& indices);
   bool awaiting_load() const { return awaiting_ > 0; }
+  // The UsageError above, for a caller about to read the shards without
+  // gathering (a sharded save); nothing once every parameter was written.
+  void check_loaded() {
+    if (awaiting_ > 0) check_awaiting();
+  }
   void set_model_name(size_t k, std::string name) { params_.at(k).model_name = std::move(name); }
 
   // ---- gradients ----
@@ -211,7 +217,7 @@ class ShardedUnit {
   void finish_reduce();
   bool reducing() const { return reduce_.has_value(); }
   // Whether the reduction in flight has finished (finish_reduce will not wait).
-  bool reduce_done() const { return !reduce_ || !reduce_->work || reduce_->work->is_completed(); }
+  bool reduce_done() const { return !reduce_ || reduce_->done(); }
   // no_sync: the full gradients stay in .grad; the next synchronised
   // backward accumulates into them and reduces them.
   void keep_full_grads() { grads_full_ = true; }
@@ -226,27 +232,12 @@ class ShardedUnit {
 
  private:
   enum class State { kSharded, kGathering, kFull };
-  struct Gather {
-    std::shared_ptr<Work> work;
-    at::Tensor source;  // the all-gather input when converted to the compute dtype, or a post-forward chunk
-  };
   // hpZ: this rank's rows of the full parameters in the post-forward
   // layout, and the parameters' version counters (summed) when they were
   // taken.
   struct PostForward {
     at::Tensor chunk;
     int64_t versions = 0;
-  };
-  struct Reduce {
-    std::shared_ptr<Work> work;              // null: nothing to reduce (hybrid: the chain of the two below)
-    // Hybrid sharding: the reduce-scatter and the all-reduce across the
-    // replicas, each waited for too (a CUDA op's Work makes the caller's
-    // stream wait for its end; the chain's Work alone does not).
-    std::shared_ptr<Work> scatter;
-    std::shared_ptr<std::shared_ptr<Work>> across;
-    at::Tensor out;                          // sharded: the reduce-scatter output, a chunk
-    std::vector<at::Tensor> inputs;          // not sharded: the all-reduced gradients (converted copies or .grads)
-    std::vector<FsdpParam*> targets;         // not sharded: the parameter of each input
   };
 
   // Whether the parameters move between shards and full storage.
@@ -265,14 +256,11 @@ class ShardedUnit {
   void point_at_shards();
   void launch_unshard(bool exact);  // start_unshard's work, from the sharded state
   // The post-forward gather (launch_unshard's, when the chunk is usable).
-  void launch_post_forward_gather(Gather& g);
+  GatherRecord launch_post_forward_gather();
   int64_t param_versions() const;
   void release_full();  // unless the full storage is kept
-  void check_loaded() {
-    if (awaiting_ > 0) check_awaiting();
-  }
   void check_awaiting();  // UsageError naming a parameter still awaiting its values
-  void finish_reduce_unsharded(Reduce& r);
+  void finish_reduce_unsharded(const ReduceRecord& r);
 
   std::shared_ptr<ProcessGroup> pg_;
   std::shared_ptr<ProcessGroup> replicate_;  // hybrid sharding (UnitOptions::replicate_group), else null
@@ -298,8 +286,8 @@ class ShardedUnit {
   bool grads_full_ = false;  // a no_sync backward left full gradients in .grad
   bool reduce_zeros_ = false;  // set_reduce_zeros
   bool late_grad_buffer_ = false;  // set_late_grad_buffer
-  std::optional<Gather> gather_;
-  std::optional<Reduce> reduce_;
+  std::optional<GatherRecord> gather_;  // unit_comm.h
+  std::optional<ReduceRecord> reduce_;
   std::optional<PostForward> post_;  // hpZ: kept from the last forward
 };
 

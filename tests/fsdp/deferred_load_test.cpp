@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -178,6 +179,45 @@ TEST(DeferredLoadMissing, AForwardBeforeAnyLoadIsRefusedByName) {
     } catch (const tdist::UsageError& e) {
       WORLD_CHECK(names(e, "skip_init"), e.what());
     }
+  }), "");
+}
+
+// The sharded saves read the shards without gathering: they check too,
+// and write nothing (no rank file, no Checkpointer step).
+TEST(DeferredLoadMissing, ASaveBeforeAnyLoadIsRefusedByName) {
+  TempDir dir;
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    tdist::FSDP<TiedLm> target = deferred_model(kPlain, 7);
+    torch::optim::Adam opt(target->parameters(), 1e-3);
+    try {
+      tdist::sharded_state_dict(*target);
+      WORLD_CHECK(false, "sharded_state_dict: no error");
+    } catch (const tdist::UsageError& e) {
+      WORLD_CHECK(names(e, "skip_init") && names(e, "wte.weight"), e.what());
+    }
+    try {
+      tdist::save_sharded_checkpoint(dir.path() + "/ck", pg, *target, &opt);
+      WORLD_CHECK(false, "save_sharded_checkpoint: no error");
+    } catch (const tdist::Error& e) {
+      WORLD_CHECK(names(e, "skip_init"), e.what());
+    }
+    tdist::CheckpointerOptions o;
+    o.dir = dir.path() + "/run";
+    o.async = false;
+    tdist::Checkpointer saver(tdist::default_group(), *target, &opt, o);
+    try {
+      saver.save(1);
+      WORLD_CHECK(false, "Checkpointer::save: no error");
+    } catch (const tdist::Error& e) {
+      WORLD_CHECK(names(e, "skip_init"), e.what());
+    }
+    pg.barrier()->wait();
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path())) {
+      if (!e.is_directory()) files.push_back(e.path().string());
+    }
+    WORLD_CHECK(files.empty(), "a refused save left " << files.size() << " files, e.g. " << files[0]);
+    WORLD_CHECK(!saver.restore(), "a refused save can be restored");
   }), "");
 }
 
