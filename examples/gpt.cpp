@@ -31,6 +31,10 @@
 #include <optional>
 #include <string>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "examples/cli_checks.h"
 #include "examples/example_main.h"
 #include "examples/gpt_data.h"
@@ -71,6 +75,10 @@ struct Args {
   int64_t sample_bytes = 200;
   double temperature = 0.8;
   std::string json;
+  // glibc's mmap threshold: -1 unless given (4 MiB, or the environment's
+  // MALLOC_MMAP_THRESHOLD_); 0 leaves glibc's own, which moves. After
+  // start-up: the one in force (0: glibc's own).
+  int64_t malloc_mmap_threshold = -1;
   examples::ProgressOptions progress;
   examples::CheckpointFlags checkpoint;
 };
@@ -159,6 +167,10 @@ Args parse(int argc, char** argv) {
   app.add_option("--temperature", a.temperature, "the sample's softmax temperature")->check(examples::positive())
       ->capture_default_str();
   app.add_option("--json", a.json, "rank 0 writes the results here")->type_name("FILE");
+  app.add_option("--malloc-mmap-threshold", a.malloc_mmap_threshold,
+                 "glibc's mmap threshold in bytes: tensors this big get memory of their own, returned when freed "
+                 "(default 4194304, or MALLOC_MMAP_THRESHOLD_; 0: glibc's own, faster, up to 1 GB more a job here)")
+      ->check(CLI::NonNegativeNumber);
   examples::add_progress_flags(app, a.progress);
   examples::add_checkpoint_flags(app, a.checkpoint);
   try {
@@ -590,6 +602,7 @@ int run(const Args& args, tdist::ProcessGroup& pg) {
       j["peak_rss_bytes"] = std::vector<double>(mem.data_ptr<double>(), mem.data_ptr<double>() + world);
       j["rss_before_model_bytes"] = rss0;
       j["init"] = a.init;
+      j["malloc_mmap_threshold"] = a.malloc_mmap_threshold;
       j["startup_peak_rss_bytes"] = std::vector<double>(startup.data_ptr<double>(), startup.data_ptr<double>() + world);
       j["sample"] = continuation;
       j["weights_fingerprint"] = weights_fingerprint;
@@ -602,7 +615,32 @@ int run(const Args& args, tdist::ProcessGroup& pg) {
 
 }  // namespace
 
+// glibc raises its mmap threshold (up to 32 MiB) each time a tensor it
+// mmapped is freed; then every tensor below it comes from the heap, whose
+// holes between long-lived tensors (AdamW's moments, made at the first
+// step) it keeps: 170-630 MiB a rank more in a step of the world-8 GPT-2
+// medium run (docs/deferred-init.md). A fixed threshold keeps the peak
+// down for ~15-25 % of the step time there.
+// Returns the threshold in force: the one set, the environment's, or 0
+// (glibc's own).
+int64_t set_malloc_mmap_threshold(int64_t given) {
+#if defined(__GLIBC__)
+  const char* env = std::getenv("MALLOC_MMAP_THRESHOLD_");
+  if (given < 0 && env) return std::strtoll(env, nullptr, 10);  // glibc read it at start-up
+  const int64_t bytes = given < 0 ? int64_t{4} << 20 : given;
+  if (bytes > 0 && mallopt(M_MMAP_THRESHOLD, static_cast<int>(std::min<int64_t>(bytes, int64_t{1} << 30))) != 1) {
+    std::fprintf(stderr, "gpt: glibc refused --malloc-mmap-threshold %lld\n", static_cast<long long>(bytes));
+    std::exit(2);
+  }
+  return bytes;
+#else
+  (void)given;
+  return 0;
+#endif
+}
+
 int main(int argc, char** argv) {
-  const Args a = parse(argc, argv);
+  Args a = parse(argc, argv);
+  a.malloc_mmap_threshold = set_malloc_mmap_threshold(a.malloc_mmap_threshold);
   return examples::run_example("gpt", a.backend, [&](tdist::ProcessGroup& pg) { return run(a, pg); });
 }

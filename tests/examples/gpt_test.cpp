@@ -5,6 +5,7 @@
 // into GPT2LMHeadModel with no missing or unexpected key, bit for bit, and
 // gives the loss gpt printed; a hostile config.json is refused by name.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <sys/wait.h>
 
@@ -167,6 +168,24 @@ TEST_F(GptExample, AFreshBf16ModelTrains) {
   const double v = value_of(r.output, "val_loss");
   EXPECT_GT(v, 0);
   EXPECT_LT(v, 10);
+}
+
+// gpt holds glibc's mmap threshold at 4 MiB unless told (docs/gpt.md):
+// the flag sets another, 0 leaves glibc's own, and the environment's
+// MALLOC_MMAP_THRESHOLD_ stays when the flag is not given.
+TEST_F(GptExample, TheMallocThresholdIsFourMiBUnlessTold) {
+  const auto threshold = [&](const std::string& env, const std::string& flag) {
+    const std::string json = own_.path() + "/t.json";
+    auto r = test::run_command(env + " " + gpt(1, "--steps 0 --skip-eval --json " + json + " " + flag), 60s);
+    EXPECT_TRUE(test::exited_ok(r.status)) << r.output;
+    std::ifstream in(json);
+    return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false).value("malloc_mmap_threshold", -7);
+  };
+  EXPECT_EQ(threshold("", ""), 4 << 20);
+  EXPECT_EQ(threshold("", "--malloc-mmap-threshold 0"), 0);
+  EXPECT_EQ(threshold("", "--malloc-mmap-threshold 1048576"), 1 << 20);
+  EXPECT_EQ(threshold("MALLOC_MMAP_THRESHOLD_=2097152", ""), 2 << 20);
+  EXPECT_EQ(threshold("MALLOC_MMAP_THRESHOLD_=2097152", "--malloc-mmap-threshold 65536"), 65536);
 }
 
 // Older GPT-2 checkpoints (the hub's "gpt2" among them) also carry each
