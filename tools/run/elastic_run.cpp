@@ -125,7 +125,13 @@ std::optional<int> Rounds::run_round(const Membership& m, bool& counts) {
   if (r.failed >= 0) {  // a failure; nodes coming or going are none
     const std::string what = supervisor_.report_failure(r.failed);
     agent_.request_restart("node " + std::to_string(m.node) + ": " + what);
-    counts = true;
+    // The round's first reason stands. When another node had already
+    // stopped its ranks for a node joining, this failure followed from it
+    // (a peer stopped mid-collective before this node's agent looked): a
+    // membership change, which counts against no --max-restarts.
+    const auto reason = check();
+    counts = !(reason && reason->kind == StopRequest::kMembership);
+    if (!counts) std::fprintf(stderr, "tdist-run: the round was already stopped: %s\n", reason->why.c_str());
   } else if (r.stopped) {
     std::fprintf(stderr, "tdist-run: this node's ranks were stopped: %s\n", r.stopped->why.c_str());
     if (r.stopped->kind == StopRequest::kAbort) return 1;
