@@ -5,9 +5,9 @@
 // - Made: each parameter (an FsdpParam, below) keeps this rank's rows of
 //   itself (ShardLayout) in the unit's chunk, and the parameter the module
 //   holds is pointed at them: what the optimizer steps.
-// - unshard(): ONE all-gather (unit_comm.h) of the whole unit (every parameter's shard
-//   straight into its place in the FullStorage), then the parameters are
-//   pointed at the full tensors.
+// - unshard(): ONE all-gather (unit_comm.h) of the whole unit (every
+//   parameter's shard straight into its place in the FullStorage), then
+//   the parameters are pointed at the full tensors.
 // - Backward: just before a parameter's gradient accumulates, its .grad
 //   (the shard gradient of earlier backwards) is set aside and .grad is
 //   pointed at the parameter's place in the unit's full gradient buffer
