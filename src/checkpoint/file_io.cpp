@@ -115,6 +115,17 @@ FileReader::FileReader(std::string path) : path_(std::move(path)) {
   size_ = static_cast<uint64_t>(st.st_size);
 }
 
+FileReader::FileReader(const std::string& path, uint64_t base, uint64_t length) : FileReader(path) {
+  if (base > size_ || length > size_ - base) {
+    errno = 0;
+    fail(path_, "wants bytes [" + std::to_string(base) + ", +" + std::to_string(length) + ") of a " +
+                    std::to_string(size_) + "-byte file (truncated?)");
+  }
+  base_ = base;
+  size_ = length;
+  path_ += " (bytes " + std::to_string(base) + " to " + std::to_string(base + length) + ")";
+}
+
 FileReader::~FileReader() {
   if (fd_ >= 0) ::close(fd_);
 }
@@ -128,7 +139,7 @@ void FileReader::read_at(uint64_t offset, void* out, size_t n) const {
   char* p = static_cast<char*>(out);
   while (n > 0) {
     errno = 0;
-    const ssize_t r = ::pread(fd_, p, std::min<size_t>(n, 1 << 30), static_cast<off_t>(offset));
+    const ssize_t r = ::pread(fd_, p, std::min<size_t>(n, 1 << 30), static_cast<off_t>(base_ + offset));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) fail(path_, "read failed (truncated while open?)");
     p += r;

@@ -51,6 +51,10 @@ class AtomicFileWriter {
 class FileReader {
  public:
   explicit FileReader(std::string path);
+  // A window of the file: bytes [base, base + length), read as a file of
+  // `length` bytes (a DCP item inside its rank's file); CheckpointError
+  // when the file is shorter. path() names the file and the window.
+  FileReader(const std::string& path, uint64_t base, uint64_t length);
   ~FileReader();
   FileReader(const FileReader&) = delete;
   FileReader& operator=(const FileReader&) = delete;
@@ -64,6 +68,7 @@ class FileReader {
   std::string path_;
   int fd_ = -1;
   uint64_t size_ = 0;
+  uint64_t base_ = 0;
 };
 
 // The directory part of a path: "." without a '/', "/" for "/x".

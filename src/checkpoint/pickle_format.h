@@ -48,6 +48,8 @@ enum Op : uint8_t {
   LONG1 = 0x8a,
   SHORT_BINUNICODE = 0x8c,  // protocol 4
   BINUNICODE8 = 0x8d,       // protocol 4
+  NEWOBJ = 0x81,            // protocol 2: cls.__new__(cls, *args)
+  STACK_GLOBAL = 0x93,      // protocol 4
   MEMOIZE = 0x94,           // protocol 4
   FRAME = 0x95,             // protocol 4
 };
@@ -68,6 +70,10 @@ constexpr size_t kValuesPerByte = 16;
 constexpr size_t kBudgetBase = size_t{48} << 20;
 constexpr size_t kBudgetPerByte = 16;
 constexpr size_t kMaxDims = 64;
+
+// The dtype torch.<name> names ("float32", "float", "bfloat16", ...);
+// false when unknown or one .pt files of tdist do not hold.
+bool dtype_of_name(const std::string& name, c10::ScalarType* out);
 
 // torch.<name> for a dtype's storage class ("FloatStorage"); null for a
 // dtype .pt files of tdist do not hold.

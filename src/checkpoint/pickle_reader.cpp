@@ -3,7 +3,9 @@
 // into PtValues, and knows four kinds of global: collections.OrderedDict,
 // torch._utils._rebuild_tensor_v2, torch._utils._rebuild_parameter and the
 // storage classes torch.<T>Storage. Anything else is a CheckpointError
-// naming the opcode or global and its byte.
+// naming the opcode or global and its byte. unpickle_dcp_metadata runs the
+// same machine with DCP's allowlist (pt_file.h); no global is ever called,
+// each is a known shape of data.
 //
 // Memory and work are bounded while parsing, not after:
 //  - memo references share (a PtValue body, as Python's objects), never
@@ -39,7 +41,35 @@ using Kind = PtValue::Kind;
 using B = PtValueBuilder;
 using TensorBody = pt_body::Tensor;
 
-enum class Global : uint8_t { OrderedDict, RebuildTensor, RebuildParameter, Storage };
+enum class Global : uint8_t {
+  OrderedDict, RebuildTensor, RebuildParameter, Storage,  // .pt
+  DcpClass, TorchSize, GetLayout, GetAttr, MemFormat, Path  // DCP's .metadata (the class name in ref.storage_key)
+};
+
+enum class Dialect : uint8_t { Pt, DcpMetadata };
+
+// The classes a DCP .metadata pickles, by module and name (the older
+// torch.distributed._shard homes of some too), and the name they read as.
+struct DcpClassName {
+  const char* module;
+  const char* name;
+  const char* as;
+};
+constexpr const char* kDcpMeta = "torch.distributed.checkpoint.metadata";
+const DcpClassName kDcpClasses[] = {
+    {kDcpMeta, "Metadata", "Metadata"},
+    {kDcpMeta, "TensorStorageMetadata", "TensorStorageMetadata"},
+    {kDcpMeta, "BytesStorageMetadata", "BytesStorageMetadata"},
+    {kDcpMeta, "ChunkStorageMetadata", "ChunkStorageMetadata"},
+    {kDcpMeta, "TensorProperties", "TensorProperties"},
+    {kDcpMeta, "MetadataIndex", "MetadataIndex"},
+    {kDcpMeta, "StorageMeta", "StorageMeta"},
+    {"torch.distributed.checkpoint.filesystem", "_StorageInfo", "_StorageInfo"},
+    {"torch.distributed._shard.sharded_tensor.metadata", "TensorProperties", "TensorProperties"},
+    {"torch.distributed._shard.metadata", "ShardMetadata", "ShardMetadata"},
+};
+const char* const kMemFormats[] = {"TORCH_CONTIGUOUS_FORMAT", "TORCH_CHANNELS_LAST", "TORCH_PRESERVE_FORMAT"};
+constexpr const char* kMemFormatClass = "_MEM_FORMAT_ENCODING";
 
 // What the heap spends on an allocation of n bytes (glibc: 8 bytes of
 // header, 16-byte granules, 32 at least).
@@ -52,8 +82,8 @@ constexpr size_t kBytesPerValue = 32;
 
 class Unpickler {
  public:
-  explicit Unpickler(const std::string& in)
-      : in_(in), budget_(kBudgetBase + std::min<size_t>(in.size(), SIZE_MAX / 2 / kBudgetPerByte) * kBudgetPerByte) {}
+  Unpickler(const std::string& in, Dialect dialect)
+      : in_(in), dialect_(dialect), budget_(kBudgetBase + std::min<size_t>(in.size(), SIZE_MAX / 2 / kBudgetPerByte) * kBudgetPerByte) {}
 
   PtValue run() {
     while (true) {
@@ -73,6 +103,7 @@ class Unpickler {
 
  private:
   const std::string& in_;
+  const Dialect dialect_;
   size_t pos_ = 0, op_at_ = 0;
   std::vector<PtValue> stack_;
   std::vector<size_t> marks_;
@@ -328,7 +359,27 @@ class Unpickler {
   }
   void set_item(const PtValue& dict, PtValue key, PtValue value) {
     PtValue::Body& d = open_container(dict, Kind::Dict, "SETITEM's target");
-    if (key.kind() != Kind::String) fail(std::string("a dict key is ") + kind_name(key) + ": .pt values have string keys");
+    if (key.kind() == Kind::Int) {  // an optimizer's state by parameter index
+      key = PtValue::string(std::to_string(key.as_int()));
+      charge(heap(sizeof(pt_body::String)));
+    } else if (key.kind() != Kind::String && dialect_ == Dialect::DcpMetadata) {
+      // storage_data's MetadataIndex keys: the pair as the value.
+      // (Not through the stack: SETITEMS holds a reference into it.)
+      not_special(key, "a dict key");
+      const size_t index = B::dict(dict).entries.size();
+      PtValue pair = make_seq(Kind::Tuple);
+      auto& items = B::seq(pair).items;
+      charge(2 * sizeof(PtValue));
+      items.reserve(2);
+      for (PtValue* x : {&key, &value}) {
+        adopt(*B::body(pair), *x, false);
+        items.push_back(std::move(*x));
+      }
+      value = std::move(pair);
+      key = PtValue::string("\x01" + std::to_string(index));
+      charge(heap(sizeof(pt_body::String)));
+    }
+    if (key.kind() != Kind::String) fail(std::string("a dict key is ") + kind_name(key) + ": .pt values have string or int keys");
     adopt(d, value, true);
     d.weight += key.as_string().size() / kBytesPerValue;
     auto& e = B::dict(dict).entries;
@@ -355,6 +406,19 @@ class Unpickler {
 
   void global() {
     const std::string module = line(), name = line();
+    push_global(module, name);
+  }
+  void stack_global() {
+    PtValue name = pop();
+    PtValue module = pop();
+    if (module.kind() != Kind::String || name.kind() != Kind::String) fail("STACK_GLOBAL of something not two strings");
+    if (module.as_string().size() > 256 || name.as_string().size() > 256) fail("a global name of more than 256 bytes");
+    push_global(module.as_string(), name.as_string());
+    discard(module);
+    discard(name);
+  }
+  void push_global(const std::string& module, const std::string& name) {
+    if (dialect_ == Dialect::DcpMetadata) return dcp_global(module, name);
     PtValue v = make_special(TensorBody::Global);
     auto* t = static_cast<TensorBody*>(B::body(v));
     c10::ScalarType dtype;
@@ -371,6 +435,119 @@ class Unpickler {
       fail("global '" + module + "." + name + "' is not one .pt files of tensors use");
     }
     push(std::move(v));
+  }
+  void dcp_global(const std::string& module, const std::string& name) {
+    c10::ScalarType dtype;
+    if (module == "torch" && dtype_of_name(name, &dtype)) {  // a value, not called
+      charge(heap(sizeof(pt_body::String)) + string_heap(6 + name.size()));
+      return push(PtValue::string("torch." + name));
+    }
+    PtValue v = make_special(TensorBody::Global);
+    auto* t = static_cast<TensorBody*>(B::body(v));
+    const auto set = [t](Global g) { t->global = static_cast<uint8_t>(g); };
+    if (module == "collections" && name == "OrderedDict") {
+      set(Global::OrderedDict);
+    } else if (module == "torch" && name == "Size") {
+      set(Global::TorchSize);
+    } else if (module == "torch.serialization" && name == "_get_layout") {
+      set(Global::GetLayout);
+    } else if (module == "builtins" && name == "getattr") {
+      set(Global::GetAttr);
+    } else if ((module == kDcpMeta || module == "torch.distributed._shard.sharded_tensor.metadata") &&
+               (name == kMemFormatClass || name == "MEM_FORMAT_ENCODING")) {
+      set(Global::MemFormat);
+    } else if (module == "pathlib" && (name == "PosixPath" || name == "PurePosixPath" || name == "WindowsPath" ||
+                                       name == "PureWindowsPath" || name == "Path")) {
+      set(Global::Path);
+    } else {
+      const DcpClassName* c = nullptr;
+      for (const auto& k : kDcpClasses) {
+        if (module == k.module && name == k.name) c = &k;
+      }
+      if (c == nullptr) fail("global '" + module + "." + name + "' is not a class DCP's .metadata holds");
+      set(Global::DcpClass);
+      t->ref.storage_key = c->as;
+    }
+    push(std::move(v));
+  }
+
+  // ---- DCP's objects (dialect DcpMetadata) ---------------------------------------
+  PtValue new_object(const PtValue& cls, const PtValue& args) {
+    const TensorBody* c = special(cls, TensorBody::Global);
+    if (c == nullptr || c->global != static_cast<uint8_t>(Global::DcpClass)) fail("NEWOBJ of something not a DCP class");
+    if (args.kind() != Kind::Tuple || !args.items().empty()) fail("NEWOBJ of " + c->ref.storage_key + " with arguments");
+    PtValue o = make_dict(false);
+    charge(string_heap(c->ref.storage_key.size()) + heap(sizeof(pt_body::String)));
+    set_item(o, PtValue::string("__class__"), PtValue::string(c->ref.storage_key));
+    return o;
+  }
+  static bool is_object(const PtValue& v) {
+    return v.kind() == Kind::Dict && !B::dict(v).entries.empty() && B::dict(v).entries[0].first == "__class__";
+  }
+  // BUILD: an object's attributes (a dict state), or its __setstate__
+  // tuple (TensorProperties) kept as "__state__".
+  void build_object(const PtValue& inst, PtValue state) {
+    if (state.kind() == Kind::Dict) {
+      expect(state, Kind::Dict, "BUILD's state");
+      for (const auto& [k, x] : state.entries()) {
+        if (k == "__class__" || k == "__state__") fail("an object's attribute named " + k);
+        set_item(inst, PtValue::string(k), x);
+      }
+      discard(state);
+      return;
+    }
+    if (state.kind() != Kind::Tuple) fail(std::string("BUILD of an object with ") + kind_name(state));
+    set_item(inst, PtValue::string("__state__"), std::move(state));
+  }
+  PtValue dcp_reduce(Global g, const std::vector<PtValue>& a) {
+    const auto string_arg = [&](size_t i, const char* what) -> const std::string& {
+      if (a.size() <= i || a[i].kind() != Kind::String) fail(std::string(what) + " without its string");
+      return a[i].as_string();
+    };
+    const auto str = [&](std::string s) {
+      charge(heap(sizeof(pt_body::String)) + string_heap(s.size()));
+      return PtValue::string(std::move(s));
+    };
+    switch (g) {
+      case Global::TorchSize: {
+        if (a.size() != 1) fail("torch.Size with " + std::to_string(a.size()) + " arguments");
+        int_tuple(a[0], "a torch.Size");
+        return a[0];
+      }
+      case Global::GetLayout: {
+        const std::string& l = string_arg(0, "_get_layout");
+        if (a.size() != 1 || l.rfind("torch.", 0) != 0 || l.size() > 64) fail("_get_layout of '" + l + "'");
+        return str(l);
+      }
+      case Global::GetAttr: {
+        const TensorBody* e = a.size() == 2 ? special(a[0], TensorBody::Global) : nullptr;
+        if (e == nullptr || e->global != static_cast<uint8_t>(Global::MemFormat)) {
+          fail("getattr of something not DCP's memory-format enum");
+        }
+        const std::string& m = string_arg(1, "getattr");
+        if (std::find(std::begin(kMemFormats), std::end(kMemFormats), m) == std::end(kMemFormats)) {
+          fail("getattr of _MEM_FORMAT_ENCODING." + m.substr(0, 64));
+        }
+        return str(std::string(kMemFormatClass) + "." + m);
+      }
+      case Global::MemFormat: {  // by value, as older Pythons pickle enums
+        if (a.size() != 1 || a[0].kind() != Kind::Int || a[0].as_int() < 0 || a[0].as_int() > 2) {
+          fail("_MEM_FORMAT_ENCODING of something not 0, 1 or 2");
+        }
+        return str(std::string(kMemFormatClass) + "." + kMemFormats[a[0].as_int()]);
+      }
+      case Global::Path: {
+        std::string p;
+        for (size_t i = 0; i < a.size(); ++i) {
+          const std::string& part = string_arg(i, "a path");
+          if (!p.empty() && p.back() != '/') p += '/';
+          p += part;
+          if (p.size() > 4096) fail("a path of more than 4096 bytes");
+        }
+        return str(p);
+      }
+      default: fail("a DCP class called as a function");
+    }
   }
 
   PtValue storage(const PtValue& pid) {
@@ -410,6 +587,9 @@ class Unpickler {
     if (f == nullptr) fail(std::string("REDUCE's callable is ") + kind_name(func) + ", not a global");
     expect(args, Kind::Tuple, "REDUCE's arguments");
     const auto& a = B::seq(args).items;
+    if (dialect_ == Dialect::DcpMetadata && f->global != static_cast<uint8_t>(Global::OrderedDict)) {
+      return dcp_reduce(static_cast<Global>(f->global), a);
+    }
     switch (static_cast<Global>(f->global)) {
       case Global::OrderedDict:
         if (!a.empty()) fail("OrderedDict with arguments");
@@ -446,6 +626,7 @@ class Unpickler {
         return t;
       }
       case Global::Storage: break;
+      default: break;
     }
     fail("a storage class called as a function");
   }
@@ -555,6 +736,15 @@ class Unpickler {
         return push(PtValue::floating(d));
       }
       case GLOBAL: return global();
+      case STACK_GLOBAL: return stack_global();
+      case NEWOBJ: {
+        if (dialect_ != Dialect::DcpMetadata) break;
+        PtValue args = pop();
+        PtValue cls = pop();
+        PtValue o = new_object(cls, args);
+        discard(args);
+        return push(std::move(o));
+      }
       case REDUCE: {
         PtValue args = pop();
         PtValue func = pop();
@@ -565,6 +755,7 @@ class Unpickler {
       case BUILD: {
         PtValue state = pop();
         const PtValue& inst = top();
+        if (dialect_ == Dialect::DcpMetadata && is_object(inst)) return build_object(inst, std::move(state));
         if (inst.kind() != Kind::Dict || !B::body(inst)->ordered) fail(std::string("BUILD of ") + kind_name(inst));
         // An OrderedDict's attributes (a state dict's _metadata): not kept.
         if (state.kind() != Kind::Dict && !state.is_none()) fail("an OrderedDict's state is not a dict");
@@ -582,12 +773,11 @@ class Unpickler {
       case MEMOIZE: return put(static_cast<uint32_t>(memo_.size() + sparse_.size()));
       case BINGET:
       case LONG_BINGET: return push(memo_get(static_cast<uint32_t>(le(op == BINGET ? 1 : 4))));
-      default: {
-        const char c = static_cast<char>(op);
-        fail(std::string("not an opcode .pt files use") +
-             (c >= 0x20 && c < 0x7f ? std::string(" ('") + c + "')" : std::string()));
-      }
+      default: break;
     }
+    const char c = static_cast<char>(op);
+    fail(std::string("not an opcode ") + (dialect_ == Dialect::Pt ? ".pt files" : "DCP's .metadata") + " use" +
+         (c >= 0x20 && c < 0x7f ? std::string(" ('") + c + "')" : std::string()));
   }
 };
 
@@ -595,6 +785,10 @@ class Unpickler {
 
 }  // namespace pickle
 
-PtValue unpickle_value(const std::string& bytes) { return pickle::Unpickler(bytes).run(); }
+PtValue unpickle_value(const std::string& bytes) { return pickle::Unpickler(bytes, pickle::Dialect::Pt).run(); }
+
+PtValue unpickle_dcp_metadata(const std::string& bytes) {
+  return pickle::Unpickler(bytes, pickle::Dialect::DcpMetadata).run();
+}
 
 }  // namespace tdist::checkpoint

@@ -188,6 +188,21 @@ bool dtype_of_storage_class(const std::string& name, c10::ScalarType* out) {
   return false;
 }
 
+bool dtype_of_name(const std::string& name, c10::ScalarType* out) {
+  static const std::pair<const char*, c10::ScalarType> kNames[] = {
+      {"float32", c10::kFloat}, {"float", c10::kFloat},   {"float64", c10::kDouble}, {"double", c10::kDouble},
+      {"float16", c10::kHalf},  {"half", c10::kHalf},     {"bfloat16", c10::kBFloat16}, {"int64", c10::kLong},
+      {"long", c10::kLong},     {"int32", c10::kInt},     {"int", c10::kInt},        {"int16", c10::kShort},
+      {"short", c10::kShort},   {"int8", c10::kChar},     {"uint8", c10::kByte},     {"bool", c10::kBool}};
+  for (const auto& [n, t] : kNames) {
+    if (name == n) {
+      *out = t;
+      return true;
+    }
+  }
+  return false;
+}
+
 std::string tensor_ref_problem(const PtTensorRef& r) {
   if (storage_class(r.dtype) == nullptr) return std::string("dtype ") + c10::toString(r.dtype) + " has no storage class";
   if (r.storage_numel < 0) return "negative storage size";

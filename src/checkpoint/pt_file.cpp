@@ -233,6 +233,8 @@ struct PtReader::Impl {
   PtValue root;
 
   explicit Impl(const std::string& path) : file(path) {}
+  Impl(const std::string& path, uint64_t base, uint64_t length) : file(path, base, length) {}
+  void open();
 
   [[noreturn]] void fail(const std::string& what) const { throw CheckpointError(file.path() + ": " + what); }
   // A CheckpointError of a layer that does not know the file, given its name.
@@ -299,8 +301,15 @@ struct PtReader::Impl {
   }
 };
 
-PtReader::PtReader(const std::string& path) : impl_(std::make_unique<Impl>(path)) {
-  Impl& r = *impl_;
+PtReader::PtReader(const std::string& path) : impl_(std::make_unique<Impl>(path)) { impl_->open(); }
+
+PtReader::PtReader(const std::string& path, uint64_t base, uint64_t length)
+    : impl_(std::make_unique<Impl>(path, base, length)) {
+  impl_->open();
+}
+
+void PtReader::Impl::open() {
+  Impl& r = *this;
   std::vector<zip::Entry> entries;
   try {
     entries = zip::read_directory(

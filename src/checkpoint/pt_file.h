@@ -125,8 +125,25 @@ class PtValue {
 // weights_only=True), and back. unpickle accepts what Python's torch.save
 // writes for such values (memo opcodes, OrderedDict, _rebuild_tensor_v2,
 // _rebuild_parameter) and refuses any other global or opcode.
+//
+// Dict keys that are ints (an optimizer's state_dict keys its parameters
+// by index) read as their decimal strings.
 std::string pickle_value(const PtValue& root);
 PtValue unpickle_value(const std::string& bytes);
+
+// The pickle of a DCP checkpoint's .metadata (dcp_metadata.h reads what it
+// means): the same machine with another allowlist, exactly the classes DCP
+// pickles (its dataclasses, old `torch.distributed._shard` names too,
+// torch.Size, dtypes, layouts, the memory-format enum, paths). An object
+// (NEWOBJ of an allowed class, then BUILD) reads as a dict whose first
+// entry is "__class__" -> the class's name, then its attributes (a tuple
+// state, TensorProperties', as "__state__"); torch.Size as a tuple of
+// ints; a dtype, layout, enum member or path as a string ("torch.float32",
+// "torch.strided", "_MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT"). A dict
+// key that is neither a string nor an int (storage_data's MetadataIndex)
+// makes the entry "\x01<n>" -> (key, value). Any other global is a
+// CheckpointError naming it; nothing is ever called.
+PtValue unpickle_dcp_metadata(const std::string& bytes);
 
 // Added: the same tree (kinds, order, values; floats bit for bit, so a NaN
 // equals itself; tensors by every field of their PtTensorRef).
@@ -173,6 +190,9 @@ class PtWriter {
 class PtReader {
  public:
   explicit PtReader(const std::string& path);
+  // A .pt file inside another, at bytes [base, base + length) (a DCP
+  // item: one torch.save at its offset in a rank's file).
+  PtReader(const std::string& path, uint64_t base, uint64_t length);
   ~PtReader();
   PtReader(const PtReader&) = delete;
   PtReader& operator=(const PtReader&) = delete;

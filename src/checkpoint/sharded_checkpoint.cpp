@@ -14,6 +14,8 @@
 #include <set>
 #include <unistd.h>
 
+#include "checkpoint/dcp_load.h"
+#include "checkpoint/dcp_metadata.h"
 #include "checkpoint/rank_file.h"
 #include "checkpoint/tensor_tree.h"
 #include "checkpoint/load_checks.h"
@@ -495,7 +497,14 @@ void load_on(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& mod
     }
     const std::string own = checkpoint::rank_file_path(prefix, options.suffix, pg.rank(), pg.size());
     const bool want_hook = options.comm_hook_state != nullptr;
-    staged = stage_own(own, pg, model, optimizer != nullptr, want_hook, save_id);
+    if (checkpoint::dcp::is_dcp_folder(prefix)) {
+      if (want_hook) throw CheckpointError(prefix + " is a DCP checkpoint: it holds no comm hook state");
+      checkpoint::DcpStaged d = checkpoint::stage_dcp(prefix, pg, model, optimizer);
+      staged = Staged{std::move(d.model), std::move(d.optimizer), std::nullopt, std::nullopt};
+      save_id = d.save_id;
+    } else {
+      staged = stage_own(own, pg, model, optimizer != nullptr, want_hook, save_id);
+    }
     if (!staged) staged = stage_resharded(prefix, options, pg, model, optimizer != nullptr, save_id);
     // Every part checked before any is applied.
     checkpoint::check_sharded_model_state(model, staged->model);

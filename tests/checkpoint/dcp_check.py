@@ -1,0 +1,128 @@
+"""PyTorch's side of the DCP tests (dcp_test.cpp), run with the venv's torch 2.x.
+
+  save DIR WORLD REF [FORMAT]  FSDP2 (fully_shard per block, then the root) of
+                               tests/fsdp/models.h's Net, AdamW, 3 steps, saved with
+                               dcp.save({"model", "optim"}) at WORLD ranks (FORMAT:
+                               torch_save or safetensors); REF: the full model and
+                               optimizer state as safetensors ("<name>", "optim/<param>/<field>")
+  evil DIR MARKER              a DCP folder whose .metadata runs `touch MARKER` when
+                               Python's pickle.load reads it
+"""
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width=7, hidden=5):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(width, hidden)
+        self.fc2 = torch.nn.Linear(hidden, width)
+        self.gate = torch.nn.Parameter(torch.linspace(0.5, 1.5, width), requires_grad=False)
+
+    def forward(self, x):
+        return x + self.fc2(torch.tanh(self.fc1(x))) * self.gate
+
+
+class Net(torch.nn.Module):
+    def __init__(self, blocks=3):
+        super().__init__()
+        self.inp = torch.nn.Linear(6, 7)
+        for i in range(blocks):
+            self.add_module(f"block{i}", Block())
+        self.scale = torch.nn.Parameter(torch.ones(1))  # fully_shard takes no 0-d parameter
+        self.head = torch.nn.Linear(7, 3)
+        self.blocks = blocks
+
+    def forward(self, x):
+        h = self.inp(x)
+        for i in range(self.blocks):
+            h = getattr(self, f"block{i}")(h)
+        return self.head(h * self.scale)
+
+
+def renamed(sd):
+    # C++'s Net calls its input layer "in" (a Python keyword).
+    return {("in" + k[3:] if k.startswith("inp.") else k): v for k, v in sd.items()}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def save_rank(rank, world, port, out, ref, fmt):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter, SerializationFormat
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(1)
+    net = Net()
+    for i in range(net.blocks):
+        fully_shard(getattr(net, f"block{i}"))
+    fully_shard(net)
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    for step in range(3):
+        torch.manual_seed(70 + step)
+        x = torch.randn(4 * world, 6)[4 * rank:4 * rank + 4]
+        opt.zero_grad()
+        net(x).pow(2).mean().backward()
+        opt.step()
+    msd, osd = get_state_dict(net, opt)
+    state = {"model": renamed(msd), "optim": osd}
+    # The optimizer's keys are the parameters' names too.
+    state["optim"]["state"] = renamed(state["optim"]["state"])
+    for g in state["optim"]["param_groups"]:
+        g["params"] = [("in" + p[3:] if p.startswith("inp.") else p) for p in g["params"]]
+    if fmt == "safetensors":
+        dcp.save(state, storage_writer=FileSystemWriter(out, serialization_format=SerializationFormat.SAFETENSORS))
+    else:
+        dcp.save(state, checkpoint_id=out)
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    fm, fo = get_state_dict(net, opt, options=full)
+    if rank == 0:
+        from safetensors.torch import save_file
+        tensors = {k: v.contiguous() for k, v in renamed(fm).items()}
+        for p, fields in renamed(fo["state"]).items():
+            for f, t in fields.items():
+                tensors[f"optim/{p}/{f}"] = t.contiguous()
+        save_file(tensors, ref)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def evil(out, marker):
+    import pickle
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, ("touch " + marker,))
+
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, ".metadata"), "wb") as f:
+        pickle.dump(Boom(), f)
+    open(os.path.join(out, "__0_0.distcp"), "wb").close()
+
+
+def main():
+    cmd = sys.argv[1]
+    if cmd == "save":
+        out, world, ref = sys.argv[2], int(sys.argv[3]), sys.argv[4]
+        fmt = sys.argv[5] if len(sys.argv) > 5 else "torch_save"
+        mp.spawn(save_rank, args=(world, free_port(), out, ref, fmt), nprocs=world)
+    elif cmd == "evil":
+        evil(sys.argv[2], sys.argv[3])
+    else:
+        raise SystemExit("unknown command " + cmd)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+// PyTorch's Distributed Checkpoint (DCP) folders read by tdist: PyTorch
+// 2.x (the venv's) trains an FSDP2 model with AdamW at world 2 and saves it
+// with dcp.save; tdist loads it at worlds 1 (a plain model) and 3 (FSDP,
+// each rank reading only the chunks over its rows) and holds exactly
+// PyTorch's full state, model and optimizer; the safetensors variant too;
+// a .metadata made to run code on load is refused by name and runs nothing.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/dcp_metadata.h"
+#include "tdist/tdist.h"
+#include "tests/util/process.h"
+#include "tests/util/world.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using tdist::CheckpointError;
+using tdist::FSDP;
+using tdist::ProcessGroup;
+using tdist::StateDict;
+using tdist::test::run_world;
+using tdist::test::TempDir;
+
+const std::string kCheck = TDIST_SOURCE_DIR "/tests/checkpoint/dcp_check.py";
+const std::string kVenvPython = TDIST_SOURCE_DIR "/.venv/bin/python";
+
+void python(const std::string& args) {
+  const auto r = tdist::test::run_command(kVenvPython + " " + kCheck + " " + args + " 2>&1", std::chrono::seconds(300));
+  if (!tdist::test::exited_ok(r.status)) throw std::runtime_error("dcp_check.py " + args + " failed:\n" + r.output);
+}
+
+// dcp_check.py's Net, in C++.
+struct BlockImpl : torch::nn::Module {
+  BlockImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(7, 5));
+    fc2 = register_module("fc2", torch::nn::Linear(5, 7));
+    gate = register_parameter("gate", torch::linspace(0.5, 1.5, 7), /*requires_grad=*/false);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x + fc2->forward(torch::tanh(fc1->forward(x))) * gate; }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::Tensor gate;
+};
+TORCH_MODULE(Block);
+
+struct NetImpl : torch::nn::Module {
+  explicit NetImpl(const tdist::FullyShardedDataParallelOptions* wrap = nullptr) {
+    in = register_module("in", torch::nn::Linear(6, 7));
+    for (int i = 0; i < 3; ++i) {
+      const std::string name = "block" + std::to_string(i);
+      if (wrap) {
+        auto b = register_module(name, FSDP<Block>(Block(), *wrap));
+        calls.push_back([b](const torch::Tensor& x) { return b->forward(x); });
+      } else {
+        auto b = register_module(name, Block());
+        calls.push_back([b](const torch::Tensor& x) { return b->forward(x); });
+      }
+    }
+    scale = register_parameter("scale", torch::ones({1}));
+    head = register_module("head", torch::nn::Linear(7, 3));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = in->forward(x);
+    for (auto& c : calls) h = c(h);
+    return head->forward(h * scale);
+  }
+  torch::nn::Linear in{nullptr}, head{nullptr};
+  torch::Tensor scale;
+  std::vector<std::function<torch::Tensor(const torch::Tensor&)>> calls;
+};
+TORCH_MODULE(Net);
+
+class Dcp : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    python("save " + ckpt() + " 2 " + ref());
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static std::string ckpt() { return dir_->path() + "/dcp"; }
+  static std::string ref() { return dir_->path() + "/ref.safetensors"; }
+  static TempDir* dir_;
+};
+TempDir* Dcp::dir_ = nullptr;
+
+// The model's and optimizer's full state equal PyTorch's, bit for bit
+// (the step, a float in PyTorch and an int in tdist, by value).
+void expect_pytorch_state(torch::nn::Module& model, torch::optim::Optimizer& opt, const std::string& ref,
+                          const std::string& what) {
+  const StateDict want = tdist::load_safetensors(ref);
+  const StateDict full = tdist::full_state_dict(model, false);
+  const auto optim = tdist::full_optimizer_state_dict(model, opt, false);
+  size_t n = 0;
+  for (const auto& item : full) {
+    WORLD_CHECK(want.contains(item.key()) && torch::equal(want[item.key()], item.value()),
+                what << ": '" << item.key() << "' differs from PyTorch's");
+    ++n;
+  }
+  for (const auto& p : optim.state) {
+    for (const auto& f : p.value()) {
+      const std::string name = "optim/" + p.key() + "/" + f.key();
+      WORLD_CHECK(want.contains(name), what << ": PyTorch has no '" << name << "'");
+      const bool same = f.key() == "step" ? want[name].item<double>() == f.value().item<double>()
+                                          : torch::equal(want[name], f.value());
+      WORLD_CHECK(same, what << ": '" << name << "' differs from PyTorch's");
+      ++n;
+    }
+  }
+  WORLD_CHECK(n == want.size(), what << ": " << n << " tensors against PyTorch's " << want.size());
+}
+
+TEST_F(Dcp, LoadsIntoAPlainModelAtWorldOne) {
+  ASSERT_EQ(run_world(1, [&](ProcessGroup& pg) {
+    torch::manual_seed(5);
+    Net model;
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.5));
+    tdist::load_sharded_checkpoint(ckpt(), pg, *model, &opt);
+    expect_pytorch_state(*model, opt, ref(), "world 1");
+    WORLD_CHECK(static_cast<torch::optim::AdamWOptions&>(opt.param_groups()[0].options()).lr() == 0.01,
+                "the lr is PyTorch's");
+  }), "");
+}
+
+TEST_F(Dcp, LoadsIntoFsdpAtWorldThree) {
+  ASSERT_EQ(run_world(3, [&](ProcessGroup& pg) {
+    tdist::FullyShardedDataParallelOptions o;
+    torch::manual_seed(5);
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.5));
+    tdist::load_sharded_checkpoint(ckpt(), pg, *model, &opt);
+    expect_pytorch_state(*model, opt, ref(), "world 3");
+  }), "");
+}
+
+TEST_F(Dcp, TheSafetensorsVariantLoadsToo) {
+  const std::string st = dir_->path() + "/st", st_ref = dir_->path() + "/st_ref.safetensors";
+  python("save " + st + " 2 " + st_ref + " safetensors");
+  ASSERT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    tdist::FullyShardedDataParallelOptions o;
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::AdamW opt(model->parameters());
+    tdist::load_sharded_checkpoint(st, pg, *model, &opt);
+    expect_pytorch_state(*model, opt, st_ref, "safetensors variant");
+  }), "");
+}
+
+TEST_F(Dcp, AMetadataThatWouldRunCodeIsRefusedAndRunsNothing) {
+  const std::string evil = dir_->path() + "/evil", marker = dir_->path() + "/ran";
+  python("evil " + evil + " " + marker);
+  ASSERT_FALSE(fs::exists(marker));
+  try {
+    tdist::checkpoint::dcp::read_metadata(evil);
+    FAIL() << "an evil .metadata was read";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("global 'posix.system' is not a class DCP's .metadata holds"),
+              std::string::npos) << e.what();
+  }
+  ASSERT_EQ(run_world(1, [&](ProcessGroup& pg) {
+    Net model;
+    const at::Tensor before = model->in->weight.clone();
+    bool refused = false;
+    try {
+      tdist::load_sharded_checkpoint(evil, pg, *model);
+    } catch (const CheckpointError&) {
+      refused = true;
+    }
+    WORLD_CHECK(refused, "the load was refused");
+    WORLD_CHECK(torch::equal(before, model->in->weight), "the model kept its weights");
+  }), "");
+  EXPECT_FALSE(fs::exists(marker)) << "the .metadata's code ran";
+}
+
+}  // namespace
