@@ -8,6 +8,7 @@
 //   tdist::save_sharded_checkpoint("ckpt/step100", *pg, *model, &opt);
 //   ...
 //   tdist::load_sharded_checkpoint("ckpt/step100", *pg, *model, &opt);    // at any world size
+//   tdist::load_sharded_checkpoint("dcp/step100", *pg, *model, &opt);     // a DCP folder from PyTorch too
 //   tdist::consolidate_sharded_model_checkpoints("ckpt/step100", "_rank-*-of-*.pt", "full.pt");
 //
 // Saving and loading are collective over `pg` (the model's ranks: FSDP's
@@ -43,7 +44,18 @@
 
 namespace tdist {
 
+// The files a sharded save writes. tdist: torch_xla's per-rank .pt files
+// ({prefix}_rank-{r}-of-{w}.pt). dcp: PyTorch's Distributed Checkpoint
+// folder (`prefix` is the folder: .metadata and __<rank>_<k>.distcp), which
+// Python's torch.distributed.checkpoint.load reads into an FSDP2 or plain
+// model at any world size (keys "model.<name>", "optim.state.<param>.<field>",
+// "optim.param_groups.<i>.<key>", as get_state_dict names them) and
+// dcp_to_torch_save turns into one file. A load reads either, whichever
+// `prefix` holds.
+enum class ShardedFormat { tdist, dcp };
+
 struct ShardedCheckpointOptions {
+  ShardedFormat format = ShardedFormat::tdist;
   // The per-rank file name after the prefix: the first '*' is the rank, the
   // second the world size (torch_xla's consolidation takes the same).
   std::string suffix = "_rank-*-of-*.pt";

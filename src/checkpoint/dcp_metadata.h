@@ -102,4 +102,11 @@ Metadata read_metadata(const std::string& dir);
 // parts joined with '.'.
 std::string joined(const std::vector<Item::Part>& path);
 
+// The pickle of `m` as PyTorch's FileSystemReader reads it (protocol 2:
+// the DCP classes by their torch.distributed.checkpoint names, each
+// item's path as planner_data, version "1.0.0"; TensorProperties as its
+// five-part state, which PyTorch 2.0 to 2.15 all take). Every chunk and
+// bytes item must have its storage. (dcp_metadata_writer.cpp)
+std::string pickle_metadata(const Metadata& m);
+
 }  // namespace tdist::checkpoint::dcp

@@ -7,9 +7,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "checkpoint/pt_file.h"
+#include "tdist/errors.h"
 
 namespace tdist::checkpoint::pickle {
 
@@ -89,5 +92,72 @@ std::string tensor_ref_problem(const PtTensorRef& ref);
 // Whether s is UTF-8 as Python's pickle reads it (surrogates allowed, as
 // its "surrogatepass" writes them).
 bool valid_utf8(const std::string& s);
+
+// The pickle's primitives, written: what pickle_value (pickle_writer.cpp)
+// and DCP's .metadata writer (dcp_metadata_writer.cpp) emit values with.
+// string() refuses what is not UTF-8 (UsageError).
+class Emitter {
+ public:
+  std::string out;
+
+  void op(Op o) { out.push_back(static_cast<char>(o)); }
+
+  void le(uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i, v >>= 8) out.push_back(static_cast<char>(v & 0xff));
+  }
+
+  void integer(int64_t i) {
+    if (i >= 0 && i < 256) {
+      op(BININT1);
+      le(static_cast<uint64_t>(i), 1);
+    } else if (i >= 0 && i < 65536) {
+      op(BININT2);
+      le(static_cast<uint64_t>(i), 2);
+    } else if (i >= INT32_MIN && i <= INT32_MAX) {
+      op(BININT);
+      le(static_cast<uint64_t>(i), 4);
+    } else {
+      // LONG1: the fewest little-endian two's-complement bytes.
+      uint8_t b[8];
+      uint64_t u = static_cast<uint64_t>(i);
+      for (int k = 0; k < 8; ++k, u >>= 8) b[k] = static_cast<uint8_t>(u & 0xff);
+      int n = 8;
+      while (n > 1 && ((b[n - 1] == 0 && !(b[n - 2] & 0x80)) || (b[n - 1] == 0xff && (b[n - 2] & 0x80)))) --n;
+      op(LONG1);
+      le(static_cast<uint64_t>(n), 1);
+      out.append(reinterpret_cast<const char*>(b), static_cast<size_t>(n));
+    }
+  }
+
+  void floating(double d) {
+    uint64_t u;
+    std::memcpy(&u, &d, sizeof u);
+    op(BINFLOAT);
+    for (int k = 7; k >= 0; --k) out.push_back(static_cast<char>((u >> (8 * k)) & 0xff));
+  }
+
+  void string(const std::string& s) {
+    if (!valid_utf8(s)) throw UsageError("pickle: a string is not valid UTF-8");
+    if (s.size() > UINT32_MAX) throw UsageError("pickle: a string of 4 GiB or more");
+    op(BINUNICODE);
+    le(s.size(), 4);
+    out += s;
+  }
+
+  void global(const char* module, const char* name) {
+    op(GLOBAL);
+    out += module;
+    out += '\n';
+    out += name;
+    out += '\n';
+  }
+
+  void int_tuple(const std::vector<int64_t>& v) {
+    if (v.empty()) return op(EMPTY_TUPLE);
+    if (v.size() > 3) op(MARK);
+    for (int64_t x : v) integer(x);
+    op(v.size() == 1 ? TUPLE1 : v.size() == 2 ? TUPLE2 : v.size() == 3 ? TUPLE3 : TUPLE);
+  }
+};
 
 }  // namespace tdist::checkpoint::pickle

@@ -67,7 +67,9 @@ std::string hex32(uint32_t v) {
 // ---- writer ---------------------------------------------------------------------
 
 struct PtWriter::Impl {
-  AtomicFileWriter file;
+  std::unique_ptr<AtomicFileWriter> own;  // null when writing into another's file
+  AtomicFileWriter& file;
+  const uint64_t base;  // where the archive starts in `file` (its offsets are from there)
   std::string archive;
   bool force_zip64 = zip::force_zip64_for_testing();
   std::vector<zip::Entry> entries;
@@ -77,16 +79,18 @@ struct PtWriter::Impl {
   uint64_t written = 0;  // of the open record
   uint32_t crc = 0;
 
-  Impl(const std::string& path, std::string a) : file(path), archive(std::move(a)) {}
+  Impl(const std::string& path, std::string a)
+      : own(std::make_unique<AtomicFileWriter>(path)), file(*own), base(0), archive(std::move(a)) {}
+  Impl(AtomicFileWriter& into, std::string a) : file(into), base(into.size()), archive(std::move(a)) {}
 
   void open_record(const std::string& name, uint64_t size) {
     zip::Entry e;
     e.name = archive + "/" + name;
-    e.header_offset = file.size();
+    e.header_offset = file.size() - base;
     e.size = size;
     const std::string h = zip::local_header(e.name, e.header_offset, size, 0, force_zip64);
     file.write(h.data(), h.size());
-    e.data_offset = file.size();
+    e.data_offset = file.size() - base;
     entries.push_back(std::move(e));
     written = 0;
     crc = 0;
@@ -101,7 +105,7 @@ struct PtWriter::Impl {
     e.crc = crc;
     uint8_t le[4];
     for (int i = 0; i < 4; ++i) le[i] = static_cast<uint8_t>(crc >> (8 * i));
-    file.write_at(e.header_offset + zip::kLocalCrcField, le, sizeof le);
+    file.write_at(base + e.header_offset + zip::kLocalCrcField, le, sizeof le);
   }
   void whole_record(const std::string& name, const std::string& bytes) {
     open_record(name, bytes.size());
@@ -110,12 +114,25 @@ struct PtWriter::Impl {
   }
 };
 
-PtWriter::PtWriter(const std::string& path, std::string archive) {
+namespace {
+void check_archive(const std::string& archive) {
   if (archive.empty() || archive.find('/') != std::string::npos || archive.size() > 1024) {
     throw UsageError("PtWriter: the archive name '" + archive + "' is empty, too long or has a '/'");
   }
+}
+}  // namespace
+
+PtWriter::PtWriter(const std::string& path, std::string archive) {
+  check_archive(archive);
   impl_ = std::make_unique<Impl>(path, std::move(archive));
 }
+
+PtWriter::PtWriter(AtomicFileWriter& into, std::string archive) {
+  check_archive(archive);
+  impl_ = std::make_unique<Impl>(into, std::move(archive));
+}
+
+uint64_t PtWriter::bytes() const { return impl_->file.size() - impl_->base; }
 
 PtWriter::~PtWriter() = default;
 
@@ -207,10 +224,10 @@ void PtWriter::sync() {
                      std::to_string(w.storages.size() - w.next - 1) + " more were not written");
   }
   w.whole_record("version", "3\n");
-  const uint64_t at = w.file.size();
+  const uint64_t at = w.file.size() - w.base;
   const std::string cd = zip::central_directory(w.entries, at, w.force_zip64);
   w.file.write(cd.data(), cd.size());
-  w.file.sync();
+  if (w.own) w.file.sync();  // an archive inside another's file: its owner syncs
   w.synced = true;
 }
 
@@ -218,7 +235,7 @@ void PtWriter::commit() {
   Impl& w = *impl_;
   if (w.finished) return;
   sync();
-  w.file.commit();
+  if (w.own) w.file.commit();
   w.finished = true;
 }
 

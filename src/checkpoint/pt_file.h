@@ -40,6 +40,8 @@
 
 namespace tdist::checkpoint {
 
+class AtomicFileWriter;
+
 // A tensor in a .pt file: a view of one storage record.
 struct PtTensorRef {
   std::string storage_key;     // the record is <archive>/data/<storage_key>
@@ -155,6 +157,10 @@ class PtWriter {
   // `archive` names the records' top folder (torch.save uses the file's
   // stem; torch.load accepts any).
   PtWriter(const std::string& path, std::string archive = "archive");
+  // An archive appended to a file another writes (a DCP rank file holds
+  // one per tensor): its offsets count from where it starts; finish()
+  // ends it, and the file's owner syncs and commits.
+  PtWriter(AtomicFileWriter& into, std::string archive);
   ~PtWriter();
   PtWriter(const PtWriter&) = delete;
   PtWriter& operator=(const PtWriter&) = delete;
@@ -181,6 +187,8 @@ class PtWriter {
   void sync();
   void commit();
   const std::string& path() const;
+  // The archive's bytes so far.
+  uint64_t bytes() const;
 
  private:
   struct Impl;

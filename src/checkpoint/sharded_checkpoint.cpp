@@ -16,6 +16,7 @@
 
 #include "checkpoint/dcp_load.h"
 #include "checkpoint/dcp_metadata.h"
+#include "checkpoint/dcp_save.h"
 #include "checkpoint/rank_file.h"
 #include "checkpoint/tensor_tree.h"
 #include "checkpoint/load_checks.h"
@@ -463,6 +464,10 @@ bool across_replicas(const char* what, ProcessGroup& pg, torch::nn::Module& mode
 
 void save_on(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& model,
              torch::optim::Optimizer* optimizer, const ShardedCheckpointOptions& options) {
+  if (options.format == ShardedFormat::dcp) {
+    check_group("save_sharded_checkpoint", pg, model);  // the same on every rank: no rank goes on alone
+    return checkpoint::save_dcp(prefix, pg, model, optimizer, options.timeout);
+  }
   const int64_t save_id = agreed_save_id(pg, options.timeout);
   std::optional<detail::RankFileContents> file;
   std::string error;
@@ -565,6 +570,9 @@ void load_on(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& mod
 
 void save_sharded_checkpoint(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& model,
                              torch::optim::Optimizer* optimizer, const ShardedCheckpointOptions& options) {
+  if (options.format == ShardedFormat::dcp && options.comm_hook_state) {
+    throw UsageError("save_sharded_checkpoint: a DCP checkpoint holds no comm hook state (use ShardedFormat::tdist)");
+  }
   if (across_replicas("save_sharded_checkpoint", pg, model, /*first_replica_only=*/true, options,
                       [&](ProcessGroup& shard) { save_on(prefix, shard, model, optimizer, options); })) {
     return;

@@ -5,6 +5,10 @@
                                dcp.save({"model", "optim"}) at WORLD ranks (FORMAT:
                                torch_save or safetensors); REF: the full model and
                                optimizer state as safetensors ("<name>", "optim/<param>/<field>")
+  load DIR WORLD OUT LR         DIR (tdist's DCP save) through dcp.load into the FSDP2 Net
+                               and AdamW at WORLD ranks; OUT: their full state, as REF;
+                               LR: the learning rate the load must give AdamW
+  torch_save DIR OUT           dcp_to_torch_save(DIR), its state as REF into OUT
   evil DIR MARKER              a DCP folder whose .metadata runs `touch MARKER` when
                                Python's pickle.load reads it
 """
@@ -31,7 +35,7 @@ class Block(torch.nn.Module):
 class Net(torch.nn.Module):
     def __init__(self, blocks=3):
         super().__init__()
-        self.inp = torch.nn.Linear(6, 7)
+        self.add_module("in", torch.nn.Linear(6, 7))  # C++'s name (a keyword here)
         for i in range(blocks):
             self.add_module(f"block{i}", Block())
         self.scale = torch.nn.Parameter(torch.ones(1))  # fully_shard takes no 0-d parameter
@@ -39,15 +43,10 @@ class Net(torch.nn.Module):
         self.blocks = blocks
 
     def forward(self, x):
-        h = self.inp(x)
+        h = getattr(self, "in")(x)
         for i in range(self.blocks):
             h = getattr(self, f"block{i}")(h)
         return self.head(h * self.scale)
-
-
-def renamed(sd):
-    # C++'s Net calls its input layer "in" (a Python keyword).
-    return {("in" + k[3:] if k.startswith("inp.") else k): v for k, v in sd.items()}
 
 
 def free_port():
@@ -59,16 +58,12 @@ def free_port():
 def save_rank(rank, world, port, out, ref, fmt):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.filesystem import FileSystemWriter, SerializationFormat
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(1)
-    net = Net()
-    for i in range(net.blocks):
-        fully_shard(getattr(net, f"block{i}"))
-    fully_shard(net)
+    net = fsdp_net()
     opt = torch.optim.AdamW(net.parameters(), lr=0.01)
     for step in range(3):
         torch.manual_seed(70 + step)
@@ -77,26 +72,77 @@ def save_rank(rank, world, port, out, ref, fmt):
         net(x).pow(2).mean().backward()
         opt.step()
     msd, osd = get_state_dict(net, opt)
-    state = {"model": renamed(msd), "optim": osd}
-    # The optimizer's keys are the parameters' names too.
-    state["optim"]["state"] = renamed(state["optim"]["state"])
-    for g in state["optim"]["param_groups"]:
-        g["params"] = [("in" + p[3:] if p.startswith("inp.") else p) for p in g["params"]]
+    state = {"model": msd, "optim": osd}
     if fmt == "safetensors":
         dcp.save(state, storage_writer=FileSystemWriter(out, serialization_format=SerializationFormat.SAFETENSORS))
     else:
         dcp.save(state, checkpoint_id=out)
-    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    fm, fo = get_state_dict(net, opt, options=full)
-    if rank == 0:
-        from safetensors.torch import save_file
-        tensors = {k: v.contiguous() for k, v in renamed(fm).items()}
-        for p, fields in renamed(fo["state"]).items():
-            for f, t in fields.items():
-                tensors[f"optim/{p}/{f}"] = t.contiguous()
-        save_file(tensors, ref)
+    if ref:
+        write_full(net, opt, ref, rank)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def write_full(net, opt, path, rank):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    fm, fo = get_state_dict(net, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        from safetensors.torch import save_file
+        tensors = {k: v.contiguous() for k, v in fm.items()}
+        for p, fields in fo["state"].items():
+            for f, t in fields.items():
+                tensors[f"optim/{p}/{f}"] = t.contiguous()
+        save_file(tensors, path)
+    return fo
+
+
+def fsdp_net():
+    from torch.distributed.fsdp import fully_shard
+    net = Net()
+    for i in range(net.blocks):
+        fully_shard(getattr(net, f"block{i}"))
+    fully_shard(net)
+    return net
+
+
+def load_rank(rank, world, port, ckpt, out, lr):
+    """tdist's DCP folder into PyTorch's FSDP2 Net and AdamW (dcp.load), the
+    full state written to OUT as `save` writes its reference."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(123)
+    net = fsdp_net()
+    opt = torch.optim.AdamW(net.parameters(), lr=0.5)
+    net(torch.randn(2, 6)).sum().backward()  # the optimizer's state made, to be overwritten
+    opt.step()
+    msd, osd = get_state_dict(net, opt)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=ckpt)
+    set_state_dict(net, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    got_lr = opt.param_groups[0]["lr"]
+    if abs(got_lr - lr) > 1e-12:
+        raise SystemExit(f"lr {got_lr}, not {lr}")
+    write_full(net, opt, out, rank)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def to_torch_save(ckpt, out):
+    """dcp_to_torch_save, then the file's model and optimizer state as a
+    safetensors file like `save`'s reference."""
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    pt = out + ".pt"
+    dcp_to_torch_save(ckpt, pt)
+    sd = torch.load(pt, weights_only=True)
+    tensors = {k: v.contiguous() for k, v in sd["model"].items()}
+    for p, fields in sd["optim"]["state"].items():
+        for f, t in fields.items():
+            tensors[f"optim/{p}/{f}"] = t.contiguous()
+    save_file(tensors, out)
 
 
 def evil(out, marker):
@@ -118,6 +164,11 @@ def main():
         out, world, ref = sys.argv[2], int(sys.argv[3]), sys.argv[4]
         fmt = sys.argv[5] if len(sys.argv) > 5 else "torch_save"
         mp.spawn(save_rank, args=(world, free_port(), out, ref, fmt), nprocs=world)
+    elif cmd == "load":
+        ckpt, world, out, lr = sys.argv[2], int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
+        mp.spawn(load_rank, args=(world, free_port(), ckpt, out, lr), nprocs=world)
+    elif cmd == "torch_save":
+        to_torch_save(sys.argv[2], sys.argv[3])
     elif cmd == "evil":
         evil(sys.argv[2], sys.argv[3])
     else:

@@ -150,6 +150,88 @@ TEST_F(Dcp, TheSafetensorsVariantLoadsToo) {
   }), "");
 }
 
+// ---- tdist's DCP saves, read by PyTorch ------------------------------------------
+
+at::Tensor batch(int step, int world) {
+  torch::manual_seed(70 + step);
+  return torch::randn({4 * world, 6});
+}
+
+// The full state as dcp_check.py writes PyTorch's ("optim/<param>/<field>").
+void save_full(torch::nn::Module& model, torch::optim::Optimizer& opt, const std::string& path, int rank) {
+  const StateDict full = tdist::full_state_dict(model);
+  const auto optim = tdist::full_optimizer_state_dict(model, opt);
+  if (rank != 0) return;
+  StateDict all = full;
+  for (const auto& p : optim.state) {
+    for (const auto& f : p.value()) all.insert("optim/" + p.key() + "/" + f.key(), f.value());
+  }
+  tdist::save_safetensors(path, all);
+}
+
+// Both files hold the same tensors, bit for bit (a step by value).
+void expect_same_files(const std::string& a, const std::string& b) {
+  const StateDict x = tdist::load_safetensors(a), y = tdist::load_safetensors(b);
+  EXPECT_EQ(x.size(), y.size());
+  for (const auto& item : x) {
+    ASSERT_TRUE(y.contains(item.key())) << item.key();
+    const bool step = item.key().size() > 5 && item.key().substr(item.key().size() - 5) == "/step";
+    EXPECT_TRUE(step ? item.value().item<double>() == y[item.key()].item<double>()
+                     : item.value().scalar_type() == y[item.key()].scalar_type() && torch::equal(item.value(), y[item.key()]))
+        << item.key();
+  }
+}
+
+// tdist trains the FSDP Net 3 steps at world 2 with AdamW (lr 0.02) and
+// saves it as DCP; `full` gets its full state.
+void tdist_save(const std::string& dir, const std::string& full) {
+  ASSERT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    tdist::FullyShardedDataParallelOptions o;
+    torch::manual_seed(1);
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.02));
+    for (int s = 0; s < 3; ++s) {
+      opt.zero_grad();
+      model(batch(s, pg.size()).narrow(0, 4 * pg.rank(), 4)).pow(2).mean().backward();
+      opt.step();
+    }
+    tdist::ShardedCheckpointOptions so;
+    so.format = tdist::ShardedFormat::dcp;
+    tdist::save_sharded_checkpoint(dir, pg, *model, &opt, so);
+    save_full(*model, opt, full, pg.rank());
+  }), "");
+}
+
+TEST_F(Dcp, TdistsSaveLoadsInPyTorchFsdp2AtWorldThree) {
+  const std::string out = dir_->path() + "/ours", full = dir_->path() + "/ours_full.safetensors";
+  tdist_save(out, full);
+  const std::string back = dir_->path() + "/ours_in_pytorch.safetensors";
+  python("load " + out + " 3 " + back + " 0.02");
+  expect_same_files(full, back);
+}
+
+TEST_F(Dcp, TdistsSaveThroughDcpToTorchSaveIsBitForBit) {
+  const std::string out = dir_->path() + "/ours2", full = dir_->path() + "/ours2_full.safetensors";
+  tdist_save(out, full);
+  const std::string back = dir_->path() + "/ours2_torch_save.safetensors";
+  python("torch_save " + out + " " + back);
+  expect_same_files(full, back);
+}
+
+TEST_F(Dcp, TdistsSaveLoadsBackInTdistAtWorldThree) {
+  const std::string out = dir_->path() + "/ours3", full = dir_->path() + "/ours3_full.safetensors";
+  tdist_save(out, full);
+  ASSERT_EQ(run_world(3, [&](ProcessGroup& pg) {
+    tdist::FullyShardedDataParallelOptions o;
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::AdamW opt(model->parameters());
+    tdist::load_sharded_checkpoint(out, pg, *model, &opt);
+    const std::string again = dir_->path() + "/ours3_again.safetensors";
+    save_full(*model, opt, again, pg.rank());
+    if (pg.rank() == 0) expect_same_files(full, again);
+  }), "");
+}
+
 TEST_F(Dcp, AMetadataThatWouldRunCodeIsRefusedAndRunsNothing) {
   const std::string evil = dir_->path() + "/evil", marker = dir_->path() + "/ran";
   python("evil " + evil + " " + marker);

@@ -1,0 +1,377 @@
+// A model and its optimizer saved as a DCP folder (dcp_save.h).
+#include "checkpoint/dcp_save.h"
+
+#include <ATen/ATen.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+#include <unordered_map>
+
+#include "checkpoint/dcp_metadata.h"
+#include "checkpoint/dcp_writer.h"
+#include "checkpoint/model_entries.h"
+#include "checkpoint/optimizer_kinds.h"
+#include "checkpoint/sharded_files.h"
+#include "tdist/errors.h"
+#include "tdist/state_dict.h"
+
+namespace tdist::checkpoint {
+
+namespace {
+
+using dcp::Item;
+using Part = dcp::Item::Part;
+
+// Every rank's bytes, to every rank (lengths first, then the padded bytes).
+std::vector<std::string> exchange(ProcessGroup& pg, const std::string& mine, std::chrono::milliseconds timeout) {
+  CollectiveOptions o;
+  o.timeout = timeout;
+  at::Tensor len = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+  at::Tensor lens = at::empty({pg.size()}, at::kLong);
+  pg.all_gather_into_tensor(lens, len, o)->wait();
+  const int64_t most = std::max<int64_t>(1, lens.max().item<int64_t>());
+  at::Tensor own = at::zeros({most}, at::kByte);
+  std::memcpy(own.data_ptr(), mine.data(), mine.size());
+  at::Tensor all = at::empty({pg.size() * most}, at::kByte);
+  pg.all_gather_into_tensor(all, own, o)->wait();
+  std::vector<std::string> out;
+  const char* p = static_cast<const char*>(all.data_ptr());
+  for (int r = 0; r < pg.size(); ++r) out.emplace_back(p + r * most, static_cast<size_t>(lens[r].item<int64_t>()));
+  return out;
+}
+
+// The first failing rank's words ("" when every rank did well).
+std::string first_failure(ProcessGroup& pg, const std::string& mine, std::chrono::milliseconds timeout) {
+  const auto all = exchange(pg, mine.substr(0, 4096), timeout);
+  for (int r = 0; r < pg.size(); ++r) {
+    if (!all[static_cast<size_t>(r)].empty()) return "rank " + std::to_string(r) + ": " + all[static_cast<size_t>(r)];
+  }
+  return "";
+}
+
+// PyTorch's param group keys for each optimizer kind, from tdist's options.
+PtValue group_value(const std::string& kind, const std::string& key, const std::map<std::string, double>& o) {
+  const auto num = [&](const char* k) {
+    const auto it = o.find(k);
+    return it == o.end() ? PtValue::none() : PtValue::floating(it->second);
+  };
+  const auto flag = [&](const char* k) {
+    const auto it = o.find(k);
+    return PtValue::boolean(it != o.end() && it->second != 0);
+  };
+  if (key == "betas") return PtValue::tuple({num("beta1"), num("beta2")});
+  if (key == "amsgrad" || key == "nesterov" || key == "centered") return flag(key.c_str());
+  if (key == "decoupled_weight_decay") return PtValue::boolean(kind == "AdamW");
+  if (key == "maximize" || key == "capturable" || key == "differentiable") return PtValue::boolean(false);
+  if (key == "foreach" || key == "fused") return PtValue::none();
+  (void)kind;
+  return num(key.c_str());
+}
+
+const std::vector<std::string>& group_keys(const std::string& kind) {
+  static const std::map<std::string, std::vector<std::string>> keys = {
+      {"Adam", {"lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach", "capturable", "differentiable",
+                "fused", "decoupled_weight_decay"}},
+      {"SGD", {"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize", "foreach", "differentiable",
+               "fused"}},
+      {"RMSprop", {"lr", "alpha", "eps", "weight_decay", "momentum", "centered", "capturable", "foreach", "maximize",
+                   "differentiable"}},
+      {"Adagrad", {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps", "foreach", "maximize",
+                   "differentiable", "fused"}}};
+  const auto it = keys.find(kind == "AdamW" ? "Adam" : kind);
+  if (it == keys.end()) throw UsageError("save as DCP: no PyTorch keys for the optimizer " + kind);
+  return it->second;
+}
+
+// What this rank writes, and where each item went.
+class RankPart {
+ public:
+  RankPart(const std::string& dir, const std::string& file, int rank) : rank_(rank), w_(dir, file) {}
+
+  // A chunk of `fqn` (whole shape `size`) at `offsets`; a tensor written
+  // before (a tied one, under another name) points at the same bytes.
+  void chunk(const std::string& fqn, std::vector<Part> path, const at::Tensor& t, const std::vector<int64_t>& size,
+             const std::vector<int64_t>& offsets) {
+    Item it;
+    it.fqn = fqn;
+    it.path = std::move(path);
+    it.tensor = true;
+    it.dtype = t.scalar_type();
+    it.size = size;
+    dcp::Chunk c;
+    c.offsets = offsets;
+    c.sizes = t.sizes().vec();
+    const auto seen = written_.find(t.unsafeGetTensorImpl());
+    if (seen != written_.end()) {
+      c.storage = seen->second;
+    } else {
+      const at::Tensor host = t.detach().to(at::kCPU).contiguous();
+      w_.begin_tensor(host.scalar_type(), host.sizes().vec());
+      w_.append(host.data_ptr(), host.nbytes());
+      c.storage = w_.end_tensor();
+      written_.emplace(t.unsafeGetTensorImpl(), c.storage);
+    }
+    it.chunks.push_back(std::move(c));
+    items_.push_back(std::move(it));
+  }
+  void value(const std::string& fqn, std::vector<Part> path, const PtValue& v) {
+    Item it;
+    it.fqn = fqn;
+    it.path = std::move(path);
+    it.bytes = w_.add_value(v);
+    items_.push_back(std::move(it));
+  }
+  DcpRankFileWriter& file() { return w_; }
+  int rank() const { return rank_; }
+
+  // The items as a pickled list (what rank 0 merges into the .metadata).
+  std::string records() const {
+    std::vector<PtValue> out;
+    for (const Item& it : items_) {
+      std::vector<PtValue> path;
+      for (const Part& p : it.path) path.push_back(PtValue::tuple({PtValue::string(p.key), PtValue::boolean(p.index)}));
+      const dcp::Storage& s = it.tensor ? it.chunks[0].storage : it.bytes;
+      const auto ints = [](const std::vector<int64_t>& v) {
+        std::vector<PtValue> x;
+        for (int64_t i : v) x.push_back(PtValue::integer(i));
+        return PtValue::tuple(std::move(x));
+      };
+      out.push_back(PtValue::tuple(
+          {PtValue::string(it.fqn), PtValue::list(std::move(path)), PtValue::boolean(it.tensor),
+           PtValue::integer(static_cast<int64_t>(it.dtype)), ints(it.size),
+           ints(it.tensor ? it.chunks[0].offsets : std::vector<int64_t>{}),
+           ints(it.tensor ? it.chunks[0].sizes : std::vector<int64_t>{}), PtValue::string(s.file),
+           PtValue::integer(static_cast<int64_t>(s.offset)), PtValue::integer(static_cast<int64_t>(s.length))}));
+    }
+    return pickle_value(PtValue::list(std::move(out)));
+  }
+
+ private:
+  int rank_;
+  DcpRankFileWriter w_;
+  std::vector<Item> items_;
+  std::unordered_map<const c10::TensorImpl*, dcp::Storage> written_;
+};
+
+// Every rank's records merged, in rank 0's order (then any another rank
+// adds), each tensor's chunks together.
+dcp::Metadata merge(const std::vector<std::string>& records) {
+  dcp::Metadata m;
+  for (const std::string& bytes : records) {
+    const PtValue rank_records = unpickle_value(bytes);
+    for (const PtValue& r : rank_records.items()) {
+      const auto& f = r.items();
+      const std::string& fqn = f[0].as_string();
+      auto at = m.by_fqn.find(fqn);
+      if (at == m.by_fqn.end()) {
+        Item it;
+        it.fqn = fqn;
+        for (const PtValue& p : f[1].items()) it.path.push_back({p.items()[0].as_string(), p.items()[1].as_bool()});
+        it.tensor = f[2].as_bool();
+        it.dtype = static_cast<c10::ScalarType>(f[3].as_int());
+        for (const PtValue& x : f[4].items()) it.size.push_back(x.as_int());
+        at = m.by_fqn.emplace(fqn, m.items.size()).first;
+        m.items.push_back(std::move(it));
+      }
+      Item& it = m.items[at->second];
+      const dcp::Storage s{f[7].as_string(), static_cast<uint64_t>(f[8].as_int()), static_cast<uint64_t>(f[9].as_int())};
+      if (!it.tensor) {
+        it.bytes = s;
+        continue;
+      }
+      dcp::Chunk c;
+      for (const PtValue& x : f[5].items()) c.offsets.push_back(x.as_int());
+      for (const PtValue& x : f[6].items()) c.sizes.push_back(x.as_int());
+      c.storage = s;
+      it.chunks.push_back(std::move(c));
+    }
+  }
+  return m;
+}
+
+std::vector<Part> parts(std::initializer_list<std::string> keys) {
+  std::vector<Part> out;
+  for (const auto& k : keys) out.push_back({k, false});
+  return out;
+}
+
+// This rank's items: the model's tensors, the optimizer's state and groups.
+void write_part(RankPart& part, ProcessGroup& pg, torch::nn::Module& model, torch::optim::Optimizer* opt) {
+  const auto fsdp = detail::FsdpModel::of(model);
+  std::map<std::string, detail::FsdpParamRecord> units;
+  if (fsdp) {
+    for (const auto& u : fsdp->params()) units.emplace(u.name, u);
+  }
+  // A tensor this rank writes: a sharded unit parameter's rows (or its
+  // state's) where it has any; anything else on rank 0 only.
+  const auto put = [&](const std::string& fqn, std::vector<Part> path, const at::Tensor& t, const std::string& param,
+                       bool like_param) {
+    const auto u = units.find(param);
+    if (u != units.end() && u->second.sharded && like_param) {
+      const detail::FsdpParamRecord& r = u->second;
+      if (r.rows == 0) return;  // none of its rows here
+      std::vector<int64_t> offsets(r.full_shape.size(), 0);
+      if (!offsets.empty()) offsets[0] = r.first_row;
+      return part.chunk(fqn, std::move(path), t, r.full_shape, offsets);
+    }
+    if (part.rank() == 0) part.chunk(fqn, std::move(path), t, t.sizes().vec(), std::vector<int64_t>(t.dim(), 0));
+  };
+  const ShardedStateDict local = sharded_state_dict(model);
+  for (const auto& e : unique_entries_of(model)) {
+    const at::Tensor& t = local.tensors[e.name];
+    put("model." + e.name, parts({"model", e.name}), t, e.name, true);
+    for (const auto& a : e.aliases) put("model." + a, parts({"model", a}), t, e.name, true);
+  }
+  if (opt == nullptr) return;
+  const OptimizerStateDict o = sharded_optimizer_state_dict(model, *opt);
+  for (const auto& p : o.state) {
+    const auto u = units.find(p.key());
+    for (const auto& f : p.value()) {
+      const std::string fqn = "optim.state." + p.key() + "." + f.key();
+      std::vector<Part> path = parts({"optim", "state", p.key(), f.key()});
+      if (f.key() == "step") {  // PyTorch keeps it as a float32 0-d tensor
+        if (part.rank() == 0) part.chunk(fqn, std::move(path), f.value().to(at::kFloat), {}, {});
+        continue;
+      }
+      // State shaped like its parameter is sharded like it.
+      const bool like = u != units.end() && u->second.sharded &&
+                        (u->second.rows == 0 || f.value().sizes().vec() == rows_shape(u->second.full_shape, u->second.rows));
+      put(fqn, std::move(path), f.value(), p.key(), like);
+    }
+  }
+  if (part.rank() != 0) return;
+  for (size_t g = 0; g < o.param_groups.size(); ++g) {
+    const std::string gi = std::to_string(g);
+    const auto path = [&](const std::string& key) {
+      return std::vector<Part>{{"optim", false}, {"param_groups", false}, {gi, true}, {key, false}};
+    };
+    for (const std::string& key : group_keys(o.optimizer)) {
+      part.value("optim.param_groups." + gi + "." + key, path(key), group_value(o.optimizer, key, o.param_groups[g].options));
+    }
+    std::vector<PtValue> names;
+    for (const auto& n : o.param_groups[g].params) names.push_back(PtValue::string(n));
+    part.value("optim.param_groups." + gi + ".params", path("params"), PtValue::list(std::move(names)));
+  }
+  (void)pg;
+}
+
+// The data files the folder's current .metadata names (none when it has none or
+// it does not parse).
+std::set<std::string> current_files(const std::string& dir) {
+  std::set<std::string> out;
+  if (!dcp::is_dcp_folder(dir)) return out;
+  try {
+    const dcp::Metadata m = dcp::read_metadata(dir);
+    for (const Item& it : m.items) {
+      if (!it.tensor) out.insert(it.bytes.file);
+      for (const auto& c : it.chunks) out.insert(c.storage.file);
+    }
+  } catch (const CheckpointError&) {
+  }
+  return out;
+}
+
+// A k for this save's __<rank>_<k>.distcp that no current file has.
+int fresh_index(const std::set<std::string>& current) {
+  for (int k = 0;; ++k) {
+    const std::string tail = "_" + std::to_string(k) + ".distcp";
+    bool used = false;
+    for (const auto& f : current) used = used || (f.size() > tail.size() && f.compare(f.size() - tail.size(), tail.size(), tail) == 0);
+    if (!used) return k;
+  }
+}
+
+void remove_stale(const std::string& dir, const dcp::Metadata& m) {
+  std::set<std::string> keep;
+  for (const Item& it : m.items) {
+    if (!it.tensor) keep.insert(it.bytes.file);
+    for (const auto& c : it.chunks) keep.insert(c.storage.file);
+  }
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> stale;
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n.size() > 9 && n.rfind("__", 0) == 0 && n.compare(n.size() - 7, 7, ".distcp") == 0 && !keep.count(n)) {
+      stale.push_back(n);
+    }
+  }
+  ::closedir(d);
+  for (const auto& n : stale) ::unlink((dir + "/" + n).c_str());
+}
+
+}  // namespace
+
+void save_dcp(const std::string& dir, ProcessGroup& pg, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+              std::chrono::milliseconds timeout) {
+  const char* what = "save as DCP";
+  std::string error, k;
+  if (pg.rank() == 0) {
+    try {
+      ::mkdir(dir.c_str(), 0755);
+      struct stat st {};
+      if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw CheckpointError(dir + ": not a directory");
+      k = std::to_string(fresh_index(current_files(dir)));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  std::string failed = first_failure(pg, error, timeout);
+  if (!failed.empty()) throw CheckpointError(std::string(what) + " " + dir + ": " + failed);
+  k = exchange(pg, k, timeout)[0];
+  std::optional<RankPart> part;
+  std::string records;
+  try {
+    part.emplace(dir, "__" + std::to_string(pg.rank()) + "_" + k + ".distcp", pg.rank());
+    write_part(*part, pg, model, optimizer);
+    part->file().sync();
+    records = part->records();
+  } catch (const std::exception& e) {
+    error = *e.what() ? e.what() : "an error without words";
+  }
+  failed = first_failure(pg, error, timeout);
+  if (!failed.empty()) throw CheckpointError(std::string(what) + " " + dir + ": " + failed + " (nothing was replaced)");
+  const std::vector<std::string> all = exchange(pg, records, timeout);
+  std::optional<AtomicFileWriter> metadata;
+  dcp::Metadata m;
+  if (pg.rank() == 0) {
+    try {
+      m = merge(all);
+      const std::string bytes = dcp::pickle_metadata(m);
+      dcp::parse_metadata(bytes, dir);  // what a reader will check: every chunk there, none overlapping
+      metadata.emplace(dir + "/" + dcp::kMetadataFile);
+      metadata->write(bytes.data(), bytes.size());
+      metadata->sync();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  failed = first_failure(pg, error, timeout);
+  if (!failed.empty()) throw CheckpointError(std::string(what) + " " + dir + ": " + failed + " (nothing was replaced)");
+  try {
+    part->file().commit();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  failed = first_failure(pg, error, timeout);
+  if (!failed.empty()) {
+    throw CheckpointError(std::string(what) + " " + dir + ": " + failed + " (the previous .metadata stands)");
+  }
+  if (pg.rank() == 0) {
+    try {
+      metadata->commit();  // the save is in place
+      remove_stale(dir, m);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  failed = first_failure(pg, error, timeout);
+  if (!failed.empty()) throw CheckpointError(std::string(what) + " " + dir + ": " + failed);
+}
+
+}  // namespace tdist::checkpoint

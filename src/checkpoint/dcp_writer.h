@@ -1,0 +1,49 @@
+// One rank's data file of a DCP save (dcp_metadata.h has the layout):
+// items appended one after another, each tensor chunk a torch.save of it
+// and each other value a torch.save of the value, as PyTorch's
+// FileSystemWriter writes them; each returns where it lies for the
+// .metadata. The file is written aside and renamed by commit(), as
+// AtomicFileWriter does.
+//
+//   DcpRankFileWriter w(dir, "__0_0.distcp");
+//   w.begin_tensor(c10::kFloat, {4, 6});  w.append(p, n);  dcp::Storage s = w.end_tensor();
+//   dcp::Storage lr = w.add_value(PtValue::floating(0.01));
+//   w.sync();  ...  w.commit();
+//
+// No LibTorch (c10 only).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/dcp_metadata.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/pt_file.h"
+
+namespace tdist::checkpoint {
+
+class DcpRankFileWriter {
+ public:
+  DcpRankFileWriter(const std::string& dir, std::string name);
+  ~DcpRankFileWriter();
+
+  // A chunk of `sizes` elements of `dtype`, contiguous: begin, then
+  // exactly its bytes through append, then end.
+  void begin_tensor(c10::ScalarType dtype, const std::vector<int64_t>& sizes);
+  void append(const void* data, size_t n);
+  dcp::Storage end_tensor();
+  // A value without tensors.
+  dcp::Storage add_value(const PtValue& v);
+  void sync();
+  void commit();
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  AtomicFileWriter file_;
+  std::unique_ptr<PtWriter> item_;
+  uint64_t item_start_ = 0;
+};
+
+}  // namespace tdist::checkpoint
