@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "tdist/errors.h"
+
 namespace tdist::checkpoint::dcp {
 
 namespace {
@@ -130,6 +132,94 @@ Layout classify(const Metadata& m) {
     }
   }
   return l;
+}
+
+std::vector<std::pair<std::string, PtValue>> python_options(const std::string& kind,
+                                                            const std::map<std::string, double>& options) {
+  static const std::map<std::string, std::vector<std::string>> keys = {
+      {"Adam", {"lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach", "capturable", "differentiable",
+                "fused", "decoupled_weight_decay"}},
+      {"SGD", {"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize", "foreach", "differentiable",
+               "fused"}},
+      {"RMSprop", {"lr", "alpha", "eps", "weight_decay", "momentum", "centered", "capturable", "foreach", "maximize",
+                   "differentiable"}},
+      {"Adagrad", {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps", "foreach", "maximize",
+                   "differentiable", "fused"}}};
+  const auto k = keys.find(kind == "AdamW" ? "Adam" : kind);
+  if (k == keys.end()) throw UsageError("no PyTorch param group keys for the optimizer '" + kind + "'");
+  const auto num = [&](const char* name) {
+    const auto it = options.find(name);
+    return it == options.end() ? PtValue::none() : PtValue::floating(it->second);
+  };
+  const auto flag = [&](const char* name) {
+    const auto it = options.find(name);
+    return PtValue::boolean(it != options.end() && it->second != 0);
+  };
+  std::vector<std::pair<std::string, PtValue>> out;
+  for (const std::string& key : k->second) {
+    PtValue v;
+    if (key == "betas") {
+      v = PtValue::tuple({num("beta1"), num("beta2")});
+    } else if (key == "amsgrad" || key == "nesterov" || key == "centered") {
+      v = flag(key.c_str());
+    } else if (key == "decoupled_weight_decay") {
+      v = PtValue::boolean(kind == "AdamW");
+    } else if (key == "maximize" || key == "capturable" || key == "differentiable") {
+      v = PtValue::boolean(false);
+    } else if (key == "foreach" || key == "fused") {
+      v = PtValue::none();
+    } else {
+      v = num(key.c_str());
+    }
+    out.emplace_back(key, std::move(v));
+  }
+  return out;
+}
+
+namespace {
+bool number(const PtValue& v, double* out) {
+  switch (v.kind()) {
+    case PtValue::Kind::Bool: *out = v.as_bool() ? 1 : 0; return true;
+    case PtValue::Kind::Int: *out = static_cast<double>(v.as_int()); return true;
+    case PtValue::Kind::Float: *out = v.as_float(); return true;
+    default: return false;
+  }
+}
+}  // namespace
+
+void add_tdist_option(const std::string& key, const PtValue& v, std::map<std::string, double>& options,
+                      const std::string& where) {
+  if (v.is_none()) return;
+  if (key == "betas") {
+    double b1, b2;
+    if ((v.kind() != PtValue::Kind::Tuple && v.kind() != PtValue::Kind::List) || v.items().size() != 2 ||
+        !number(v.items()[0], &b1) || !number(v.items()[1], &b2)) {
+      throw CheckpointError(where + " is not two numbers");
+    }
+    options["beta1"] = b1;
+    options["beta2"] = b2;
+    return;
+  }
+  static const char* const kNumbers[] = {"lr", "eps", "weight_decay", "momentum", "dampening", "alpha",
+                                         "lr_decay", "initial_accumulator_value", "amsgrad", "nesterov", "centered"};
+  double x;
+  if (!number(v, &x)) {  // another's key with another kind of value: none of tdist's business
+    if (std::find(std::begin(kNumbers), std::end(kNumbers), key) != std::end(kNumbers)) {
+      throw CheckpointError(where + " is not a number");
+    }
+    return;
+  }
+  if (key == "maximize" && x != 0) throw CheckpointError(where + " is True: tdist's optimizers do not maximize");
+  options[key] = x;  // the optimizer's kind keeps those it knows
+}
+
+std::string kind_of_state(const std::vector<std::string>& fields, bool decoupled_weight_decay) {
+  const auto has = [&](const char* f) { return std::find(fields.begin(), fields.end(), f) != fields.end(); };
+  if (has("exp_avg") || has("exp_avg_sq")) return decoupled_weight_decay ? "AdamW" : "Adam";
+  if (has("square_avg")) return "RMSprop";
+  if (has("sum")) return "Adagrad";
+  if (has("momentum_buffer")) return "SGD";
+  return "";
 }
 
 }  // namespace tdist::checkpoint::dcp

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "checkpoint/dcp_metadata.h"
+#include "checkpoint/pt_file.h"
 
 namespace tdist::checkpoint::dcp {
 
@@ -50,5 +51,25 @@ Layout classify(const Metadata& m);
 
 // A model name without PyTorch's wrapper parts.
 std::string unwrapped_name(const std::string& name);
+
+// ---- param groups: PyTorch's keys and tdist's options ----------------------
+// PyTorch's keys and values of a param group of the optimizer `kind`
+// ("Adam", "AdamW", "SGD", "RMSprop", "Adagrad") from tdist's options: what
+// its state_dict() holds, "betas" a tuple, flags as bools, the ones tdist
+// has no use for at PyTorch's defaults (maximize False, foreach None, ...;
+// AdamW's decoupled_weight_decay True). Without "params". UsageError for
+// another kind.
+std::vector<std::pair<std::string, PtValue>> python_options(const std::string& kind,
+                                                            const std::map<std::string, double>& options);
+// One PyTorch key and value into tdist's options ("betas" as beta1 and
+// beta2, bools as 0/1; None, which tdist has no use for, adds nothing).
+// CheckpointError (`where` first) for an option of tdist's that is not a
+// number, and for maximize True (tdist's optimizers only minimize); another
+// key whose value is not a number is left out.
+void add_tdist_option(const std::string& key, const PtValue& v, std::map<std::string, double>& options,
+                      const std::string& where);
+// The optimizer kind PyTorch's state fields and groups say ("AdamW" when
+// Adam's fields come with decoupled_weight_decay True); "" when unknown.
+std::string kind_of_state(const std::vector<std::string>& fields, bool decoupled_weight_decay);
 
 }  // namespace tdist::checkpoint::dcp

@@ -32,17 +32,6 @@ at::Tensor read_item(const DcpReader& r, const dcp::Item& it, const detail::Fsdp
   return t;
 }
 
-// A param group option's value as a number (flags 0/1); false when it is
-// not one (None: foreach, fused).
-bool number(const PtValue& v, double* out) {
-  switch (v.kind()) {
-    case PtValue::Kind::Bool: *out = v.as_bool() ? 1 : 0; return true;
-    case PtValue::Kind::Int: *out = static_cast<double>(v.as_int()); return true;
-    case PtValue::Kind::Float: *out = v.as_float(); return true;
-    default: return false;
-  }
-}
-
 class Stager {
  public:
   Stager(const std::string& dir, ProcessGroup& pg, torch::nn::Module& model)
@@ -183,19 +172,8 @@ class Stager {
             throw CheckpointError(what + " holds something not a parameter's name or index");
           }
         }
-      } else if (key == "betas") {
-        double b1, b2;
-        if ((v.kind() != PtValue::Kind::Tuple && v.kind() != PtValue::Kind::List) || v.items().size() != 2 ||
-            !number(v.items()[0], &b1) || !number(v.items()[1], &b2)) {
-          throw CheckpointError(what + " is not two numbers");
-        }
-        out.options["beta1"] = b1;
-        out.options["beta2"] = b2;
       } else {
-        double x;
-        if (!number(v, &x)) continue;  // None (foreach, fused): nothing to keep
-        if (key == "maximize" && x != 0) throw CheckpointError(what + " is True: tdist's optimizers do not maximize");
-        out.options[key] = x;  // the kind keeps those it knows
+        dcp::add_tdist_option(key, v, out.options, what);
       }
     }
     return out;

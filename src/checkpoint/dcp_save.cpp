@@ -12,6 +12,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "checkpoint/dcp_layout.h"
 #include "checkpoint/dcp_metadata.h"
 #include "checkpoint/dcp_writer.h"
 #include "checkpoint/model_entries.h"
@@ -52,40 +53,6 @@ std::string first_failure(ProcessGroup& pg, const std::string& mine, std::chrono
     if (!all[static_cast<size_t>(r)].empty()) return "rank " + std::to_string(r) + ": " + all[static_cast<size_t>(r)];
   }
   return "";
-}
-
-// PyTorch's param group keys for each optimizer kind, from tdist's options.
-PtValue group_value(const std::string& kind, const std::string& key, const std::map<std::string, double>& o) {
-  const auto num = [&](const char* k) {
-    const auto it = o.find(k);
-    return it == o.end() ? PtValue::none() : PtValue::floating(it->second);
-  };
-  const auto flag = [&](const char* k) {
-    const auto it = o.find(k);
-    return PtValue::boolean(it != o.end() && it->second != 0);
-  };
-  if (key == "betas") return PtValue::tuple({num("beta1"), num("beta2")});
-  if (key == "amsgrad" || key == "nesterov" || key == "centered") return flag(key.c_str());
-  if (key == "decoupled_weight_decay") return PtValue::boolean(kind == "AdamW");
-  if (key == "maximize" || key == "capturable" || key == "differentiable") return PtValue::boolean(false);
-  if (key == "foreach" || key == "fused") return PtValue::none();
-  (void)kind;
-  return num(key.c_str());
-}
-
-const std::vector<std::string>& group_keys(const std::string& kind) {
-  static const std::map<std::string, std::vector<std::string>> keys = {
-      {"Adam", {"lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach", "capturable", "differentiable",
-                "fused", "decoupled_weight_decay"}},
-      {"SGD", {"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize", "foreach", "differentiable",
-               "fused"}},
-      {"RMSprop", {"lr", "alpha", "eps", "weight_decay", "momentum", "centered", "capturable", "foreach", "maximize",
-                   "differentiable"}},
-      {"Adagrad", {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps", "foreach", "maximize",
-                   "differentiable", "fused"}}};
-  const auto it = keys.find(kind == "AdamW" ? "Adam" : kind);
-  if (it == keys.end()) throw UsageError("save as DCP: no PyTorch keys for the optimizer " + kind);
-  return it->second;
 }
 
 // What this rank writes, and where each item went.
@@ -250,8 +217,8 @@ void write_part(RankPart& part, ProcessGroup& pg, torch::nn::Module& model, torc
     const auto path = [&](const std::string& key) {
       return std::vector<Part>{{"optim", false}, {"param_groups", false}, {gi, true}, {key, false}};
     };
-    for (const std::string& key : group_keys(o.optimizer)) {
-      part.value("optim.param_groups." + gi + "." + key, path(key), group_value(o.optimizer, key, o.param_groups[g].options));
+    for (const auto& [key, v] : dcp::python_options(o.optimizer, o.param_groups[g].options)) {
+      part.value("optim.param_groups." + gi + "." + key, path(key), v);
     }
     std::vector<PtValue> names;
     for (const auto& n : o.param_groups[g].params) names.push_back(PtValue::string(n));
