@@ -5,7 +5,12 @@
 //                          [--save-path F] [--format pt|safetensors|libtorch] [--optimizer]
 //   tdist-ckpt reshard     --ckpt-prefix P [--ckpt-suffix S] --world-size M [--out-prefix Q]
 //   tdist-ckpt inspect     (P | DIR | --ckpt-prefix P) [--ckpt-suffix S] [--json]
+//   tdist-ckpt convert     --from FMT:PATH --to FMT:PATH [--optimizer] [--max-shard-size BYTES]
+//                          (FMT: dcp, tdist, pt, safetensors; src/checkpoint/convert.h)
 //
+// inspect also reads PyTorch's DCP folders (.metadata and __R_N.distcp):
+// every key, its shape, dtype, bytes and chunks, as the folder's
+// classification into model, optimizer and other sees it.
 // inspect also takes a Checkpointer's directory (checkpointer.h): its root,
 // where the `latest` marker names the newest checkpoint, or a step folder;
 // it then inspects that folder's model files and says which.
@@ -29,11 +34,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/convert.h"
+#include "checkpoint/dcp_layout.h"
+#include "checkpoint/dcp_metadata.h"
 #include "checkpoint/tools.h"
 #include "tdist/checkpoint_tools.h"
 #include "tdist/errors.h"
@@ -151,6 +160,62 @@ void print_info(const tdist::ShardedCheckpointInfo& info, const tdist::checkpoin
   }
 }
 
+// A DCP folder: its keys as dcp_layout.h classifies them.
+void print_dcp(const std::string& dir, bool json) {
+  namespace dcp = tdist::checkpoint::dcp;
+  const dcp::Metadata m = dcp::read_metadata(dir);
+  const dcp::Layout l = dcp::classify(m);
+  const auto bytes = [](const dcp::Item& it) {
+    int64_t n = it.tensor ? static_cast<int64_t>(c10::elementSize(it.dtype)) : static_cast<int64_t>(it.bytes.length);
+    if (it.tensor) {
+      for (int64_t s : it.size) n *= s;
+    }
+    return n;
+  };
+  const auto row = [&](const std::string& name, const dcp::Item& it) {
+    return nlohmann::json{{"name", name}, {"key", it.fqn}, {"tensor", it.tensor},
+                          {"shape", it.tensor ? nlohmann::json(it.size) : nlohmann::json()},
+                          {"dtype", it.tensor ? c10::toString(it.dtype) : "bytes"}, {"bytes", bytes(it)},
+                          {"chunks", it.chunks.size()}};
+  };
+  nlohmann::json model = nlohmann::json::array(), optim = nlohmann::json::array(), other = nlohmann::json::array();
+  for (const auto& [name, it] : l.model) model.push_back(row(name, *it));
+  for (const auto& e : l.optimizer) optim.push_back(row(e.param + "/" + e.field, *e.item));
+  for (size_t g = 0; g < l.param_groups.size(); ++g) {
+    for (const auto& [k, it] : l.param_groups[g].options) optim.push_back(row("param_groups[" + std::to_string(g) + "]." + k, *it));
+  }
+  for (const auto* it : l.other) other.push_back(row(it->fqn, *it));
+  std::set<std::string> files;
+  for (const auto& it : m.items) {
+    if (!it.tensor) files.insert(it.bytes.file);
+    for (const auto& c : it.chunks) files.insert(c.storage.file);
+  }
+  if (json) {
+    const nlohmann::json out{{"dcp", dir}, {"version", m.version}, {"files", files}, {"model", model},
+                             {"optimizer", optim}, {"other", other}};
+    std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return;
+  }
+  std::printf("DCP checkpoint %s (version %s), %zu data files, %zu keys\n", escaped(dir).c_str(),
+              m.version.empty() ? "unknown" : escaped(m.version).c_str(), files.size(), m.items.size());
+  const auto table = [](const char* title, const nlohmann::json& rows) {
+    if (rows.empty()) return;
+    int64_t total = 0;
+    std::printf("%s\n  %-52s %-20s %-9s %12s  %s\n", title, "name", "shape", "dtype", "bytes", "chunks");
+    for (const auto& r : rows) {
+      const std::string shape = r["tensor"].get<bool>() ? shape_text(r["shape"].get<std::vector<int64_t>>()) : "-";
+      std::printf("  %-52s %-20s %-9s %12lld  %zu\n", escaped(r["name"].get<std::string>()).c_str(), shape.c_str(),
+                  r["dtype"].get<std::string>().c_str(), static_cast<long long>(r["bytes"].get<int64_t>()),
+                  r["chunks"].get<size_t>());
+      total += r["bytes"].get<int64_t>();
+    }
+    std::printf("  %zu keys, %lld bytes\n", rows.size(), static_cast<long long>(total));
+  };
+  table(("model" + std::string(l.model_root.empty() ? " (keys at the top)" : " (under \"model\")")).c_str(), model);
+  table("optimizer", optim);
+  table("other (not part of the model or optimizer state)", other);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -188,6 +253,16 @@ int main(int argc, char** argv) {
                       "'latest' marker names first) or one of its step folders")
       ->type_name("PREFIX|DIR");
   inspect->add_flag("--json", json, "as JSON");
+  CLI::App* convert = app.add_subcommand("convert", "move a checkpoint between dcp, tdist, pt and safetensors");
+  std::string from, to;
+  int64_t max_shard = tdist::checkpoint::ConvertOptions{}.max_shard_size;
+  convert->add_option("--from", from, "FMT:PATH to read (FMT: dcp, tdist, pt, safetensors)")->required();
+  convert->add_option("--to", to, "FMT:PATH to write (FMT: dcp, pt, safetensors; a safetensors PATH ending in '/' "
+                                  "is a folder of Hugging Face shards)")->required();
+  convert->add_flag("--optimizer", optimizer, "also the optimizer state");
+  convert->add_option("--max-shard-size", max_shard, "bytes per Hugging Face shard")
+      ->check(CLI::Range(int64_t{1}, INT64_MAX))
+      ->capture_default_str();
   tdist::cli::parse_or_exit(app, argc, argv);
   if (inspect->parsed()) {
     if (!inspect_path.empty() && !prefix.empty()) {
@@ -199,7 +274,14 @@ int main(int argc, char** argv) {
     if (prefix.empty()) prefix = inspect_path;
   }
   try {
-    if (consolidate->parsed()) {
+    if (convert->parsed()) {
+      tdist::checkpoint::ConvertOptions o;
+      o.optimizer = optimizer;
+      o.max_shard_size = max_shard;
+      std::printf("wrote %s\n", escaped(tdist::checkpoint::convert_checkpoint(from, to, o)).c_str());
+    } else if (inspect->parsed() && tdist::checkpoint::dcp::is_dcp_folder(prefix)) {
+      print_dcp(prefix, json);
+    } else if (consolidate->parsed()) {
       tdist::ConsolidateOptions o;
       o.optimizer = optimizer;
       o.format = format == "safetensors" ? tdist::CheckpointFormat::safetensors

@@ -116,34 +116,6 @@ class Scatter {
   char* out_;
 };
 
-bool contiguous(const PtTensorRef& r) {
-  int64_t expect = 1;
-  for (size_t d = r.sizes.size(); d-- > 0;) {
-    if (r.sizes[d] == 0) return true;
-    if (r.sizes[d] != 1 && r.strides[d] != expect) return false;
-    expect *= r.sizes[d];
-  }
-  return true;
-}
-
-// The view's elements, row-major, from a storage held whole.
-void gather(const PtTensorRef& r, const char* storage, size_t elem, char* out) {
-  const size_t n = r.sizes.size();
-  int64_t numel = 1;
-  for (int64_t s : r.sizes) numel *= s;
-  if (numel == 0) return;
-  std::vector<int64_t> i(n, 0);
-  for (int64_t k = 0; k < numel; ++k) {
-    int64_t at = r.storage_offset;
-    for (size_t d = 0; d < n; ++d) at += i[d] * r.strides[d];
-    std::memcpy(out + static_cast<uint64_t>(k) * elem, storage + static_cast<uint64_t>(at) * elem, elem);
-    for (size_t d = n; d-- > 0;) {
-      if (++i[d] < r.sizes[d]) break;
-      i[d] = 0;
-    }
-  }
-}
-
 }  // namespace
 
 struct DcpReader::Blob {
@@ -216,7 +188,7 @@ void DcpReader::read_chunk(const dcp::Item& item, const dcp::Chunk& c, const std
   if (r.root().kind() != PtValue::Kind::Tensor) throw CheckpointError(r.path() + ": " + what + " is not a tensor");
   const PtTensorRef& ref = r.root().as_tensor();
   if (ref.dtype != item.dtype || ref.sizes != c.sizes) mismatch(c10::toString(ref.dtype), ref.sizes);
-  if (contiguous(ref)) {
+  if (view_is_contiguous(ref)) {
     const uint64_t base = static_cast<uint64_t>(ref.storage_offset) * elem;
     uint64_t pos = 0;  // in the storage
     r.stream_storage(ref, [&](const char* p, size_t n) {
@@ -232,7 +204,7 @@ void DcpReader::read_chunk(const dcp::Item& item, const dcp::Chunk& c, const std
   std::vector<char> storage(static_cast<size_t>(ref.storage_numel) * elem);
   r.read_storage(ref, storage.data());
   std::vector<char> dense(static_cast<size_t>(c.numel()) * elem);
-  gather(ref, storage.data(), elem, dense.data());
+  gather_view(ref, storage.data(), dense.data());
   scatter.piece(0, dense.data(), dense.size());
 }
 

@@ -2,7 +2,6 @@
 #include "checkpoint/dcp_save.h"
 
 #include <ATen/ATen.h>
-#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -227,51 +226,6 @@ void write_part(RankPart& part, ProcessGroup& pg, torch::nn::Module& model, torc
   (void)pg;
 }
 
-// The data files the folder's current .metadata names (none when it has none or
-// it does not parse).
-std::set<std::string> current_files(const std::string& dir) {
-  std::set<std::string> out;
-  if (!dcp::is_dcp_folder(dir)) return out;
-  try {
-    const dcp::Metadata m = dcp::read_metadata(dir);
-    for (const Item& it : m.items) {
-      if (!it.tensor) out.insert(it.bytes.file);
-      for (const auto& c : it.chunks) out.insert(c.storage.file);
-    }
-  } catch (const CheckpointError&) {
-  }
-  return out;
-}
-
-// A k for this save's __<rank>_<k>.distcp that no current file has.
-int fresh_index(const std::set<std::string>& current) {
-  for (int k = 0;; ++k) {
-    const std::string tail = "_" + std::to_string(k) + ".distcp";
-    bool used = false;
-    for (const auto& f : current) used = used || (f.size() > tail.size() && f.compare(f.size() - tail.size(), tail.size(), tail) == 0);
-    if (!used) return k;
-  }
-}
-
-void remove_stale(const std::string& dir, const dcp::Metadata& m) {
-  std::set<std::string> keep;
-  for (const Item& it : m.items) {
-    if (!it.tensor) keep.insert(it.bytes.file);
-    for (const auto& c : it.chunks) keep.insert(c.storage.file);
-  }
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return;
-  std::vector<std::string> stale;
-  while (dirent* e = ::readdir(d)) {
-    const std::string n = e->d_name;
-    if (n.size() > 9 && n.rfind("__", 0) == 0 && n.compare(n.size() - 7, 7, ".distcp") == 0 && !keep.count(n)) {
-      stale.push_back(n);
-    }
-  }
-  ::closedir(d);
-  for (const auto& n : stale) ::unlink((dir + "/" + n).c_str());
-}
-
 }  // namespace
 
 void save_dcp(const std::string& dir, ProcessGroup& pg, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
@@ -283,7 +237,7 @@ void save_dcp(const std::string& dir, ProcessGroup& pg, torch::nn::Module& model
       ::mkdir(dir.c_str(), 0755);
       struct stat st {};
       if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw CheckpointError(dir + ": not a directory");
-      k = std::to_string(fresh_index(current_files(dir)));
+      k = std::to_string(fresh_file_index(dir));
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -332,7 +286,7 @@ void save_dcp(const std::string& dir, ProcessGroup& pg, torch::nn::Module& model
   if (pg.rank() == 0) {
     try {
       metadata->commit();  // the save is in place
-      remove_stale(dir, m);
+      remove_stale_files(dir, m);
     } catch (const std::exception& e) {
       error = e.what();
     }

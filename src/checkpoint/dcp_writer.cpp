@@ -1,6 +1,11 @@
 // One rank's DCP data file (dcp_writer.h).
 #include "checkpoint/dcp_writer.h"
 
+#include <dirent.h>
+#include <unistd.h>
+
+#include <set>
+
 #include "tdist/errors.h"
 
 namespace tdist::checkpoint {
@@ -54,5 +59,57 @@ dcp::Storage DcpRankFileWriter::add_value(const PtValue& v) {
 void DcpRankFileWriter::sync() { file_.sync(); }
 
 void DcpRankFileWriter::commit() { file_.commit(); }
+
+namespace {
+
+// The data files the folder's current .metadata names (none when it has none or
+// it does not parse).
+std::set<std::string> current_files(const std::string& dir) {
+  std::set<std::string> out;
+  if (!dcp::is_dcp_folder(dir)) return out;
+  try {
+    const dcp::Metadata m = dcp::read_metadata(dir);
+    for (const dcp::Item& it : m.items) {
+      if (!it.tensor) out.insert(it.bytes.file);
+      for (const auto& c : it.chunks) out.insert(c.storage.file);
+    }
+  } catch (const CheckpointError&) {
+  }
+  return out;
+}
+
+// A k for this save's __<rank>_<k>.distcp that no current file has.
+int fresh_index(const std::set<std::string>& current) {
+  for (int k = 0;; ++k) {
+    const std::string tail = "_" + std::to_string(k) + ".distcp";
+    bool used = false;
+    for (const auto& f : current) used = used || (f.size() > tail.size() && f.compare(f.size() - tail.size(), tail.size(), tail) == 0);
+    if (!used) return k;
+  }
+}
+
+}  // namespace
+
+void remove_stale_files(const std::string& dir, const dcp::Metadata& m) {
+  std::set<std::string> keep;
+  for (const dcp::Item& it : m.items) {
+    if (!it.tensor) keep.insert(it.bytes.file);
+    for (const auto& c : it.chunks) keep.insert(c.storage.file);
+  }
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> stale;
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n.size() > 9 && n.rfind("__", 0) == 0 && n.compare(n.size() - 7, 7, ".distcp") == 0 && !keep.count(n)) {
+      stale.push_back(n);
+    }
+  }
+  ::closedir(d);
+  for (const auto& n : stale) ::unlink((dir + "/" + n).c_str());
+}
+
+
+int fresh_file_index(const std::string& dir) { return fresh_index(current_files(dir)); }
 
 }  // namespace tdist::checkpoint

@@ -46,4 +46,13 @@ class DcpRankFileWriter {
   uint64_t item_start_ = 0;
 };
 
+// A k for a new save's __<rank>_<k>.distcp files in `dir` that no file its
+// current .metadata names has (0 in a folder without one): a save writes
+// beside the checkpoint it replaces, which stays whole until the new
+// .metadata is renamed over the old.
+int fresh_file_index(const std::string& dir);
+// The data files (__*.distcp) in `dir` that `m` does not name, removed:
+// an older save's, once the new .metadata is in place.
+void remove_stale_files(const std::string& dir, const dcp::Metadata& m);
+
 }  // namespace tdist::checkpoint

@@ -416,4 +416,35 @@ void PtReader::stream_storage(const PtTensorRef& ref, const ByteSink& sink) cons
   if (bad_bool) r.fail("record '" + e.name + "' holds a bool other than 0 or 1");
 }
 
+bool view_is_contiguous(const PtTensorRef& r) {
+  int64_t expect = 1;
+  for (size_t d = r.sizes.size(); d-- > 0;) {
+    if (r.sizes[d] == 0) return true;
+    if (r.sizes[d] != 1 && r.strides[d] != expect) return false;
+    expect *= r.sizes[d];
+  }
+  return true;
+}
+
+void gather_view(const PtTensorRef& r, const void* storage_bytes, void* out_bytes) {
+  const size_t elem = c10::elementSize(r.dtype);
+  const char* storage = static_cast<const char*>(storage_bytes);
+  char* out = static_cast<char*>(out_bytes);
+  const size_t n = r.sizes.size();
+  int64_t numel = 1;
+  for (int64_t s : r.sizes) numel *= s;
+  if (numel == 0) return;
+  std::vector<int64_t> i(n, 0);
+  for (int64_t k = 0; k < numel; ++k) {
+    int64_t at = r.storage_offset;
+    for (size_t d = 0; d < n; ++d) at += i[d] * r.strides[d];
+    std::memcpy(out + static_cast<uint64_t>(k) * elem, storage + static_cast<uint64_t>(at) * elem, elem);
+    for (size_t d = n; d-- > 0;) {
+      if (++i[d] < r.sizes[d]) break;
+      i[d] = 0;
+    }
+  }
+}
+
+
 }  // namespace tdist::checkpoint

@@ -147,6 +147,14 @@ PtValue unpickle_value(const std::string& bytes);
 // CheckpointError naming it; nothing is ever called.
 PtValue unpickle_dcp_metadata(const std::string& bytes);
 
+// Whether a tensor's view holds its elements in row-major order from its
+// storage offset (a contiguous tensor's strides; any stride for a dim of
+// size 1).
+bool view_is_contiguous(const PtTensorRef& ref);
+// The view's elements, row-major, from its storage held whole
+// (`storage`: storage_numel elements; `out`: the view's numel).
+void gather_view(const PtTensorRef& ref, const void* storage, void* out);
+
 // Added: the same tree (kinds, order, values; floats bit for bit, so a NaN
 // equals itself; tensors by every field of their PtTensorRef).
 bool operator==(const PtValue& a, const PtValue& b);
