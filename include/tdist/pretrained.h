@@ -40,6 +40,7 @@
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 
 #include <cstdint>
 #include <string>
@@ -111,5 +112,30 @@ struct SavePretrainedOptions {
 // CheckpointError "rank 0 failed: ..." on the others). Without
 // FSDP only the caller writes; under DDP call it on one rank.
 void save_pretrained(torch::nn::Module& model, const std::string& dir, const SavePretrainedOptions& options = {});
+
+// ---- an optimizer's state as Python's Optimizer.state_dict() has it ----------
+// torch.save(optimizer.state_dict(), path) keys "state" by each
+// parameter's index (0, 1, ... through the optimizer's groups in order) and
+// lists those indices as each param group's "params", with PyTorch's
+// option names ("betas" a tuple, flags as bools).
+//
+// load_optimizer_state_dict_file reads such a file (its root, or the dict
+// under "optimizer", "optim" or "optimizer_state_dict" of a training
+// checkpoint) into `opt`, index i being the i-th parameter `opt` steps, as
+// Optimizer.load_state_dict pairs them: the groups' count and sizes must
+// match, each state tensor its parameter's shape; every check before
+// anything changes (CheckpointError naming the file and what differs).
+// `model` is the module whose parameters `opt` steps, plain, DDP or FSDP
+// (each rank keeps its rows of the full state: call it on every rank).
+// Adam, AdamW, SGD, RMSprop, Adagrad.
+//
+// save_optimizer_state_dict_file writes one that Python's
+// optimizer.load_state_dict(torch.load(path)) takes for the same
+// parameters in the same order: "step" a float32 0-d tensor as PyTorch
+// keeps it, the groups with every key PyTorch's optimizer of that kind has.
+// Under FSDP collective (the state is gathered; rank 0 writes); written
+// aside and renamed.
+void load_optimizer_state_dict_file(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& opt);
+void save_optimizer_state_dict_file(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& opt);
 
 }  // namespace tdist

@@ -95,24 +95,6 @@ class Stager {
     }
   }
 
-  // The names of the parameters `opt` steps, in its order (an index in a
-  // state keyed by index is a position in this list).
-  std::vector<std::vector<std::string>> stepped_names(torch::optim::Optimizer& opt) {
-    std::unordered_map<const c10::TensorImpl*, std::string> names;
-    for (const auto& e : entries_of(model_)) {
-      if (e.parameter) names.emplace(e.tensor.unsafeGetTensorImpl(), e.name);
-    }
-    std::vector<std::vector<std::string>> out;
-    for (auto& g : opt.param_groups()) {
-      out.emplace_back();
-      for (const auto& p : g.params()) {
-        const auto it = names.find(p.unsafeGetTensorImpl());
-        out.back().push_back(it == names.end() ? std::string() : it->second);
-      }
-    }
-    return out;
-  }
-
   OptimizerStateDict stage_optimizer(torch::optim::Optimizer& opt) {
     if (layout_.optimizer_root.empty()) {
       throw CheckpointError(where_ + " holds no optimizer state (keys under \"optim\" or \"optimizer\")");
@@ -121,7 +103,7 @@ class Stager {
       throw CheckpointError(where_ + ": its optimizer state is flattened per parameter (flatten_optimizer_state_dict"
                             "=True), which tdist does not read yet; save it with get_optimizer_state_dict's default");
     }
-    const auto groups = stepped_names(opt);
+    const auto groups = optimizer_param_names(model_, opt);
     std::vector<std::string> by_index;
     for (const auto& g : groups) by_index.insert(by_index.end(), g.begin(), g.end());
     OptimizerStateDict o;

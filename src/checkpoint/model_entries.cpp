@@ -61,4 +61,20 @@ at::Tensor rows_of(const at::Tensor& full, const detail::FsdpParamRecord& u) {
   return full.narrow(0, u.first_row, u.rows);
 }
 
+std::vector<std::vector<std::string>> optimizer_param_names(torch::nn::Module& model, torch::optim::Optimizer& opt) {
+  std::unordered_map<const c10::TensorImpl*, std::string> names;
+  for (const auto& e : entries_of(model)) {
+    if (e.parameter) names.emplace(e.tensor.unsafeGetTensorImpl(), e.name);
+  }
+  std::vector<std::vector<std::string>> out;
+  for (auto& g : opt.param_groups()) {
+    out.emplace_back();
+    for (const auto& p : g.params()) {
+      const auto it = names.find(p.unsafeGetTensorImpl());
+      out.back().push_back(it == names.end() ? std::string() : it->second);
+    }
+  }
+  return out;
+}
+
 }  // namespace tdist::checkpoint

@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 
 #include <optional>
 #include <string>
@@ -38,6 +39,11 @@ std::vector<std::string> module_names(torch::nn::Module& model);
 // The units' parameters by TensorImpl (empty without FSDP).
 using Units = std::unordered_map<const c10::TensorImpl*, detail::FsdpParamRecord>;
 Units units_of(const std::optional<detail::FsdpModel>& fsdp);
+
+// The names of the parameters `opt` steps, group by group in its order
+// (Python's optimizer state dicts number them so); "" for a tensor that
+// is not one of the model's parameters.
+std::vector<std::vector<std::string>> optimizer_param_names(torch::nn::Module& model, torch::optim::Optimizer& opt);
 
 // This rank's rows of a whole tensor shaped like the unit parameter u:
 // rows [first_row, first_row + rows) (none on a rank that holds none; a 0-d

@@ -359,6 +359,8 @@ class Unpickler {
   }
   void set_item(const PtValue& dict, PtValue key, PtValue value) {
     PtValue::Body& d = open_container(dict, Kind::Dict, "SETITEM's target");
+    auto& int_keys = static_cast<pt_body::Dict&>(d).int_keys;
+    int_keys = (B::dict(dict).entries.empty() || int_keys) && key.kind() == Kind::Int;
     if (key.kind() == Kind::Int) {  // an optimizer's state by parameter index
       key = PtValue::string(std::to_string(key.as_int()));
       charge(heap(sizeof(pt_body::String)));

@@ -85,7 +85,11 @@ class Writer : public Emitter {
           const size_t n = std::min(kBatch, entries.size() - at);
           if (n > 1) op(MARK);
           for (size_t k = at; k < at + n; ++k) {
-            string(entries[k].first);
+            if (v.int_keys()) {
+              integer(std::stoll(entries[k].first));
+            } else {
+              string(entries[k].first);
+            }
             value(entries[k].second, depth + 1);
           }
           op(n > 1 ? SETITEMS : SETITEM);

@@ -86,6 +86,12 @@ class PtValue {
   // Keys are strings (what state dicts use); the order is kept.
   static PtValue dict(std::vector<std::pair<std::string, PtValue>> items);
   static PtValue tensor(PtTensorRef ref);
+  // A dict keyed by ints (an optimizer's state_dict: its parameters by
+  // index), pickled with int keys; its keys read as decimal strings.
+  static PtValue int_keyed_dict(std::vector<std::pair<int64_t, PtValue>> items);
+  // Whether a dict's keys are ints (int_keyed_dict, or a pickle's dict
+  // whose every key was one).
+  bool int_keys() const;
 
   Kind kind() const { return kind_; }
   bool is_none() const { return kind_ == Kind::None; }

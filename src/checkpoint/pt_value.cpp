@@ -99,6 +99,7 @@ void PtValue::unshare() {
     case Kind::Dict: {
       auto* dict = new pt_body::Dict();
       dict->entries = entries();
+      dict->int_keys = int_keys();
       b = dict;
       break;
     }
@@ -164,6 +165,19 @@ PtValue PtValue::dict(std::vector<std::pair<std::string, PtValue>> items) {
   v.kind_ = Kind::Dict;
   v.body_ = b;
   return v;
+}
+
+PtValue PtValue::int_keyed_dict(std::vector<std::pair<int64_t, PtValue>> items) {
+  std::vector<std::pair<std::string, PtValue>> entries;
+  entries.reserve(items.size());
+  for (auto& [k, v] : items) entries.emplace_back(std::to_string(k), std::move(v));
+  PtValue d = dict(std::move(entries));
+  static_cast<pt_body::Dict*>(d.body_)->int_keys = true;
+  return d;
+}
+
+bool PtValue::int_keys() const {
+  return kind_ == Kind::Dict && static_cast<const pt_body::Dict*>(body_)->int_keys;
 }
 
 PtValue PtValue::tensor(PtTensorRef ref) {
@@ -249,7 +263,7 @@ bool operator==(const PtValue& a, const PtValue& b) {
     case PtValue::Kind::String: return a.as_string() == b.as_string();
     case PtValue::Kind::List:
     case PtValue::Kind::Tuple: return a.items() == b.items();
-    case PtValue::Kind::Dict: return a.entries() == b.entries();
+    case PtValue::Kind::Dict: return a.int_keys() == b.int_keys() && a.entries() == b.entries();
     case PtValue::Kind::Tensor: return same_ref(a.as_tensor(), b.as_tensor());
   }
   return false;

@@ -34,6 +34,7 @@ struct Seq : PtValue::Body {  // List, Tuple
 };
 struct Dict : PtValue::Body {
   std::vector<std::pair<std::string, PtValue>> entries;
+  bool int_keys = false;  // every key an int in the pickle (kept as its decimal string)
 };
 struct Tensor : PtValue::Body {
   PtTensorRef ref;

@@ -9,6 +9,10 @@
                                and AdamW at WORLD ranks; OUT: their full state, as REF;
                                LR: the learning rate the load must give AdamW
   torch_save DIR OUT           dcp_to_torch_save(DIR), its state as REF into OUT
+  plain_save DIR               Net and AdamW (amsgrad) in one process: DIR/model.pt, DIR/optim.pt
+                               (torch.save(optimizer.state_dict())), DIR/ref.safetensors
+  plain_load OPT MODEL OUT     OPT (an optimizer state_dict tdist wrote) through
+                               optimizer.load_state_dict; the state by name into OUT
   evil DIR MARKER              a DCP folder whose .metadata runs `touch MARKER` when
                                Python's pickle.load reads it
 """
@@ -158,6 +162,49 @@ def evil(out, marker):
     open(os.path.join(out, "__0_0.distcp"), "wb").close()
 
 
+def dump_plain(net, opt, path):
+    """A plain model's state and its optimizer's, by name, as REF."""
+    from safetensors.torch import save_file
+    tensors = {k: v.detach().clone().contiguous() for k, v in net.state_dict().items()}
+    for name, p in net.named_parameters():
+        for f, t in opt.state.get(p, {}).items():
+            tensors[f"optim/{name}/{f}"] = t.detach().clone().contiguous()
+    save_file(tensors, path)
+
+
+def plain_save(out):
+    """Net and AdamW trained 3 steps in one process: out/model.pt
+    (state_dict), out/optim.pt (optimizer.state_dict(), keyed by index),
+    out/ref.safetensors (both by name)."""
+    torch.manual_seed(2)
+    net = Net()
+    opt = torch.optim.AdamW(net.parameters(), lr=0.03, betas=(0.8, 0.95), amsgrad=True)
+    for step in range(3):
+        torch.manual_seed(70 + step)
+        opt.zero_grad()
+        net(torch.randn(4, 6)).pow(2).mean().backward()
+        opt.step()
+    os.makedirs(out, exist_ok=True)
+    torch.save(net.state_dict(), os.path.join(out, "model.pt"))
+    torch.save(opt.state_dict(), os.path.join(out, "optim.pt"))
+    dump_plain(net, opt, os.path.join(out, "ref.safetensors"))
+
+
+def plain_load(optim_pt, model_pt, out):
+    """A state_dict file tdist wrote into Python's optimizer (load_state_dict),
+    then one more step works; the state by name into OUT."""
+    net = Net()
+    net.load_state_dict(torch.load(model_pt, weights_only=True))
+    opt = torch.optim.AdamW(net.parameters(), lr=0.5)
+    opt.load_state_dict(torch.load(optim_pt, weights_only=True))
+    g = opt.param_groups[0]
+    if g["lr"] != 0.03 or tuple(g["betas"]) != (0.8, 0.95) or not g["amsgrad"]:
+        raise SystemExit(f"param group {g}")
+    dump_plain(net, opt, out)
+    net(torch.randn(4, 6)).pow(2).mean().backward()
+    opt.step()
+
+
 def main():
     cmd = sys.argv[1]
     if cmd == "save":
@@ -169,6 +216,10 @@ def main():
         mp.spawn(load_rank, args=(world, free_port(), ckpt, out, lr), nprocs=world)
     elif cmd == "torch_save":
         to_torch_save(sys.argv[2], sys.argv[3])
+    elif cmd == "plain_save":
+        plain_save(sys.argv[2])
+    elif cmd == "plain_load":
+        plain_load(sys.argv[2], sys.argv[3], sys.argv[4])
     elif cmd == "evil":
         evil(sys.argv[2], sys.argv[3])
     else:

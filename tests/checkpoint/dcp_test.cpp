@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "checkpoint/dcp_metadata.h"
+#include "tdist/pretrained.h"
 #include "tdist/tdist.h"
 #include "tests/util/process.h"
 #include "tests/util/world.h"
@@ -230,6 +231,34 @@ TEST_F(Dcp, TdistsSaveLoadsBackInTdistAtWorldThree) {
     save_full(*model, opt, again, pg.rank());
     if (pg.rank() == 0) expect_same_files(full, again);
   }), "");
+}
+
+// ---- Python's optimizer.state_dict(), keyed by index ---------------------------------
+
+TEST_F(Dcp, PythonsOptimizerStateDictLoadsByIndexAndTdistsLoadsInPython) {
+  const std::string py = dir_->path() + "/plain";
+  python("plain_save " + py);
+  const std::string ours = dir_->path() + "/ours_optim.pt";
+  for (int world : {1, 2}) {
+    ASSERT_EQ(run_world(world, [&](ProcessGroup& pg) {
+      tdist::FullyShardedDataParallelOptions o;
+      auto make = [&]() -> std::shared_ptr<torch::nn::Module> {
+        if (pg.size() == 1) return Net().ptr();
+        return FSDP<Net>(Net(&o), o).ptr();
+      };
+      auto model = make();
+      torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.5));
+      tdist::load_pretrained(*model, py + "/model.pt");
+      tdist::load_optimizer_state_dict_file(py + "/optim.pt", *model, opt);
+      expect_pytorch_state(*model, opt, py + "/ref.safetensors", "world " + std::to_string(pg.size()));
+      const auto& g = static_cast<torch::optim::AdamWOptions&>(opt.param_groups()[0].options());
+      WORLD_CHECK(g.lr() == 0.03 && std::get<0>(g.betas()) == 0.8 && g.amsgrad(), "the group's options are Python's");
+      if (pg.size() == 2) tdist::save_optimizer_state_dict_file(ours, *model, opt);
+    }), "");
+  }
+  const std::string back = dir_->path() + "/ours_optim_in_python.safetensors";
+  python("plain_load " + ours + " " + py + "/model.pt " + back);
+  expect_same_files(py + "/ref.safetensors", back);
 }
 
 TEST_F(Dcp, AMetadataThatWouldRunCodeIsRefusedAndRunsNothing) {
