@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "checkpoint/dcp_save.h"
 #include "checkpoint/latest_marker.h"
 #include "checkpoint/rank_file.h"
 #include "checkpoint/sharded_files.h"
@@ -94,7 +95,7 @@ void write_latest(const std::string& dir, const std::vector<Folder>& folders) {
 
 // Removes a step folder and the files in it, never following a symbolic
 // link (a link named like a folder is removed itself, not its target).
-void remove_folder(const std::string& dir, const std::string& name) {
+void remove_folder(const std::string& dir, const std::string& name, int depth = 0) {
   const int parent = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (parent < 0) return;
   struct stat st {};
@@ -107,7 +108,14 @@ void remove_folder(const std::string& dir, const std::string& name) {
         if (DIR* d = ::fdopendir(fd)) {  // owns fd now
           while (dirent* e = ::readdir(d)) {
             const std::string entry = e->d_name;
-            if (entry != "." && entry != "..") ::unlinkat(::dirfd(d), entry.c_str(), 0);
+            if (entry == "." || entry == "..") continue;
+            struct stat es {};
+            if (depth < 1 && ::fstatat(::dirfd(d), entry.c_str(), &es, AT_SYMLINK_NOFOLLOW) == 0 &&
+                S_ISDIR(es.st_mode)) {  // a DCP model folder inside a step folder
+              remove_folder(dir + "/" + name, entry, depth + 1);
+              continue;
+            }
+            ::unlinkat(::dirfd(d), entry.c_str(), 0);
           }
           ::closedir(d);
         } else {
@@ -218,7 +226,14 @@ struct Checkpointer::Impl {
     if (raised) std::rethrow_exception(raised);
   }
 
-  void commit(int64_t step, int64_t save_id, detail::RankFileContents* model_file, std::string error,
+  // The model's part of a save: tdist's rank file, or a DCP folder's rank
+  // part (options.files.format), whichever the options ask for.
+  struct ModelPart {
+    std::optional<detail::RankFileContents> tdist;
+    std::optional<checkpoint::DcpRankContents> dcp;
+  };
+
+  void commit(int64_t step, int64_t save_id, ModelPart* model_part, std::string error,
               detail::TrainingStateFile* train) {
     const auto t0 = Clock::now();
     const detail::TimelineSpan span("checkpoint", "checkpoint write", "step " + std::to_string(step));
@@ -239,8 +254,14 @@ struct Checkpointer::Impl {
       }
     }
     try {
-      detail::commit_rank_files(folder + "/" + kModel, *own, model_file, error, o.files,
-                                [this](const std::function<void()>& work) { run_write(work); });
+      const auto runner = [this](const std::function<void()>& work) { run_write(work); };
+      if (o.files.format == ShardedFormat::dcp) {
+        checkpoint::commit_dcp(folder + "/" + kModel, *own, model_part && model_part->dcp ? &*model_part->dcp : nullptr,
+                               error, timeout(), runner);
+      } else {
+        detail::commit_rank_files(folder + "/" + kModel, *own,
+                                  model_part && model_part->tdist ? &*model_part->tdist : nullptr, error, o.files, runner);
+      }
     } catch (...) {
       if (own->rank() == 0) remove_folder(o.dir, made.name);  // a failed save leaves nothing
       throw;
@@ -280,20 +301,24 @@ struct Checkpointer::Impl {
     const auto t0 = Clock::now();
     last_save = t0;
     const int64_t save_id = detail::agree_on_save_id(*own, timeout());
-    auto model_file = std::make_shared<std::optional<detail::RankFileContents>>();
+    auto model_part = std::make_shared<ModelPart>();
     auto train = std::make_shared<std::optional<detail::TrainingStateFile>>();
     std::string error;
     copies.restart();  // the last save's writer is done with them (raise_failure joined it)
     checkpoint::CopyPool* pool = o.async ? &copies : nullptr;
     try {
       const detail::TimelineSpan span("checkpoint", "checkpoint snapshot", "step " + std::to_string(step));
-      model_file->emplace(detail::build_rank_file(*own, model, optimizer, o.files, save_id, pool));
+      if (o.files.format == ShardedFormat::dcp) {
+        model_part->dcp.emplace(checkpoint::build_dcp_rank(*own, model, optimizer, pool));
+      } else {
+        model_part->tdist.emplace(detail::build_rank_file(*own, model, optimizer, o.files, save_id, pool));
+      }
       train->emplace(detail::build_training_state(step, own->rank(), own->size(), extras, pool));
     } catch (const std::exception& e) {
       error = *e.what() ? e.what() : "an error without words";
     }
-    auto run = [this, step, save_id, model_file, train, error] {
-      commit(step, save_id, *model_file ? &**model_file : nullptr, error, *train ? &**train : nullptr);
+    auto run = [this, step, save_id, model_part, train, error] {
+      commit(step, save_id, model_part.get(), error, *train ? &**train : nullptr);
     };
     if (!o.async) {
       run();
@@ -327,6 +352,9 @@ Checkpointer::Checkpointer(std::shared_ptr<ProcessGroup> pg, torch::nn::Module& 
   if (options.every.count() < 0) throw UsageError("Checkpointer: every must not be negative");
   if (options.keep_last < 1) throw UsageError("Checkpointer: keep_last must be at least 1");
   if (options.files.timeout.count() <= 0) throw UsageError("Checkpointer: the files' timeout must be positive");
+  if (options.files.format == ShardedFormat::dcp && options.files.comm_hook_state) {
+    throw UsageError("Checkpointer: a DCP checkpoint holds no comm hook state (use ShardedFormat::tdist)");
+  }
   const auto fsdp = detail::FsdpModel::of(model);
   if (fsdp && fsdp->replicate_group()) {
     throw UsageError("Checkpointer: the model is hybrid-sharded (HSDP); save it with save_sharded_checkpoint "

@@ -11,6 +11,7 @@
 #include "checkpoint/dcp_reader.h"
 #include "checkpoint/model_entries.h"
 #include "checkpoint/optimizer_kinds.h"
+#include "checkpoint/sharded_files.h"
 #include "tdist/errors.h"
 
 namespace tdist::checkpoint {
@@ -20,10 +21,8 @@ namespace {
 // The item's rows [first, first + rows) (FSDP's rows of a unit
 // parameter), or all of it.
 at::Tensor read_item(const DcpReader& r, const dcp::Item& it, const detail::FsdpParamRecord* unit) {
-  if (unit != nullptr && unit->sharded && !it.size.empty()) {
-    std::vector<int64_t> shape = it.size;
-    shape[0] = unit->rows;
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(it.dtype));
+  if (unit != nullptr && unit->sharded) {  // a 0-d one: whole on the rank holding it, [0] elsewhere
+    at::Tensor t = at::empty(rows_shape(it.size, unit->rows), at::TensorOptions().dtype(it.dtype));
     if (unit->rows > 0) r.read_rows(it, unit->first_row, unit->rows, t.data_ptr());  // a rank past the rows: none
     return t;
   }

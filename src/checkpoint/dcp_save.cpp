@@ -54,46 +54,45 @@ std::string first_failure(ProcessGroup& pg, const std::string& mine, std::chrono
   return "";
 }
 
-// What this rank writes, and where each item went.
+// Where this rank's items went: the records rank 0 merges into the .metadata.
 class RankPart {
  public:
-  RankPart(const std::string& dir, const std::string& file, int rank) : rank_(rank), w_(dir, file) {}
+  RankPart(const std::string& dir, const std::string& file) : w_(dir, file) {}
 
-  // A chunk of `fqn` (whole shape `size`) at `offsets`; a tensor written
-  // before (a tied one, under another name) points at the same bytes.
-  void chunk(const std::string& fqn, std::vector<Part> path, const at::Tensor& t, const std::vector<int64_t>& size,
-             const std::vector<int64_t>& offsets) {
-    Item it;
-    it.fqn = fqn;
-    it.path = std::move(path);
-    it.tensor = true;
-    it.dtype = t.scalar_type();
-    it.size = size;
-    dcp::Chunk c;
-    c.offsets = offsets;
-    c.sizes = t.sizes().vec();
-    const auto seen = written_.find(t.unsafeGetTensorImpl());
-    if (seen != written_.end()) {
-      c.storage = seen->second;
-    } else {
-      const at::Tensor host = t.detach().to(at::kCPU).contiguous();
-      w_.begin_tensor(host.scalar_type(), host.sizes().vec());
-      w_.append(host.data_ptr(), host.nbytes());
-      c.storage = w_.end_tensor();
-      written_.emplace(t.unsafeGetTensorImpl(), c.storage);
+  // Every planned item written; a tensor written before (a tied one,
+  // under another name) points at the same bytes.
+  void write(const DcpRankContents& contents) {
+    std::unordered_map<const c10::TensorImpl*, dcp::Storage> written;
+    for (const DcpPlannedItem& p : contents.items) {
+      Item it;
+      it.fqn = p.fqn;
+      it.path = p.path;
+      if (!p.tensor.defined()) {
+        it.bytes = w_.add_value(p.value);
+        items_.push_back(std::move(it));
+        continue;
+      }
+      it.tensor = true;
+      it.dtype = p.tensor.scalar_type();
+      it.size = p.size;
+      dcp::Chunk c;
+      c.offsets = p.offsets;
+      c.sizes = p.tensor.sizes().vec();
+      const auto seen = written.find(p.tensor.unsafeGetTensorImpl());
+      if (seen != written.end()) {
+        c.storage = seen->second;
+      } else {
+        const at::Tensor host = p.tensor.detach().to(at::kCPU).contiguous();
+        w_.begin_tensor(host.scalar_type(), host.sizes().vec());
+        w_.append(host.data_ptr(), host.nbytes());
+        c.storage = w_.end_tensor();
+        written.emplace(p.tensor.unsafeGetTensorImpl(), c.storage);
+      }
+      it.chunks.push_back(std::move(c));
+      items_.push_back(std::move(it));
     }
-    it.chunks.push_back(std::move(c));
-    items_.push_back(std::move(it));
-  }
-  void value(const std::string& fqn, std::vector<Part> path, const PtValue& v) {
-    Item it;
-    it.fqn = fqn;
-    it.path = std::move(path);
-    it.bytes = w_.add_value(v);
-    items_.push_back(std::move(it));
   }
   DcpRankFileWriter& file() { return w_; }
-  int rank() const { return rank_; }
 
   // The items as a pickled list (what rank 0 merges into the .metadata).
   std::string records() const {
@@ -118,10 +117,8 @@ class RankPart {
   }
 
  private:
-  int rank_;
   DcpRankFileWriter w_;
   std::vector<Item> items_;
-  std::unordered_map<const c10::TensorImpl*, dcp::Storage> written_;
 };
 
 // Every rank's records merged, in rank 0's order (then any another rank
@@ -166,13 +163,22 @@ std::vector<Part> parts(std::initializer_list<std::string> keys) {
   return out;
 }
 
-// This rank's items: the model's tensors, the optimizer's state and groups.
-void write_part(RankPart& part, ProcessGroup& pg, torch::nn::Module& model, torch::optim::Optimizer* opt) {
+}  // namespace
+
+DcpRankContents build_dcp_rank(ProcessGroup& pg, torch::nn::Module& model, torch::optim::Optimizer* opt,
+                               CopyPool* copies) {
+  DcpRankContents out;
+  const int rank = pg.rank();
   const auto fsdp = detail::FsdpModel::of(model);
   std::map<std::string, detail::FsdpParamRecord> units;
   if (fsdp) {
     for (const auto& u : fsdp->params()) units.emplace(u.name, u);
   }
+  const auto keep = [&](const at::Tensor& t) { return copies ? copies->copy(t) : t; };
+  const auto chunk = [&](const std::string& fqn, std::vector<Part> path, const at::Tensor& t,
+                         std::vector<int64_t> size, std::vector<int64_t> offsets) {
+    out.items.push_back({fqn, std::move(path), t, std::move(size), std::move(offsets), PtValue()});
+  };
   // A tensor this rank writes: a sharded unit parameter's rows (or its
   // state's) where it has any; anything else on rank 0 only.
   const auto put = [&](const std::string& fqn, std::vector<Part> path, const at::Tensor& t, const std::string& param,
@@ -183,17 +189,17 @@ void write_part(RankPart& part, ProcessGroup& pg, torch::nn::Module& model, torc
       if (r.rows == 0) return;  // none of its rows here
       std::vector<int64_t> offsets(r.full_shape.size(), 0);
       if (!offsets.empty()) offsets[0] = r.first_row;
-      return part.chunk(fqn, std::move(path), t, r.full_shape, offsets);
+      return chunk(fqn, std::move(path), t, r.full_shape, offsets);
     }
-    if (part.rank() == 0) part.chunk(fqn, std::move(path), t, t.sizes().vec(), std::vector<int64_t>(t.dim(), 0));
+    if (rank == 0) chunk(fqn, std::move(path), t, t.sizes().vec(), std::vector<int64_t>(t.dim(), 0));
   };
   const ShardedStateDict local = sharded_state_dict(model);
   for (const auto& e : unique_entries_of(model)) {
-    const at::Tensor& t = local.tensors[e.name];
+    const at::Tensor t = keep(local.tensors[e.name]);  // one copy, for every name it has
     put("model." + e.name, parts({"model", e.name}), t, e.name, true);
     for (const auto& a : e.aliases) put("model." + a, parts({"model", a}), t, e.name, true);
   }
-  if (opt == nullptr) return;
+  if (opt == nullptr) return out;
   const OptimizerStateDict o = sharded_optimizer_state_dict(model, *opt);
   for (const auto& p : o.state) {
     const auto u = units.find(p.key());
@@ -201,37 +207,41 @@ void write_part(RankPart& part, ProcessGroup& pg, torch::nn::Module& model, torc
       const std::string fqn = "optim.state." + p.key() + "." + f.key();
       std::vector<Part> path = parts({"optim", "state", p.key(), f.key()});
       if (f.key() == "step") {  // PyTorch keeps it as a float32 0-d tensor
-        if (part.rank() == 0) part.chunk(fqn, std::move(path), f.value().to(at::kFloat), {}, {});
+        if (rank == 0) chunk(fqn, std::move(path), f.value().to(at::kFloat), {}, {});
         continue;
       }
       // State shaped like its parameter is sharded like it.
       const bool like = u != units.end() && u->second.sharded &&
                         (u->second.rows == 0 || f.value().sizes().vec() == rows_shape(u->second.full_shape, u->second.rows));
-      put(fqn, std::move(path), f.value(), p.key(), like);
+      put(fqn, std::move(path), keep(f.value()), p.key(), like);
     }
   }
-  if (part.rank() != 0) return;
+  if (rank != 0) return out;
+  const auto value = [&](const std::string& fqn, std::vector<Part> path, PtValue v) {
+    out.items.push_back({fqn, std::move(path), at::Tensor(), {}, {}, std::move(v)});
+  };
   for (size_t g = 0; g < o.param_groups.size(); ++g) {
     const std::string gi = std::to_string(g);
     const auto path = [&](const std::string& key) {
       return std::vector<Part>{{"optim", false}, {"param_groups", false}, {gi, true}, {key, false}};
     };
     for (const auto& [key, v] : dcp::python_options(o.optimizer, o.param_groups[g].options)) {
-      part.value("optim.param_groups." + gi + "." + key, path(key), v);
+      value("optim.param_groups." + gi + "." + key, path(key), v);
     }
     std::vector<PtValue> names;
     for (const auto& n : o.param_groups[g].params) names.push_back(PtValue::string(n));
-    part.value("optim.param_groups." + gi + ".params", path("params"), PtValue::list(std::move(names)));
+    value("optim.param_groups." + gi + ".params", path("params"), PtValue::list(std::move(names)));
   }
-  (void)pg;
+  return out;
 }
 
-}  // namespace
-
-void save_dcp(const std::string& dir, ProcessGroup& pg, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
-              std::chrono::milliseconds timeout) {
+void commit_dcp(const std::string& dir, ProcessGroup& pg, const DcpRankContents* contents, std::string error,
+                std::chrono::milliseconds timeout, const DcpWriteRunner& run_write) {
   const char* what = "save as DCP";
-  std::string error, k;
+  const DcpWriteRunner run = run_write ? run_write : [](const std::function<void()>& work) { work(); };
+  std::string k;
+  std::string mine = error;
+  error.clear();
   if (pg.rank() == 0) {
     try {
       ::mkdir(dir.c_str(), 0755);
@@ -247,13 +257,18 @@ void save_dcp(const std::string& dir, ProcessGroup& pg, torch::nn::Module& model
   k = exchange(pg, k, timeout)[0];
   std::optional<RankPart> part;
   std::string records;
-  try {
-    part.emplace(dir, "__" + std::to_string(pg.rank()) + "_" + k + ".distcp", pg.rank());
-    write_part(*part, pg, model, optimizer);
-    part->file().sync();
-    records = part->records();
-  } catch (const std::exception& e) {
-    error = *e.what() ? e.what() : "an error without words";
+  error = mine;
+  if (error.empty()) {
+    try {
+      run([&] {
+        part.emplace(dir, "__" + std::to_string(pg.rank()) + "_" + k + ".distcp");
+        part->write(*contents);
+        part->file().sync();
+      });
+      records = part->records();
+    } catch (const std::exception& e) {
+      error = *e.what() ? e.what() : "an error without words";
+    }
   }
   failed = first_failure(pg, error, timeout);
   if (!failed.empty()) throw CheckpointError(std::string(what) + " " + dir + ": " + failed + " (nothing was replaced)");
@@ -275,7 +290,7 @@ void save_dcp(const std::string& dir, ProcessGroup& pg, torch::nn::Module& model
   failed = first_failure(pg, error, timeout);
   if (!failed.empty()) throw CheckpointError(std::string(what) + " " + dir + ": " + failed + " (nothing was replaced)");
   try {
-    part->file().commit();
+    run([&] { part->file().commit(); });
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -293,6 +308,18 @@ void save_dcp(const std::string& dir, ProcessGroup& pg, torch::nn::Module& model
   }
   failed = first_failure(pg, error, timeout);
   if (!failed.empty()) throw CheckpointError(std::string(what) + " " + dir + ": " + failed);
+}
+
+void save_dcp(const std::string& dir, ProcessGroup& pg, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+              std::chrono::milliseconds timeout) {
+  std::optional<DcpRankContents> contents;
+  std::string error;
+  try {
+    contents.emplace(build_dcp_rank(pg, model, optimizer, nullptr));
+  } catch (const std::exception& e) {
+    error = *e.what() ? e.what() : "an error without words";
+  }
+  commit_dcp(dir, pg, contents ? &*contents : nullptr, error, timeout);
 }
 
 }  // namespace tdist::checkpoint

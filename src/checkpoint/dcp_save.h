@@ -25,13 +25,40 @@
 #include <torch/optim/optimizer.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
+#include <vector>
 
+#include "checkpoint/dcp_metadata.h"
+#include "checkpoint/tensor_tree.h"
 #include "tdist/process_group.h"
 
 namespace tdist::checkpoint {
 
 void save_dcp(const std::string& dir, ProcessGroup& pg, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
               std::chrono::milliseconds timeout);
+
+// save_dcp in two steps, for the Checkpointer (which builds on the training
+// thread and commits on its writer): what this rank writes (each tensor a
+// host copy from `copies` when given, else the live tensor), then written
+// and committed as above. Building is collective where settling FSDP units
+// is; commit_dcp is collective over pg (`error`: building failed on this
+// rank; every rank then fails). The writing runs through run_write when
+// given.
+struct DcpPlannedItem {
+  std::string fqn;
+  std::vector<dcp::Item::Part> path;
+  at::Tensor tensor;  // a chunk; undefined for a value
+  std::vector<int64_t> size, offsets;
+  PtValue value;
+};
+struct DcpRankContents {
+  std::vector<DcpPlannedItem> items;
+};
+DcpRankContents build_dcp_rank(ProcessGroup& pg, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                               CopyPool* copies);
+using DcpWriteRunner = std::function<void(const std::function<void()>& work)>;
+void commit_dcp(const std::string& dir, ProcessGroup& pg, const DcpRankContents* contents, std::string error,
+                std::chrono::milliseconds timeout, const DcpWriteRunner& run_write = {});
 
 }  // namespace tdist::checkpoint

@@ -189,6 +189,61 @@ TEST(Checkpointer, ARestartedRunContinuesBitForBitAsOneThatNeverStopped) {
   }), "");
 }
 
+// The same with the model and optimizer as PyTorch's DCP folders
+// (ShardedCheckpointOptions::format): written asynchronously, restored bit
+// for bit, pruned whole (a folder inside each step folder), and restored
+// at another world size.
+TEST(Checkpointer, DcpFoldersResumeBitForBitAndArePruned) {
+  TempDir tmp;
+  const std::string straight_dir = tmp.path() + "/straight", dir = tmp.path() + "/run";
+  const std::string straight = tmp.path() + "/straight.safetensors", at9 = tmp.path() + "/at9.safetensors";
+  const auto dcp_options = [](const std::string& d) {
+    tdist::CheckpointerOptions o = options(d);
+    o.files.format = tdist::ShardedFormat::dcp;
+    return o;
+  };
+  const auto run = [&](const std::string& d, int64_t stop, uint64_t seed, const std::string& save_at_9) {
+    return run_world(2, [&](ProcessGroup& pg) {
+      torch::manual_seed(seed);
+      auto o = wrap_options();
+      FSDP<Net> model(Net(&o), o);
+      torch::optim::Adam opt(model->parameters(), 0.01);
+      tdist::Checkpointer ckpt(tdist::default_group(), *model, &opt, dcp_options(d));
+      int64_t from = 0;
+      if (const auto resumed = ckpt.restore()) from = resumed->step;
+      run_steps(model, opt, pg, ckpt, from, std::min<int64_t>(stop, 9));
+      ckpt.wait();
+      if (!save_at_9.empty()) {
+        const StateDict nine = full_state(model, opt);
+        if (pg.rank() == 0) tdist::save_safetensors(save_at_9, nine);
+      }
+      if (stop == 10) {
+        run_steps(model, opt, pg, ckpt, 9, 10);
+        ckpt.wait();
+        const StateDict all = full_state(model, opt);
+        if (pg.rank() == 0 && save_at_9.empty()) tdist::save_safetensors(straight, all);
+        if (!save_at_9.empty()) expect_equal_to_file(straight, all, "resumed from a DCP checkpoint");
+      }
+    });
+  };
+  ASSERT_EQ(run(straight_dir, 10, 1, ""), "");
+  ASSERT_EQ(run(dir, 7, 1, ""), "");    // stopped after step 7: 6 saved
+  ASSERT_EQ(run(dir, 10, 99, at9), "");  // other weights: the checkpoint sets them
+  EXPECT_EQ(listing(dir), (std::vector<std::string>{"latest", "step-00000006", "step-00000009"}));
+  const std::string nine = dir + "/" + folder_of(dir, "step-00000009");
+  EXPECT_EQ(listing(nine), (std::vector<std::string>{"model", "train_rank-0-of-2.pt", "train_rank-1-of-2.pt"}));
+  EXPECT_EQ(listing(nine + "/model"), (std::vector<std::string>{".metadata", "__0_0.distcp", "__1_0.distcp"}));
+  EXPECT_EQ(run_world(1, [&](ProcessGroup&) {
+    auto o = wrap_options();
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::Adam opt(model->parameters(), 0.5);
+    tdist::Checkpointer ckpt(tdist::default_group(), *model, &opt, dcp_options(dir));
+    const auto resumed = ckpt.restore();
+    WORLD_CHECK(resumed && resumed->step == 9 && resumed->saved_world_size == 2, "restored at world 1");
+    expect_equal_to_file(at9, full_state(model, opt), "restored at world 1");
+  }), "");
+}
+
 // A save that fails on its writer thread (here: rank 1's training state
 // cannot be written) is raised by wait() on every rank; its folder is
 // removed and the latest marker keeps naming the last good checkpoint.

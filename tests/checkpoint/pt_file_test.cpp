@@ -352,6 +352,24 @@ TEST(PtFile, DamagedFilesAreNamed) {
   expect_error(path, "no record 'archive/data/1'");
 }
 
+// An optimizer's state_dict keys its parameters by int: such a dict reads
+// with its keys as decimal strings, knows they were ints, and pickles them
+// as ints again (Python's load_state_dict looks them up by int).
+TEST(PtFile, IntKeysReadAsStringsAndPickleAsInts) {
+  using tdist::checkpoint::PtValue;
+  const PtValue d = PtValue::int_keyed_dict({{0, PtValue::floating(1.5)}, {70000, PtValue::none()}});
+  const std::string p = tdist::checkpoint::pickle_value(d);
+  EXPECT_NE(p.find('K'), std::string::npos);           // BININT1 0
+  EXPECT_EQ(p.find("70000"), std::string::npos);       // not as a string
+  const PtValue back = tdist::checkpoint::unpickle_value(p);
+  EXPECT_TRUE(back.int_keys());
+  ASSERT_NE(back.find("70000"), nullptr);
+  EXPECT_EQ(back, d);
+  const PtValue mixed = tdist::checkpoint::unpickle_value(std::string("\x80\x02}(K\x01N\x58\x01\0\0\0aNu.", 16));
+  EXPECT_FALSE(mixed.int_keys());
+  EXPECT_NE(mixed.find("1"), nullptr);
+}
+
 TEST(PtFile, ForbiddenContentIsNamed) {
   test::TempDir dir;
   const std::string path = dir.path() + "/bad.pt";
@@ -382,7 +400,7 @@ TEST(PtFile, ForbiddenContentIsNamed) {
       {"bad version", {{"x/data.pkl", tensor_pkl}, {"x/data/0", four}, {"x/version", "99\n"}}, "version record"},
       {"big-endian", {{"x/data.pkl", tensor_pkl}, {"x/data/0", four}, {"x/byteorder", "big"}}, "little-endian"},
       {"pickle cut short", {{"x/data.pkl", tensor_pkl.substr(0, 30)}}, "truncated"},
-      {"int key", {{"x/data.pkl", std::string("\x80\x02}K\x01K\x02s.", 9)}}, "string keys"},
+      {"float key", {{"x/data.pkl", std::string("\x80\x02}G\x3f\xf0\0\0\0\0\0\0K\x02s.", 17)}}, "string or int keys"},
   };
   for (const Case& c : cases) {
     spit(path, make_zip(c.records));
