@@ -90,10 +90,8 @@ class DcpSource : public Source {
   }
   void read_optimizer(const dcp::Layout& l, const std::string& dir) {
     const std::string where = "the DCP checkpoint " + dir;
-    if (!l.param_options.empty()) {
-      throw CheckpointError(where + ": its optimizer state is flattened per parameter, which tdist does not read yet");
-    }
     std::vector<PtValue> groups;
+    if (!l.param_options.empty()) groups = flattened_groups(l, where);
     std::vector<std::string> fields;
     bool decoupled = false;
     for (size_t g = 0; g < l.param_groups.size(); ++g) {
@@ -109,7 +107,6 @@ class DcpSource : public Source {
             params.push_back(PtValue::string(dcp::unwrapped_name(p.as_string())));
           }
         } else {
-          if (key == "decoupled_weight_decay" && v.kind() == PtValue::Kind::Bool) decoupled = v.as_bool();
           dcp::add_tdist_option(key, v, options, what);
         }
       }
@@ -128,8 +125,40 @@ class DcpSource : public Source {
     std::stable_sort(optimizer.begin(), optimizer.end(), [&](const Tensor& a, const Tensor& b) {
       return order(a.param) < order(b.param);
     });
+    for (const PtValue& g : groups) {  // AdamW is Adam with decoupled weight decay
+      const PtValue* d = g.find("decoupled_weight_decay");
+      decoupled = decoupled || (d != nullptr && d->as_float() != 0);
+    }
     optimizer_tree = PtValue::dict({{"optimizer", PtValue::string(dcp::kind_of_state(fields, decoupled))},
                                     {"param_groups", PtValue::list(std::move(groups))}});
+  }
+  // A flattened state dict's per-parameter options: parameters with the
+  // same options form a group, in the order first seen.
+  std::vector<PtValue> flattened_groups(const dcp::Layout& l, const std::string& where) {
+    std::vector<std::pair<std::map<std::string, double>, std::vector<PtValue>>> groups;
+    std::vector<std::string> params;  // in the model's order
+    for (const auto& [param, keys] : l.param_options) params.push_back(param);
+    std::stable_sort(params.begin(), params.end(), [&](const std::string& a, const std::string& b) {
+      return order(dcp::unwrapped_name(a)) < order(dcp::unwrapped_name(b));
+    });
+    for (const std::string& param : params) {
+      const auto& keys = l.param_options.at(param);
+      std::map<std::string, double> options;
+      for (const auto& [key, item] : keys) {
+        if (!item->tensor) dcp::add_tdist_option(key, r_.read_value(*item), options, where + ": param_groups." + param + "." + key);
+      }
+      auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == options; });
+      if (g == groups.end()) g = groups.insert(groups.end(), {options, {}});
+      g->second.push_back(PtValue::string(dcp::unwrapped_name(param)));
+    }
+    std::vector<PtValue> out;
+    for (auto& [options, params] : groups) {
+      std::vector<std::pair<std::string, PtValue>> entries;
+      for (const auto& [k, x] : options) entries.emplace_back(k, PtValue::floating(x));
+      entries.emplace_back("params", PtValue::list(std::move(params)));
+      out.push_back(PtValue::dict(std::move(entries)));
+    }
+    return out;
   }
   // A parameter's place in the model's order (state follows it).
   size_t order(const std::string& param) const {

@@ -33,7 +33,10 @@ Split split3(const std::string& s) {
   return r;
 }
 
-void add_optimizer(Layout& l, const Item& it, const std::vector<Item::Part>& rest) {
+// `flat`: the planner data gives the rest as one string, which the save's
+// optimizer state dict had as one key: flatten_optimizer_state_dict's
+// "state.<param>.<field>" and "param_groups.<param>.<key>".
+void add_optimizer(Layout& l, const Item& it, const std::vector<Item::Part>& rest, bool flat) {
   // By parts: ("state", param, field...) or ("param_groups", i, key...).
   if (rest.size() >= 3 && !rest[0].index) {
     std::vector<Item::Part> tail(rest.begin() + 2, rest.end());
@@ -58,6 +61,10 @@ void add_optimizer(Layout& l, const Item& it, const std::vector<Item::Part>& res
   }
   if (s.ok && s.head == "param_groups") {
     const size_t dot = s.middle.find('.');
+    if (flat) {
+      l.param_options[s.middle][s.last] = &it;
+      return;
+    }
     if (all_digits(s.middle)) {
       const size_t g = std::stoul(s.middle);
       if (l.param_groups.size() <= g) l.param_groups.resize(g + 1);
@@ -124,7 +131,7 @@ Layout classify(const Metadata& m) {
       }
     } else if (path.size() >= 2 && is_optimizer_root(root)) {
       l.optimizer_root = root;
-      add_optimizer(l, it, {path.begin() + 1, path.end()});
+      add_optimizer(l, it, {path.begin() + 1, path.end()}, planned && path.size() == 2);
     } else if (path.size() == 1 && l.model_root.empty() && it.tensor) {
       l.model.emplace_back(unwrapped_name(root), &it);
     } else {

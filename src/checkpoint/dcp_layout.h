@@ -42,7 +42,8 @@ struct Layout {
   std::string optimizer_root;  // "optim", "optimizer", or "" without one
   std::vector<ParamGroupEntries> param_groups;
   // Per-parameter options of a flattened optimizer state dict ("lr" of
-  // each parameter), by parameter name.
+  // each parameter), by parameter name (as the files name it, wrappers
+  // and all).
   std::map<std::string, std::map<std::string, const Item*>> param_options;
   std::vector<const Item*> other;  // lr_scheduler, dataloader, train_state, ...
 };

@@ -98,10 +98,6 @@ class Stager {
     if (layout_.optimizer_root.empty()) {
       throw CheckpointError(where_ + " holds no optimizer state (keys under \"optim\" or \"optimizer\")");
     }
-    if (!layout_.param_options.empty()) {
-      throw CheckpointError(where_ + ": its optimizer state is flattened per parameter (flatten_optimizer_state_dict"
-                            "=True), which tdist does not read yet; save it with get_optimizer_state_dict's default");
-    }
     const auto groups = optimizer_param_names(model_, opt);
     std::vector<std::string> by_index;
     for (const auto& g : groups) by_index.insert(by_index.end(), g.begin(), g.end());
@@ -127,7 +123,30 @@ class Stager {
       o.state[param].insert(e.field, t);
     }
     for (size_t g = 0; g < layout_.param_groups.size(); ++g) o.param_groups.push_back(group(g, by_index));
+    if (!layout_.param_options.empty()) o.param_groups = flattened_groups(groups);
     return o;
+  }
+
+  // A flattened optimizer state dict keeps each parameter's options: each
+  // of the optimizer's groups takes its first parameter's.
+  std::vector<OptimizerParamGroupState> flattened_groups(const std::vector<std::vector<std::string>>& groups) {
+    std::map<std::string, const std::map<std::string, const dcp::Item*>*> by_name;
+    for (const auto& [param, options] : layout_.param_options) by_name[dcp::unwrapped_name(param)] = &options;
+    std::vector<OptimizerParamGroupState> out;
+    for (const auto& names : groups) {
+      OptimizerParamGroupState g;
+      g.params = names;
+      const auto it = names.empty() ? by_name.end() : by_name.find(names[0]);
+      if (it == by_name.end()) {
+        throw CheckpointError(where_ + ": no param group options for '" + (names.empty() ? "" : names[0]) + "'");
+      }
+      for (const auto& [key, item] : *it->second) {
+        if (item->tensor || key == "params") continue;
+        dcp::add_tdist_option(key, reader_.read_value(*item), g.options, where_ + ": param_groups." + names[0] + "." + key);
+      }
+      out.push_back(std::move(g));
+    }
+    return out;
   }
 
   OptimizerParamGroupState group(size_t g, const std::vector<std::string>& by_index) {

@@ -65,8 +65,15 @@ const DcpClassName kDcpClasses[] = {
     {kDcpMeta, "MetadataIndex", "MetadataIndex"},
     {kDcpMeta, "StorageMeta", "StorageMeta"},
     {"torch.distributed.checkpoint.filesystem", "_StorageInfo", "_StorageInfo"},
+    // PyTorch 1.13 (torch.distributed._shard.checkpoint) and 1.13 to 2.2
+    // (TensorProperties): the same classes at their older homes.
+    {"torch.distributed._shard.checkpoint.metadata", "Metadata", "Metadata"},
+    {"torch.distributed._shard.checkpoint.metadata", "TensorStorageMetadata", "TensorStorageMetadata"},
+    {"torch.distributed._shard.checkpoint.metadata", "BytesStorageMetadata", "BytesStorageMetadata"},
+    {"torch.distributed._shard.checkpoint.metadata", "ChunkStorageMetadata", "ChunkStorageMetadata"},
+    {"torch.distributed._shard.checkpoint.metadata", "MetadataIndex", "MetadataIndex"},
+    {"torch.distributed._shard.checkpoint.filesystem", "_StorageInfo", "_StorageInfo"},
     {"torch.distributed._shard.sharded_tensor.metadata", "TensorProperties", "TensorProperties"},
-    {"torch.distributed._shard.metadata", "ShardMetadata", "ShardMetadata"},
 };
 const char* const kMemFormats[] = {"TORCH_CONTIGUOUS_FORMAT", "TORCH_CHANNELS_LAST", "TORCH_PRESERVE_FORMAT"};
 constexpr const char* kMemFormatClass = "_MEM_FORMAT_ENCODING";
@@ -453,13 +460,14 @@ class Unpickler {
       set(Global::TorchSize);
     } else if (module == "torch.serialization" && name == "_get_layout") {
       set(Global::GetLayout);
-    } else if (module == "builtins" && name == "getattr") {
+    } else if ((module == "builtins" || module == "__builtin__") && name == "getattr") {
       set(Global::GetAttr);
     } else if ((module == kDcpMeta || module == "torch.distributed._shard.sharded_tensor.metadata") &&
                (name == kMemFormatClass || name == "MEM_FORMAT_ENCODING")) {
       set(Global::MemFormat);
-    } else if (module == "pathlib" && (name == "PosixPath" || name == "PurePosixPath" || name == "WindowsPath" ||
-                                       name == "PureWindowsPath" || name == "Path")) {
+    } else if ((module == "pathlib" || module == "pathlib._local") &&
+               (name == "PosixPath" || name == "PurePosixPath" || name == "WindowsPath" || name == "PureWindowsPath" ||
+                name == "Path")) {  // StorageMeta's checkpoint_id (pathlib._local: Python 3.13)
       set(Global::Path);
     } else {
       const DcpClassName* c = nullptr;

@@ -3,7 +3,8 @@
   save DIR WORLD REF [FORMAT]  FSDP2 (fully_shard per block, then the root) of
                                tests/fsdp/models.h's Net, AdamW, 3 steps, saved with
                                dcp.save({"model", "optim"}) at WORLD ranks (FORMAT:
-                               torch_save or safetensors); REF: the full model and
+                               torch_save, safetensors, or titan: torchtitan's keys, the
+                               model at the top and the optimizer flattened); REF: the full model and
                                optimizer state as safetensors ("<name>", "optim/<param>/<field>")
   load DIR WORLD OUT LR         DIR (tdist's DCP save) through dcp.load into the FSDP2 Net
                                and AdamW at WORLD ranks; OUT: their full state, as REF;
@@ -77,6 +78,15 @@ def save_rank(rank, world, port, out, ref, fmt):
         opt.step()
     msd, osd = get_state_dict(net, opt)
     state = {"model": msd, "optim": osd}
+    if fmt == "titan":  # torchtitan's layout: the model at the top, the optimizer flattened, more beside
+        import pickle
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+        flat = StateDictOptions(flatten_optimizer_state_dict=True)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        state = dict(msd)
+        state.update({"optimizer": get_state_dict(net, opt, options=flat)[1], "lr_scheduler": sched.state_dict(),
+                      "dataloader": {f"dp_rank_{rank}": pickle.dumps({"sample_idx": 3})},
+                      "train_state": {"step": 3, "ntokens_seen": 1234}})
     if fmt == "safetensors":
         dcp.save(state, storage_writer=FileSystemWriter(out, serialization_format=SerializationFormat.SAFETENSORS))
     else:

@@ -139,6 +139,26 @@ TEST_F(Dcp, LoadsIntoFsdpAtWorldThree) {
   }), "");
 }
 
+TEST_F(Dcp, TorchtitansLayoutLoadsWithItsFlattenedOptimizer) {
+  const std::string titan = dir_->path() + "/titan", titan_ref = dir_->path() + "/titan_ref.safetensors";
+  python("save " + titan + " 2 " + titan_ref + " titan");
+  for (int world : {1, 3}) {
+    ASSERT_EQ(run_world(world, [&](ProcessGroup& pg) {
+      tdist::FullyShardedDataParallelOptions o;
+      std::shared_ptr<torch::nn::Module> model;
+      if (pg.size() == 1) {
+        model = Net().ptr();
+      } else {
+        model = FSDP<Net>(Net(&o), o).ptr();
+      }
+      torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.5));
+      tdist::load_sharded_checkpoint(titan, pg, *model, &opt);
+      expect_pytorch_state(*model, opt, titan_ref, "torchtitan's layout at world " + std::to_string(pg.size()));
+      WORLD_CHECK(static_cast<torch::optim::AdamWOptions&>(opt.param_groups()[0].options()).lr() == 0.01, "lr");
+    }), "");
+  }
+}
+
 TEST_F(Dcp, TheSafetensorsVariantLoadsToo) {
   const std::string st = dir_->path() + "/st", st_ref = dir_->path() + "/st_ref.safetensors";
   python("save " + st + " 2 " + st_ref + " safetensors");
