@@ -79,6 +79,8 @@ struct CheckpointBenchOptions {
   std::string dir = "/tmp";
   int repeats = 3;
   std::string writer = "idle";  // the Checkpointer's idle_writes: idle or nice
+  std::string format = "tdist";  // tdist (per-rank .pt files) or dcp (PyTorch's DCP folder)
+  std::string python;            // dcp: the Python whose dcp.load is timed beside (empty: none)
   std::string json;
   std::string run_dir, result;  // set by the parent for its ranks
   void add_to(CLI::App& mode);

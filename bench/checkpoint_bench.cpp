@@ -9,6 +9,14 @@
 // largest tensor. Then the Checkpointer's cost to the same model training:
 // a synchronous save's stall against an asynchronous one's (the copy, and
 // what the steps that overlap its writing lose).
+//
+// --format dcp: the same as PyTorch's DCP folder (save, load, `tdist-ckpt
+// convert --to safetensors --optimizer` in place of consolidate; no
+// reshard: DCP loads at any world size), with each rank's peak memory
+// beyond what it held before (target: its shard + one tensor + 64 MiB), and
+// with --python, PyTorch's own dcp.load and dcp.save of the same folder
+// into the same model under FSDP2 (bench/torch_dcp_reference.py), taking
+// turns with tdist's tools in each repeat.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -82,6 +90,7 @@ CheckpointerTimes checkpointer_times(const CheckpointBenchOptions& o, ProcessGro
   co.dir = o.run_dir + "/checkpointer";
   co.keep_last = 1;
   co.idle_writes = o.writer == "idle";
+  co.files.format = o.format == "dcp" ? ShardedFormat::dcp : ShardedFormat::tdist;
   std::vector<double> alone, sync_stall, async_stall, during, writes, lost;
   for (int i = 0; i < 6; ++i) alone.push_back(slowest(step()));
   {
@@ -131,6 +140,15 @@ CheckpointerTimes checkpointer_times(const CheckpointBenchOptions& o, ProcessGro
   return out;
 }
 
+// A field of /proc/self/status in bytes ("VmRSS", "VmHWM").
+int64_t vm_bytes(const char* field) {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind(std::string(field) + ":", 0) == 0) return std::stoll(line.substr(std::strlen(field) + 1)) * 1024;
+  }
+  return 0;
+}
+
 int run_rank(const CheckpointBenchOptions& o) {
   at::set_num_threads(1);
   auto pg = init_process_group({});
@@ -141,12 +159,18 @@ int run_rank(const CheckpointBenchOptions& o) {
   for (auto& p : model->parameters()) p.mutable_grad() = torch::ones_like(p);
   opt.step();  // the moments exist
   const std::string prefix = o.run_dir + "/bench";
+  ShardedCheckpointOptions so;
+  so.format = o.format == "dcp" ? ShardedFormat::dcp : ShardedFormat::tdist;
   std::vector<double> saves, loads;
+  // What the ops hold beyond the model and optimizer: the peak from here
+  // on ("5" into clear_refs resets VmHWM to the current VmRSS).
+  std::ofstream("/proc/self/clear_refs") << "5";
+  const int64_t rss_before = vm_bytes("VmRSS");
   for (int i = 0; i < o.repeats; ++i) {
     ::sync();  // every operation starts with the disk idle (no earlier writeback in flight)
     pg->barrier()->wait();
     auto t = Clock::now();
-    save_sharded_checkpoint(prefix, *pg, *model, &opt);
+    save_sharded_checkpoint(prefix, *pg, *model, &opt, so);
     saves.push_back(seconds_since(t));
     ::sync();
     pg->barrier()->wait();
@@ -156,9 +180,12 @@ int run_rank(const CheckpointBenchOptions& o) {
     loads.push_back(seconds_since(t));
   }
   const double save_s = percentile(saves, 50), load_s = percentile(loads, 50);
+  at::Tensor extra = at::tensor({vm_bytes("VmHWM") - rss_before}, at::kLong);
+  pg->all_reduce(extra, {ReduceOp::MAX})->wait();
   const CheckpointerTimes c = checkpointer_times(o, *pg, model, opt);
   if (pg->rank() == 0) {
     std::ofstream(o.result) << nlohmann::json{{"save_s", save_s}, {"load_s", load_s}, {"step_s", c.step_s},
+                                              {"rank_extra_peak_bytes", extra.item<int64_t>()},
                                               {"sync_stall_s", c.sync_stall_s}, {"async_stall_s", c.async_stall_s},
                                               {"async_step_s", c.async_step_s}, {"async_write_s", c.async_write_s},
                                               {"async_lost_s", c.async_lost_s}}
@@ -255,10 +282,18 @@ int run_parent(const CheckpointBenchOptions& o, const std::vector<std::string>& 
   if (spawn_ranks("checkpoint", o.world_size, args, {"--run-dir", dir, "--result", result}) != 0) return 1;
   const auto ranks = nlohmann::json::parse(std::ifstream(result));
   const std::string prefix = dir + "/bench";
+  const bool dcp = o.format == "dcp";
   std::vector<std::string> files;
-  for (int r = 0; r < o.world_size; ++r) files.push_back(prefix + "_rank-" + std::to_string(r) + "-of-" +
-                                                        std::to_string(o.world_size) + ".pt");
+  if (dcp) {
+    for (const auto& e : std::filesystem::directory_iterator(prefix)) files.push_back(e.path().string());
+  } else {
+    for (int r = 0; r < o.world_size; ++r) {
+      files.push_back(prefix + "_rank-" + std::to_string(r) + "-of-" + std::to_string(o.world_size) + ".pt");
+    }
+  }
   const int64_t bytes = bytes_of(files);
+  const std::string torch_json = dir + "/torch.json";
+  std::vector<double> torch_load, torch_save;
   // Each operation o.repeats times, taking turns; the median time, the
   // largest peak.
   const int to = o.world_size + 1;
@@ -270,12 +305,30 @@ int run_parent(const CheckpointBenchOptions& o, const std::vector<std::string>& 
     copies.push_back(copy_seconds(files, dir + "/copy"));
     std::filesystem::remove(dir + "/copy");
     ::sync();
-    const ToolRun c = run_tool({"consolidate", "--ckpt-prefix", prefix, "--optimizer", "--save-path", dir + "/full.pt"}, dir);
+    const std::string full = dir + (dcp ? "/full.safetensors" : "/full.pt");
+    const ToolRun c = dcp ? run_tool({"convert", "--from", "dcp:" + prefix, "--to", "safetensors:" + full, "--optimizer"}, dir)
+                          : run_tool({"consolidate", "--ckpt-prefix", prefix, "--optimizer", "--save-path", full}, dir);
     cons_s.push_back(c.seconds);
     cons.peak_rss = std::max(cons.peak_rss, c.peak_rss);
-    cons_bytes = static_cast<int64_t>(std::filesystem::file_size(dir + "/full.pt"));
-    std::filesystem::remove(dir + "/full.pt");
+    cons_bytes = static_cast<int64_t>(std::filesystem::file_size(full));
+    std::filesystem::remove(full);
     ::sync();
+    if (dcp && !o.python.empty()) {  // PyTorch's dcp.load and dcp.save of the same folder, in turn with ours
+      const std::string cmd = o.python + " " TDIST_SOURCE_DIR "/bench/torch_dcp_reference.py --ckpt " + prefix +
+                              " --width " + std::to_string(width_for(o)) + " --layers " + std::to_string(o.layers) +
+                              " --world-size " + std::to_string(o.world_size) + " --repeats 1 --out " + torch_json +
+                              " > " + dir + "/torch.log 2>&1";
+      if (std::system(cmd.c_str()) != 0) {
+        std::ifstream log(dir + "/torch.log");
+        std::fprintf(stderr, "%s", std::string(std::istreambuf_iterator<char>(log), {}).c_str());
+        throw std::runtime_error("PyTorch's reference failed: " + cmd);
+      }
+      const auto t = nlohmann::json::parse(std::ifstream(torch_json));
+      torch_load.push_back(t["load_s"].get<double>());
+      torch_save.push_back(t["save_s"].get<double>());
+      continue;
+    }
+    if (dcp) continue;  // DCP loads at any world size: nothing to reshard
     const ToolRun r = run_tool({"reshard", "--ckpt-prefix", prefix, "--world-size", std::to_string(to),
                                 "--out-prefix", dir + "/re"}, dir);
     resh_s.push_back(r.seconds);
@@ -283,22 +336,22 @@ int run_parent(const CheckpointBenchOptions& o, const std::vector<std::string>& 
   }
   const double copy_s = percentile(copies, 50);
   cons.seconds = percentile(cons_s, 50);
-  resh.seconds = percentile(resh_s, 50);
+  resh.seconds = resh_s.empty() ? 0 : percentile(resh_s, 50);
   const ToolRun base = run_tool({"--help"}, dir);  // the process alone, nothing done
   const int64_t w = width_for(o);
   const int64_t largest = w * w * 4;
   const double copy_bps = bytes / copy_s;
-  std::printf("checkpoint: FSDP, %d Linear(%lld, %lld) units + Adam = %.1f MiB of fp32 state, world %d, in %s;"
+  std::printf("checkpoint (%s): FSDP, %d Linear(%lld, %lld) units + Adam = %.1f MiB of fp32 state, world %d, in %s;"
               " medians of %d\n",
-              o.layers, static_cast<long long>(w), static_cast<long long>(w), bytes / 1048576.0, o.world_size,
-              o.dir.c_str(), o.repeats);
+              dcp ? "PyTorch's DCP folder" : "tdist's per-rank files", o.layers, static_cast<long long>(w),
+              static_cast<long long>(w), bytes / 1048576.0, o.world_size, o.dir.c_str(), o.repeats);
   std::printf("  largest tensor %.1f MiB; tdist-ckpt doing nothing (--help) peaks at %.1f MiB\n\n",
               largest / 1048576.0, base.peak_rss / 1048576.0);
-  std::printf("  %-26s %10s %10s %12s %14s\n", "operation", "seconds", "MiB/s", "x copy", "peak RSS MiB");
+  std::printf("  %-36s %10s %10s %12s %14s\n", "operation", "seconds", "MiB/s", "x copy", "peak RSS MiB");
   JsonRows rows;
   const auto row = [&](const char* name, double s, int64_t moved, int64_t peak) {
     const double bps = moved / s;
-    std::printf("  %-26s %10.2f %10.0f %12.2f %14s\n", name, s, bps / 1048576.0, bps / copy_bps,
+    std::printf("  %-36s %10.2f %10.0f %12.2f %14s\n", name, s, bps / 1048576.0, bps / copy_bps,
                 peak ? std::to_string(peak / 1048576).c_str() : "-");
     rows.begin_row();
     rows.field("operation", name);
@@ -312,10 +365,20 @@ int run_parent(const CheckpointBenchOptions& o, const std::vector<std::string>& 
   row("sequential copy", copy_s, bytes, 0);
   row("save (all ranks)", ranks["save_s"].get<double>(), bytes, 0);
   row("load (all ranks)", ranks["load_s"].get<double>(), bytes, 0);
-  row("consolidate --optimizer", cons.seconds, cons_bytes, cons.peak_rss);
-  row(("reshard to " + std::to_string(to)).c_str(), resh.seconds, bytes, resh.peak_rss);
-  std::printf("\n  consolidate: peak RSS %.1f MiB (target: at most the largest tensor + 64 MiB = %.1f MiB)\n",
-              cons.peak_rss / 1048576.0, (largest + (int64_t{64} << 20)) / 1048576.0);
+  row(dcp ? "convert to safetensors --optimizer" : "consolidate --optimizer", cons.seconds, cons_bytes, cons.peak_rss);
+  if (!dcp) row(("reshard to " + std::to_string(to)).c_str(), resh.seconds, bytes, resh.peak_rss);
+  if (!torch_load.empty()) {
+    row("PyTorch dcp.load", percentile(torch_load, 50), bytes, 0);
+    row("PyTorch dcp.save", percentile(torch_save, 50), bytes, 0);
+  }
+  std::printf("\n  %s: peak RSS %.1f MiB (target: at most the largest tensor + 64 MiB = %.1f MiB)\n",
+              dcp ? "convert" : "consolidate", cons.peak_rss / 1048576.0, (largest + (int64_t{64} << 20)) / 1048576.0);
+  const int64_t extra = ranks["rank_extra_peak_bytes"].get<int64_t>();
+  std::printf("  a rank's save and load: %.1f MiB beyond what it held (target: its shard + one tensor + 64 MiB = "
+              "%.1f MiB)\n", extra / 1048576.0, (bytes / o.world_size + largest + (int64_t{64} << 20)) / 1048576.0);
+  rows.begin_row();
+  rows.field("operation", "rank save and load, extra peak");
+  rows.field("peak_rss_bytes", static_cast<double>(extra));
   const double sync_stall = ranks["sync_stall_s"].get<double>(), lost = ranks["async_lost_s"].get<double>();
   std::printf("\n  Checkpointer (--writer %s), the same model training (a step alone: %.3f s):\n", o.writer.c_str(),
               ranks["step_s"].get<double>());
@@ -362,6 +425,11 @@ void CheckpointBenchOptions::add_to(CLI::App& mode) {
                   "the Checkpointer's asynchronous writing: idle (SCHED_IDLE, the default) or nice (nice 19)")
       ->check(CLI::IsMember({"idle", "nice"}))
       ->capture_default_str();
+  mode.add_option("--format", format, "tdist (per-rank .pt files) or dcp (PyTorch's DCP folder)")
+      ->check(CLI::IsMember({"tdist", "dcp"}))
+      ->capture_default_str();
+  mode.add_option("--python", python, "dcp: a Python with torch 2.x whose dcp.load and dcp.save run beside ours")
+      ->type_name("PYTHON");
   mode.add_option("--json", json, "also write the rows here")->type_name("FILE");
   mode.add_option("--run-dir", run_dir)->group("");
   mode.add_option("--result", result)->group("");
