@@ -35,6 +35,11 @@ fuzz safetensors_header_fuzzer "$root/fuzz/corpus_safetensors" \
 # The .pt layer includes c10's ScalarType header and calls into libc10
 # (LibTorch 1.13 from Debian: /usr/include, libc10.so); nothing else of
 # LibTorch.
+fuzz dcp_metadata_fuzzer "$root/fuzz/corpus_dcp" \
+  "$root/fuzz/dcp_metadata_fuzzer.cpp" "$root/src/checkpoint/dcp_metadata.cpp" \
+  "$root/src/checkpoint/dcp_metadata_writer.cpp" "$root/src/checkpoint/pt_value.cpp" \
+  "$root/src/checkpoint/pickle_writer.cpp" "$root/src/checkpoint/pickle_reader.cpp" \
+  "$root/src/checkpoint/file_io.cpp" -DTDIST_HAVE_ISAL=0 -lc10 -lz
 fuzz pt_file_fuzzer "$root/fuzz/corpus_pt" \
   "$root/fuzz/pt_file_fuzzer.cpp" "$root/src/checkpoint/pt_value.cpp" "$root/src/checkpoint/pickle_writer.cpp" \
   "$root/src/checkpoint/pickle_reader.cpp" "$root/src/checkpoint/zip_writer.cpp" \
