@@ -15,5 +15,11 @@ namespace tdist::checkpoint {
 void check_sharded_model_state(torch::nn::Module& model, const ShardedStateDict& state);
 void check_sharded_optimizer_state(torch::nn::Module& model, torch::optim::Optimizer& opt,
                                    const OptimizerStateDict& state);
+// load_sharded_optimizer_state_dict of a state the caller gives away (a
+// checkpoint load's staged state, dropped after): its tensors become the
+// optimizer's where they are on the parameter's device in its dtype, no
+// second copy (a rank's load then holds its shard once, not twice).
+void adopt_sharded_optimizer_state(torch::nn::Module& model, torch::optim::Optimizer& opt,
+                                   const OptimizerStateDict& state);
 
 }  // namespace tdist::checkpoint

@@ -53,7 +53,7 @@ class Kind final : public OptimizerKind {
   }
 
   std::unique_ptr<torch::optim::OptimizerParamState> make_state(const StateDict& fields, const std::string& name,
-                                                                const at::Tensor& param) const override {
+                                                                const at::Tensor& param, bool adopt) const override {
     auto st = std::make_unique<State>();
     for (const auto& f : fields) {
       const bool known = (f.key() == "step" && kHasStep && has_step_) ||
@@ -90,13 +90,13 @@ class Kind final : public OptimizerKind {
     for (const auto& f : tensors_) {
       const at::Tensor* t = fields.find(f.name);
       if (t && t->defined()) {
-        if (!param.defined()) {  // a check only: nothing to place
-          f.get(*st) = t->detach().clone();
+        if (!param.defined()) {  // a check only: nothing to place, nothing kept
+          f.get(*st) = t->detach();
           continue;
         }
         const bool cast = t->is_floating_point() && param.is_floating_point();
         f.get(*st) = t->detach().to(param.device(), cast ? param.scalar_type() : t->scalar_type(),
-                                    /*non_blocking=*/false, /*copy=*/true);
+                                    /*non_blocking=*/false, /*copy=*/!adopt);
       } else if (!f.optional) {
         throw CheckpointError("optimizer state of '" + name + "': no " + f.name + " (" + name_ + ")");
       }

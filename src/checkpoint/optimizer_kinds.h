@@ -28,11 +28,15 @@ class OptimizerKind {
   // A state from read_state's tensors (CheckpointError naming a missing
   // one), each a copy on `param`'s device and, where both are floating
   // point, in its dtype (as Python's Optimizer.load_state_dict does): a
-  // state read from a file is on the CPU, the parameter maybe on a GPU. An
-  // undefined `param` (a check before anything changes): copies as read.
+  // state read from a file is on the CPU, the parameter maybe on a GPU.
+  // adopt: the tensors are the caller's to give (a load's staged state):
+  // one already on that device in that dtype becomes the state itself, no
+  // copy. An undefined `param` (a check before anything changes): the
+  // tensors as they are, never copied (the state is thrown away).
   virtual std::unique_ptr<torch::optim::OptimizerParamState> make_state(const StateDict& fields,
                                                                         const std::string& name,
-                                                                        const at::Tensor& param) const = 0;
+                                                                        const at::Tensor& param,
+                                                                        bool adopt = false) const = 0;
   virtual std::map<std::string, double> read_options(const torch::optim::OptimizerOptions& o) const = 0;
   // Sets the options read_options names (others are left as they are).
   virtual void write_options(torch::optim::OptimizerOptions& o, const std::map<std::string, double>& values) const = 0;

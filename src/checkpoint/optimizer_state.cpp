@@ -126,7 +126,7 @@ OptimizerStateDict take(torch::nn::Module& model, torch::optim::Optimizer& opt, 
 }
 
 void put(torch::nn::Module& model, torch::optim::Optimizer& opt, const OptimizerStateDict& state, bool full,
-         const char* what, bool apply = true) {
+         const char* what, bool apply = true, bool adopt = false) {
   const checkpoint::OptimizerKind& kind = checkpoint::kind_of(opt);
   const auto fsdp = detail::FsdpModel::of(model);
   const checkpoint::Units units = checkpoint::units_of(fsdp);
@@ -153,6 +153,7 @@ void put(torch::nn::Module& model, torch::optim::Optimizer& opt, const Optimizer
   std::vector<std::pair<compat::OptimizerStateKey, std::unique_ptr<torch::optim::OptimizerParamState>>> made;
   std::vector<compat::OptimizerStateKey> cleared;  // parameters the state has nothing for
   std::set<std::string> stepped;
+  std::set<const void*> adopted;  // storages given to a state: never two states on one
   for (size_t g = 0; g < groups.size(); ++g) {
     if (state.param_groups[g].params.size() != groups[g].size()) {
       fail("param group " + std::to_string(g) + " has " + std::to_string(state.param_groups[g].params.size()) +
@@ -178,10 +179,15 @@ void put(torch::nn::Module& model, torch::optim::Optimizer& opt, const Optimizer
                " in the state but the parameter is " + shape_string(want));
         }
         const bool slice = full && s.unit && s.unit->sharded && f.key() != "step";
-        mine.insert(f.key(), slice ? checkpoint::rows_of(f.value(), *s.unit) : f.value());
+        at::Tensor t = slice ? checkpoint::rows_of(f.value(), *s.unit) : f.value();
+        if (adopt && t.defined()) {  // only a whole storage of its own becomes the state
+          const bool whole = t.is_contiguous() && t.storage_offset() == 0 && t.storage().nbytes() == t.nbytes();
+          if (!whole || !adopted.insert(t.storage().data()).second) t = t.clone();
+        }
+        mine.insert(f.key(), t);
       }
       made.emplace_back(compat::optimizer_state_key(s.param),
-                        kind.make_state(mine, s.name, apply ? s.param : at::Tensor()));
+                        kind.make_state(mine, s.name, apply ? s.param : at::Tensor(), adopt));
     }
   }
   for (const auto& item : state.state) {
@@ -222,6 +228,10 @@ namespace checkpoint {
 void check_sharded_optimizer_state(torch::nn::Module& model, torch::optim::Optimizer& opt,
                                    const OptimizerStateDict& state) {
   put(model, opt, state, /*full=*/false, "load_sharded_optimizer_state_dict", /*apply=*/false);
+}
+void adopt_sharded_optimizer_state(torch::nn::Module& model, torch::optim::Optimizer& opt,
+                                   const OptimizerStateDict& state) {
+  put(model, opt, state, /*full=*/false, "load_sharded_optimizer_state_dict", /*apply=*/true, /*adopt=*/true);
 }
 }  // namespace checkpoint
 

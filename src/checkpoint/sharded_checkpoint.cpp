@@ -561,8 +561,9 @@ void load_on(const std::string& prefix, ProcessGroup& pg, torch::nn::Module& mod
                           " come from different saves (one that did not finish?); nothing was loaded");
   }
   load_sharded_state_dict(model, staged->model);
+  staged->model.tensors.clear();  // copied into the model's own tensors: freed before the optimizer's state is placed
   if (ddp && staged->ddp_buckets) ddp->set_bucket_indices(*staged->ddp_buckets);
-  if (optimizer) load_sharded_optimizer_state_dict(model, *optimizer, *staged->optimizer);
+  if (optimizer) checkpoint::adopt_sharded_optimizer_state(model, *optimizer, *staged->optimizer);
   if (options.comm_hook_state) options.comm_hook_state->load_state_dict(*staged->comm_hook);
 }
 
