@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "checkpoint/dcp_metadata.h"
 #include "tdist/pretrained.h"
 #include "tdist/tdist.h"
@@ -251,6 +253,70 @@ TEST_F(Dcp, TdistsSaveLoadsBackInTdistAtWorldThree) {
     save_full(*model, opt, again, pg.rank());
     if (pg.rank() == 0) expect_same_files(full, again);
   }), "");
+}
+
+// ---- tdist-ckpt convert and inspect ------------------------------------------------
+
+tdist::test::CommandResult ckpt_tool(const std::string& args) {
+  return tdist::test::run_command(std::string(TDIST_BIN_DIR) + "/tdist-ckpt " + args + " 2>&1", std::chrono::seconds(120));
+}
+
+TEST_F(Dcp, ConvertTurnsPyTorchsDcpIntoItsFullStateBitForBit) {
+  const std::string model = dir_->path() + "/conv_model.safetensors", all = dir_->path() + "/conv_all.safetensors";
+  auto r = ckpt_tool("convert --from dcp:" + ckpt() + " --to safetensors:" + model);
+  ASSERT_TRUE(tdist::test::exited_ok(r.status)) << r.output;
+  r = ckpt_tool("convert --from dcp:" + ckpt() + " --to safetensors:" + all + " --optimizer");
+  ASSERT_TRUE(tdist::test::exited_ok(r.status)) << r.output;
+  const StateDict want = tdist::load_safetensors(ref()), got = tdist::load_safetensors(model),
+                  got_all = tdist::load_safetensors(all);
+  size_t model_tensors = 0;
+  for (const auto& item : want) {
+    const std::string& k = item.key();
+    if (k.rfind("optim/", 0) == 0) {  // PyTorch's optim/<param>/<field> is our optimizer/<param>/<field>
+      const std::string ours = "optimizer/" + k.substr(6);
+      ASSERT_TRUE(got_all.contains(ours)) << ours;
+      EXPECT_TRUE(torch::equal(got_all[ours], item.value())) << ours;
+      continue;
+    }
+    ++model_tensors;
+    ASSERT_TRUE(got.contains(k)) << k;
+    EXPECT_EQ(got[k].scalar_type(), item.value().scalar_type()) << k;
+    EXPECT_TRUE(torch::equal(got[k], item.value())) << k;
+  }
+  EXPECT_EQ(got.size(), model_tensors) << "the model alone, under PyTorch's names";
+  // Never over its input; and inspect sees the folder as Python wrote it.
+  r = ckpt_tool("convert --from dcp:" + ckpt() + " --to dcp:" + ckpt());
+  EXPECT_EQ(WEXITSTATUS(r.status), 2) << r.output;
+  EXPECT_NE(r.output.find("never overwritten"), std::string::npos) << r.output;
+  r = ckpt_tool("inspect " + ckpt() + " --json");
+  ASSERT_TRUE(tdist::test::exited_ok(r.status)) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["model"].size(), model_tensors);
+  EXPECT_EQ(j["model"][1]["name"], "in.weight");
+  EXPECT_EQ(j["model"][1]["chunks"], 2);
+}
+
+TEST_F(Dcp, TdistsFilesConvertToDcpThatPyTorchReads) {
+  const std::string prefix = dir_->path() + "/sharded", full = dir_->path() + "/sharded_full.safetensors";
+  ASSERT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    tdist::FullyShardedDataParallelOptions o;
+    torch::manual_seed(4);
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.02));
+    for (int s = 0; s < 2; ++s) {
+      opt.zero_grad();
+      model(batch(s, pg.size()).narrow(0, 4 * pg.rank(), 4)).pow(2).mean().backward();
+      opt.step();
+    }
+    tdist::save_sharded_checkpoint(prefix, pg, *model, &opt);
+    save_full(*model, opt, full, pg.rank());
+  }), "");
+  const std::string out = dir_->path() + "/sharded_dcp";
+  const auto r = ckpt_tool("convert --from tdist:" + prefix + " --to dcp:" + out + " --optimizer");
+  ASSERT_TRUE(tdist::test::exited_ok(r.status)) << r.output;
+  const std::string back = dir_->path() + "/sharded_dcp_in_pytorch.safetensors";
+  python("load " + out + " 2 " + back + " 0.02");
+  expect_same_files(full, back);
 }
 
 // ---- Python's optimizer.state_dict(), keyed by index ---------------------------------
