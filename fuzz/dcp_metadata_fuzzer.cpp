@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "checkpoint/dcp_metadata.h"
+#include "formats/dcp_metadata.h"
 #include "tdist/errors.h"
 
 namespace dcp = tdist::checkpoint::dcp;

@@ -13,8 +13,8 @@
 #include <cstring>
 #include <string>
 
-#include "checkpoint/pt_file.h"
-#include "checkpoint/zip_format.h"
+#include "formats/pt_file.h"
+#include "formats/zip_format.h"
 #include "tdist/errors.h"
 
 namespace ck = tdist::checkpoint;

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "checkpoint/safetensors_header.h"
+#include "formats/safetensors_header.h"
 
 namespace st = tdist::safetensors;
 

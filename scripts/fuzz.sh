@@ -31,16 +31,16 @@ fuzz() {
 fuzz store_frame_fuzzer "$root/fuzz/corpus" \
   "$root/fuzz/store_frame_fuzzer.cpp" "$root/src/store/wire.cpp"
 fuzz safetensors_header_fuzzer "$root/fuzz/corpus_safetensors" \
-  "$root/fuzz/safetensors_header_fuzzer.cpp" "$root/src/checkpoint/safetensors_header.cpp"
+  "$root/fuzz/safetensors_header_fuzzer.cpp" "$root/src/formats/safetensors_header.cpp"
 # The .pt layer includes c10's ScalarType header and calls into libc10
 # (LibTorch 1.13 from Debian: /usr/include, libc10.so); nothing else of
 # LibTorch.
 fuzz dcp_metadata_fuzzer "$root/fuzz/corpus_dcp" \
-  "$root/fuzz/dcp_metadata_fuzzer.cpp" "$root/src/checkpoint/dcp_metadata.cpp" \
-  "$root/src/checkpoint/dcp_metadata_writer.cpp" "$root/src/checkpoint/pt_value.cpp" \
-  "$root/src/checkpoint/pickle_writer.cpp" "$root/src/checkpoint/pickle_reader.cpp" \
-  "$root/src/checkpoint/file_io.cpp" -DTDIST_HAVE_ISAL=0 -lc10 -lz
+  "$root/fuzz/dcp_metadata_fuzzer.cpp" "$root/src/formats/dcp_metadata.cpp" \
+  "$root/src/formats/dcp_metadata_writer.cpp" "$root/src/formats/pt_value.cpp" \
+  "$root/src/formats/pickle_writer.cpp" "$root/src/formats/pickle_reader.cpp" \
+  "$root/src/formats/pickle_dcp.cpp" "$root/src/formats/file_io.cpp" -DTDIST_HAVE_ISAL=0 -lc10 -lz
 fuzz pt_file_fuzzer "$root/fuzz/corpus_pt" \
-  "$root/fuzz/pt_file_fuzzer.cpp" "$root/src/checkpoint/pt_value.cpp" "$root/src/checkpoint/pickle_writer.cpp" \
-  "$root/src/checkpoint/pickle_reader.cpp" "$root/src/checkpoint/zip_writer.cpp" \
-  "$root/src/checkpoint/zip_reader.cpp" -lc10
+  "$root/fuzz/pt_file_fuzzer.cpp" "$root/src/formats/pt_value.cpp" "$root/src/formats/pickle_writer.cpp" \
+  "$root/src/formats/pickle_reader.cpp" "$root/src/formats/pickle_dcp.cpp" "$root/src/formats/zip_writer.cpp" \
+  "$root/src/formats/zip_reader.cpp" -lc10

@@ -42,7 +42,7 @@
 
 #include "checkpoint/convert.h"
 #include "checkpoint/dcp_layout.h"
-#include "checkpoint/dcp_metadata.h"
+#include "formats/dcp_metadata.h"
 #include "checkpoint/tools.h"
 #include "tdist/checkpoint_tools.h"
 #include "tdist/errors.h"

@@ -43,7 +43,7 @@
 #include <utility>
 #include <vector>
 
-#include "checkpoint/pt_file.h"
+#include "formats/pt_file.h"
 #include "tdist/shard_metadata.h"
 
 namespace tdist::checkpoint {

@@ -10,7 +10,7 @@
 #include <memory>
 #include <set>
 
-#include "checkpoint/file_io.h"
+#include "formats/file_io.h"
 #include "checkpoint/sharded_tensors.h"
 #include "checkpoint/tensor_tree.h"
 #include "checkpoint/tools.h"

@@ -8,7 +8,7 @@
 #include <unordered_map>
 
 #include "checkpoint/dcp_layout.h"
-#include "checkpoint/dcp_reader.h"
+#include "formats/dcp_reader.h"
 #include "checkpoint/model_entries.h"
 #include "checkpoint/optimizer_kinds.h"
 #include "checkpoint/sharded_files.h"

@@ -12,8 +12,8 @@
 #include <unordered_map>
 
 #include "checkpoint/dcp_layout.h"
-#include "checkpoint/dcp_metadata.h"
-#include "checkpoint/dcp_writer.h"
+#include "formats/dcp_metadata.h"
+#include "formats/dcp_writer.h"
 #include "checkpoint/model_entries.h"
 #include "checkpoint/optimizer_kinds.h"
 #include "checkpoint/sharded_files.h"

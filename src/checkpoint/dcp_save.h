@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/dcp_metadata.h"
+#include "formats/dcp_metadata.h"
 #include "checkpoint/tensor_tree.h"
 #include "tdist/process_group.h"
 

@@ -21,7 +21,7 @@
 #include <unordered_map>
 
 #include "checkpoint/checkpoint_tree.h"
-#include "checkpoint/file_io.h"
+#include "formats/file_io.h"
 #include "checkpoint/model_entries.h"
 #include "checkpoint/pretrained_sources.h"
 #include "tdist/safetensors.h"

@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <map>
 
-#include "checkpoint/file_io.h"
-#include "checkpoint/pt_file.h"
+#include "formats/file_io.h"
+#include "formats/pt_file.h"
 #include "tdist/safetensors.h"
 #include "tdist/errors.h"
 #include "util/open_file.h"

@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "checkpoint/checkpoint_tree.h"
-#include "checkpoint/pt_file.h"
+#include "formats/pt_file.h"
 #include "checkpoint/tensor_tree.h"
 #include "tdist/errors.h"
 

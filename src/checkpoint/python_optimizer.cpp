@@ -5,7 +5,7 @@
 #include "checkpoint/dcp_layout.h"
 #include "checkpoint/model_entries.h"
 #include "checkpoint/optimizer_kinds.h"
-#include "checkpoint/pt_file.h"
+#include "formats/pt_file.h"
 #include "checkpoint/tensor_tree.h"
 #include "fsdp/fsdp_model.h"
 #include "tdist/pretrained.h"

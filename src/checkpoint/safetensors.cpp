@@ -12,9 +12,9 @@
 #include <unordered_map>
 
 #include "checkpoint/checkpoint_tree.h"
-#include "checkpoint/file_io.h"
-#include "checkpoint/safetensors_header.h"
-#include "checkpoint/safetensors_names.h"
+#include "formats/file_io.h"
+#include "formats/safetensors_header.h"
+#include "formats/safetensors_names.h"
 #include "tdist/safetensors.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian, as this host must be");

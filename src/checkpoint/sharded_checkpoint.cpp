@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "checkpoint/dcp_load.h"
-#include "checkpoint/dcp_metadata.h"
+#include "formats/dcp_metadata.h"
 #include "checkpoint/dcp_save.h"
 #include "checkpoint/rank_file.h"
 #include "checkpoint/tensor_tree.h"

@@ -11,7 +11,7 @@
 #include <set>
 
 #include "checkpoint/checkpoint_tree.h"
-#include "checkpoint/file_io.h"
+#include "formats/file_io.h"
 #include "tdist/errors.h"
 
 namespace tdist::checkpoint {

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/pt_file.h"
+#include "formats/pt_file.h"
 #include "tdist/shard_metadata.h"
 
 namespace tdist::checkpoint {

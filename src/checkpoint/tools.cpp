@@ -20,7 +20,7 @@
 
 #include "checkpoint/checkpoint_tree.h"
 #include "checkpoint/latest_marker.h"
-#include "checkpoint/pt_file.h"
+#include "formats/pt_file.h"
 #include "tdist/safetensors.h"
 #include "tdist/errors.h"
 #include "util/open_file.h"

@@ -7,7 +7,7 @@
 
 #include <mutex>
 
-#include "checkpoint/pt_file.h"
+#include "formats/pt_file.h"
 #include "tdist/errors.h"
 
 namespace tdist::detail {

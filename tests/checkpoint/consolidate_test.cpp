@@ -22,7 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/pt_file.h"
+#include "formats/pt_file.h"
 #include "tdist/tdist.h"
 #include "tests/checkpoint/rewrite.h"
 #include "tests/fsdp/models.h"

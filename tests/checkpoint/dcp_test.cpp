@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/dcp_metadata.h"
+#include "formats/dcp_metadata.h"
 #include "tdist/pretrained.h"
 #include "tdist/tdist.h"
 #include "tests/util/process.h"

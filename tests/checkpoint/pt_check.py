@@ -1,5 +1,5 @@
 """Python torch's view of tdist's .pt files, and .pt files of its own for
-tdist to read (tests/checkpoint/pt_file_test.cpp runs this with
+tdist to read (tests/formats/pt_file_test.cpp runs this with
 /usr/bin/python3, torch 1.13, and with the project's .venv, torch 2.x).
 
   pt_check.py read FILE    torch.load's the file (weights_only=True where

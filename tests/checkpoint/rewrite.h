@@ -10,7 +10,7 @@
 #include <string>
 
 #include "checkpoint/checkpoint_tree.h"
-#include "checkpoint/pt_file.h"
+#include "formats/pt_file.h"
 
 namespace tdist::test {
 

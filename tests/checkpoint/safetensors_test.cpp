@@ -16,8 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/file_io.h"
-#include "checkpoint/safetensors_header.h"
+#include "formats/file_io.h"
+#include "formats/safetensors_header.h"
 #include "tdist/safetensors.h"
 #include "tests/util/damage.h"
 #include "tests/util/process.h"

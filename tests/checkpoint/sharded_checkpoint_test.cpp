@@ -23,7 +23,7 @@
 
 #include <torch/csrc/jit/runtime/print_handler.h>
 
-#include "checkpoint/pt_file.h"
+#include "formats/pt_file.h"
 #include "tdist/tdist.h"
 #include "tests/checkpoint/rewrite.h"
 #include "tests/fsdp/models.h"

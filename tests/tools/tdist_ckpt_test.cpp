@@ -27,7 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint_tree.h"
-#include "checkpoint/pt_file.h"
+#include "formats/pt_file.h"
 #include "tdist/tdist.h"
 #include "tests/fsdp/models.h"
 #include "tests/util/process.h"

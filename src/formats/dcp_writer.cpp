@@ -1,5 +1,5 @@
 // One rank's DCP data file (dcp_writer.h).
-#include "checkpoint/dcp_writer.h"
+#include "formats/dcp_writer.h"
 
 #include <dirent.h>
 #include <unistd.h>

@@ -3,8 +3,8 @@
 // pt_value_body.h.
 #include <cstring>
 
-#include "checkpoint/pt_file.h"
-#include "checkpoint/pt_value_body.h"
+#include "formats/pt_file.h"
+#include "formats/pt_value_body.h"
 #include "tdist/errors.h"
 
 namespace tdist::checkpoint {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/pt_file.h"
+#include "formats/pt_file.h"
 #include "tdist/errors.h"
 
 namespace tdist::checkpoint::pickle {

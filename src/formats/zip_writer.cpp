@@ -3,7 +3,7 @@
 // 4.3.7, 4.3.12, 4.3.14-16, 4.5.3). The contract is in zip_format.h.
 #include <atomic>
 
-#include "checkpoint/zip_format.h"
+#include "formats/zip_format.h"
 #include "tdist/errors.h"
 
 namespace tdist::checkpoint::zip {

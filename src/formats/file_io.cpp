@@ -1,6 +1,6 @@
 // Checkpoint files: the atomic writer, the checked reader, CRC-32. The
 // contract is in file_io.h.
-#include "checkpoint/file_io.h"
+#include "formats/file_io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -26,9 +26,10 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "checkpoint/pickle_format.h"
-#include "checkpoint/pt_file.h"
-#include "checkpoint/pt_value_body.h"
+#include "formats/pickle_dcp.h"
+#include "formats/pickle_format.h"
+#include "formats/pt_file.h"
+#include "formats/pt_value_body.h"
 #include "tdist/errors.h"
 
 namespace tdist::checkpoint {
@@ -41,42 +42,12 @@ using Kind = PtValue::Kind;
 using B = PtValueBuilder;
 using TensorBody = pt_body::Tensor;
 
-enum class Global : uint8_t {
-  OrderedDict, RebuildTensor, RebuildParameter, Storage,  // .pt
-  DcpClass, TorchSize, GetLayout, GetAttr, MemFormat, Path  // DCP's .metadata (the class name in ref.storage_key)
-};
+// The globals of .pt files; DCP's (pickle_dcp.h) as 16 + their DcpGlobal
+// (a class's name in ref.storage_key).
+enum class Global : uint8_t { OrderedDict, RebuildTensor, RebuildParameter, Storage, Dcp = 16 };
+constexpr uint8_t dcp_code(DcpGlobal g) { return static_cast<uint8_t>(Global::Dcp) + static_cast<uint8_t>(g); }
 
 enum class Dialect : uint8_t { Pt, DcpMetadata };
-
-// The classes a DCP .metadata pickles, by module and name (the older
-// torch.distributed._shard homes of some too), and the name they read as.
-struct DcpClassName {
-  const char* module;
-  const char* name;
-  const char* as;
-};
-constexpr const char* kDcpMeta = "torch.distributed.checkpoint.metadata";
-const DcpClassName kDcpClasses[] = {
-    {kDcpMeta, "Metadata", "Metadata"},
-    {kDcpMeta, "TensorStorageMetadata", "TensorStorageMetadata"},
-    {kDcpMeta, "BytesStorageMetadata", "BytesStorageMetadata"},
-    {kDcpMeta, "ChunkStorageMetadata", "ChunkStorageMetadata"},
-    {kDcpMeta, "TensorProperties", "TensorProperties"},
-    {kDcpMeta, "MetadataIndex", "MetadataIndex"},
-    {kDcpMeta, "StorageMeta", "StorageMeta"},
-    {"torch.distributed.checkpoint.filesystem", "_StorageInfo", "_StorageInfo"},
-    // PyTorch 1.13 (torch.distributed._shard.checkpoint) and 1.13 to 2.2
-    // (TensorProperties): the same classes at their older homes.
-    {"torch.distributed._shard.checkpoint.metadata", "Metadata", "Metadata"},
-    {"torch.distributed._shard.checkpoint.metadata", "TensorStorageMetadata", "TensorStorageMetadata"},
-    {"torch.distributed._shard.checkpoint.metadata", "BytesStorageMetadata", "BytesStorageMetadata"},
-    {"torch.distributed._shard.checkpoint.metadata", "ChunkStorageMetadata", "ChunkStorageMetadata"},
-    {"torch.distributed._shard.checkpoint.metadata", "MetadataIndex", "MetadataIndex"},
-    {"torch.distributed._shard.checkpoint.filesystem", "_StorageInfo", "_StorageInfo"},
-    {"torch.distributed._shard.sharded_tensor.metadata", "TensorProperties", "TensorProperties"},
-};
-const char* const kMemFormats[] = {"TORCH_CONTIGUOUS_FORMAT", "TORCH_CHANNELS_LAST", "TORCH_PRESERVE_FORMAT"};
-constexpr const char* kMemFormatClass = "_MEM_FORMAT_ENCODING";
 
 // What the heap spends on an allocation of n bytes (glibc: 8 bytes of
 // header, 16-byte granules, 32 at least).
@@ -446,45 +417,25 @@ class Unpickler {
     push(std::move(v));
   }
   void dcp_global(const std::string& module, const std::string& name) {
-    c10::ScalarType dtype;
-    if (module == "torch" && dtype_of_name(name, &dtype)) {  // a value, not called
-      charge(heap(sizeof(pt_body::String)) + string_heap(6 + name.size()));
-      return push(PtValue::string("torch." + name));
+    std::string as;
+    const DcpGlobal g = pickle::dcp_global(module, name, &as);
+    if (g == DcpGlobal::Unknown) fail("global '" + module + "." + name + "' is not a class DCP's .metadata holds");
+    if (g == DcpGlobal::Dtype) {  // a value, not called
+      charge(heap(sizeof(pt_body::String)) + string_heap(as.size()));
+      return push(PtValue::string(std::move(as)));
     }
     PtValue v = make_special(TensorBody::Global);
     auto* t = static_cast<TensorBody*>(B::body(v));
-    const auto set = [t](Global g) { t->global = static_cast<uint8_t>(g); };
-    if (module == "collections" && name == "OrderedDict") {
-      set(Global::OrderedDict);
-    } else if (module == "torch" && name == "Size") {
-      set(Global::TorchSize);
-    } else if (module == "torch.serialization" && name == "_get_layout") {
-      set(Global::GetLayout);
-    } else if ((module == "builtins" || module == "__builtin__") && name == "getattr") {
-      set(Global::GetAttr);
-    } else if ((module == kDcpMeta || module == "torch.distributed._shard.sharded_tensor.metadata") &&
-               (name == kMemFormatClass || name == "MEM_FORMAT_ENCODING")) {
-      set(Global::MemFormat);
-    } else if ((module == "pathlib" || module == "pathlib._local") &&
-               (name == "PosixPath" || name == "PurePosixPath" || name == "WindowsPath" || name == "PureWindowsPath" ||
-                name == "Path")) {  // StorageMeta's checkpoint_id (pathlib._local: Python 3.13)
-      set(Global::Path);
-    } else {
-      const DcpClassName* c = nullptr;
-      for (const auto& k : kDcpClasses) {
-        if (module == k.module && name == k.name) c = &k;
-      }
-      if (c == nullptr) fail("global '" + module + "." + name + "' is not a class DCP's .metadata holds");
-      set(Global::DcpClass);
-      t->ref.storage_key = c->as;
-    }
+    t->global = g == DcpGlobal::OrderedDict ? static_cast<uint8_t>(Global::OrderedDict) : dcp_code(g);
+    charge(string_heap(as.size()));
+    t->ref.storage_key = std::move(as);
     push(std::move(v));
   }
 
   // ---- DCP's objects (dialect DcpMetadata) ---------------------------------------
   PtValue new_object(const PtValue& cls, const PtValue& args) {
     const TensorBody* c = special(cls, TensorBody::Global);
-    if (c == nullptr || c->global != static_cast<uint8_t>(Global::DcpClass)) fail("NEWOBJ of something not a DCP class");
+    if (c == nullptr || c->global != dcp_code(DcpGlobal::Class)) fail("NEWOBJ of something not a DCP class");
     if (args.kind() != Kind::Tuple || !args.items().empty()) fail("NEWOBJ of " + c->ref.storage_key + " with arguments");
     PtValue o = make_dict(false);
     charge(string_heap(c->ref.storage_key.size()) + heap(sizeof(pt_body::String)));
@@ -509,55 +460,24 @@ class Unpickler {
     if (state.kind() != Kind::Tuple) fail(std::string("BUILD of an object with ") + kind_name(state));
     set_item(inst, PtValue::string("__state__"), std::move(state));
   }
-  PtValue dcp_reduce(Global g, const std::vector<PtValue>& a) {
-    const auto string_arg = [&](size_t i, const char* what) -> const std::string& {
-      if (a.size() <= i || a[i].kind() != Kind::String) fail(std::string(what) + " without its string");
-      return a[i].as_string();
-    };
-    const auto str = [&](std::string s) {
-      charge(heap(sizeof(pt_body::String)) + string_heap(s.size()));
-      return PtValue::string(std::move(s));
-    };
-    switch (g) {
-      case Global::TorchSize: {
-        if (a.size() != 1) fail("torch.Size with " + std::to_string(a.size()) + " arguments");
-        int_tuple(a[0], "a torch.Size");
-        return a[0];
-      }
-      case Global::GetLayout: {
-        const std::string& l = string_arg(0, "_get_layout");
-        if (a.size() != 1 || l.rfind("torch.", 0) != 0 || l.size() > 64) fail("_get_layout of '" + l + "'");
-        return str(l);
-      }
-      case Global::GetAttr: {
-        const TensorBody* e = a.size() == 2 ? special(a[0], TensorBody::Global) : nullptr;
-        if (e == nullptr || e->global != static_cast<uint8_t>(Global::MemFormat)) {
-          fail("getattr of something not DCP's memory-format enum");
-        }
-        const std::string& m = string_arg(1, "getattr");
-        if (std::find(std::begin(kMemFormats), std::end(kMemFormats), m) == std::end(kMemFormats)) {
-          fail("getattr of _MEM_FORMAT_ENCODING." + m.substr(0, 64));
-        }
-        return str(std::string(kMemFormatClass) + "." + m);
-      }
-      case Global::MemFormat: {  // by value, as older Pythons pickle enums
-        if (a.size() != 1 || a[0].kind() != Kind::Int || a[0].as_int() < 0 || a[0].as_int() > 2) {
-          fail("_MEM_FORMAT_ENCODING of something not 0, 1 or 2");
-        }
-        return str(std::string(kMemFormatClass) + "." + kMemFormats[a[0].as_int()]);
-      }
-      case Global::Path: {
-        std::string p;
-        for (size_t i = 0; i < a.size(); ++i) {
-          const std::string& part = string_arg(i, "a path");
-          if (!p.empty() && p.back() != '/') p += '/';
-          p += part;
-          if (p.size() > 4096) fail("a path of more than 4096 bytes");
-        }
-        return str(p);
-      }
-      default: fail("a DCP class called as a function");
+  PtValue dcp_reduce(DcpGlobal g, const std::vector<PtValue>& a) {
+    if (g == DcpGlobal::TorchSize) {
+      if (a.size() != 1) fail("torch.Size with " + std::to_string(a.size()) + " arguments");
+      int_tuple(a[0], "a torch.Size");
+      return a[0];
     }
+    if (g == DcpGlobal::GetAttr) {
+      const TensorBody* e = a.size() == 2 ? special(a[0], TensorBody::Global) : nullptr;
+      if (e == nullptr || e->global != dcp_code(DcpGlobal::MemFormat)) fail("getattr of something not DCP's memory-format enum");
+    }
+    std::string s;
+    try {
+      s = dcp_reduce_string(g, a);
+    } catch (const CheckpointError& e) {
+      fail(e.what());
+    }
+    charge(heap(sizeof(pt_body::String)) + string_heap(s.size()));
+    return PtValue::string(std::move(s));
   }
 
   PtValue storage(const PtValue& pid) {
@@ -598,7 +518,7 @@ class Unpickler {
     expect(args, Kind::Tuple, "REDUCE's arguments");
     const auto& a = B::seq(args).items;
     if (dialect_ == Dialect::DcpMetadata && f->global != static_cast<uint8_t>(Global::OrderedDict)) {
-      return dcp_reduce(static_cast<Global>(f->global), a);
+      return dcp_reduce(static_cast<DcpGlobal>(f->global - static_cast<uint8_t>(Global::Dcp)), a);
     }
     switch (static_cast<Global>(f->global)) {
       case Global::OrderedDict:

@@ -2,8 +2,8 @@
 // FileSystemReader loads. Globals are memoized (each class's name once).
 #include <map>
 
-#include "checkpoint/dcp_metadata.h"
-#include "checkpoint/pickle_format.h"
+#include "formats/dcp_metadata.h"
+#include "formats/pickle_format.h"
 #include "tdist/errors.h"
 
 namespace tdist::checkpoint::dcp {

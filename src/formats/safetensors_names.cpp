@@ -1,5 +1,5 @@
 // safetensors dtype names and checksum keys: safetensors_names.h.
-#include "checkpoint/safetensors_names.h"
+#include "formats/safetensors_names.h"
 
 #include <cstdio>
 #include <utility>

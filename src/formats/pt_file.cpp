@@ -2,7 +2,7 @@
 // on the zip layer (zip_format.h), the pickle (pickle_value /
 // unpickle_value) and the checkpoint files' atomic writer and checked
 // reader (file_io.h). The contract is in pt_file.h.
-#include "checkpoint/pt_file.h"
+#include "formats/pt_file.h"
 
 #include <c10/core/ScalarType.h>
 
@@ -11,9 +11,9 @@
 #include <map>
 #include <set>
 
-#include "checkpoint/file_io.h"
-#include "checkpoint/pickle_format.h"
-#include "checkpoint/zip_format.h"
+#include "formats/file_io.h"
+#include "formats/pickle_format.h"
+#include "formats/zip_format.h"
 #include "tdist/errors.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, ".pt data is little-endian, as this host must be");

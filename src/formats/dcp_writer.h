@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/dcp_metadata.h"
-#include "checkpoint/file_io.h"
-#include "checkpoint/pt_file.h"
+#include "formats/dcp_metadata.h"
+#include "formats/file_io.h"
+#include "formats/pt_file.h"
 
 namespace tdist::checkpoint {
 

@@ -3,9 +3,9 @@
 // write(at::Tensor) is in safetensors.cpp.
 #include <c10/core/ScalarType.h>
 
-#include "checkpoint/file_io.h"
-#include "checkpoint/safetensors_header.h"
-#include "checkpoint/safetensors_names.h"
+#include "formats/file_io.h"
+#include "formats/safetensors_header.h"
+#include "formats/safetensors_names.h"
 #include "tdist/safetensors.h"
 
 namespace tdist {

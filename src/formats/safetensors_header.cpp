@@ -1,6 +1,6 @@
 // The safetensors header: parse_header's checks, make_header. The contract
 // is in safetensors_header.h.
-#include "checkpoint/safetensors_header.h"
+#include "formats/safetensors_header.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,14 +1,14 @@
 // A DCP folder's .metadata read and checked (dcp_metadata.h).
-#include "checkpoint/dcp_metadata.h"
+#include "formats/dcp_metadata.h"
 
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <set>
 
-#include "checkpoint/file_io.h"
-#include "checkpoint/pickle_format.h"
-#include "checkpoint/pt_file.h"
+#include "formats/file_io.h"
+#include "formats/pickle_format.h"
+#include "formats/pt_file.h"
 #include "tdist/errors.h"
 #include "util/open_file.h"
 

@@ -5,8 +5,8 @@
 // shared with the reader: storage classes, tensor views, UTF-8.
 #include <cstring>
 
-#include "checkpoint/pickle_format.h"
-#include "checkpoint/pt_file.h"
+#include "formats/pickle_format.h"
+#include "formats/pt_file.h"
 #include "tdist/errors.h"
 
 namespace tdist::checkpoint {

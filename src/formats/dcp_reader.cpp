@@ -1,14 +1,14 @@
 // A DCP folder's tensors and values read (dcp_reader.h).
-#include "checkpoint/dcp_reader.h"
+#include "formats/dcp_reader.h"
 
 #include <algorithm>
 #include <cstring>
 #include <functional>
 
-#include "checkpoint/file_io.h"
-#include "checkpoint/pickle_format.h"
-#include "checkpoint/safetensors_header.h"
-#include "checkpoint/safetensors_names.h"
+#include "formats/file_io.h"
+#include "formats/pickle_format.h"
+#include "formats/safetensors_header.h"
+#include "formats/safetensors_names.h"
 #include "tdist/errors.h"
 
 namespace tdist::checkpoint {

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "checkpoint/pt_file.h"
+#include "formats/pt_file.h"
 
 namespace tdist::checkpoint {
 

@@ -16,8 +16,8 @@
 #include <functional>
 #include <string>
 
-#include "checkpoint/pt_file.h"
-#include "checkpoint/safetensors_header.h"
+#include "formats/pt_file.h"
+#include "formats/safetensors_header.h"
 #include "tdist/safetensors.h"
 #include "tdist/errors.h"
 #include "tests/util/process.h"

@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/dcp_metadata.h"
-#include "checkpoint/pt_file.h"
+#include "formats/dcp_metadata.h"
+#include "formats/pt_file.h"
 
 namespace tdist::checkpoint {
 

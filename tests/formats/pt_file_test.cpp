@@ -22,9 +22,9 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint_tree.h"
-#include "checkpoint/file_io.h"
-#include "checkpoint/pt_file.h"
-#include "checkpoint/zip_format.h"
+#include "formats/file_io.h"
+#include "formats/pt_file.h"
+#include "formats/zip_format.h"
 #include "tdist/errors.h"
 #include "tdist/sharded_checkpoint.h"
 #include "tests/util/damage.h"

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "checkpoint/zip_format.h"
+#include "formats/zip_format.h"
 #include "tdist/errors.h"
 
 namespace tdist::checkpoint::zip {
