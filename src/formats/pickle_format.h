@@ -13,6 +13,7 @@
 
 #include "formats/pt_file.h"
 #include "tdist/errors.h"
+#include "util/coding.h"
 
 namespace tdist::checkpoint::pickle {
 
@@ -102,9 +103,7 @@ class Emitter {
 
   void op(Op o) { out.push_back(static_cast<char>(o)); }
 
-  void le(uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; ++i, v >>= 8) out.push_back(static_cast<char>(v & 0xff));
-  }
+  void le(uint64_t v, int bytes) { coding::put_le(out, v, bytes); }
 
   void integer(int64_t i) {
     if (i >= 0 && i < 256) {
@@ -119,8 +118,7 @@ class Emitter {
     } else {
       // LONG1: the fewest little-endian two's-complement bytes.
       uint8_t b[8];
-      uint64_t u = static_cast<uint64_t>(i);
-      for (int k = 0; k < 8; ++k, u >>= 8) b[k] = static_cast<uint8_t>(u & 0xff);
+      coding::encode_le(reinterpret_cast<char*>(b), static_cast<uint64_t>(i), 8);
       int n = 8;
       while (n > 1 && ((b[n - 1] == 0 && !(b[n - 2] & 0x80)) || (b[n - 1] == 0xff && (b[n - 2] & 0x80)))) --n;
       op(LONG1);
@@ -133,7 +131,7 @@ class Emitter {
     uint64_t u;
     std::memcpy(&u, &d, sizeof u);
     op(BINFLOAT);
-    for (int k = 7; k >= 0; --k) out.push_back(static_cast<char>((u >> (8 * k)) & 0xff));
+    coding::put_be64(out, u);
   }
 
   void string(const std::string& s) {

@@ -31,6 +31,7 @@
 #include "formats/pt_file.h"
 #include "formats/pt_value_body.h"
 #include "tdist/errors.h"
+#include "util/coding.h"
 
 namespace tdist::checkpoint {
 
@@ -161,8 +162,7 @@ class Unpickler {
   }
   uint64_t le(int bytes) {
     need(static_cast<uint64_t>(bytes));
-    uint64_t v = 0;
-    for (int k = bytes - 1; k >= 0; --k) v = (v << 8) | static_cast<uint8_t>(in_[pos_ + static_cast<size_t>(k)]);
+    const uint64_t v = coding::decode_le(in_.data() + pos_, bytes);
     pos_ += static_cast<size_t>(bytes);
     return v;
   }
@@ -658,8 +658,7 @@ class Unpickler {
       case NONE: return push(PtValue::none());
       case BINFLOAT: {
         need(8);
-        uint64_t u = 0;
-        for (int k = 0; k < 8; ++k) u = (u << 8) | static_cast<uint8_t>(in_[pos_ + static_cast<size_t>(k)]);
+        const uint64_t u = coding::decode_be64(in_.data() + pos_);
         pos_ += 8;
         double d;
         std::memcpy(&d, &u, sizeof u);

@@ -15,6 +15,7 @@
 #include "formats/pickle_format.h"
 #include "formats/zip_format.h"
 #include "tdist/errors.h"
+#include "util/coding.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, ".pt data is little-endian, as this host must be");
 
@@ -103,8 +104,8 @@ struct PtWriter::Impl {
   void close_record() {
     zip::Entry& e = entries.back();
     e.crc = crc;
-    uint8_t le[4];
-    for (int i = 0; i < 4; ++i) le[i] = static_cast<uint8_t>(crc >> (8 * i));
+    char le[4];
+    coding::encode_le(le, crc, 4);
     file.write_at(base + e.header_offset + zip::kLocalCrcField, le, sizeof le);
   }
   void whole_record(const std::string& name, const std::string& bytes) {

@@ -1,6 +1,7 @@
 // The safetensors header: parse_header's checks, make_header. The contract
 // is in safetensors_header.h.
 #include "formats/safetensors_header.h"
+#include "util/coding.h"
 
 #include <nlohmann/json.hpp>
 
@@ -273,8 +274,7 @@ size_t dtype_size(const std::string& d) {
 
 uint64_t header_length(const uint8_t first8[8], uint64_t file_size) {
   if (file_size < 8) fail("the file is " + std::to_string(file_size) + " bytes, shorter than the header length");
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | first8[i];
+  const uint64_t n = coding::decode_fixed64(first8);
   if (n > kMaxHeaderBytes) fail("header length " + std::to_string(n) + " is over the format's 100,000,000 bytes");
   if (n > file_size - 8) {
     fail("header length " + std::to_string(n) + " runs past the end of the file (" + std::to_string(file_size) +

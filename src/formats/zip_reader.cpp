@@ -7,6 +7,7 @@
 
 #include "formats/zip_format.h"
 #include "tdist/errors.h"
+#include "util/coding.h"
 
 namespace tdist::checkpoint::zip {
 
@@ -19,11 +20,7 @@ constexpr uint64_t kMaxDirectory = uint64_t{256} << 20;
 
 [[noreturn]] void fail(const std::string& what) { throw CheckpointError("zip: " + what); }
 
-uint64_t get(const uint8_t* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
+uint64_t get(const uint8_t* p, int bytes) { return coding::decode_le(p, bytes); }
 
 // Whether [offset, offset + n) lies within [0, limit).
 bool within(uint64_t offset, uint64_t n, uint64_t limit) { return offset <= limit && n <= limit - offset; }

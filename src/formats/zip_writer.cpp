@@ -5,6 +5,7 @@
 
 #include "formats/zip_format.h"
 #include "tdist/errors.h"
+#include "util/coding.h"
 
 namespace tdist::checkpoint::zip {
 
@@ -17,9 +18,7 @@ constexpr uint16_t kMadeBy = (3 << 8) | 45;  // Unix, 4.5
 constexpr uint16_t kDate = (1 << 5) | 1;     // 1980-01-01, 00:00
 constexpr uint16_t kZip64Tag = 0x0001, kPadTag = 0x4246;  // "FB", as PyTorch's padding
 
-void put(std::string& out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i, v >>= 8) out.push_back(static_cast<char>(v & 0xff));
-}
+void put(std::string& out, uint64_t v, int bytes) { coding::put_le(out, v, bytes); }
 
 void check_name(const std::string& name) {
   if (name.empty() || name.size() > 0xffff) throw CheckpointError("zip: a record name of " + std::to_string(name.size()) + " bytes");
@@ -62,8 +61,7 @@ std::string local_header(const std::string& name, uint64_t offset, uint64_t size
     h.append(static_cast<size_t>(pad), 'Z');
   }
   const size_t extra = h.size() - extra_at;
-  h[extra_len_at] = static_cast<char>(extra & 0xff);
-  h[extra_len_at + 1] = static_cast<char>(extra >> 8);
+  coding::encode_le(&h[extra_len_at], extra, 2);
   return h;
 }
 

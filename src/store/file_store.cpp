@@ -23,6 +23,7 @@
 #include "tdist/store.h"
 #include "util/env.h"
 #include "util/open_file.h"
+#include "util/coding.h"
 
 namespace tdist {
 
@@ -33,13 +34,9 @@ constexpr uint8_t kOpSet = 1;
 constexpr uint8_t kOpDelete = 2;
 constexpr uint8_t kOpUsers = 3;
 
-void put_u32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
+void put_u32(std::string& out, uint32_t v) { coding::put_fixed32(out, v); }
 
-uint32_t get_u32(const uint8_t* p) {
-  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
-}
+uint32_t get_u32(const uint8_t* p) { return coding::decode_fixed32(p); }
 
 std::string encode_record(uint8_t op, const std::string& key, const Bytes& value) {
   if (key.size() > UINT32_MAX || value.size() > UINT32_MAX) {
@@ -57,14 +54,12 @@ std::string encode_record(uint8_t op, const std::string& key, const Bytes& value
 
 Bytes encode_delta(int64_t delta) {
   Bytes b(8);
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>((static_cast<uint64_t>(delta) >> (8 * i)) & 0xff);
+  coding::encode_le(reinterpret_cast<char*>(b.data()), static_cast<uint64_t>(delta), 8);
   return b;
 }
 
 int64_t decode_delta(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= uint64_t(p[i]) << (8 * i);
-  return static_cast<int64_t>(v);
+  return static_cast<int64_t>(coding::decode_fixed64(p));
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 #include "store/wire.h"
+#include "util/coding.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,18 +8,9 @@ namespace tdist::wire {
 
 namespace {
 
-void put_u32(std::string* out, uint32_t v) {
-  char b[4];
-  for (int i = 0; i < 4; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-  out->append(b, 4);
-}
+void put_u32(std::string* out, uint32_t v) { coding::put_fixed32(*out, v); }
 
-void put_i64(std::string* out, int64_t v) {
-  char b[8];
-  const uint64_t u = static_cast<uint64_t>(v);
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>((u >> (8 * i)) & 0xff);
-  out->append(b, 8);
-}
+void put_i64(std::string* out, int64_t v) { coding::put_fixed64(*out, static_cast<uint64_t>(v)); }
 
 // A bounds-checked reader over one frame body.
 class Reader {
@@ -31,16 +23,13 @@ class Reader {
   }
   bool u32(uint32_t* v) {
     if (n_ - pos_ < 4) return false;
-    *v = uint32_t(p_[pos_]) | uint32_t(p_[pos_ + 1]) << 8 | uint32_t(p_[pos_ + 2]) << 16 |
-         uint32_t(p_[pos_ + 3]) << 24;
+    *v = coding::decode_fixed32(p_ + pos_);
     pos_ += 4;
     return true;
   }
   bool i64(int64_t* v) {
     if (n_ - pos_ < 8) return false;
-    uint64_t u = 0;
-    for (int i = 0; i < 8; ++i) u |= uint64_t(p_[pos_ + i]) << (8 * i);
-    *v = static_cast<int64_t>(u);
+    *v = static_cast<int64_t>(coding::decode_fixed64(p_ + pos_));
     pos_ += 8;
     return true;
   }
@@ -112,8 +101,7 @@ const char* op_name(uint8_t op) {
 ParseResult parse_frame(const uint8_t* data, size_t size, const TCPStoreLimits& limits,
                         bool is_request, Message* out) {
   if (size < 4) return {};
-  const uint32_t body_len = uint32_t(data[0]) | uint32_t(data[1]) << 8 |
-                            uint32_t(data[2]) << 16 | uint32_t(data[3]) << 24;
+  const uint32_t body_len = coding::decode_fixed32(data);
   if (body_len > max_body(limits)) {
     return bad("frame of " + std::to_string(body_len) + " bytes is over the limit of " +
                std::to_string(max_body(limits)));
