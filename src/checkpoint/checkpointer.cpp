@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "checkpoint/dcp_save.h"
+#include "process_group/agree.h"
 #include "checkpoint/latest_marker.h"
 #include "checkpoint/rank_file.h"
 #include "checkpoint/sharded_files.h"
@@ -144,25 +145,9 @@ void prune(const std::string& dir, const std::vector<Folder>& kept) {
   }
 }
 
-// Whether every rank's `ok` holds; the same answer on every rank.
-bool all_ok(ProcessGroup& pg, bool ok, Milliseconds timeout) {
-  at::Tensor flag = at::tensor({ok ? int64_t{1} : int64_t{0}}, at::kLong);
-  AllreduceOptions o;
-  o.op = ReduceOp::MIN;
-  o.timeout = timeout;
-  o.async_op = false;
-  pg.all_reduce(flag, o);
-  return flag.item<int64_t>() == 1;
-}
+using detail::all_ok;
 
-int64_t broadcast_int(ProcessGroup& pg, int64_t v, Milliseconds timeout) {
-  at::Tensor t = at::tensor({v}, at::kLong);
-  BroadcastOptions o;
-  o.timeout = timeout;
-  o.async_op = false;
-  pg.broadcast(t, o);
-  return t.item<int64_t>();
-}
+int64_t broadcast_int(ProcessGroup& pg, int64_t v, Milliseconds timeout) { return detail::rank0_value(pg, v, timeout); }
 
 }  // namespace
 

@@ -17,6 +17,7 @@
 #include "checkpoint/model_entries.h"
 #include "checkpoint/optimizer_kinds.h"
 #include "checkpoint/sharded_files.h"
+#include "process_group/agree.h"
 #include "tdist/errors.h"
 #include "tdist/state_dict.h"
 
@@ -27,31 +28,10 @@ namespace {
 using dcp::Item;
 using Part = dcp::Item::Part;
 
-// Every rank's bytes, to every rank (lengths first, then the padded bytes).
-std::vector<std::string> exchange(ProcessGroup& pg, const std::string& mine, std::chrono::milliseconds timeout) {
-  CollectiveOptions o;
-  o.timeout = timeout;
-  at::Tensor len = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
-  at::Tensor lens = at::empty({pg.size()}, at::kLong);
-  pg.all_gather_into_tensor(lens, len, o)->wait();
-  const int64_t most = std::max<int64_t>(1, lens.max().item<int64_t>());
-  at::Tensor own = at::zeros({most}, at::kByte);
-  std::memcpy(own.data_ptr(), mine.data(), mine.size());
-  at::Tensor all = at::empty({pg.size() * most}, at::kByte);
-  pg.all_gather_into_tensor(all, own, o)->wait();
-  std::vector<std::string> out;
-  const char* p = static_cast<const char*>(all.data_ptr());
-  for (int r = 0; r < pg.size(); ++r) out.emplace_back(p + r * most, static_cast<size_t>(lens[r].item<int64_t>()));
-  return out;
-}
+using detail::first_failure;
 
-// The first failing rank's words ("" when every rank did well).
-std::string first_failure(ProcessGroup& pg, const std::string& mine, std::chrono::milliseconds timeout) {
-  const auto all = exchange(pg, mine.substr(0, 4096), timeout);
-  for (int r = 0; r < pg.size(); ++r) {
-    if (!all[static_cast<size_t>(r)].empty()) return "rank " + std::to_string(r) + ": " + all[static_cast<size_t>(r)];
-  }
-  return "";
+std::vector<std::string> exchange(ProcessGroup& pg, const std::string& mine, std::chrono::milliseconds timeout) {
+  return detail::all_gather_bytes(pg, mine, timeout);
 }
 
 // Where this rank's items went: the records rank 0 merges into the .metadata.

@@ -19,6 +19,7 @@
 #include "checkpoint/dcp_save.h"
 #include "checkpoint/rank_file.h"
 #include "checkpoint/tensor_tree.h"
+#include "process_group/agree.h"
 #include "checkpoint/load_checks.h"
 #include "checkpoint/model_entries.h"
 #include "checkpoint/sharded_files.h"
@@ -50,35 +51,21 @@ void check_group(const char* what, ProcessGroup& pg, torch::nn::Module& model) {
 // rank that never answers (dead, stuck) is the collective's timeout error.
 std::string first_error(const char* what, ProcessGroup& pg, const std::string& mine,
                         std::chrono::milliseconds timeout) {
-  constexpr int64_t kBytes = 1024;
-  at::Tensor own = at::zeros({kBytes}, at::kByte);
-  std::memcpy(own.data_ptr(), mine.data(), std::min<size_t>(mine.size(), kBytes - 1));
-  at::Tensor all = at::empty({pg.size(), kBytes}, at::kByte);
   try {
-    CollectiveOptions o;
-    o.timeout = timeout;
-    pg.all_gather_into_tensor(all, own, o)->wait();
+    return detail::first_failure(pg, mine, timeout);
   } catch (const Error& e) {
     throw CheckpointError(std::string(what) + ": rank " + std::to_string(pg.rank()) +
                           " did not hear from every rank (nothing was replaced or loaded): " + e.what());
   }
-  for (int r = 0; r < pg.size(); ++r) {
-    const char* text = static_cast<const char*>(all[r].data_ptr());
-    if (text[0] != 0) return "rank " + std::to_string(r) + ": " + std::string(text, strnlen(text, kBytes));
-  }
-  return "";
 }
 
 int64_t agreed_save_id(ProcessGroup& pg, std::chrono::milliseconds timeout) {
-  at::Tensor id = at::zeros({1}, at::kLong);
+  int64_t id = 0;
   if (pg.rank() == 0) {
     std::random_device rd;
-    id[0] = static_cast<int64_t>((static_cast<uint64_t>(rd()) << 31) ^ rd()) & INT64_MAX;
+    id = static_cast<int64_t>((static_cast<uint64_t>(rd()) << 31) ^ rd()) & INT64_MAX;
   }
-  BroadcastOptions o;
-  o.timeout = timeout;
-  pg.broadcast(id, o)->wait();
-  return id.item<int64_t>();
+  return detail::rank0_value(pg, id, timeout);
 }
 
 // A PowerSGD hook's state as the rank file's "comm_hook" record (its

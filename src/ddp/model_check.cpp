@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "util/bytes.h"
+#include "process_group/agree.h"
 
 namespace tdist::detail {
 
@@ -19,20 +20,9 @@ std::string describe_param(const std::string& name, const at::Tensor& p) {
   return os.str();
 }
 
-// Every rank's string, through two all_gathers (lengths, then padded bytes).
+// Every rank's string (no timeout of its own: the group's default).
 std::vector<std::string> all_gather_strings(ProcessGroup& pg, const std::string& mine) {
-  at::Tensor len = at::tensor({static_cast<int64_t>(mine.size())}, at::kLong);
-  at::Tensor lens = at::empty({pg.size()}, at::kLong);
-  pg.all_gather_into_tensor(lens, len)->wait();
-  const int64_t longest = lens.max().item<int64_t>();
-  at::Tensor bytes = at::zeros({longest}, at::kByte);
-  copy_bytes(bytes.data_ptr(), mine.data(), mine.size());
-  at::Tensor all = at::empty({longest * pg.size()}, at::kByte);
-  pg.all_gather_into_tensor(all, bytes)->wait();
-  std::vector<std::string> out;
-  const auto* p = static_cast<const char*>(all.data_ptr());
-  for (int r = 0; r < pg.size(); ++r) out.emplace_back(p + r * longest, static_cast<size_t>(lens[r].item<int64_t>()));
-  return out;
+  return all_gather_bytes(pg, mine, std::nullopt);
 }
 
 std::vector<std::string> split_lines(const std::string& s) {
