@@ -27,6 +27,7 @@
 
 #include "checkpoint/dcp_save.h"
 #include "process_group/agree.h"
+#include "util/write_aside.h"
 #include "checkpoint/latest_marker.h"
 #include "checkpoint/rank_file.h"
 #include "checkpoint/sharded_files.h"
@@ -70,28 +71,14 @@ void make_dir(const std::string& dir) {
   }
 }
 
-void fsync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    (void)::fsync(fd);
-    ::close(fd);
-  }
-}
-
 std::vector<Folder> read_latest(const std::string& dir) { return read_latest_marker(dir, "Checkpointer"); }
 
 void write_latest(const std::string& dir, const std::vector<Folder>& folders) {
-  const std::string path = dir + "/" + kLatestMarker, tmp = path + ".tmp";
-  std::string text;
+  std::string text, error;
   for (const auto& f : folders) text += f.name + "\n";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) throw CheckpointError("Checkpointer: cannot write " + tmp + ": " + std::strerror(errno));
-  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    throw CheckpointError("Checkpointer: cannot replace " + path + ": " + std::strerror(errno));
+  if (!detail::write_aside(dir + "/" + kLatestMarker, text, error, /*durable=*/true)) {
+    throw CheckpointError("Checkpointer: cannot replace the latest marker: " + error);
   }
-  fsync_dir(dir);
 }
 
 // Removes a step folder and the files in it, never following a symbolic

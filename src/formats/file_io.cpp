@@ -49,62 +49,34 @@ std::string resolve_directory(const std::string& path) {
   return (out == "/" ? out : out + "/") + name_of(path);
 }
 
-AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
-  static std::atomic<uint64_t> counter{0};
-  tmp_ = path_ + ".tmp-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
-  errno = 0;
-  // A name of its own: never an existing file, never through a link.
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd_ < 0) fail(path_, "cannot create " + tmp_);
-}
+// The writing itself is util/write_aside.h's; this says its errors as
+// CheckpointErrors.
+AtomicFileWriter::AtomicFileWriter(std::string path) : file_(std::move(path), 0600) { check(); }
 
-AtomicFileWriter::~AtomicFileWriter() {
-  if (fd_ >= 0) ::close(fd_);
-  if (!committed_) ::unlink(tmp_.c_str());
+AtomicFileWriter::~AtomicFileWriter() = default;
+
+void AtomicFileWriter::check() const {
+  if (!file_.ok()) throw CheckpointError(file_.error());
 }
 
 void AtomicFileWriter::write(const void* data, size_t n) {
-  write_at(size_, data, n);
+  file_.write(data, n);
+  check();
 }
 
 void AtomicFileWriter::write_at(uint64_t offset, const void* data, size_t n) {
-  if (offset > size_) fail(path_, "write past the end of what was written");
-  const char* p = static_cast<const char*>(data);
-  uint64_t at = offset;
-  while (n > 0) {
-    errno = 0;
-    const ssize_t w = ::pwrite(fd_, p, std::min<size_t>(n, 1 << 30), static_cast<off_t>(at));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) fail(path_, "write failed");
-    p += w;
-    at += static_cast<uint64_t>(w);
-    n -= static_cast<size_t>(w);
-  }
-  size_ = std::max(size_, at);
+  file_.write_at(offset, data, n);
+  check();
 }
 
 void AtomicFileWriter::sync() {
-  if (synced_) return;
-  errno = 0;
-  if (::fsync(fd_) != 0) fail(path_, "fsync failed");
-  synced_ = true;
+  file_.sync();
+  check();
 }
 
 void AtomicFileWriter::commit() {
-  sync();
-  errno = 0;
-  if (::close(fd_) != 0) {
-    fd_ = -1;
-    fail(path_, "close failed");
-  }
-  fd_ = -1;
-  if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail(path_, "cannot rename " + tmp_ + " over it");
-  committed_ = true;
-  const int dir = ::open(directory_of(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {  // the rename itself is durable once the directory is
-    ::fsync(dir);
-    ::close(dir);
-  }
+  file_.commit(/*durable=*/true);
+  check();
 }
 
 FileReader::FileReader(std::string path) : path_(std::move(path)) {

@@ -4,7 +4,7 @@
 // AtomicFileWriter writes "<path>.tmp-<pid>-<n>" (a new file, created
 // exclusively) in the same directory; commit() fsyncs it, renames it over
 // `path` and fsyncs the directory, so `path` is always the old file or the
-// whole new one. sync() alone does the fsync (a caller that renames several
+// whole new one (util/write_aside.h's AsideFile, durable). sync() alone does the fsync (a caller that renames several
 // files together syncs them all first). Destroyed without commit(), it
 // removes the temporary file; a process killed while writing leaves it
 // behind (never under the final name).
@@ -21,6 +21,8 @@
 #include <cstdint>
 #include <string>
 
+#include "util/write_aside.h"
+
 namespace tdist::checkpoint {
 
 class AtomicFileWriter {
@@ -34,18 +36,15 @@ class AtomicFileWriter {
   void write(const void* data, size_t n);
   // Overwrites n bytes at `offset` (which must lie within what was written).
   void write_at(uint64_t offset, const void* data, size_t n);
-  uint64_t size() const { return size_; }
+  uint64_t size() const { return file_.size(); }
   // fsync, rename over the path, fsync the directory.
   void sync();
   void commit();
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return file_.path(); }
 
  private:
-  std::string path_, tmp_;
-  int fd_ = -1;
-  uint64_t size_ = 0;
-  bool committed_ = false;
-  bool synced_ = false;
+  detail::AsideFile file_;
+  void check() const;
 };
 
 class FileReader {

@@ -37,7 +37,7 @@
 #include <thread>
 
 #include "trace/flight_recorder.h"
-#include "trace/write_aside.h"
+#include "util/write_aside.h"
 
 namespace tdist::detail {
 

@@ -14,7 +14,7 @@
 #include "comm/op_label.h"
 #include "tdist/errors.h"
 #include "trace/timeline.h"
-#include "trace/write_aside.h"
+#include "util/write_aside.h"
 
 namespace tdist::detail {
 

@@ -15,7 +15,7 @@
 
 #include "tdist/config.h"
 #include "trace/flight_recorder.h"
-#include "trace/write_aside.h"
+#include "util/write_aside.h"
 
 namespace tdist::detail {
 

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "util/open_file.h"
+#include "util/write_aside.h"
 
 namespace tdist::trace {
 
@@ -226,41 +227,26 @@ std::vector<std::string> trace_files(const std::vector<std::string>& inputs) {
 }
 
 size_t merge_traces(const std::vector<std::string>& files, const std::string& out) {
-  const std::string tmp = out + "." + std::to_string(::getpid()) + ".tmp";
-  std::string error;
-  ::unlink(tmp.c_str());
-  const int fd = tdist::detail::open_regular(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, error, 0644);
-  if (fd < 0) throw TraceError(error);
-  std::FILE* f = ::fdopen(fd, "wb");
-  if (!f) {
-    const std::string e = std::strerror(errno);
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw TraceError(out + ": cannot write (" + e + ")");
-  }
+  // Written aside and renamed (util/write_aside.h): a reader never sees half.
+  tdist::detail::AsideFile f(out);
+  std::string buf;
+  const auto flush = [&](bool all) {
+    if (buf.size() < (size_t{1} << 20) && !all) return;
+    if (!f.write(buf.data(), buf.size())) throw TraceError(f.error());
+    buf.clear();
+  };
   size_t n = 0;
-  try {
-    std::fputs("{\"traceEvents\":[", f);
-    for (const auto& path : files) {
-      for_each_trace_event(path, [&](json& e) {
-        const std::string text = e.dump(-1, ' ', false, json::error_handler_t::replace);
-        std::fputs(n++ ? ",\n" : "\n", f);
-        std::fwrite(text.data(), 1, text.size(), f);
-      });
-    }
-    std::fputs("\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"tdist-trace merge\"}}\n", f);
-  } catch (...) {
-    std::fclose(f);
-    ::unlink(tmp.c_str());
-    throw;
+  buf += "{\"traceEvents\":[";
+  for (const auto& path : files) {
+    for_each_trace_event(path, [&](json& e) {
+      buf += n++ ? ",\n" : "\n";
+      buf += e.dump(-1, ' ', false, json::error_handler_t::replace);
+      flush(false);
+    });
   }
-  const bool written = std::fflush(f) == 0 && !std::ferror(f);
-  std::fclose(f);
-  if (!written || ::rename(tmp.c_str(), out.c_str()) != 0) {
-    const std::string e = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    throw TraceError(out + ": cannot write (" + e + ")");
-  }
+  buf += "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"tdist-trace merge\"}}\n";
+  flush(true);
+  if (!f.commit(/*durable=*/false)) throw TraceError(f.error());
   return n;
 }
 
