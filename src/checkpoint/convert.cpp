@@ -21,6 +21,7 @@
 #include "formats/safetensors_header.h"
 #include "formats/safetensors_names.h"
 #include "checkpoint/sharded_files.h"
+#include "checkpoint/tools.h"
 #include "tdist/errors.h"
 #include "tdist/safetensors.h"
 
@@ -361,23 +362,6 @@ class Buffer {
 
 std::string optimizer_name(const Tensor& t) { return "optimizer/" + t.param + "/" + t.field; }
 
-std::map<std::string, std::string> groups_metadata(const PtValue& tree) {
-  nlohmann::json groups = nlohmann::json::array();
-  for (const auto& g : tree.at("param_groups").items()) {
-    nlohmann::json group;
-    for (const auto& [name, v] : g.entries()) {
-      if (name == "params") {
-        group["params"] = nlohmann::json::array();
-        for (const auto& n : v.items()) group["params"].push_back(n.as_string());
-      } else {
-        group[name] = v.as_float();
-      }
-    }
-    groups.push_back(group);
-  }
-  return {{"tdist.optimizer", tree.at("optimizer").as_string()}, {"tdist.param_groups", groups.dump()}};
-}
-
 void write_safetensors_file(const Source& s, const std::string& path, bool optimizer) {
   std::vector<SafetensorsTensorInfo> infos;
   std::vector<std::pair<std::string, const Tensor*>> order;
@@ -388,7 +372,7 @@ void write_safetensors_file(const Source& s, const std::string& path, bool optim
   for (const auto& [name, t] : order) infos.push_back({name, t->dtype, t->shape});
   std::map<std::string, std::string> metadata{{"format", "pt"}};
   if (optimizer && !s.optimizer_tree.is_none()) {
-    for (auto& [k, v] : groups_metadata(s.optimizer_tree)) metadata[k] = v;
+    for (auto& [k, v] : optimizer_metadata(s.optimizer_tree)) metadata[k] = v;
   }
   SafetensorsWriter w(path, infos, metadata);
   Buffer b;

@@ -71,22 +71,7 @@ void write_safetensors(const ShardedCheckpointFiles& files, const std::string& p
   std::map<std::string, std::string> metadata{{"format", "pt"}};
   if (optimizer) {
     for (const auto& t : files.optimizer()) all.push_back(&t);
-    // The groups' options and parameter names, as JSON.
-    nlohmann::json groups = nlohmann::json::array();
-    for (const auto& g : files.optimizer_tree().at("param_groups").items()) {
-      nlohmann::json group;
-      for (const auto& [name, v] : g.entries()) {
-        if (name == "params") {
-          group["params"] = nlohmann::json::array();
-          for (const auto& n : v.items()) group["params"].push_back(n.as_string());
-        } else {
-          group[name] = v.as_float();
-        }
-      }
-      groups.push_back(group);
-    }
-    metadata["tdist.optimizer"] = files.optimizer_tree().at("optimizer").as_string();
-    metadata["tdist.param_groups"] = groups.dump();
+    for (auto& [k, v] : optimizer_metadata(files.optimizer_tree())) metadata[k] = v;
   }
   const auto name_of = [](const LogicalTensor& t) { return t.field.empty() ? t.name : "optimizer/" + t.name; };
   std::vector<SafetensorsTensorInfo> infos;
@@ -226,6 +211,23 @@ std::string default_consolidated_path(const std::string& ckpt_prefix, Checkpoint
     case CheckpointFormat::libtorch: return ckpt_prefix + "_consolidated.libtorch.pt";
   }
   throw UsageError("consolidate: an unknown format");
+}
+
+std::map<std::string, std::string> optimizer_metadata(const PtValue& tree) {
+  nlohmann::json groups = nlohmann::json::array();  // the groups' options and parameter names
+  for (const auto& g : tree.at("param_groups").items()) {
+    nlohmann::json group;
+    for (const auto& [name, v] : g.entries()) {
+      if (name == "params") {
+        group["params"] = nlohmann::json::array();
+        for (const auto& n : v.items()) group["params"].push_back(n.as_string());
+      } else {
+        group[name] = v.as_float();
+      }
+    }
+    groups.push_back(group);
+  }
+  return {{"tdist.optimizer", tree.at("optimizer").as_string()}, {"tdist.param_groups", groups.dump()}};
 }
 
 std::string consolidate_streaming(const std::string& ckpt_prefix, const std::string& ckpt_suffix,

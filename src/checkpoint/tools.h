@@ -3,6 +3,7 @@
 // consolidate.cpp adds the libtorch format on top.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,11 @@
 #include "tdist/checkpoint_tools.h"
 
 namespace tdist::checkpoint {
+
+// An optimizer tree's kind and groups as a safetensors file's metadata
+// ("tdist.optimizer", "tdist.param_groups": the groups as JSON), which
+// consolidate and convert write beside "optimizer/<param>/<field>".
+std::map<std::string, std::string> optimizer_metadata(const PtValue& tree);
 
 // Where a consolidation writes when no path is given.
 std::string default_consolidated_path(const std::string& ckpt_prefix, CheckpointFormat format);
