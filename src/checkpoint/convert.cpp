@@ -66,7 +66,11 @@ class DcpSource : public Source {
  public:
   explicit DcpSource(const std::string& dir) : r_(dir) {
     const dcp::Layout l = dcp::classify(r_.metadata());
-    for (const auto& [name, item] : l.model) model.push_back(tensor(name, "", *item));
+    std::set<std::string> names;
+    for (const auto& [name, item] : l.model) {
+      if (!names.insert(name).second) throw CheckpointError("the DCP checkpoint " + dir + " holds '" + name + "' twice");
+      model.push_back(tensor(name, "", *item));
+    }
     inputs.push_back(dir + "/" + dcp::kMetadataFile);
     std::set<std::string> files;
     for (const dcp::Item& it : r_.metadata().items) {
@@ -103,6 +107,7 @@ class DcpSource : public Source {
         if (item->tensor) continue;  // an option kept as a tensor: not one tdist has
         const PtValue v = r_.read_value(*item);
         if (key == "params") {
+          if (v.kind() != PtValue::Kind::List && v.kind() != PtValue::Kind::Tuple) throw CheckpointError(what + " is not a list");
           for (const PtValue& p : v.items()) {
             if (p.kind() != PtValue::Kind::String) throw CheckpointError(what + " holds a parameter's index, not its name");
             params.push_back(PtValue::string(dcp::unwrapped_name(p.as_string())));
@@ -162,11 +167,13 @@ class DcpSource : public Source {
     return out;
   }
   // A parameter's place in the model's order (state follows it).
-  size_t order(const std::string& param) const {
-    for (size_t i = 0; i < model.size(); ++i) {
-      if (model[i].param == param) return i;
+  std::map<std::string, size_t> order_;  // the model's names, in order (built once)
+  size_t order(const std::string& param) {
+    if (order_.empty()) {
+      for (size_t i = 0; i < model.size(); ++i) order_.emplace(model[i].param, i);
     }
-    return model.size();
+    const auto it = order_.find(param);
+    return it == order_.end() ? model.size() : it->second;
   }
 };
 

@@ -36,7 +36,16 @@ Split split3(const std::string& s) {
 // `flat`: the planner data gives the rest as one string, which the save's
 // optimizer state dict had as one key: flatten_optimizer_state_dict's
 // "state.<param>.<field>" and "param_groups.<param>.<key>".
-void add_optimizer(Layout& l, const Item& it, const std::vector<Item::Part>& rest, bool flat) {
+// A param group's index, when it is one and below `most` (a group holds a
+// key of its own at least, so no more groups than keys: a hostile index
+// never sizes a vector).
+bool group_index(const std::string& s, size_t most, size_t* g) {
+  if (!all_digits(s)) return false;
+  *g = std::stoul(s);
+  return *g < most;
+}
+
+void add_optimizer(Layout& l, const Item& it, const std::vector<Item::Part>& rest, bool flat, size_t most) {
   // By parts: ("state", param, field...) or ("param_groups", i, key...).
   if (rest.size() >= 3 && !rest[0].index) {
     std::vector<Item::Part> tail(rest.begin() + 2, rest.end());
@@ -44,13 +53,11 @@ void add_optimizer(Layout& l, const Item& it, const std::vector<Item::Part>& res
       l.optimizer.push_back({rest[1].key, rest[1].index, joined(tail), &it});
       return;
     }
-    if (rest[0].key == "param_groups" && all_digits(rest[1].key)) {
-      const size_t g = std::stoul(rest[1].key);
-      if (g < 100000) {
-        if (l.param_groups.size() <= g) l.param_groups.resize(g + 1);
-        l.param_groups[g].options[joined(tail)] = &it;
-        return;
-      }
+    size_t g = 0;
+    if (rest[0].key == "param_groups" && group_index(rest[1].key, most, &g)) {
+      if (l.param_groups.size() <= g) l.param_groups.resize(g + 1);
+      l.param_groups[g].options[joined(tail)] = &it;
+      return;
     }
   }
   // Flattened into one string.
@@ -65,8 +72,8 @@ void add_optimizer(Layout& l, const Item& it, const std::vector<Item::Part>& res
       l.param_options[s.middle][s.last] = &it;
       return;
     }
-    if (all_digits(s.middle)) {
-      const size_t g = std::stoul(s.middle);
+    size_t g = 0;
+    if (group_index(s.middle, most, &g)) {
       if (l.param_groups.size() <= g) l.param_groups.resize(g + 1);
       l.param_groups[g].options[s.last] = &it;
       return;
@@ -131,7 +138,7 @@ Layout classify(const Metadata& m) {
       }
     } else if (path.size() >= 2 && is_optimizer_root(root)) {
       l.optimizer_root = root;
-      add_optimizer(l, it, {path.begin() + 1, path.end()}, planned && path.size() == 2);
+      add_optimizer(l, it, {path.begin() + 1, path.end()}, planned && path.size() == 2, m.items.size());
     } else if (path.size() == 1 && l.model_root.empty() && it.tensor) {
       l.model.emplace_back(unwrapped_name(root), &it);
     } else {

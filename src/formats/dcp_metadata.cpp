@@ -23,15 +23,25 @@ using Kind = PtValue::Kind;
 // FSDP's is, is checked by one sort whatever its count).
 constexpr size_t kMaxPairwiseChunks = 2048;
 constexpr int64_t kMaxNumel = int64_t{1} << 62;
+// The fewest bytes of .metadata a key, or a chunk, takes in a file (their
+// counts are bounded by it).
+constexpr size_t kBytesPerItem = 16;
 
 class Interpreter {
  public:
-  explicit Interpreter(std::string where) : where_(std::move(where)) {}
+  Interpreter(std::string where, size_t bytes) : where_(std::move(where)), bytes_(bytes) {}
 
   Metadata run(const PtValue& root) {
     expect_class(root, "Metadata", "the root");
     const PtValue& sdm = attr(root, "state_dict_metadata", "Metadata");
     if (sdm.kind() != Kind::Dict) fail("state_dict_metadata is not a dict");
+    // What the items take grows with their count, which memo references
+    // can make large from few bytes: a real .metadata spends hundreds of
+    // bytes on each (its class, chunk and storage entry).
+    if (sdm.entries().size() > bytes_ / kBytesPerItem + 64) {
+      fail(std::to_string(sdm.entries().size()) + " keys in a file of " + std::to_string(bytes_) +
+           " bytes (at most one per " + std::to_string(kBytesPerItem) + ")");
+    }
     for (const auto& [fqn, v] : sdm.entries()) {
       if (fqn.rfind('\x01', 0) == 0) fail("state_dict_metadata has a key that is not a string");
       m_.by_fqn.emplace(fqn, m_.items.size());
@@ -59,6 +69,8 @@ class Interpreter {
 
  private:
   std::string where_;
+  size_t bytes_;
+  size_t chunks_ = 0;
   Metadata m_;
   std::set<std::pair<size_t, size_t>> stored_;  // (item, chunk) given a storage entry
 
@@ -112,6 +124,8 @@ class Interpreter {
     }
     const PtValue& chunks = attr(v, "chunks", "TensorStorageMetadata");
     if (chunks.kind() != Kind::List) fail("'" + fqn + "' chunks is not a list");
+    chunks_ += chunks.items().size();
+    if (chunks_ > bytes_ / kBytesPerItem + 64) fail("more chunks than a file of " + std::to_string(bytes_) + " bytes holds");
     for (const PtValue& c : chunks.items()) {
       Chunk ch = chunk(it, c);
       if (ch.numel() > 0) it.chunks.push_back(std::move(ch));  // an empty one holds nothing
@@ -124,7 +138,9 @@ class Interpreter {
     expect_class(p, "TensorProperties", "'" + it.fqn + "' properties");
     std::string dtype, layout;
     if (const PtValue* st = p.find("__state__")) {  // its __getstate__: (dtype, layout, requires_grad, memory format, pin_memory[, strides])
-      if (st->items().size() != 5 && st->items().size() != 6) fail("'" + it.fqn + "' properties of an unknown shape");
+      if (st->kind() != Kind::Tuple || (st->items().size() != 5 && st->items().size() != 6)) {
+        fail("'" + it.fqn + "' properties of an unknown shape");
+      }
       const PtValue& d = st->items()[0];
       const PtValue& l = st->items()[1];
       if (d.kind() != Kind::String || l.kind() != Kind::String) fail("'" + it.fqn + "' dtype or layout is not a name");
@@ -213,6 +229,7 @@ class Interpreter {
       std::vector<Item::Part> parts;
       for (const PtValue& p : path.items()) {
         if (p.kind() == Kind::String) {
+          if (p.as_string().size() > fqn.size() + 64) fail("planner_data of '" + fqn + "' has a part longer than its key");
           parts.push_back({p.as_string(), false});
         } else if (p.kind() == Kind::Int) {
           parts.push_back({std::to_string(p.as_int()), true});
@@ -251,6 +268,13 @@ class Interpreter {
     if (c == it.chunks.end() || c->offsets != o) return;  // an empty chunk's (dropped), or none: nothing to read
     if (!stored_.emplace(at->second, static_cast<size_t>(c - it.chunks.begin())).second) {
       fail("'" + it.fqn + "' has two storage entries for its chunk at " + dims(o));
+    }
+    // Its bytes must be there: a torch.save holds them (and more), a
+    // safetensors blob exactly them.
+    uint64_t need = 0;
+    if (__builtin_mul_overflow(static_cast<uint64_t>(c->numel()), c10::elementSize(it.dtype), &need) || s.length < need) {
+      fail("'" + it.fqn + "': its chunk at " + dims(o) + " holds " + std::to_string(c->numel()) + " elements but is stored in " +
+           std::to_string(s.length) + " bytes");
     }
     c->storage = s;
   }
@@ -311,7 +335,7 @@ Metadata parse_metadata(const std::string& bytes, const std::string& where) {
   } catch (const CheckpointError& e) {
     throw CheckpointError(where + ": .metadata: " + e.what());
   }
-  return Interpreter(where).run(root);
+  return Interpreter(where, bytes.size()).run(root);
 }
 
 bool is_dcp_folder(const std::string& dir) {

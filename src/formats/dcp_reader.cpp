@@ -16,6 +16,7 @@ namespace tdist::checkpoint {
 namespace {
 
 constexpr uint64_t kPiece = uint64_t{1} << 20;
+constexpr uint64_t kMaxValueBytes = uint64_t{4} << 20;
 
 // Where a chunk's elements go in a box: runs of elements contiguous in
 // both (src: element index in the chunk, row-major; dst: in the box),
@@ -236,6 +237,11 @@ void DcpReader::read_rows(const dcp::Item& item, int64_t first, int64_t rows, vo
 
 PtValue DcpReader::read_value(const dcp::Item& item) const {
   if (item.tensor) throw UsageError("DcpReader::read_value: '" + item.fqn + "' is a tensor");
+  if (item.bytes.length > kMaxValueBytes) {  // a param group's option, a list of names: never this big
+    throw CheckpointError(dir_ + "/" + item.bytes.file + ": '" + item.fqn + "' is a value of " +
+                          std::to_string(item.bytes.length) + " bytes, over the " +
+                          std::to_string(kMaxValueBytes >> 20) + " MiB a value item may have");
+  }
   PtReader r(dir_ + "/" + item.bytes.file, item.bytes.offset, item.bytes.length);
   std::function<void(const PtValue&)> no_tensor = [&](const PtValue& v) {
     if (v.kind() == PtValue::Kind::Tensor) throw CheckpointError(r.path() + ": '" + item.fqn + "' holds a tensor");

@@ -442,6 +442,13 @@ class Unpickler {
     set_item(o, PtValue::string("__class__"), PtValue::string(c->ref.storage_key));
     return o;
   }
+  // A DCP object's attributes come from BUILD alone (Python's objects take
+  // no SETITEM), and no dict of the pickle's may pose as one.
+  void not_an_object(const PtValue& d, const PtValue& key) {
+    if (dialect_ != Dialect::DcpMetadata) return;
+    if (is_object(d)) fail("SETITEM on an object");
+    if (key.kind() == Kind::String && key.as_string() == "__class__") fail("a dict key '__class__'");
+  }
   static bool is_object(const PtValue& v) {
     return v.kind() == Kind::Dict && !B::dict(v).entries.empty() && B::dict(v).entries[0].first == "__class__";
   }
@@ -615,6 +622,7 @@ class Unpickler {
       case SETITEM: {
         PtValue v = pop();
         PtValue k = pop();
+        not_an_object(top(), k);
         return set_item(top(), std::move(k), std::move(v));
       }
       case SETITEMS: {
@@ -623,7 +631,10 @@ class Unpickler {
         if (m <= floor() || m == 0) fail("SETITEMS without a dict below its MARK");
         const PtValue& d = stack_[m - 1];
         open_container(d, Kind::Dict, "SETITEMS' target");
-        for (size_t k = m; k < stack_.size(); k += 2) set_item(d, std::move(stack_[k]), std::move(stack_[k + 1]));
+        for (size_t k = m; k < stack_.size(); k += 2) {
+          not_an_object(d, stack_[k]);
+          set_item(d, std::move(stack_[k]), std::move(stack_[k + 1]));
+        }
         stack_.resize(m);
         return;
       }

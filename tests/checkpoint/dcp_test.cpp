@@ -347,6 +347,30 @@ TEST_F(Dcp, PythonsOptimizerStateDictLoadsByIndexAndTdistsLoadsInPython) {
   expect_same_files(py + "/ref.safetensors", back);
 }
 
+// .metadata files an adversarial tester made (fuzz/corpus_dcp/hostile_*),
+// each refused for what it is, in little memory and time.
+TEST(DcpHostile, HostileMetadataIsRefusedByName) {
+  const std::string dir = TDIST_SOURCE_DIR "/fuzz/corpus_dcp/";
+  const std::pair<const char*, const char*> cases[] = {
+      {"hostile_setitem_on_object.metadata", "SETITEM on an object"},
+      {"hostile_dicts_posing_as_objects.metadata", "a dict key '__class__'"},
+      {"hostile_chunk_bigger_than_its_bytes.metadata", "holds 268435456 elements but is stored in"},
+      {"hostile_posix_system.metadata", "global 'posix.system' is not a class DCP's .metadata holds"},
+      {"hostile_builtins_eval.metadata", "global 'builtins.eval' is not a class DCP's .metadata holds"},
+  };
+  for (const auto& [file, want] : cases) {
+    std::ifstream in(dir + file, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_FALSE(bytes.empty()) << file;
+    try {
+      tdist::checkpoint::dcp::parse_metadata(bytes, file);
+      ADD_FAILURE() << file << " was read";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << file << ": " << e.what();
+    }
+  }
+}
+
 TEST_F(Dcp, AMetadataThatWouldRunCodeIsRefusedAndRunsNothing) {
   const std::string evil = dir_->path() + "/evil", marker = dir_->path() + "/ran";
   python("evil " + evil + " " + marker);
