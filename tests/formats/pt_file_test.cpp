@@ -527,9 +527,11 @@ TEST(PtFile, AnUnfinishedSaveLeavesTheOldFile) {
     EXPECT_THROW(w.begin(PtValue::tensor(ref_of("a/b", v))), tdist::UsageError) << "a key with a slash";
   }
   check_old();
+  // Made before the fork: the child calls nothing of ATen (a fill in a
+  // forked child can wait forever on the parent's OpenMP pool).
+  const at::Tensor big = torch::zeros({1 << 20});
   const pid_t pid = fork();
   if (pid == 0) {
-    const at::Tensor big = torch::zeros({1 << 20});
     PtWriter w(path);
     w.begin(PtValue::dict({{"x", PtValue::tensor(ref_of("0", big))}}));
     w.begin_storage("0");
