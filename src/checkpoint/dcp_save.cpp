@@ -30,10 +30,6 @@ using Part = dcp::Item::Part;
 
 using detail::first_failure;
 
-std::vector<std::string> exchange(ProcessGroup& pg, const std::string& mine, std::chrono::milliseconds timeout) {
-  return detail::all_gather_bytes(pg, mine, timeout);
-}
-
 // Where this rank's items went: the records rank 0 merges into the .metadata.
 class RankPart {
  public:
@@ -219,7 +215,7 @@ void commit_dcp(const std::string& dir, ProcessGroup& pg, const DcpRankContents*
                 std::chrono::milliseconds timeout, const DcpWriteRunner& run_write) {
   const char* what = "save as DCP";
   const DcpWriteRunner run = run_write ? run_write : [](const std::function<void()>& work) { work(); };
-  std::string k;
+  int64_t k = 0;
   std::string mine = error;
   error.clear();
   if (pg.rank() == 0) {
@@ -227,21 +223,21 @@ void commit_dcp(const std::string& dir, ProcessGroup& pg, const DcpRankContents*
       ::mkdir(dir.c_str(), 0755);
       struct stat st {};
       if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw CheckpointError(dir + ": not a directory");
-      k = std::to_string(fresh_file_index(dir));
+      k = fresh_file_index(dir);
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
   std::string failed = first_failure(pg, error, timeout);
   if (!failed.empty()) throw CheckpointError(std::string(what) + " " + dir + ": " + failed);
-  k = exchange(pg, k, timeout)[0];
+  k = detail::rank0_value(pg, k, timeout);
   std::optional<RankPart> part;
   std::string records;
   error = mine;
   if (error.empty()) {
     try {
       run([&] {
-        part.emplace(dir, "__" + std::to_string(pg.rank()) + "_" + k + ".distcp");
+        part.emplace(dir, "__" + std::to_string(pg.rank()) + "_" + std::to_string(k) + ".distcp");
         part->write(*contents);
         part->file().sync();
       });
@@ -252,7 +248,7 @@ void commit_dcp(const std::string& dir, ProcessGroup& pg, const DcpRankContents*
   }
   failed = first_failure(pg, error, timeout);
   if (!failed.empty()) throw CheckpointError(std::string(what) + " " + dir + ": " + failed + " (nothing was replaced)");
-  const std::vector<std::string> all = exchange(pg, records, timeout);
+  const std::vector<std::string> all = detail::all_gather_bytes(pg, records, timeout);
   std::optional<AtomicFileWriter> metadata;
   dcp::Metadata m;
   if (pg.rank() == 0) {
