@@ -31,7 +31,7 @@ fuzz() {
 fuzz store_frame_fuzzer "$root/fuzz/corpus" \
   "$root/fuzz/store_frame_fuzzer.cpp" "$root/src/store/wire.cpp"
 fuzz safetensors_header_fuzzer "$root/fuzz/corpus_safetensors" \
-  "$root/fuzz/safetensors_header_fuzzer.cpp" "$root/src/formats/safetensors_header.cpp"
+  "$root/fuzz/safetensors_header_fuzzer.cpp" "$root/src/formats/safetensors_header.cpp" "$root/src/util/json_reader.cpp"
 # The .pt layer includes c10's ScalarType header and calls into libc10
 # (LibTorch 1.13 from Debian: /usr/include, libc10.so); nothing else of
 # LibTorch.

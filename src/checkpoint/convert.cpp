@@ -11,19 +11,20 @@
 #include <memory>
 #include <set>
 
-#include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint_tree.h"
 #include "checkpoint/dcp_layout.h"
 #include "formats/dcp_reader.h"
 #include "formats/dcp_writer.h"
 #include "formats/file_io.h"
+#include "formats/hf_index.h"
 #include "formats/safetensors_header.h"
 #include "formats/safetensors_names.h"
 #include "checkpoint/sharded_files.h"
 #include "checkpoint/tools.h"
 #include "tdist/errors.h"
 #include "tdist/safetensors.h"
+#include "util/json_reader.h"
 
 namespace tdist::checkpoint {
 
@@ -257,7 +258,7 @@ class SafetensorsSource : public Source {
       const std::string index = path + "/model.safetensors.index.json";
       struct stat st {};
       if (::stat(index.c_str(), &st) == 0) {
-        for (const auto& f : index_files(index)) files.push_back(path + "/" + f);
+        for (const auto& f : read_weight_map(index).files) files.push_back(path + "/" + f);
         inputs.push_back(index);
       } else {
         files.push_back(path + "/model.safetensors");
@@ -279,26 +280,6 @@ class SafetensorsSource : public Source {
   };
   std::vector<Entry> entries_;
 
-  static std::vector<std::string> index_files(const std::string& index) {
-    FileReader f(index);
-    if (f.size() > (uint64_t{64} << 20)) throw CheckpointError(index + ": over 64 MiB, not an index");
-    std::string text(static_cast<size_t>(f.size()), '\0');
-    f.read_at(0, text.data(), text.size());
-    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
-      throw CheckpointError(index + ": not an index (no weight_map)");
-    }
-    std::vector<std::string> out;
-    for (const auto& [name, file] : j["weight_map"].items()) {
-      if (!file.is_string()) throw CheckpointError(index + ": weight_map['" + name + "'] is not a file name");
-      const std::string s = file.get<std::string>();
-      if (s.empty() || s.find('/') != std::string::npos || s == "..") {
-        throw CheckpointError(index + ": weight_map names '" + s + "', not a file beside it");
-      }
-      if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
-    }
-    return out;
-  }
   void open(const std::string& file) {
     FileReader f(file);
     safetensors::Header h;
@@ -331,7 +312,13 @@ class SafetensorsSource : public Source {
     inputs.push_back(file);
   }
   static PtValue groups_from_json(const std::string& kind, const std::string& text, const std::string& file) {
-    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    json::Limits limits;
+    limits.max_depth = 4;                  // [{"params": [name, ...], option: number}]
+    limits.max_kept = 16 * text.size();    // the text is bounded by its header's
+    limits.any_root = true;
+    std::string error;
+    const nlohmann::json j = json::parse_value(text, limits, error);
+    if (!error.empty()) throw CheckpointError(file + ": tdist.param_groups: " + error);
     if (!j.is_array()) throw CheckpointError(file + ": tdist.param_groups is not a JSON list");
     std::vector<PtValue> groups;
     for (const auto& g : j) {

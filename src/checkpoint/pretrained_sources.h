@@ -36,8 +36,6 @@ namespace tdist::checkpoint {
 class PtReader;
 struct PtTensorRef;
 
-inline constexpr uint64_t kMaxIndexBytes = uint64_t{64} << 20;
-
 struct SourceTensor {
   std::string key;
   size_t file = 0;                    // in PretrainedSources::files()

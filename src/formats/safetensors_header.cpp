@@ -3,7 +3,7 @@
 #include "formats/safetensors_header.h"
 #include "util/coding.h"
 
-#include <nlohmann/json.hpp>
+#include "util/json_reader.h"
 
 #include <algorithm>
 #include <cstring>
@@ -42,192 +42,123 @@ uint64_t data_bytes(const std::string& name, const std::string& dtype, const std
 
 constexpr size_t kMaxShapeDims = 1024;
 
-// The header's JSON, event by event (nlohmann's SAX interface): each
-// tensor entry is checked and kept as a TensorEntry as soon as it closes,
-// nothing else is built, so time and memory are linear in the header.
-// Nesting past kMaxDepth and keys given twice fail at once; any other
-// problem is kept (the first one) and thrown after the whole text parsed,
-// so that a header that is not JSON says so first.
-class HeaderSax : public nlohmann::json_sax<Json> {
+// The header's JSON, event by event (util/json_reader.h): each tensor
+// entry is checked and kept as a TensorEntry as soon as it closes, nothing
+// else is built, so time and memory are linear in the header (kept: at
+// most 64 MiB + 8 x its size). Nesting past kMaxDepth and keys given twice
+// fail at once; any other problem is deferred (the first one), so that a
+// header that is not JSON says so first.
+class HeaderReader : public json::JsonReader {
  public:
-  explicit HeaderSax(size_t json_bytes) : json_bytes_(json_bytes), budget_((size_t{64} << 20) + 8 * json_bytes) {}
+  explicit HeaderReader(size_t json_bytes) : JsonReader(limits(json_bytes)) {}
   Header h;
-  std::string problem;  // the first, thrown after the parse
-
-  bool null() override { return scalar("null"); }
-  bool boolean(bool) override { return scalar("a bool"); }
-  bool number_integer(number_integer_t) override { return scalar("a negative integer"); }
-  bool number_unsigned(number_unsigned_t v) override {
-    if (ctx_ == Ctx::Shape) {
-      if (v > static_cast<uint64_t>(INT64_MAX)) return defer(who() + "a shape entry is too large");
-      if (entry_.shape.size() >= kMaxShapeDims) {
-        return defer(who() + "a shape of more than " + std::to_string(kMaxShapeDims) + " dimensions");
-      }
-      entry_.shape.push_back(static_cast<int64_t>(v));  // at most 8 KiB, counted when the entry is kept
-      return true;
-    }
-    if (ctx_ == Ctx::Offsets) {
-      if (offsets_ >= 2) return defer(who() + "data_offsets is not [begin, end]");
-      (offsets_ == 0 ? entry_.begin : entry_.end) = v;
-      ++offsets_;
-      return true;
-    }
-    return scalar("a number");
-  }
-  bool number_float(number_float_t, const string_t&) override { return scalar("a number"); }
-  bool string(string_t& v) override {
-    if (ctx_ == Ctx::Entry && field_ == Field::Dtype) {
-      entry_.dtype = v;
-      return true;
-    }
-    if (ctx_ == Ctx::Metadata) {
-      charge(sizeof(std::pair<const std::string, std::string>) + 48 + heap(key_.size()) + heap(v.size()));
-      h.metadata.emplace(key_, v);
-      return true;
-    }
-    return scalar("a string");
-  }
-  bool binary(binary_t&) override { return scalar("binary"); }
-
-  bool start_object(std::size_t) override {
-    enter();
-    if (ctx_ == Ctx::Skip) return true;
-    if (depth_ == 1) {
-      ctx_ = Ctx::Root;
-    } else if (ctx_ == Ctx::Root && key_ == "__metadata__") {
-      ctx_ = Ctx::Metadata;
-    } else if (ctx_ == Ctx::Root) {
-      ctx_ = Ctx::Entry;
-      entry_ = TensorEntry();
-      entry_.name = key_;
-      seen_ = 0;
-    } else {
-      skip(misplaced("an object"));
-    }
-    return true;
-  }
-  bool key(string_t& k) override {
-    if (ctx_ == Ctx::Skip) return true;
-    key_ = k;
-    if (ctx_ == Ctx::Root) {
-      if (k == "__metadata__" && std::exchange(metadata_seen_, true)) twice(k);
-      return true;
-    }
-    if (ctx_ == Ctx::Metadata) {
-      if (h.metadata.count(k)) twice(k);
-      return true;
-    }
-    // Ctx::Entry
-    field_ = k == "dtype" ? Field::Dtype : k == "shape" ? Field::Shape : k == "data_offsets" ? Field::Offsets : Field::Other;
-    if (field_ == Field::Other) return defer(who() + "unknown field '" + k + "'");
-    const unsigned bit = 1u << static_cast<unsigned>(field_);
-    if (seen_ & bit) twice(k);
-    seen_ |= bit;
-    return true;
-  }
-  bool end_object() override {
-    if (leave()) return true;
-    if (ctx_ == Ctx::Entry) {
-      if (problem.empty()) finish_entry();
-      ctx_ = Ctx::Root;
-    } else if (ctx_ == Ctx::Metadata) {
-      ctx_ = Ctx::Root;
-    }
-    return true;
-  }
-  bool start_array(std::size_t) override {
-    enter();
-    if (ctx_ == Ctx::Skip) return true;
-    if (ctx_ == Ctx::Entry && field_ == Field::Shape) {
-      ctx_ = Ctx::Shape;
-    } else if (ctx_ == Ctx::Entry && field_ == Field::Offsets) {
-      ctx_ = Ctx::Offsets;
-      offsets_ = 0;
-    } else {
-      skip(misplaced("an array"));
-    }
-    return true;
-  }
-  bool end_array() override {
-    if (leave()) return true;
-    if (ctx_ == Ctx::Offsets && offsets_ != 2) defer(who() + "data_offsets is not [begin, end]");
-    ctx_ = Ctx::Entry;
-    return true;
-  }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
-    fail(std::string("the header is not valid JSON: ") + e.what());
-  }
 
  private:
-  enum class Ctx { Root, Entry, Shape, Offsets, Metadata, Skip };
+  enum Tag { kRoot, kEntry, kShape, kOffsets, kMetadata };
   enum class Field : unsigned { Dtype, Shape, Offsets, Other };
-  Ctx ctx_ = Ctx::Root;
-  Ctx skip_from_ = Ctx::Root;  // where a skipped value sits
-  int depth_ = 0, skip_depth_ = 0;
-  std::string key_;
   Field field_ = Field::Other;
   unsigned seen_ = 0;
   int offsets_ = 0;
   bool metadata_seen_ = false;
-  size_t json_bytes_ = 0, budget_ = 0, used_ = 0;
   TensorEntry entry_;
 
+  static json::Limits limits(size_t json_bytes) {
+    json::Limits l;
+    l.max_depth = kMaxDepth;
+    l.max_string = kMaxHeaderBytes;
+    l.max_kept = (size_t{64} << 20) + 8 * json_bytes;
+    return l;
+  }
   std::string who() const { return "tensor '" + entry_.name + "': "; }
-  bool defer(const std::string& what) {
-    if (problem.empty()) problem = what;
-    return true;
+  [[noreturn]] void twice(const std::string& k) { fail("the key '" + k + "' is given twice"); }
+
+  void on_key() override {
+    const std::string& k = key();
+    switch (top().tag) {
+      case kRoot:
+        if (k == "__metadata__" && std::exchange(metadata_seen_, true)) twice(k);
+        return;
+      case kMetadata:
+        if (h.metadata.count(k)) twice(k);
+        return;
+      case kEntry: {
+        field_ = k == "dtype" ? Field::Dtype : k == "shape" ? Field::Shape : k == "data_offsets" ? Field::Offsets : Field::Other;
+        if (field_ == Field::Other) return defer(who() + "unknown field '" + k + "'");
+        const unsigned bit = 1u << static_cast<unsigned>(field_);
+        if (seen_ & bit) twice(k);
+        seen_ |= bit;
+        return;
+      }
+    }
   }
-  [[noreturn]] void twice(const std::string& k) { fail("the header gives the key '" + k + "' twice"); }
-  void enter() {
-    if (++depth_ > kMaxDepth) fail("the header nests deeper than a safetensors header can");
+  int on_open(bool object) override {
+    if (at_root()) return kRoot;
+    const int at = top().tag;
+    if (object && at == kRoot && key() == "__metadata__") return kMetadata;
+    if (object && at == kRoot) {
+      entry_ = TensorEntry();
+      entry_.name = key();
+      seen_ = 0;
+      return kEntry;
+    }
+    if (!object && at == kEntry && field_ == Field::Shape) return kShape;
+    if (!object && at == kEntry && field_ == Field::Offsets) {
+      offsets_ = 0;
+      return kOffsets;
+    }
+    if (!(at == kEntry && field_ == Field::Other)) defer(misplaced(object ? "an object" : "an array"));
+    return kSkip;
   }
-  // Closes a level; true when it closed (part of) a skipped value.
-  bool leave() {
-    --depth_;
-    if (ctx_ != Ctx::Skip) return false;
-    if (depth_ < skip_depth_) ctx_ = skip_from_;
-    return true;
+  void on_close(const json::Frame& f) override {
+    if (f.tag == kEntry && !has_problem()) finish_entry();
+    if (f.tag == kOffsets && offsets_ != 2) defer(who() + "data_offsets is not [begin, end]");
   }
-  void skip(const std::string& why) {
+  void on_scalar(const json::Scalar& v) override {
+    const int at = top().tag;
+    if (at == kShape && v.type == json::Scalar::Int && !v.negative()) {
+      if (v.too_big) return defer(who() + "a shape entry is too large");
+      if (entry_.shape.size() >= kMaxShapeDims) {
+        return defer(who() + "a shape of more than " + std::to_string(kMaxShapeDims) + " dimensions");
+      }
+      entry_.shape.push_back(v.i);  // at most 8 KiB, counted when the entry is kept
+      return;
+    }
+    if (at == kOffsets && v.type == json::Scalar::Int && !v.negative()) {
+      if (offsets_ >= 2) return defer(who() + "data_offsets is not [begin, end]");
+      (offsets_ == 0 ? entry_.begin : entry_.end) = v.u;
+      ++offsets_;
+      return;
+    }
+    if (at == kEntry && field_ == Field::Dtype && v.type == json::Scalar::String) {
+      entry_.dtype = *v.s;
+      return;
+    }
+    if (at == kMetadata && v.type == json::Scalar::String) {
+      charge(sizeof(std::pair<const std::string, std::string>) + 48 + heap(key().size()) + heap(v.s->size()));
+      h.metadata.emplace(key(), *v.s);
+      return;
+    }
+    if (at == kRoot && key() == "__metadata__" && v.type == json::Scalar::Null) return;  // none
+    if (at == kEntry && field_ == Field::Other) return;  // an unknown field: already deferred
+    const std::string why = misplaced(json::type_name(v.type));
+    if (at == kOffsets) ++offsets_;
     defer(why);
-    skip_from_ = ctx_;
-    skip_depth_ = depth_;
-    ctx_ = Ctx::Skip;
   }
   // What a value of that kind is wrong for, where it stands.
   std::string misplaced(const char* what) const {
-    switch (ctx_) {
-      case Ctx::Root:
-        return key_ == "__metadata__" ? "__metadata__ is not an object" : "tensor '" + key_ + "': its entry is not an object";
-      case Ctx::Entry:
+    switch (top().tag) {
+      case kRoot:
+        return key() == "__metadata__" ? "__metadata__ is not an object" : "tensor '" + key() + "': its entry is not an object";
+      case kEntry:
         return field_ == Field::Dtype  ? who() + "dtype is not a string"
                : field_ == Field::Shape ? who() + "shape is not an array"
                                         : who() + "data_offsets is not [begin, end]";
-      case Ctx::Shape: return who() + "a shape entry is not a non-negative integer";
-      case Ctx::Offsets: return who() + "data_offsets[" + std::to_string(offsets_) + "] is not a non-negative integer";
-      case Ctx::Metadata: return "__metadata__ '" + key_ + "' is not a string";
-      case Ctx::Skip: break;
+      case kShape: return who() + "a shape entry is not a non-negative integer";
+      case kOffsets: return who() + "data_offsets[" + std::to_string(offsets_) + "] is not a non-negative integer";
+      case kMetadata: return "__metadata__ '" + key() + "' is not a string";
     }
     return std::string("the header has ") + what + " where it cannot";
   }
-  bool scalar(const char* what) {
-    if (ctx_ == Ctx::Skip) return true;
-    if (ctx_ == Ctx::Root && key_ == "__metadata__" && std::string(what) == "null") return true;  // none
-    if (ctx_ == Ctx::Entry && field_ == Field::Other) return true;  // an unknown field: already kept
-    const std::string why = misplaced(what);
-    if (ctx_ == Ctx::Offsets) ++offsets_;
-    return defer(why);
-  }
-  // What the Header holds, counted as it grows (heap blocks of 16 bytes,
-  // a std::map node's 48 bytes of links and header).
-  void charge(size_t n) {
-    used_ += n;
-    if (used_ > budget_) {
-      fail("the header needs more than " + std::to_string(budget_ >> 20) + " MiB to hold (" +
-           std::to_string(json_bytes_) + " bytes of JSON; the bound is 64 MiB + 8 x its size)");
-    }
-  }
-  static size_t heap(size_t n) { return n > 15 ? (n + 1 + 8 + 15) & ~size_t{15} : 0; }
   void finish_entry() {
     for (const Field f : {Field::Dtype, Field::Shape, Field::Offsets}) {
       if (!(seen_ & (1u << static_cast<unsigned>(f)))) {
@@ -285,10 +216,10 @@ uint64_t header_length(const uint8_t first8[8], uint64_t file_size) {
 
 Header parse_header(const char* json, size_t n, uint64_t data_bytes) {
   if (n == 0 || json[0] != '{') fail("the header does not start with '{'");
-  HeaderSax sax(n);
-  Json::sax_parse(json, json + n, &sax);  // throws FormatError: not JSON, too deep, a key twice
-  if (!sax.problem.empty()) fail(sax.problem);
-  Header h = std::move(sax.h);
+  HeaderReader reader(n);
+  const std::string problem = reader.parse(json, n);
+  if (!problem.empty()) fail("the header: " + problem);
+  Header h = std::move(reader.h);
   // Tensor names given twice: one sort, not a lookup per key.
   {
     std::vector<const TensorEntry*> by_name;
@@ -296,7 +227,7 @@ Header parse_header(const char* json, size_t n, uint64_t data_bytes) {
     for (const TensorEntry& t : h.tensors) by_name.push_back(&t);
     std::sort(by_name.begin(), by_name.end(), [](const TensorEntry* a, const TensorEntry* b) { return a->name < b->name; });
     for (size_t i = 1; i < by_name.size(); ++i) {
-      if (by_name[i]->name == by_name[i - 1]->name) fail("the header gives the key '" + by_name[i]->name + "' twice");
+      if (by_name[i]->name == by_name[i - 1]->name) fail("the header: the key '" + by_name[i]->name + "' is given twice");
     }
   }
   std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
@@ -355,9 +286,8 @@ std::string make_header(std::vector<TensorEntry>& tensors, const std::map<std::s
   json += "}";
   json.append((8 - json.size() % 8) % 8, ' ');
   if (json.size() > kMaxHeaderBytes) fail("the header would be over 100,000,000 bytes");
-  std::string out(8, '\0');
-  uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i, n >>= 8) out[static_cast<size_t>(i)] = static_cast<char>(n & 0xff);
+  std::string out;
+  coding::put_fixed64(out, json.size());
   return out + json;
 }
 

@@ -208,7 +208,7 @@ std::vector<Bad> bad_files() {
   v.push_back({"trailing bytes", raw_file(ok_json(""), std::string(9, '\0')), "trailing bytes"});
   v.push_back({"metadata not strings", raw_file(ok_json(R"(,"__metadata__":{"k":1})"), f32x2), "not a string"});
   v.push_back({"deep nesting", raw_file("{\"a\":" + std::string(64, '[') + std::string(64, ']') + "}", ""),
-               "nests deeper"});
+               "nested deeper"});
   v.push_back({"bad UTF-8", raw_file("{\"\xff\":{}}", ""), "not valid JSON"});
   v.push_back({"BOOL not 0/1", raw_file(R"({"a":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", "\x01\x07"),
                "other than 0 or 1"});

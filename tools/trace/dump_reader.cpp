@@ -1,12 +1,11 @@
-// Parsing a flight recorder dump: a bounded SAX parse into RankDump.
+// Parsing a flight recorder dump: a bounded streaming parse into RankDump.
 // The contract is in dump_reader.h.
 #include "trace/dump_reader.h"
 
 #include <cstring>
 #include <utility>
 
-#include <nlohmann/json.hpp>
-
+#include "util/json_reader.h"
 #include "util/printable.h"
 
 namespace tdist::trace {
@@ -23,130 +22,57 @@ const char* state_name(FrState s) {
 
 namespace {
 
-using Json = nlohmann::json;
 using detail::printable;
+using json::Scalar;
+using json::type_name;
 
-// Bytes a string's text takes beyond the string object (small ones fit inside).
-size_t heap(size_t n) { return n > 15 ? n + 1 : 0; }
-
-// One JSON value delivered as a scalar.
-struct Scalar {
-  enum Type { Null, Bool, Int, Float, String } type;
-  bool b = false;
-  int64_t i = 0;         // Int
-  bool too_big = false;  // Int: above INT64_MAX
-  double f = 0;
-  const std::string* s = nullptr;
-};
-
-const char* type_name(Scalar::Type t) {
-  switch (t) {
-    case Scalar::Null: return "null";
-    case Scalar::Bool: return "a bool";
-    case Scalar::Int: return "an integer";
-    case Scalar::Float: return "a number";
-    case Scalar::String: return "a string";
-  }
-  return "?";
-}
-
-// The dump, event by event. Frames on a stack say where a value sits; a
-// value under a key the schema does not know is skipped (its depth still
-// counted). Everything kept is charged against kMaxParsedBytes.
-class DumpSax : public nlohmann::json_sax<Json> {
+// The dump, event by event (util/json_reader.h). Each frame's tag says
+// what the schema has there; a value under a key the schema does not know
+// is skipped (its depth still counted). Everything kept is charged against
+// kMaxParsedBytes.
+class DumpReader : public json::JsonReader {
  public:
-  explicit DumpSax(const std::string& name) : name_(name) { d.path = name; }
+  DumpReader() : JsonReader(limits()) {}
   RankDump d;
   std::map<std::string, std::string> ranks_text;  // pg_config group -> its "ranks", parsed at the end
   bool has_rank = false, has_world = false;
 
-  bool null() override { return scalar({Scalar::Null}); }
-  bool boolean(bool v) override { return scalar({Scalar::Bool, v}); }
-  bool number_integer(number_integer_t v) override { return scalar({Scalar::Int, false, v}); }
-  bool number_unsigned(number_unsigned_t v) override {
-    const bool big = v > static_cast<uint64_t>(INT64_MAX);
-    return scalar({Scalar::Int, false, big ? INT64_MAX : static_cast<int64_t>(v), big});
-  }
-  bool number_float(number_float_t v, const string_t&) override { return scalar({Scalar::Float, false, 0, false, v}); }
-  bool string(string_t& v) override {
-    const size_t cap = where() == Ctx::PgGroup && key_ == "ranks" ? kMaxRanksString
-                       : where() == Ctx::Entry && key_ == "error" ? kMaxErrorString
-                                                                  : kMaxString;
-    if (v.size() > cap) {
-      fail(field() + "a string of " + std::to_string(v.size()) + " bytes (at most " + std::to_string(cap) + ")");
-    }
-    return scalar({Scalar::String, false, 0, false, 0, &v});
-  }
-  bool binary(binary_t&) override { fail(field() + "binary data"); }
-
-  bool key(string_t& k) override {
-    if (k.size() > kMaxString) fail("a key of " + std::to_string(k.size()) + " bytes");
-    key_ = k;
-    return true;
-  }
-  bool start_object(std::size_t) override { return open(true); }
-  bool end_object() override { return close(); }
-  bool start_array(std::size_t) override { return open(false); }
-  bool end_array() override { return close(); }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
-    std::string what = e.what();  // "[json.exception.parse_error.101] parse error at line 1, column 7: ..."
-    if (what.compare(0, 16, "[json.exception.") == 0 && what.find("] ") != std::string::npos) {
-      what.erase(0, what.find("] ") + 2);
-    }
-    fail("not valid JSON (" + printable(what, 200) + ")");
-  }
-
-  [[noreturn]] void fail(const std::string& what) const { throw DumpError(name_ + ": " + what); }
-
  private:
-  enum class Ctx {
-    Skip,
-    Root,
-    PgConfig,
-    PgGroup,
-    PgStatus,
-    PgStatusGroup,
-    Entries,
-    Entry,
-    ProcessGroup,
-    SizesOuter,
-    SizesInner,
-    Dtypes
-  };
-  struct Frame {
-    Ctx ctx;
-    bool object;
-    std::string key;   // the key this container sits under in its parent ("" in an array)
-    size_t count = 0;  // elements so far (arrays)
-  };
-  std::string name_;
-  std::vector<Frame> stack_;
-  std::string key_;
+  enum Ctx : int { Skip = kSkip, Root, PgConfig, PgGroup, PgStatus, PgStatusGroup, Entries, Entry, ProcessGroup, SizesOuter, SizesInner, Dtypes };
   FrEntry entry_;
   unsigned seen_ = 0;  // required entry fields seen
   size_t sizes_ = 0;   // lists and numbers in the entry's sizes so far
   std::string group_;  // the pg_config / pg_status group open now
-  size_t used_ = 0;
 
-  Ctx where() const { return stack_.empty() ? Ctx::Root : stack_.back().ctx; }
+  static json::Limits limits() {
+    json::Limits l;
+    l.max_depth = kMaxDepth;
+    l.max_string = std::max({kMaxString, kMaxErrorString, kMaxRanksString});
+    l.max_key = kMaxString;
+    l.max_kept = kMaxParsedBytes;
+    return l;
+  }
+  Ctx where() const { return at_root() ? Root : static_cast<Ctx>(top().tag); }
   std::string who() const {
-    if (stack_.size() >= 3 && stack_[1].ctx == Ctx::Entries) {
-      return "entry " + std::to_string(stack_[1].count - 1) + ": ";
-    }
-    if (!group_.empty() && stack_.size() >= 3) return "group '" + printable(group_, 64) + "': ";
+    if (depth() >= 3 && frame(1).tag == Ctx::Entries) return "entry " + std::to_string(frame(1).count - 1) + ": ";
+    if (!group_.empty() && depth() >= 3) return "group '" + printable(group_, 64) + "': ";
     return "";
   }
   std::string field() const {
-    std::string k = stack_.empty() || stack_.back().object ? key_ : std::string();
-    for (size_t i = stack_.size(); k.empty() && i > 0 && !stack_[i - 1].object; --i) k = stack_[i - 1].key;
+    const std::string& k = key();
     return who() + (k.empty() ? std::string("the document is ") : printable(k, 64) + " is ");
-  }
-  void charge(size_t bytes) {
-    used_ += bytes;
-    if (used_ > kMaxParsedBytes) fail("more than " + std::to_string(kMaxParsedBytes >> 20) + " MiB of records");
   }
   void count_size() {
     if (++sizes_ > kMaxSizes) fail(field() + "more than " + std::to_string(kMaxSizes) + " lists and numbers");
+  }
+  // A string's cap, by where it is: a group's ranks, an entry's error, any other.
+  void check_length(const std::string& v) {
+    const size_t cap = where() == Ctx::PgGroup && key() == "ranks" ? kMaxRanksString
+                       : where() == Ctx::Entry && key() == "error" ? kMaxErrorString
+                                                                   : kMaxString;
+    if (v.size() > cap) {
+      fail(field() + "a string of " + std::to_string(v.size()) + " bytes (at most " + std::to_string(cap) + ")");
+    }
   }
   [[noreturn]] void wrong(const Scalar& v, const char* want) { fail(field() + type_name(v.type) + ", not " + want); }
 
@@ -166,17 +92,12 @@ class DumpSax : public nlohmann::json_sax<Json> {
     out = *v.s;
   }
 
-  bool open(bool object) {
-    if (stack_.size() >= static_cast<size_t>(kMaxDepth))
-      fail("nested deeper than " + std::to_string(kMaxDepth) + " levels");
+  int on_open(bool object) override {
     const Ctx parent = where();
-    const bool in_object = !stack_.empty() && stack_.back().object;
-    if (!stack_.empty() && !in_object) ++stack_.back().count;
-    const std::string& k = in_object ? key_ : (stack_.empty() ? key_ : stack_.back().key);
+    const std::string& k = key();
     Ctx ctx = Ctx::Skip;
     const char* want = nullptr;  // what the schema has here, when not this container
-    if (stack_.empty()) {
-      if (!object) fail("the document is an array, not an object");
+    if (at_root()) {
       ctx = Ctx::Root;
     } else if (parent == Ctx::Root) {
       if (k == "pg_config" || k == "pg_status") {
@@ -191,13 +112,13 @@ class DumpSax : public nlohmann::json_sax<Json> {
     } else if (parent == Ctx::PgConfig || parent == Ctx::PgStatus) {
       if (!object) want = "an object";
       ctx = parent == Ctx::PgConfig ? Ctx::PgGroup : Ctx::PgStatusGroup;
-      group_ = key_;
+      group_ = k;
       if (parent == Ctx::PgConfig) {
-        charge(sizeof(FrGroupConfig) + 64 + 2 * heap(key_.size()));
-        d.groups[key_].name = key_;
+        charge(sizeof(FrGroupConfig) + 64 + 2 * heap(k.size()));
+        d.groups[k].name = k;
       } else {
-        charge(sizeof(FrGroupStatus) + 64 + heap(key_.size()));
-        d.pg_status[key_] = FrGroupStatus();
+        charge(sizeof(FrGroupStatus) + 64 + heap(k.size()));
+        d.pg_status[k] = FrGroupStatus();
       }
     } else if (parent == Ctx::Entries) {
       if (!object) want = "an object";
@@ -222,7 +143,7 @@ class DumpSax : public nlohmann::json_sax<Json> {
       if (object) want = "an array";
       ctx = Ctx::SizesInner;
       count_size();
-      (stack_.back().key[0] == 'i' ? entry_.input_sizes : entry_.output_sizes).emplace_back();
+      (k[0] == 'i' ? entry_.input_sizes : entry_.output_sizes).emplace_back();
       charge(sizeof(std::vector<int64_t>));
     } else if (parent == Ctx::PgGroup) {
       if (k == "name" || k == "desc" || k == "ranks" || k == "backend") want = "a string";
@@ -232,25 +153,21 @@ class DumpSax : public nlohmann::json_sax<Json> {
       want = parent == Ctx::SizesInner ? "an integer" : "a string";
     }
     if (want) fail(field() + (object ? "an object" : "an array") + ", not " + want);
-    stack_.push_back(Frame{ctx, object, in_object ? key_ : std::string(), 0});
-    return true;
+    return ctx;
   }
 
-  bool close() {
-    const Frame f = std::move(stack_.back());
-    stack_.pop_back();
-    if (f.ctx == Ctx::Entry) {
+  void on_close(const json::Frame& f) override {
+    if (f.tag == Ctx::Entry) {
       for (const auto& [bit, what] :
            {std::pair{1u, "process_group"}, {2u, "profiling_name"}, {4u, "state"}, {8u, "collective_seq_id"}}) {
         if (!(seen_ & bit)) fail("entry " + std::to_string(d.entries.size()) + ": no " + what);
       }
       d.entries.push_back(std::move(entry_));
-    } else if (f.ctx == Ctx::PgGroup || f.ctx == Ctx::PgStatusGroup) {
+    } else if (f.tag == Ctx::PgGroup || f.tag == Ctx::PgStatusGroup) {
       group_.clear();
-    } else if (f.ctx == Ctx::Root) {
-      d.parsed_bytes = used_;
+    } else if (f.tag == Ctx::Root) {
+      d.parsed_bytes = kept();
     }
-    return true;
   }
 
   static bool known_root_scalar(const std::string& k) {
@@ -264,74 +181,73 @@ class DumpSax : public nlohmann::json_sax<Json> {
            k == "peer" || k == "retired" || k == "site" || k == "error";
   }
 
-  bool scalar(const Scalar& v) {
-    if (stack_.empty()) fail(std::string("the document is ") + type_name(v.type) + ", not an object");
-    Frame& top = stack_.back();
-    if (!top.object) ++top.count;
-    switch (top.ctx) {
-      case Ctx::Skip: return true;
+  void on_scalar(const Scalar& v) override {
+    if (v.type == Scalar::String) check_length(*v.s);
+    const json::Frame& at = top();
+    switch (where()) {
+      case Ctx::Skip: return;
       case Ctx::Root: return root_field(v);
       case Ctx::PgConfig:
       case Ctx::PgStatus:
       case Ctx::Entries: wrong(v, "an object");
       case Ctx::PgGroup: {
         FrGroupConfig& g = d.groups[group_];
-        std::string* out = key_ == "desc" ? &g.desc : key_ == "backend" ? &g.backend : nullptr;
-        if (key_ == "ranks") {
-          if (v.type == Scalar::Null) return true;
+        std::string* out = key() == "desc" ? &g.desc : key() == "backend" ? &g.backend : nullptr;
+        if (key() == "ranks") {
+          if (v.type == Scalar::Null) return;
           if (v.type != Scalar::String) wrong(v, "a string");
           charge(heap(v.s->size()));
           ranks_text[group_] = *v.s;
         } else if (out) {
           opt_string(v, *out);
           charge(heap(out->size()));
-        } else if (key_ == "name" && v.type != Scalar::Null && v.type != Scalar::String) {
+        } else if (key() == "name" && v.type != Scalar::Null && v.type != Scalar::String) {
           wrong(v, "a string");
         }
-        return true;
+        return;
       }
       case Ctx::PgStatusGroup: {
         FrGroupStatus& s = d.pg_status[group_];
-        int64_t* out = key_ == "last_enqueued_collective"    ? &s.last_enqueued_collective
-                       : key_ == "last_started_collective"   ? &s.last_started_collective
-                       : key_ == "last_completed_collective" ? &s.last_completed_collective
-                       : key_ == "last_enqueued_p2p"         ? &s.last_enqueued_p2p
-                       : key_ == "last_started_p2p"          ? &s.last_started_p2p
-                       : key_ == "last_completed_p2p"        ? &s.last_completed_p2p
+        int64_t* out = key() == "last_enqueued_collective"    ? &s.last_enqueued_collective
+                       : key() == "last_started_collective"   ? &s.last_started_collective
+                       : key() == "last_completed_collective" ? &s.last_completed_collective
+                       : key() == "last_enqueued_p2p"         ? &s.last_enqueued_p2p
+                       : key() == "last_started_p2p"          ? &s.last_started_p2p
+                       : key() == "last_completed_p2p"        ? &s.last_completed_p2p
                                                              : nullptr;
         if (out) opt_integer(v, *out);
-        return true;
+        return;
       }
       case Ctx::Entry: return entry_field(v);
       case Ctx::ProcessGroup: {
         if (v.type != Scalar::String) wrong(v, "a string");
-        if (top.count == 1) entry_.group = *v.s;
-        if (top.count == 2) entry_.group_desc = *v.s;
+        if (at.count == 1) entry_.group = *v.s;
+        if (at.count == 2) entry_.group_desc = *v.s;
         charge(heap(v.s->size()));
-        return true;
+        return;
       }
       case Ctx::SizesInner: {
-        auto& lists = stack_[stack_.size() - 2].key[0] == 'i' ? entry_.input_sizes : entry_.output_sizes;
+        auto& lists = at.key[0] == 'i' ? entry_.input_sizes : entry_.output_sizes;
         count_size();
         lists.back().push_back(integer(v));
         charge(sizeof(int64_t));
-        return true;
+        return;
       }
       case Ctx::SizesOuter: wrong(v, "an array");
       case Ctx::Dtypes: {
         if (v.type != Scalar::String) wrong(v, "a string");
-        auto& list = top.key[0] == 'i' ? entry_.input_dtypes : entry_.output_dtypes;
+        auto& list = at.key[0] == 'i' ? entry_.input_dtypes : entry_.output_dtypes;
         if (list.size() >= kMaxSizes) fail(field() + "more than " + std::to_string(kMaxSizes) + " dtypes");
         list.push_back(*v.s);
         charge(sizeof(std::string) + heap(v.s->size()));
-        return true;
+        return;
       }
     }
-    return true;
+    return;
   }
 
-  bool root_field(const Scalar& v) {
-    const std::string& k = key_;
+  void root_field(const Scalar& v) {
+    const std::string& k = key();
     if (k == "rank") {
       d.rank = static_cast<int>(integer(v, kMaxWorldSize - 1));
       has_rank = true;
@@ -357,11 +273,11 @@ class DumpSax : public nlohmann::json_sax<Json> {
     } else if (k == "entries") {
       if (v.type != Scalar::Null) wrong(v, "an array");
     }
-    return true;
+    return;
   }
 
-  bool entry_field(const Scalar& v) {
-    const std::string& k = key_;
+  void entry_field(const Scalar& v) {
+    const std::string& k = key();
     FrEntry& e = entry_;
     if (k == "collective_seq_id") {
       e.collective_seq_id = integer(v);
@@ -425,31 +341,34 @@ class DumpSax : public nlohmann::json_sax<Json> {
       if (k == "process_group") wrong(v, "an array");
       if (v.type != Scalar::Null) wrong(v, "an array");
     }
-    return true;
+    return;
   }
 };
 
 }  // namespace
 
 RankDump parse_dump(const std::string& text, const std::string& name) {
-  DumpSax sax(name);
-  Json::sax_parse(text.data(), text.data() + text.size(), &sax);
-  RankDump d = std::move(sax.d);
-  if (!sax.has_rank) sax.fail("no rank");
-  if (!sax.has_world) sax.fail("no world_size");
+  const auto fail = [&](const std::string& what) { throw DumpError(name + ": " + what); };
+  DumpReader r;
+  const std::string problem = r.parse(text);
+  if (!problem.empty()) fail(problem);
+  RankDump d = std::move(r.d);
+  d.path = name;
+  if (!r.has_rank) fail("no rank");
+  if (!r.has_world) fail("no world_size");
   if (d.rank >= d.world_size) {
-    sax.fail("rank " + std::to_string(d.rank) + " is outside the world of " + std::to_string(d.world_size));
+    fail("rank " + std::to_string(d.rank) + " is outside the world of " + std::to_string(d.world_size));
   }
-  for (const auto& [group, ranks] : sax.ranks_text) {
+  for (const auto& [group, ranks] : r.ranks_text) {
     try {
       d.groups[group].ranks = parse_ranks(ranks, d.world_size);
     } catch (const DumpError& e) {
-      sax.fail("group '" + printable(group, 64) + "': " + e.what());
+      fail("group '" + printable(group, 64) + "': " + e.what());
     }
   }
   for (size_t i = 0; i < d.entries.size(); ++i) {
     const FrEntry& e = d.entries[i];
-    if (e.is_p2p && e.peer >= d.world_size) sax.fail("entry " + std::to_string(i) + ": peer outside the world");
+    if (e.is_p2p && e.peer >= d.world_size) fail("entry " + std::to_string(i) + ": peer outside the world");
   }
   return d;
 }

@@ -5,7 +5,7 @@
 //
 // The files may come from ranks killed mid-write or from anyone who could
 // write the directory, so the reader is bounded while it parses
-// (nlohmann's SAX interface: nothing is built but the structs below):
+// (util/json_reader.h: nothing is built but the structs below):
 //   - a file is opened without following a link and must be a regular
 //     file (util/open_file.h) of at most kMaxDumpBytes, checked before it
 //     is read;

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <set>
 
+#include "util/json_reader.h"
 #include "util/open_file.h"
 #include "util/write_aside.h"
 
@@ -22,124 +23,55 @@ namespace {
 using nlohmann::json;
 
 // Builds each element of the top level's "traceEvents" array and hands it
-// over; skips every other key's value. Bounded as the header says.
-class EventSax : public nlohmann::json_sax<json> {
+// over; skips every other key's value. Bounded as the header says, through
+// the one JSON reader (util/json_reader.h).
+class EventReader : public tdist::json::JsonReader {
  public:
-  explicit EventSax(const std::function<void(json&)>& fn) : fn_(fn) {}
-
-  bool null() override { return value(json(nullptr)); }
-  bool boolean(bool v) override { return value(json(v)); }
-  bool number_integer(number_integer_t v) override { return value(json(v)); }
-  bool number_unsigned(number_unsigned_t v) override { return value(json(v)); }
-  bool number_float(number_float_t v, const string_t&) override { return value(json(v)); }
-  bool string(string_t& v) override {
-    if (v.size() > kMaxTraceString) return fail("a string of " + std::to_string(v.size()) + " bytes");
-    return value(json(std::move(v)));
-  }
-  bool binary(binary_t&) override { return fail("binary data"); }
-
-  bool start_object(std::size_t) override {
-    if (++depth_ > kMaxTraceDepth) return fail("nesting deeper than " + std::to_string(kMaxTraceDepth));
-    if (depth_ == 1) return true;  // the top level
-    if (building()) return push(json::object());
-    if (in_events_ && depth_ == 3) {
-      stack_.push_back(json::object());
-      event_bytes_ = 0;
-      return true;
-    }
-    return true;  // skipped
-  }
-  bool end_object() override { return end(); }
-  bool start_array(std::size_t) override {
-    if (++depth_ > kMaxTraceDepth) return fail("nesting deeper than " + std::to_string(kMaxTraceDepth));
-    if (depth_ == 2 && key_ == "traceEvents") {
-      in_events_ = true;
-      saw_events_ = true;
-      return true;
-    }
-    if (in_events_ && depth_ == 3) return fail("an element of traceEvents is not an object");
-    if (building()) return push(json::array());
-    return true;
-  }
-  bool end_array() override {
-    if (depth_ == 2 && in_events_) in_events_ = false;
-    return end();
-  }
-  bool key(string_t& k) override {
-    if (k.size() > kMaxTraceString) return fail("a key of " + std::to_string(k.size()) + " bytes");
-    if (depth_ == 1) key_ = k;
-    if (building()) {
-      event_bytes_ += k.size() + 8;
-      keys_.resize(stack_.size());
-      keys_.back() = std::move(k);
-    }
-    return true;
-  }
-  bool parse_error(std::size_t at, const std::string&, const nlohmann::detail::exception& e) override {
-    if (error_.empty()) error_ = "not JSON at byte " + std::to_string(at) + " (" + e.what() + ")";
-    return false;
-  }
-
-  const std::string& error() const { return error_; }
+  explicit EventReader(const std::function<void(json&)>& fn) : JsonReader(limits()), fn_(fn) {}
   bool saw_events() const { return saw_events_; }
 
  private:
-  bool building() const { return !stack_.empty(); }
-  bool fail(const std::string& why) {
-    if (error_.empty()) error_ = why;
-    return false;
+  enum Tag { kTop, kEvents, kEvent };
+  static tdist::json::Limits limits() {
+    tdist::json::Limits l;
+    l.max_depth = kMaxTraceDepth;
+    l.max_string = kMaxTraceString;
+    l.max_key = kMaxTraceString;
+    return l;
   }
-  // Adds a value to the container being built (nothing outside an event).
-  bool value(json v) {
-    if (depth_ <= 1 && !building()) {
-      if (depth_ == 0) return fail("the top level is not an object");
-      return true;  // a top-level key's plain value
+  int on_open(bool object) override {
+    if (at_root()) return kTop;
+    if (top().tag == kTop) {
+      if (object || key() != "traceEvents") return kSkip;
+      saw_events_ = true;
+      return kEvents;
     }
-    if (in_events_ && depth_ == 2) return fail("an element of traceEvents is not an object");
-    if (!building()) return true;
-    event_bytes_ += 16 + (v.is_string() ? v.get_ref<const std::string&>().size() : 0);
-    if (event_bytes_ > kMaxEventBytes) return fail("an event larger than " + std::to_string(kMaxEventBytes) + " bytes");
-    json& top = stack_.back();
-    if (top.is_object()) {
-      top[keys_[stack_.size() - 1]] = std::move(v);
-    } else {
-      top.push_back(std::move(v));
+    if (top().tag == kEvents) {
+      if (!object) fail("an element of traceEvents is not an object");
+      builder_.reset_bytes();
     }
-    return true;
+    builder_.open(object, key());
+    count();
+    return kEvent;
   }
-  bool push(json container) {
-    // A container costs memory of its own, however small its text ("{}").
-    event_bytes_ += 64;
-    if (event_bytes_ > kMaxEventBytes) return fail("an event larger than " + std::to_string(kMaxEventBytes) + " bytes");
-    stack_.push_back(std::move(container));
-    return true;
+  void on_scalar(const tdist::json::Scalar& v) override {
+    if (top().tag == kTop) return;  // a top-level key's plain value
+    if (top().tag == kEvents) fail("an element of traceEvents is not an object");
+    builder_.scalar(v, key());
+    count();
   }
-  bool end() {
-    --depth_;
-    if (!building()) return true;
-    json done = std::move(stack_.back());
-    stack_.pop_back();
-    if (stack_.empty()) {
-      fn_(done);  // an event
-      return true;
-    }
-    json& top = stack_.back();
-    if (top.is_object()) {
-      top[keys_[stack_.size() - 1]] = std::move(done);
-    } else {
-      top.push_back(std::move(done));
-    }
-    return true;
+  void on_close(const tdist::json::Frame& f) override {
+    if (f.tag != kEvent) return;
+    json done;
+    if (builder_.close(done)) fn_(done);  // an event
+  }
+  void count() {
+    if (builder_.bytes() > kMaxEventBytes) fail("an event larger than " + std::to_string(kMaxEventBytes) + " bytes");
   }
 
   const std::function<void(json&)>& fn_;
-  int depth_ = 0;
-  std::string key_;  // the top level's current key
-  bool in_events_ = false, saw_events_ = false;
-  std::vector<json> stack_;
-  std::vector<std::string> keys_;  // the current key of each object on the stack
-  size_t event_bytes_ = 0;
-  std::string error_;
+  bool saw_events_ = false;
+  tdist::json::JsonBuilder builder_;
 };
 
 // A sorted list of [begin, end) intervals' union length within [lo, hi).
@@ -188,17 +120,17 @@ void for_each_trace_event(const std::string& path, const std::function<void(json
     ::close(fd);
     throw TraceError(path + ": cannot read (" + std::strerror(errno) + ")");
   }
-  EventSax sax(fn);
-  bool ok = false;
+  EventReader reader(fn);
+  std::string problem;
   try {
-    ok = json::sax_parse(f, &sax);
+    problem = reader.parse(f);
   } catch (const std::exception& e) {
     std::fclose(f);
     throw TraceError(path + ": " + e.what());
   }
   std::fclose(f);
-  if (!ok) throw TraceError(path + ": " + (sax.error().empty() ? "not a trace" : sax.error()));
-  if (!sax.saw_events()) throw TraceError(path + ": no \"traceEvents\" array (not a Chrome trace)");
+  if (!problem.empty()) throw TraceError(path + ": " + problem);
+  if (!reader.saw_events()) throw TraceError(path + ": no \"traceEvents\" array (not a Chrome trace)");
 }
 
 std::vector<std::string> trace_files(const std::vector<std::string>& inputs) {

@@ -4,8 +4,8 @@
 //
 // Reading is streamed and bounded: a file is opened without following a
 // link, must be a regular file of at most kMaxTraceBytes, and is parsed
-// with nlohmann's SAX interface one element of "traceEvents" at a time
-// (nesting deeper than kMaxTraceDepth, a string longer than
+// by the one bounded JSON reader (util/json_reader.h), one element of
+// "traceEvents" at a time (nesting deeper than kMaxTraceDepth, a string longer than
 // kMaxTraceString or an event larger than kMaxEventBytes stops it), so
 // memory is one event plus what the caller keeps of it (summary keeps a
 // few numbers per event, at most kMaxSummaryEvents).
