@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
 
 
@@ -422,30 +423,22 @@ void write_safetensors_dir(const Source& s, const std::string& dir, int64_t max_
   f.commit();
 }
 
-void write_pt_file(const Source& s, const std::string& path, bool optimizer) {
-  StorageKeys keys;
-  std::map<std::string, const Tensor*> by_key;
-  const auto value = [&](const Tensor& t) {
-    PtValue v = keys.add(t.dtype, t.shape);
-    by_key[v.as_tensor().storage_key] = &t;
-    return v;
-  };
-  std::vector<std::pair<std::string, PtValue>> model;
-  for (const auto& t : s.model) model.emplace_back(t.param, value(t));
-  PtValue opt;
-  if (optimizer) {
-    std::vector<std::pair<std::string, PtValue>> state;
-    for (const auto& t : s.optimizer) {
-      if (state.empty() || state.back().first != t.param) state.emplace_back(t.param, PtValue::dict({}));
-      state.back().second.mutable_entries().emplace_back(t.field, value(t));
-    }
-    PtValue like = s.optimizer_tree;
-    opt = optimizer_tree(like, PtValue::dict(std::move(state)), 1, 0);
+// The optimizer's value in tdist's layout (what consolidate writes), its
+// tensors made by `value`.
+template <typename Value>
+PtValue optimizer_value_of(const Source& s, Value&& value) {
+  std::vector<std::pair<std::string, PtValue>> state;
+  for (const auto& t : s.optimizer) {
+    if (state.empty() || state.back().first != t.param) state.emplace_back(t.param, PtValue::dict({}));
+    state.back().second.mutable_entries().emplace_back(t.field, value(t));
   }
-  const PtValue root = PtValue::dict({{"model", PtValue::dict(std::move(model))},
-                                      {"optimizer", std::move(opt)},
-                                      {"tdist", PtValue::dict({{"format", PtValue::integer(kFormatVersion)},
-                                                               {"kind", PtValue::string("consolidated")}})}});
+  PtValue like = s.optimizer_tree;
+  return optimizer_tree(like, PtValue::dict(std::move(state)), 1, 0);
+}
+
+// `root` written as a torch.save file, each storage streamed from the tensor it was made for.
+void write_pt_root(const Source& s, const std::string& path, const PtValue& root,
+                   const std::map<std::string, const Tensor*>& by_key) {
   PtWriter w(path);
   w.begin(root);
   Buffer b;
@@ -457,6 +450,68 @@ void write_pt_file(const Source& s, const std::string& path, bool optimizer) {
     w.end_storage();
   }
   w.finish();
+}
+
+void write_pt_file(const Source& s, const std::string& path, bool optimizer) {
+  StorageKeys keys;
+  std::map<std::string, const Tensor*> by_key;
+  const auto value = [&](const Tensor& t) {
+    PtValue v = keys.add(t.dtype, t.shape);
+    by_key[v.as_tensor().storage_key] = &t;
+    return v;
+  };
+  std::vector<std::pair<std::string, PtValue>> model;
+  for (const auto& t : s.model) model.emplace_back(t.param, value(t));
+  PtValue opt;
+  if (optimizer) opt = optimizer_value_of(s, value);
+  const PtValue root = PtValue::dict({{"model", PtValue::dict(std::move(model))},
+                                      {"optimizer", std::move(opt)},
+                                      {"tdist", PtValue::dict({{"format", PtValue::integer(kFormatVersion)},
+                                                               {"kind", PtValue::string("consolidated")}})}});
+  write_pt_root(s, path, root, by_key);
+}
+
+// tdist's sharded files at world size 1 (what a plain model's
+// save_sharded_checkpoint writes: no FSDP units, every tensor whole), which
+// load_sharded_checkpoint reads into a plain, DDP or FSDP model at any
+// world size and tdist-ckpt reads as its own. A file format cannot know
+// which tensors are buffers or which modules hold none: "buffers" and
+// "modules" are empty (only consolidate --format libtorch reads them).
+void write_tdist_files(const Source& s, const std::string& prefix, bool optimizer) {
+  const std::string suffix = "_rank-*-of-*.pt";
+  for (const RankFile& f : find_rank_files(prefix, suffix)) {
+    if (f.world_size != 1 || f.rank != 0) {
+      throw UsageError("convert: the output prefix " + prefix + " already holds another checkpoint (" + f.path +
+                       "); two world sizes under one prefix load as neither: remove it or choose another prefix");
+    }
+  }
+  StorageKeys keys;
+  std::map<std::string, const Tensor*> by_key;
+  const auto value = [&](const Tensor& t) {
+    PtValue v = keys.add(t.dtype, t.shape);
+    by_key[v.as_tensor().storage_key] = &t;
+    return v;
+  };
+  std::vector<std::pair<std::string, PtValue>> model;
+  for (const auto& t : s.model) model.emplace_back(t.param, value(t));
+  PtValue opt;
+  if (optimizer) opt = optimizer_value_of(s, value);
+  std::random_device rd;
+  const int64_t save_id = static_cast<int64_t>((static_cast<uint64_t>(rd()) << 31) ^ rd()) & INT64_MAX;
+  const PtValue root = PtValue::dict(
+      {{"model", PtValue::dict(std::move(model))},
+       {"shard_metadata", metadata_value(ShardMetadata{})},
+       {"optimizer", std::move(opt)},
+       {"comm_hook", PtValue()},
+       {"tdist", PtValue::dict({{"format", PtValue::integer(kFormatVersion)},
+                                {"kind", PtValue::string("sharded")},
+                                {"save_id", PtValue::integer(save_id)},
+                                {"world_size", PtValue::integer(1)},
+                                {"rank", PtValue::integer(0)},
+                                {"buffers", PtValue::list({})},
+                                {"modules", PtValue::list({})},
+                                {"ddp_buckets", PtValue()}})}});
+  write_pt_root(s, rank_file_path(prefix, suffix, 0, 1), root, by_key);
 }
 
 // One rank's DCP folder, as get_state_dict would key it for dcp.load.
@@ -557,7 +612,8 @@ std::unique_ptr<Source> open_source(const std::string& fmt, const std::string& p
 
 // UsageError when writing `out` (a file, or a folder's files) could
 // touch one of the inputs.
-void check_not_input(const Source& s, const std::string& fmt, const std::string& out) {
+void check_not_input(const Source& s, const std::string& fmt, const std::string& out_path) {
+  const std::string out = fmt == "tdist" ? rank_file_path(out_path, "_rank-*-of-*.pt", 0, 1) : out_path;
   std::set<std::pair<dev_t, ino_t>> ids;
   std::set<std::string> names;
   for (const auto& p : s.inputs) {
@@ -592,7 +648,6 @@ void check_not_input(const Source& s, const std::string& fmt, const std::string&
 std::string convert_checkpoint(const std::string& from, const std::string& to, const ConvertOptions& options) {
   const auto [in_fmt, in_path] = split(from, "--from");
   const auto [out_fmt, out_path] = split(to, "--to");
-  if (out_fmt == "tdist") throw UsageError("--to tdist: write tdist's sharded files with tdist-ckpt reshard (from tdist), or load and save");
   const std::unique_ptr<Source> s = open_source(in_fmt, in_path);
   if (options.optimizer && s->optimizer_tree.is_none()) throw UsageError("convert --optimizer: " + in_path + " holds no optimizer state");
   if (s->model.empty()) throw CheckpointError(in_path + " holds no model tensors");
@@ -603,6 +658,8 @@ std::string convert_checkpoint(const std::string& from, const std::string& to, c
     write_dcp(*s, out_path, options.optimizer);
   } else if (out_fmt == "pt") {
     write_pt_file(*s, out_path, options.optimizer);
+  } else if (out_fmt == "tdist") {
+    write_tdist_files(*s, out_path, options.optimizer);
   } else if (shards) {
     write_safetensors_dir(*s, out_path, options.max_shard_size);
   } else {

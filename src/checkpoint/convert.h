@@ -11,7 +11,11 @@
 //                "optim.state.<param>.<field>", "optim.param_groups.<i>.<key>"
 //                as get_state_dict names them (dcp.load reads it)
 //   tdist        tdist's sharded files: PATH is the prefix of
-//                PATH_rank-*-of-*.pt (read only)
+//                PATH_rank-*-of-*.pt; written at world size 1
+//                (PATH_rank-0-of-1.pt, every tensor whole, as a plain
+//                model saves), which loads at any world size and
+//                `tdist-ckpt reshard` rewrites; a prefix holding files
+//                of another world size is refused
 //   pt           one torch.save file: read, {"model": {name: tensor}} (a
 //                consolidated or Python file; "optimizer" of tdist's
 //                layout when there), {"state_dict": sd}, or a state dict

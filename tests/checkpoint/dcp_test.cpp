@@ -319,6 +319,38 @@ TEST_F(Dcp, TdistsFilesConvertToDcpThatPyTorchReads) {
   expect_same_files(full, back);
 }
 
+// PyTorch's DCP as tdist's own sharded files: they load at world 3 into
+// FSDP and at world 1 into a plain model, equal to PyTorch's state; reshard
+// takes them; a prefix that holds another world size's files is refused.
+TEST_F(Dcp, ConvertToTdistFilesLoadsAtAnyWorldSize) {
+  const std::string prefix = dir_->path() + "/as_tdist";
+  auto r = ckpt_tool("convert --from dcp:" + ckpt() + " --to tdist:" + prefix + " --optimizer");
+  ASSERT_TRUE(tdist::test::exited_ok(r.status)) << r.output;
+  ASSERT_EQ(run_world(3, [&](ProcessGroup& pg) {
+    tdist::FullyShardedDataParallelOptions o;
+    torch::manual_seed(5);
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.5));
+    tdist::load_sharded_checkpoint(prefix, pg, *model, &opt);
+    expect_pytorch_state(*model, opt, ref(), "converted, world 3");
+  }), "");
+  r = ckpt_tool("reshard --ckpt-prefix " + prefix + " --world-size 2 --out-prefix " + prefix + "_w2");
+  ASSERT_TRUE(tdist::test::exited_ok(r.status)) << r.output;
+  ASSERT_EQ(run_world(1, [&](ProcessGroup& pg) {
+    torch::manual_seed(5);
+    Net model;
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.5));
+    tdist::load_sharded_checkpoint(prefix + "_w2", pg, *model, &opt);
+    expect_pytorch_state(*model, opt, ref(), "converted, resharded to 2, world 1");
+  }), "");
+  r = ckpt_tool("convert --from dcp:" + ckpt() + " --to tdist:" + prefix + "_w2");
+  EXPECT_EQ(WEXITSTATUS(r.status), 2) << r.output;
+  EXPECT_NE(r.output.find("already holds another checkpoint"), std::string::npos) << r.output;
+  r = ckpt_tool("convert --from tdist:" + prefix + " --to tdist:" + prefix);
+  EXPECT_EQ(WEXITSTATUS(r.status), 2) << r.output;
+  EXPECT_NE(r.output.find("never overwritten"), std::string::npos) << r.output;
+}
+
 // ---- Python's optimizer.state_dict(), keyed by index ---------------------------------
 
 TEST_F(Dcp, PythonsOptimizerStateDictLoadsByIndexAndTdistsLoadsInPython) {
