@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <random>
 #include <set>
 
 #include "tdist/errors.h"
@@ -237,6 +238,23 @@ const PtValue& field(const PtValue& v, std::string_view key, const std::string& 
   } catch (const CheckpointError& e) {
     throw CheckpointError(path + ": " + e.what() + " (not a tdist checkpoint, or another version's?)");
   }
+}
+
+int64_t new_save_id() {
+  std::random_device rd;
+  return static_cast<int64_t>((static_cast<uint64_t>(rd()) << 31) ^ rd()) & INT64_MAX;
+}
+
+PtValue sharded_record(int64_t save_id, int world_size, int rank, PtValue buffers, PtValue modules,
+                       PtValue ddp_buckets) {
+  return PtValue::dict({{"format", PtValue::integer(kFormatVersion)},
+                        {"kind", PtValue::string("sharded")},
+                        {"save_id", PtValue::integer(save_id)},
+                        {"world_size", PtValue::integer(world_size)},
+                        {"rank", PtValue::integer(rank)},
+                        {"buffers", std::move(buffers)},
+                        {"modules", std::move(modules)},
+                        {"ddp_buckets", std::move(ddp_buckets)}});
 }
 
 PtValue metadata_value(const ShardMetadata& md) {

@@ -68,6 +68,12 @@ std::vector<std::string> tensor_keys(const PtValue& root);
 PtValue metadata_value(const ShardMetadata& md);
 ShardMetadata metadata_from(const PtValue& v);
 
+// A fresh save_id: random, non-negative (one save's files carry one).
+int64_t new_save_id();
+// A rank file's "tdist" record (the layout above).
+PtValue sharded_record(int64_t save_id, int world_size, int rank, PtValue buffers, PtValue modules,
+                       PtValue ddp_buckets);
+
 // An optimizer tree with other state: the same groups and kind, the state
 // from `state` (names -> fields -> values made by the sink).
 PtValue optimizer_tree(const PtValue& like, PtValue state, int world_size, int rank);

@@ -9,7 +9,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <random>
 #include <set>
 
 
@@ -452,23 +451,34 @@ void write_pt_root(const Source& s, const std::string& path, const PtValue& root
   w.finish();
 }
 
-void write_pt_file(const Source& s, const std::string& path, bool optimizer) {
-  StorageKeys keys;
+// The model and (when `optimizer`) the optimizer of `s` as tdist's values
+// by name, and which tensor each storage key stands for.
+struct PtTrees {
+  PtValue model, optimizer;
   std::map<std::string, const Tensor*> by_key;
+};
+PtTrees pt_trees(const Source& s, bool optimizer) {
+  PtTrees out;
+  StorageKeys keys;
   const auto value = [&](const Tensor& t) {
     PtValue v = keys.add(t.dtype, t.shape);
-    by_key[v.as_tensor().storage_key] = &t;
+    out.by_key[v.as_tensor().storage_key] = &t;
     return v;
   };
   std::vector<std::pair<std::string, PtValue>> model;
   for (const auto& t : s.model) model.emplace_back(t.param, value(t));
-  PtValue opt;
-  if (optimizer) opt = optimizer_value_of(s, value);
-  const PtValue root = PtValue::dict({{"model", PtValue::dict(std::move(model))},
-                                      {"optimizer", std::move(opt)},
+  out.model = PtValue::dict(std::move(model));
+  if (optimizer) out.optimizer = optimizer_value_of(s, value);
+  return out;
+}
+
+void write_pt_file(const Source& s, const std::string& path, bool optimizer) {
+  PtTrees t = pt_trees(s, optimizer);
+  const PtValue root = PtValue::dict({{"model", std::move(t.model)},
+                                      {"optimizer", std::move(t.optimizer)},
                                       {"tdist", PtValue::dict({{"format", PtValue::integer(kFormatVersion)},
                                                                {"kind", PtValue::string("consolidated")}})}});
-  write_pt_root(s, path, root, by_key);
+  write_pt_root(s, path, root, t.by_key);
 }
 
 // tdist's sharded files at world size 1 (what a plain model's
@@ -485,33 +495,14 @@ void write_tdist_files(const Source& s, const std::string& prefix, bool optimize
                        "); two world sizes under one prefix load as neither: remove it or choose another prefix");
     }
   }
-  StorageKeys keys;
-  std::map<std::string, const Tensor*> by_key;
-  const auto value = [&](const Tensor& t) {
-    PtValue v = keys.add(t.dtype, t.shape);
-    by_key[v.as_tensor().storage_key] = &t;
-    return v;
-  };
-  std::vector<std::pair<std::string, PtValue>> model;
-  for (const auto& t : s.model) model.emplace_back(t.param, value(t));
-  PtValue opt;
-  if (optimizer) opt = optimizer_value_of(s, value);
-  std::random_device rd;
-  const int64_t save_id = static_cast<int64_t>((static_cast<uint64_t>(rd()) << 31) ^ rd()) & INT64_MAX;
+  PtTrees t = pt_trees(s, optimizer);
   const PtValue root = PtValue::dict(
-      {{"model", PtValue::dict(std::move(model))},
+      {{"model", std::move(t.model)},
        {"shard_metadata", metadata_value(ShardMetadata{})},
-       {"optimizer", std::move(opt)},
+       {"optimizer", std::move(t.optimizer)},
        {"comm_hook", PtValue()},
-       {"tdist", PtValue::dict({{"format", PtValue::integer(kFormatVersion)},
-                                {"kind", PtValue::string("sharded")},
-                                {"save_id", PtValue::integer(save_id)},
-                                {"world_size", PtValue::integer(1)},
-                                {"rank", PtValue::integer(0)},
-                                {"buffers", PtValue::list({})},
-                                {"modules", PtValue::list({})},
-                                {"ddp_buckets", PtValue()}})}});
-  write_pt_root(s, rank_file_path(prefix, suffix, 0, 1), root, by_key);
+       {"tdist", sharded_record(new_save_id(), 1, 0, PtValue::list({}), PtValue::list({}), PtValue())}});
+  write_pt_root(s, rank_file_path(prefix, suffix, 0, 1), root, t.by_key);
 }
 
 // One rank's DCP folder, as get_state_dict would key it for dcp.load.

@@ -10,7 +10,6 @@
 #include <cstring>
 #include <functional>
 #include <optional>
-#include <random>
 #include <set>
 #include <unistd.h>
 
@@ -62,8 +61,7 @@ std::string first_error(const char* what, ProcessGroup& pg, const std::string& m
 int64_t agreed_save_id(ProcessGroup& pg, std::chrono::milliseconds timeout) {
   int64_t id = 0;
   if (pg.rank() == 0) {
-    std::random_device rd;
-    id = static_cast<int64_t>((static_cast<uint64_t>(rd()) << 31) ^ rd()) & INT64_MAX;
+    id = checkpoint::new_save_id();
   }
   return detail::rank0_value(pg, id, timeout);
 }
@@ -356,14 +354,8 @@ RankFileContents build_rank_file(ProcessGroup& pg, torch::nn::Module& model, tor
        {"shard_metadata", checkpoint::metadata_value(local.metadata)},
        {"optimizer", std::move(opt)},
        {"comm_hook", std::move(hook)},
-       {"tdist", PtValue::dict({{"format", PtValue::integer(checkpoint::kFormatVersion)},
-                                {"kind", PtValue::string("sharded")},
-                                {"save_id", PtValue::integer(save_id)},
-                                {"world_size", PtValue::integer(pg.size())},
-                                {"rank", PtValue::integer(pg.rank())},
-                                {"buffers", PtValue::list(std::move(buffers))},
-                                {"modules", PtValue::list(std::move(modules))},
-                                {"ddp_buckets", ddp_buckets_value(model)}})}});
+       {"tdist", checkpoint::sharded_record(save_id, pg.size(), pg.rank(), PtValue::list(std::move(buffers)),
+                                            PtValue::list(std::move(modules)), ddp_buckets_value(model))}});
   return file;
 }
 

@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <map>
 #include <memory>
-#include <random>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
@@ -343,8 +342,7 @@ void reshard_sharded_checkpoint(const std::string& ckpt_prefix, const std::strin
     first = r * per;
     return std::clamp<int64_t>(rows - first, 0, per);
   };
-  std::random_device rd;
-  const int64_t save_id = static_cast<int64_t>((static_cast<uint64_t>(rd()) << 31) ^ rd()) & INT64_MAX;
+  const int64_t save_id = checkpoint::new_save_id();
   std::vector<std::unique_ptr<checkpoint::PtWriter>> writers;
   // Per rank: each tensor's storage key, in the order spread() goes below
   // (model, then optimizer state); PtWriter refuses any other order than
@@ -389,14 +387,8 @@ void reshard_sharded_checkpoint(const std::string& ckpt_prefix, const std::strin
          {"shard_metadata", checkpoint::metadata_value(md)},
          {"optimizer", std::move(opt)},
          {"comm_hook", PtValue()},
-         {"tdist", PtValue::dict({{"format", PtValue::integer(checkpoint::kFormatVersion)},
-                                  {"kind", PtValue::string("sharded")},
-                                  {"save_id", PtValue::integer(save_id)},
-                                  {"world_size", PtValue::integer(world_size)},
-                                  {"rank", PtValue::integer(r)},
-                                  {"buffers", PtValue::list(std::move(buffers))},
-                                  {"modules", PtValue::list(std::move(modules))},
-                                  {"ddp_buckets", ddp_buckets ? *ddp_buckets : PtValue()}})}});
+         {"tdist", checkpoint::sharded_record(save_id, world_size, r, PtValue::list(std::move(buffers)),
+                                              PtValue::list(std::move(modules)), ddp_buckets ? *ddp_buckets : PtValue())}});
     writers.push_back(std::make_unique<checkpoint::PtWriter>(
         checkpoint::rank_file_path(out_prefix, ckpt_suffix, r, world_size)));
     writers.back()->begin(root);
