@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
   std::string from, to;
   int64_t max_shard = tdist::checkpoint::ConvertOptions{}.max_shard_size;
   convert->add_option("--from", from, "FMT:PATH to read (FMT: dcp, tdist, pt, safetensors)")->required();
-  convert->add_option("--to", to, "FMT:PATH to write (FMT: dcp, pt, safetensors; a safetensors PATH ending in '/' "
+  convert->add_option("--to", to, "FMT:PATH to write (FMT: dcp, tdist, pt, safetensors; a safetensors PATH ending in '/' "
                                   "is a folder of Hugging Face shards)")->required();
   convert->add_flag("--optimizer", optimizer, "also the optimizer state");
   convert->add_option("--max-shard-size", max_shard, "bytes per Hugging Face shard")

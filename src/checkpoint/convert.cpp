@@ -314,7 +314,7 @@ class SafetensorsSource : public Source {
   static PtValue groups_from_json(const std::string& kind, const std::string& text, const std::string& file) {
     json::Limits limits;
     limits.max_depth = 4;                  // [{"params": [name, ...], option: number}]
-    limits.max_kept = 16 * text.size();    // the text is bounded by its header's
+    limits.max_kept = (size_t{64} << 10) + 16 * text.size();  // the text is bounded by its header's
     limits.any_root = true;
     std::string error;
     const nlohmann::json j = json::parse_value(text, limits, error);
@@ -327,7 +327,10 @@ class SafetensorsSource : public Source {
       for (const auto& [k, v] : g.items()) {
         if (k == "params" && v.is_array()) {
           std::vector<PtValue> names;
-          for (const auto& n : v) names.push_back(PtValue::string(n.is_string() ? n.get<std::string>() : ""));
+          for (const auto& n : v) {
+            if (!n.is_string()) throw CheckpointError(file + ": tdist.param_groups lists a parameter that is not a name");
+            names.push_back(PtValue::string(n.get<std::string>()));
+          }
           entries.emplace_back(k, PtValue::list(std::move(names)));
         } else if (v.is_number()) {
           entries.emplace_back(k, PtValue::floating(v.get<double>()));
@@ -489,8 +492,12 @@ void write_pt_file(const Source& s, const std::string& path, bool optimizer) {
 // "modules" are empty (only consolidate --format libtorch reads them).
 void write_tdist_files(const Source& s, const std::string& prefix, bool optimizer) {
   const std::string suffix = "_rank-*-of-*.pt";
+  const std::string path = rank_file_path(prefix, suffix, 0, 1);
   for (const RankFile& f : find_rank_files(prefix, suffix)) {
-    if (f.world_size != 1 || f.rank != 0) {
+    if (std::find(s.inputs.begin(), s.inputs.end(), f.path) != s.inputs.end()) {
+      throw UsageError("convert: the output prefix " + prefix + " holds the input's files (an input is never overwritten)");
+    }
+    if (f.path != path) {
       throw UsageError("convert: the output prefix " + prefix + " already holds another checkpoint (" + f.path +
                        "); two world sizes under one prefix load as neither: remove it or choose another prefix");
     }
@@ -502,7 +509,7 @@ void write_tdist_files(const Source& s, const std::string& prefix, bool optimize
        {"optimizer", std::move(t.optimizer)},
        {"comm_hook", PtValue()},
        {"tdist", sharded_record(new_save_id(), 1, 0, PtValue::list({}), PtValue::list({}), PtValue())}});
-  write_pt_root(s, rank_file_path(prefix, suffix, 0, 1), root, t.by_key);
+  write_pt_root(s, path, root, t.by_key);
 }
 
 // One rank's DCP folder, as get_state_dict would key it for dcp.load.

@@ -29,11 +29,15 @@ class IndexReader : public json::JsonReader {
     l.max_depth = 64;
     return l;
   }
+  bool map_key_seen_ = false;
+  void on_key() override {
+    if (top().tag == kRoot && key() == "weight_map" && std::exchange(map_key_seen_, true)) fail("two weight_map fields");
+  }
   int on_open(bool object) override {
     if (at_root()) return kRoot;
     if (top().tag == kRoot && key() == "weight_map") {
       if (!object) fail("weight_map is an array, not an object");
-      if (std::exchange(has_map, true)) fail("two weight_map fields");
+      has_map = true;
       return kMap;
     }
     if (top().tag == kMap) fail("weight_map's '" + printable(key()) + "' is " + (object ? "an object" : "an array") + ", not a file name");
@@ -41,7 +45,7 @@ class IndexReader : public json::JsonReader {
   }
   void on_scalar(const json::Scalar& v) override {
     if (top().tag == kRoot) {
-      if (key() == "weight_map" && v.type != json::Scalar::Null) fail(std::string("weight_map is ") + json::type_name(v.type) + ", not an object");
+      if (key() == "weight_map") fail(std::string("weight_map is ") + json::type_name(v.type) + ", not an object");
       return;
     }
     if (v.type != json::Scalar::String) fail("weight_map's '" + printable(key()) + "' is " + json::type_name(v.type) + ", not a file name");

@@ -66,6 +66,7 @@ class HeaderReader : public json::JsonReader {
     json::Limits l;
     l.max_depth = kMaxDepth;
     l.max_string = kMaxHeaderBytes;
+    l.max_key = kMaxHeaderBytes;
     l.max_kept = (size_t{64} << 20) + 8 * json_bytes;
     return l;
   }
@@ -106,17 +107,17 @@ class HeaderReader : public json::JsonReader {
       offsets_ = 0;
       return kOffsets;
     }
-    if (!(at == kEntry && field_ == Field::Other)) defer(misplaced(object ? "an object" : "an array"));
+    if (!(at == kEntry && field_ == Field::Other) && !has_problem()) defer(misplaced(object ? "an object" : "an array"));
     return kSkip;
   }
   void on_close(const json::Frame& f) override {
     if (f.tag == kEntry && !has_problem()) finish_entry();
-    if (f.tag == kOffsets && offsets_ != 2) defer(who() + "data_offsets is not [begin, end]");
+    if (f.tag == kOffsets && offsets_ != 2 && !has_problem()) defer(who() + "data_offsets is not [begin, end]");
   }
   void on_scalar(const json::Scalar& v) override {
     const int at = top().tag;
     if (at == kShape && v.type == json::Scalar::Int && !v.negative()) {
-      if (v.too_big) return defer(who() + "a shape entry is too large");
+      if (v.too_big) return has_problem() ? void() : defer(who() + "a shape entry is too large");
       if (entry_.shape.size() >= kMaxShapeDims) {
         return defer(who() + "a shape of more than " + std::to_string(kMaxShapeDims) + " dimensions");
       }
@@ -140,9 +141,10 @@ class HeaderReader : public json::JsonReader {
     }
     if (at == kRoot && key() == "__metadata__" && v.type == json::Scalar::Null) return;  // none
     if (at == kEntry && field_ == Field::Other) return;  // an unknown field: already deferred
-    const std::string why = misplaced(json::type_name(v.type));
+    // Only the first problem is kept: no message is built once there is one
+    // (a message names the entry, which may be long).
+    if (!has_problem()) defer(misplaced(json::type_name(v.type)));
     if (at == kOffsets) ++offsets_;
-    defer(why);
   }
   // What a value of that kind is wrong for, where it stands.
   std::string misplaced(const char* what) const {

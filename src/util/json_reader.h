@@ -5,7 +5,11 @@
 // nlohmann-json tokenizes; JsonReader holds what every reader must bound
 // while it parses, not after:
 //   - nesting: at most Limits::max_depth open containers;
-//   - one string's bytes: at most Limits::max_string (a key's: max_key);
+//   - one string's bytes: at most Limits::max_string (a key's: max_key;
+//     a subclass may allow more at a place: string_cap());
+//   - one token's text, while it is read (nlohmann buffers a token whole
+//     before it says a word): at most Limits::max_token bytes past the
+//     last event, 6 x the larger of those two + 4 KiB unless given;
 //   - what the reader keeps: charge() it, at most Limits::max_kept bytes;
 //   - the root: an object, unless Limits::any_root.
 // Time is linear in the text; nothing read is executed, and nothing is
@@ -39,6 +43,7 @@ struct Limits {
   size_t max_depth = 64;
   size_t max_string = size_t{1} << 20;
   size_t max_key = size_t{1} << 20;
+  size_t max_token = 0;  // 0: 6 x max(max_string, max_key) + 4096
   size_t max_kept = SIZE_MAX;
   bool any_root = false;  // false: the root must be an object
 };
@@ -49,17 +54,19 @@ struct Scalar {
   bool b = false;         // Bool
   int64_t i = 0;          // Int: the value, INT64_MAX when too_big
   bool too_big = false;   // Int: above INT64_MAX (u holds it)
+  bool minus = false;     // Int: written with a '-' ("-0" too)
   uint64_t u = 0;         // Int: the value when not negative
   double f = 0;           // Float
   const std::string* s = nullptr;  // String, valid during the event
-  bool negative() const { return type == Int && i < 0; }
+  bool negative() const { return type == Int && minus; }
 };
 const char* type_name(Scalar::Type t);  // "null", "a bool", "an integer", "a number", "a string"
 
 // An open container.
 struct Frame {
   bool object = false;
-  std::string key;   // the key it sits under ("" at the root)
+  bool in_array = false;  // its parent is an array
+  std::string key;   // the key it sits under in an object ("" at the root, in an array or skipped)
   size_t count = 0;  // arrays: elements so far (counted as each one starts)
   int tag = 0;
 };
@@ -68,7 +75,7 @@ class JsonReader : private nlohmann::json_sax<nlohmann::json> {
  public:
   static constexpr int kSkip = -1;
 
-  explicit JsonReader(Limits limits) : limits_(limits) {}
+  explicit JsonReader(Limits limits);
   ~JsonReader() override = default;
   JsonReader(const JsonReader&) = delete;
   JsonReader& operator=(const JsonReader&) = delete;
@@ -90,14 +97,17 @@ class JsonReader : private nlohmann::json_sax<nlohmann::json> {
   virtual void on_close(const Frame& f) { (void)f; }
   // A key in an object that is not skipped; key() holds it.
   virtual void on_key() {}
+  // The most bytes a string may have at the current place (not skipped).
+  virtual size_t string_cap() const { return limits_.max_string; }
 
   size_t depth() const { return stack_.size(); }
   bool at_root() const { return stack_.empty(); }
   Frame& top() { return stack_.back(); }
   const Frame& top() const { return stack_.back(); }
   const Frame& frame(size_t i) const { return stack_[i]; }
-  // The key of what is read now, in an object; in an array, the array's key.
-  const std::string& key() const { return stack_.empty() || stack_.back().object ? key_ : stack_.back().key; }
+  // The key of what is read now, in an object; in an array, the key of
+  // the nearest container that sits under one (at most max_depth steps).
+  const std::string& key() const;
 
   [[noreturn]] void fail(std::string why);
   void defer(std::string why);
@@ -106,10 +116,11 @@ class JsonReader : private nlohmann::json_sax<nlohmann::json> {
   void charge(size_t bytes);
   // Bytes a string of n bytes takes beyond the string object (small ones fit inside).
   static size_t heap(size_t n) { return n > 15 ? (n + 1 + 8 + 15) & ~size_t{15} : 0; }
-  size_t text_bytes() const { return text_bytes_; }
 
  private:
   struct Stop {};  // thrown by fail(), caught by parse()
+  class Input;     // the text as nlohmann reads it, bounded per token
+  class InputIterator;
 
   bool null() override;
   bool boolean(bool v) override;
@@ -129,14 +140,15 @@ class JsonReader : private nlohmann::json_sax<nlohmann::json> {
   bool open(bool object);
   bool close();
   bool skipping() const { return !stack_.empty() && stack_.back().tag == kSkip; }
-  template <typename Run>
-  std::string run(Run&& parse_it);
+  void event();  // a token ended: the next may take max_token bytes
+  std::string run(Input& in);
 
   Limits limits_;
   std::vector<Frame> stack_;
   std::string key_;
   std::string problem_;
-  size_t kept_ = 0, text_bytes_ = 0;
+  size_t kept_ = 0;
+  Input* in_ = nullptr;  // during parse()
 };
 
 // Builds values read as nlohmann::json, for a reader that keeps a part of

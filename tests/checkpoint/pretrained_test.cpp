@@ -503,6 +503,13 @@ TEST_F(Pretrained, BadFilesAreRefusedByNameAndChangeNothing) {
     expect_refused(d, {d + "/" + index_name, "not a file name"});
   }
   {
+    const std::string d = copy("two-maps");  // a second weight_map, even null, is refused
+    auto text = read_text(d + "/" + index_name);
+    text.insert(text.rfind('}'), ", \"weight_map\": null");
+    std::ofstream(d + "/" + index_name) << text;
+    expect_refused(d, {d + "/" + index_name, "two weight_map fields"});
+  }
+  {
     const std::string d = p("fifo");
     fs::create_directory(d);
     ASSERT_EQ(::mkfifo((d + "/model.safetensors").c_str(), 0600), 0);

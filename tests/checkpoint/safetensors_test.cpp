@@ -188,6 +188,10 @@ std::vector<Bad> bad_files() {
                "not a whole number of bytes"});
   v.push_back({"negative shape", raw_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", f32x2),
                "non-negative"});
+  v.push_back({"minus zero shape", raw_file(R"({"a":{"dtype":"F32","shape":[-0],"data_offsets":[0,0]}})", ""),
+               "non-negative"});
+  v.push_back({"minus zero offset", raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[-0,8]}})", f32x2),
+               "non-negative"});
   v.push_back({"float shape", raw_file(R"({"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", f32x2),
                "non-negative integer"});
   v.push_back({"wrong byte count", raw_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", f32x2),

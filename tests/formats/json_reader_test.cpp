@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -58,9 +60,9 @@ TEST(JsonReader, EventsCarryTheirPlace) {
       "/#0:a=[",                      // under "a"
       "/#0/a#1:a=1",                  // in an array: its key, the element's number
       "/#0/a#2:a=-2",
-      "/#0/a#3:a=[",                  // an array in an array carries the key
-      "/#0/a#3/a#1:a=a bool",
-      "/#0/a#3/a#2:a=x",
+      "/#0/a#3:a=[",                  // an array in an array: key() is still a's
+      "/#0/a#3/#1:a=a bool",          // its own key is "", key() says a's
+      "/#0/a#3/#2:a=x",
       "close tag 2",
       "close tag 1",
       "/#0:b={",
@@ -118,6 +120,64 @@ TEST(JsonReader, DeepTextIsRefusedInTimeLinearInIt) {
   const std::string deep = "{\"a\":" + std::string(1 << 20, '[');
   Recorder r;
   EXPECT_EQ(r.parse(deep), "nested deeper than 64 levels");
+}
+
+// A long key is copied once however many containers sit under it: 100k
+// arrays under a 1 MiB key parse in time linear in the text (copying the
+// key into each would be 100 GB of copies).
+TEST(JsonReader, ALongKeyIsNotCopiedPerContainer) {
+  std::string text = "{\"" + std::string(1 << 20, 'k') + "\": [";
+  for (int i = 0; i < 100000; ++i) text += i ? ",[]" : "[]";
+  text += "]}";
+  struct Counter : JsonReader {  // asks key() at every event, as readers do
+    Counter() : JsonReader(Limits()) {}
+    size_t events = 0, key_bytes = 0;
+    int on_open(bool) override {
+      ++events;
+      key_bytes += key().size();
+      return 0;
+    }
+    void on_scalar(const Scalar&) override { ++events; }
+    void on_close(const Frame&) override { ++events; }
+  } r;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(r.parse(text), "");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+  EXPECT_EQ(r.events, 2u + 2 * 100000u + 2u);
+  EXPECT_EQ(r.key_bytes, size_t{100001} << 20) << "key() inside the array is the array's key";
+}
+
+// A token is bounded while it is read, not after nlohmann has buffered it.
+TEST(JsonReader, ATokenIsBoundedWhileItIsRead) {
+  Limits l;
+  l.max_string = 100;
+  l.max_key = 100;
+  const std::string number = "{\"a\": " + std::string(1 << 20, '7') + "}";
+  EXPECT_EQ(Recorder(l).parse(number).rfind("a token longer than 4696 bytes", 0), 0u) << Recorder(l).parse(number);
+  const std::string text = "{\"a\": \"" + std::string(1 << 20, 's') + "\"}";
+  std::FILE* f = std::tmpfile();
+  std::fwrite(text.data(), 1, text.size(), f);
+  std::rewind(f);
+  Recorder r(l);
+  EXPECT_EQ(r.parse(f).rfind("a token longer than", 0), 0u);
+  std::fclose(f);
+  l.max_token = 200;
+  EXPECT_EQ(Recorder(l).parse("{\"a\": \"" + std::string(100, 's') + "\"}"), "") << "an escaped string may be longer";
+}
+
+// "-0" is written with a minus: not a non-negative integer.
+TEST(JsonReader, MinusZeroIsNegative) {
+  Recorder r;
+  ASSERT_EQ(r.parse("{\"a\": -0, \"b\": 0}"), "");
+  EXPECT_EQ(r.events[1], "/#0:a=0");
+  struct Sign : JsonReader {
+    Sign() : JsonReader(Limits()) {}
+    std::vector<bool> negative;
+    int on_open(bool) override { return 0; }
+    void on_scalar(const Scalar& v) override { negative.push_back(v.negative()); }
+  } sign;
+  ASSERT_EQ(sign.parse("{\"a\": -0, \"b\": 0, \"c\": -5}"), "");
+  EXPECT_EQ(sign.negative, (std::vector<bool>{true, false, true}));
 }
 
 TEST(ParseValue, BuildsTheWholeDocumentWithinItsBounds) {

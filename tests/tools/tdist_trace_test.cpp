@@ -403,6 +403,7 @@ TEST(TdistTrace, HostileDumpsAreCleanErrors) {
       {entry_with("state", "zombie"), "entry 1: state is 'zombie'"},
       {entry_with("input_sizes", {{-4}}), "entry 1: input_sizes is negative"},
       {entry_with("site", std::string(5000, 's')), "a string of 5000 bytes"},
+      {with("a_future_key", Json::array({std::string(5000, 's')})), "a string of 5000 bytes"},
       {entry_with("input_sizes", Json(std::vector<Json>(5000, Json::array()))), "more than 4096 lists and numbers"},
       {entry_with("process_group", nullptr), "entry 1: process_group is null, not an array"},
       {[] {
@@ -455,7 +456,7 @@ TEST(TdistTrace, HugeLinkedAndSpecialFilesAreRefused) {
     Json j = Dump(0, 1).json();
     j["pg_config"]["world"]["ranks"] = ranks + "]";
     write_file(dir.path() + "/rank-0.json", j.dump());
-    expect_refused(dir.path(), "a string of ");
+    expect_refused(dir.path(), "a token longer than");  // cut while it is read
   }
   {
     test::TempDir dir;  // a dump of another rank under this name

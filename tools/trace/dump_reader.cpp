@@ -47,7 +47,8 @@ class DumpReader : public json::JsonReader {
   static json::Limits limits() {
     json::Limits l;
     l.max_depth = kMaxDepth;
-    l.max_string = std::max({kMaxString, kMaxErrorString, kMaxRanksString});
+    l.max_string = kMaxString;  // string_cap() allows more where the schema does
+    l.max_token = 6 * kMaxRanksString + 4096;  // the longest string, each byte escaped
     l.max_key = kMaxString;
     l.max_kept = kMaxParsedBytes;
     return l;
@@ -66,19 +67,16 @@ class DumpReader : public json::JsonReader {
     if (++sizes_ > kMaxSizes) fail(field() + "more than " + std::to_string(kMaxSizes) + " lists and numbers");
   }
   // A string's cap, by where it is: a group's ranks, an entry's error, any other.
-  void check_length(const std::string& v) {
-    const size_t cap = where() == Ctx::PgGroup && key() == "ranks" ? kMaxRanksString
-                       : where() == Ctx::Entry && key() == "error" ? kMaxErrorString
-                                                                   : kMaxString;
-    if (v.size() > cap) {
-      fail(field() + "a string of " + std::to_string(v.size()) + " bytes (at most " + std::to_string(cap) + ")");
-    }
+  size_t string_cap() const override {
+    return where() == Ctx::PgGroup && key() == "ranks"   ? kMaxRanksString
+           : where() == Ctx::Entry && key() == "error" ? kMaxErrorString
+                                                       : kMaxString;
   }
   [[noreturn]] void wrong(const Scalar& v, const char* want) { fail(field() + type_name(v.type) + ", not " + want); }
 
   int64_t integer(const Scalar& v, int64_t max = INT64_MAX) {
     if (v.type != Scalar::Int) wrong(v, "an integer");
-    if (v.i < 0) fail(field() + "negative (" + std::to_string(v.i) + ")");
+    if (v.negative()) fail(field() + "negative (" + std::to_string(v.i) + ")");
     if (v.too_big || v.i > max) fail(field() + "too large (at most " + std::to_string(max) + ")");
     return v.i;
   }
@@ -182,7 +180,6 @@ class DumpReader : public json::JsonReader {
   }
 
   void on_scalar(const Scalar& v) override {
-    if (v.type == Scalar::String) check_length(*v.s);
     const json::Frame& at = top();
     switch (where()) {
       case Ctx::Skip: return;
@@ -227,7 +224,7 @@ class DumpReader : public json::JsonReader {
         return;
       }
       case Ctx::SizesInner: {
-        auto& lists = at.key[0] == 'i' ? entry_.input_sizes : entry_.output_sizes;
+        auto& lists = key()[0] == 'i' ? entry_.input_sizes : entry_.output_sizes;
         count_size();
         lists.back().push_back(integer(v));
         charge(sizeof(int64_t));
@@ -236,7 +233,7 @@ class DumpReader : public json::JsonReader {
       case Ctx::SizesOuter: wrong(v, "an array");
       case Ctx::Dtypes: {
         if (v.type != Scalar::String) wrong(v, "a string");
-        auto& list = at.key[0] == 'i' ? entry_.input_dtypes : entry_.output_dtypes;
+        auto& list = key()[0] == 'i' ? entry_.input_dtypes : entry_.output_dtypes;
         if (list.size() >= kMaxSizes) fail(field() + "more than " + std::to_string(kMaxSizes) + " dtypes");
         list.push_back(*v.s);
         charge(sizeof(std::string) + heap(v.s->size()));
