@@ -18,7 +18,8 @@
                                Python's pickle.load reads it
 """
 import os
-import socket
+import shutil
+import tempfile
 import sys
 
 import torch
@@ -54,19 +55,18 @@ class Net(torch.nn.Module):
         return self.head(h * self.scale)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous_file():
+    """A fresh FileStore path for init_process_group: no port to pick, so
+    no race with another process taking it between pick and bind."""
+    return os.path.join(tempfile.mkdtemp(prefix="dcp-check-"), "store")
 
 
-def save_rank(rank, world, port, out, ref, fmt):
+def save_rank(rank, world, store, out, ref, fmt):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.filesystem import FileSystemWriter, SerializationFormat
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
     torch.manual_seed(1)
     net = fsdp_net()
     opt = torch.optim.AdamW(net.parameters(), lr=0.01)
@@ -119,14 +119,13 @@ def fsdp_net():
     return net
 
 
-def load_rank(rank, world, port, ckpt, out, lr):
+def load_rank(rank, world, store, ckpt, out, lr):
     """tdist's DCP folder into PyTorch's FSDP2 Net and AdamW (dcp.load), the
     full state written to OUT as `save` writes its reference."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
     torch.manual_seed(123)
     net = fsdp_net()
     opt = torch.optim.AdamW(net.parameters(), lr=0.5)
@@ -215,15 +214,23 @@ def plain_load(optim_pt, model_pt, out):
     opt.step()
 
 
+def spawn(fn, world, *args):
+    store = rendezvous_file()
+    try:
+        mp.spawn(fn, args=(world, store) + args, nprocs=world)
+    finally:
+        shutil.rmtree(os.path.dirname(store), ignore_errors=True)
+
+
 def main():
     cmd = sys.argv[1]
     if cmd == "save":
         out, world, ref = sys.argv[2], int(sys.argv[3]), sys.argv[4]
         fmt = sys.argv[5] if len(sys.argv) > 5 else "torch_save"
-        mp.spawn(save_rank, args=(world, free_port(), out, ref, fmt), nprocs=world)
+        spawn(save_rank, world, out, ref, fmt)
     elif cmd == "load":
         ckpt, world, out, lr = sys.argv[2], int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
-        mp.spawn(load_rank, args=(world, free_port(), ckpt, out, lr), nprocs=world)
+        spawn(load_rank, world, ckpt, out, lr)
     elif cmd == "torch_save":
         to_torch_save(sys.argv[2], sys.argv[3])
     elif cmd == "plain_save":
