@@ -20,8 +20,10 @@ if(NOT rc EQUAL 0)
 endif()
 # A sanitized libtdist needs a consumer built with the same sanitizers.
 set(flags "")
+set(SANITIZE_FLAG "")
 if(SANITIZE)
   set(flags "-fsanitize=${SANITIZE}")
+  set(SANITIZE_FLAG "-fsanitize=${SANITIZE}")
 endif()
 set(configure_args -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release
                    "-DCMAKE_CXX_FLAGS=${flags}" "-DCMAKE_EXE_LINKER_FLAGS=${flags}")
@@ -59,6 +61,33 @@ foreach(backend IN LISTS backends)
     message(FATAL_ERROR "the consumer on ${backend} exited with ${rc}")
   endif()
 endforeach()
+
+# The C ABI as a binding's build would take it: pkg-config's flags for
+# tdist_c, a C99 compiler, the installed tdist-run at world 2.
+find_program(pkg_config pkg-config)
+if(pkg_config)
+  execute_process(COMMAND env PKG_CONFIG_PATH=${prefix}/lib/pkgconfig:${prefix}/${CMAKE_INSTALL_LIBDIR}/pkgconfig
+                          ${pkg_config} --cflags --libs tdist_c
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE pc_flags ERROR_VARIABLE err OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "pkg-config tdist_c failed: ${err}")
+  endif()
+  separate_arguments(pc_flags UNIX_COMMAND "${pc_flags}")
+  string(REGEX MATCH "-L([^ ;]+)" _ "${pc_flags}")
+  set(c_libdir ${CMAKE_MATCH_1})
+  execute_process(COMMAND cc -std=c99 -pedantic -Wall -Wextra -Werror ${SANITIZE_FLAG} ${SOURCE_DIR}/tests/c/c_api_test.c
+                          ${pc_flags} -Wl,-rpath,${c_libdir} -o ${BUILD_DIR}/install-test/c_api_test
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "building the C ABI test against the installed tdist_c failed: ${rc}\n${out}\n${err}")
+  endif()
+  execute_process(COMMAND env -u LD_LIBRARY_PATH ${prefix}/bin/tdist-run --nproc-per-node 2 ${BUILD_DIR}/install-test/c_api_test
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "c_api ok \\(rank 1 of 2\\)")
+    message(FATAL_ERROR "the C ABI test against the installed package failed (rc ${rc}):\n${out}${err}")
+  endif()
+  message(STATUS "the C ABI test ran against the installed tdist_c (pkg-config)")
+endif()
 
 # Every example, built against the installed package alone (WITH_EXAMPLES:
 # one suite does it; the examples compile the same against both).

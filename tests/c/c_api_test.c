@@ -1,0 +1,132 @@
+/* The C ABI from C99 (include/tdist/c/tdist.h), run by tdist-run at world
+ * 2 or 3: collectives sync and async, a subgroup, and misuse that must
+ * return errors (null, freed and foreign handles, bad arguments, a
+ * mismatched collective, a timeout), never crash. Prints "c_api ok" from
+ * every rank; any failure exits 1 naming the check and tdist's message. */
+#define _POSIX_C_SOURCE 199309L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tdist/c/tdist.h"
+
+static int rank = -1;
+
+static void check(int ok, const char* what) {
+  if (!ok) {
+    fprintf(stderr, "rank %d: FAILED: %s (last error: %s)\n", rank, what, tdist_last_error());
+    exit(1);
+  }
+}
+
+#define OK(call) check((call) == TDIST_OK, #call)
+#define IS(call, status) check((call) == (status), #call " is " #status)
+
+int main(void) {
+  tdist_pg* pg = NULL;
+  tdist_pg* sub = NULL;
+  tdist_work* work = NULL;
+  tdist_tensor t = NULL, out = NULL, one = NULL, none = NULL;
+  float v[4], gathered[12];
+  int size = 0, i = 0, done = 0;
+  int ranks[2] = {0, 1};
+
+  OK(tdist_check_abi(TDIST_C_ABI_VERSION, tdist_torch_version()));
+  IS(tdist_check_abi(TDIST_C_ABI_VERSION + 1, NULL), TDIST_ERR_USAGE);
+  check(strstr(tdist_last_error(), "ABI") != NULL, "the ABI error says ABI");
+  IS(tdist_check_abi(TDIST_C_ABI_VERSION, "0.1.0"), TDIST_ERR_USAGE);
+
+  OK(tdist_init_process_group("auto", 60000, &pg));
+  OK(tdist_pg_rank(pg, &rank));
+  OK(tdist_pg_size(pg, &size));
+  check(size >= 2, "world size at least 2");
+
+  /* all_reduce, sync: sum of (rank + 1) * [1, 2, 3, 4] */
+  for (i = 0; i < 4; ++i) v[i] = (float)((rank + 1) * (i + 1));
+  OK(tdist_tensor_from_data(v, 4, TDIST_FLOAT32, &t));
+  OK(tdist_all_reduce(pg, t, TDIST_SUM, 60000));
+  OK(tdist_tensor_copy_to(t, v, sizeof v));
+  for (i = 0; i < 4; ++i) check(v[i] == (float)(size * (size + 1) / 2 * (i + 1)), "all_reduce sums");
+
+  /* async all_reduce (MAX) and broadcast */
+  for (i = 0; i < 4; ++i) v[i] = (float)(rank * 10 + i);
+  tdist_tensor_free(t);
+  OK(tdist_tensor_from_data(v, 4, TDIST_FLOAT32, &t));
+  OK(tdist_all_reduce_async(pg, t, TDIST_MAX, 60000, &work));
+  OK(tdist_work_wait(work, 60000));
+  OK(tdist_work_is_completed(work, &done));
+  check(done == 1, "a waited work is completed");
+  OK(tdist_work_free(work));
+  IS(tdist_work_free(work), TDIST_ERR_USAGE); /* freed twice */
+  IS(tdist_work_wait(work, 1000), TDIST_ERR_USAGE);  /* freed */
+  OK(tdist_tensor_copy_to(t, v, sizeof v));
+  for (i = 0; i < 4; ++i) check(v[i] == (float)((size - 1) * 10 + i), "all_reduce max");
+  for (i = 0; i < 4; ++i) v[i] = (float)(rank == 1 ? 7 : -1);
+  tdist_tensor_free(t);
+  OK(tdist_tensor_from_data(v, 4, TDIST_FLOAT32, &t));
+  OK(tdist_broadcast_async(pg, t, 1, 60000, &work));
+  OK(tdist_work_wait(work, 0));
+  OK(tdist_work_free(work));
+  OK(tdist_tensor_copy_to(t, v, sizeof v));
+  for (i = 0; i < 4; ++i) check(v[i] == 7.0f, "broadcast from rank 1");
+
+  /* all_gather_into_tensor */
+  v[0] = (float)rank;
+  OK(tdist_tensor_from_data(v, 1, TDIST_FLOAT32, &one));
+  OK(tdist_tensor_zeros(size, TDIST_FLOAT32, &out));
+  OK(tdist_all_gather_into_tensor(pg, out, one, 60000));
+  OK(tdist_tensor_copy_to(out, gathered, sizeof(float) * (size_t)size));
+  for (i = 0; i < size; ++i) check(gathered[i] == (float)i, "all_gather");
+
+  /* a subgroup of ranks 0 and 1 */
+  OK(tdist_new_group(pg, ranks, 2, &sub));
+  if (rank < 2) {
+    int sub_size = 0;
+    check(sub != NULL, "a member gets the subgroup");
+    OK(tdist_pg_size(sub, &sub_size));
+    check(sub_size == 2, "the subgroup has 2 ranks");
+    OK(tdist_all_reduce(sub, one, TDIST_SUM, 60000));
+    OK(tdist_tensor_copy_to(one, v, sizeof(float)));
+    check(v[0] == 1.0f, "the subgroup's sum is 0 + 1");
+    OK(tdist_pg_free(sub));
+  } else {
+    check(sub == NULL, "a non-member gets NULL");
+  }
+  OK(tdist_barrier(pg, 60000));
+
+  /* misuse: errors, never a crash */
+  IS(tdist_all_reduce(NULL, t, TDIST_SUM, 1000), TDIST_ERR_USAGE);
+  IS(tdist_all_reduce(pg, NULL, TDIST_SUM, 1000), TDIST_ERR_USAGE);
+  IS(tdist_all_reduce(pg, t, 99, 1000), TDIST_ERR_USAGE);
+  IS(tdist_tensor_zeros(4, -1, &none), TDIST_ERR_USAGE);
+  IS(tdist_all_reduce(pg, t, TDIST_SUM, -5), TDIST_ERR_USAGE);
+  IS(tdist_all_reduce((tdist_pg*)v, t, TDIST_SUM, 1000), TDIST_ERR_USAGE); /* not a handle */
+  IS(tdist_pg_rank(pg, NULL), TDIST_ERR_USAGE);
+  IS(tdist_tensor_copy_to(t, v, 3), TDIST_ERR_USAGE);
+  IS(tdist_tensor_free((tdist_tensor)v), TDIST_ERR_USAGE);
+  IS(tdist_tensor_from_data(NULL, 4, TDIST_FLOAT32, &none), TDIST_ERR_USAGE);
+  check(none == NULL, "a failed call leaves its output NULL");
+  IS(tdist_all_gather_into_tensor(pg, t, t, 1000), TDIST_ERR_USAGE); /* output is not world x input */
+  check(strstr(tdist_last_error(), "tdist_all_gather_into_tensor") != NULL, "the error names the call");
+  /* a wait that times out: the others join the op a second later; the op
+     goes on and a second wait sees it done */
+  if (rank == 0) {
+    OK(tdist_all_reduce_async(pg, one, TDIST_SUM, 60000, &work));
+    IS(tdist_work_wait(work, 200), TDIST_ERR_TIMEOUT);
+  } else {
+    struct timespec second = {1, 0};
+    nanosleep(&second, NULL);
+    OK(tdist_all_reduce_async(pg, one, TDIST_SUM, 60000, &work));
+  }
+  OK(tdist_work_wait(work, 60000));
+  OK(tdist_work_free(work));
+
+  OK(tdist_tensor_free(t));
+  OK(tdist_tensor_free(out));
+  OK(tdist_tensor_free(one));
+  OK(tdist_pg_free(pg));
+  IS(tdist_pg_free(pg), TDIST_ERR_USAGE);
+  printf("c_api ok (rank %d of %d)\n", rank, size);
+  return 0;
+}
