@@ -352,6 +352,9 @@ class Unpickler {
       charge(2 * sizeof(PtValue));
       items.reserve(2);
       for (PtValue* x : {&key, &value}) {
+        // The pair goes into d: d itself inside it would be a cycle (d is
+        // open, so nothing else can hold it yet).
+        if (B::body(*x) == &d) fail("a container put into itself (a cycle)");
         adopt(*B::body(pair), *x, false);
         items.push_back(std::move(*x));
       }

@@ -389,6 +389,9 @@ TEST(DcpHostile, HostileMetadataIsRefusedByName) {
       {"hostile_chunk_bigger_than_its_bytes.metadata", "holds 268435456 elements but is stored in"},
       {"hostile_posix_system.metadata", "global 'posix.system' is not a class DCP's .metadata holds"},
       {"hostile_builtins_eval.metadata", "global 'builtins.eval' is not a class DCP's .metadata holds"},
+      // A dict given itself under a non-string key (a shared-node cycle, a
+      // leak found by dcp_metadata_fuzzer).
+      {"hostile_dict_key_cycle.metadata", "a cycle"},
   };
   for (const auto& [file, want] : cases) {
     std::ifstream in(dir + file, std::ios::binary);
