@@ -30,6 +30,9 @@ namespace tdist::checkpoint {
 
 namespace {
 
+// tdist's rank files under a prefix (ShardedCheckpointOptions' default).
+constexpr const char* kRankSuffix = "_rank-*-of-*.pt";
+
 // One whole tensor of the input: a model entry (field empty) or an
 // optimizer state field of `param`.
 struct Tensor {
@@ -180,7 +183,7 @@ class DcpSource : public Source {
 
 class TdistSource : public Source {
  public:
-  explicit TdistSource(const std::string& prefix) : files_(prefix, "_rank-*-of-*.pt") {
+  explicit TdistSource(const std::string& prefix) : files_(prefix, kRankSuffix) {
     for (const auto& t : files_.model()) add(model, t);
     if (files_.has_optimizer()) {
       for (const auto& t : files_.optimizer()) add(optimizer, t);
@@ -491,9 +494,8 @@ void write_pt_file(const Source& s, const std::string& path, bool optimizer) {
 // which tensors are buffers or which modules hold none: "buffers" and
 // "modules" are empty (only consolidate --format libtorch reads them).
 void write_tdist_files(const Source& s, const std::string& prefix, bool optimizer) {
-  const std::string suffix = "_rank-*-of-*.pt";
-  const std::string path = rank_file_path(prefix, suffix, 0, 1);
-  for (const RankFile& f : find_rank_files(prefix, suffix)) {
+  const std::string path = rank_file_path(prefix, kRankSuffix, 0, 1);
+  for (const RankFile& f : find_rank_files(prefix, kRankSuffix)) {
     if (std::find(s.inputs.begin(), s.inputs.end(), f.path) != s.inputs.end()) {
       throw UsageError("convert: the output prefix " + prefix + " holds the input's files (an input is never overwritten)");
     }
@@ -611,7 +613,7 @@ std::unique_ptr<Source> open_source(const std::string& fmt, const std::string& p
 // UsageError when writing `out` (a file, or a folder's files) could
 // touch one of the inputs.
 void check_not_input(const Source& s, const std::string& fmt, const std::string& out_path) {
-  const std::string out = fmt == "tdist" ? rank_file_path(out_path, "_rank-*-of-*.pt", 0, 1) : out_path;
+  const std::string out = fmt == "tdist" ? rank_file_path(out_path, kRankSuffix, 0, 1) : out_path;
   std::set<std::pair<dev_t, ino_t>> ids;
   std::set<std::string> names;
   for (const auto& p : s.inputs) {

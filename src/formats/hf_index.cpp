@@ -20,7 +20,7 @@ class IndexReader : public json::JsonReader {
  public:
   IndexReader() : JsonReader(limits()) {}
   std::map<std::string, std::string> file_of;
-  bool has_map = false;
+  bool has_map = false;  // the key seen (any value but an object fails)
 
  private:
   enum Tag { kRoot, kMap };
@@ -29,15 +29,13 @@ class IndexReader : public json::JsonReader {
     l.max_depth = 64;
     return l;
   }
-  bool map_key_seen_ = false;
   void on_key() override {
-    if (top().tag == kRoot && key() == "weight_map" && std::exchange(map_key_seen_, true)) fail("two weight_map fields");
+    if (top().tag == kRoot && key() == "weight_map" && std::exchange(has_map, true)) fail("two weight_map fields");
   }
   int on_open(bool object) override {
     if (at_root()) return kRoot;
     if (top().tag == kRoot && key() == "weight_map") {
       if (!object) fail("weight_map is an array, not an object");
-      has_map = true;
       return kMap;
     }
     if (top().tag == kMap) fail("weight_map's '" + printable(key()) + "' is " + (object ? "an object" : "an array") + ", not a file name");

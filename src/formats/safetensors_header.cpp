@@ -117,7 +117,10 @@ class HeaderReader : public json::JsonReader {
   void on_scalar(const json::Scalar& v) override {
     const int at = top().tag;
     if (at == kShape && v.type == json::Scalar::Int && !v.negative()) {
-      if (v.too_big) return has_problem() ? void() : defer(who() + "a shape entry is too large");
+      if (v.too_big) {
+        if (!has_problem()) defer(who() + "a shape entry is too large");
+        return;
+      }
       if (entry_.shape.size() >= kMaxShapeDims) {
         return defer(who() + "a shape of more than " + std::to_string(kMaxShapeDims) + " dimensions");
       }

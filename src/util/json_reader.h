@@ -16,8 +16,8 @@
 // built but what a subclass keeps.
 //
 // A subclass sees the document as events at places. A place is the stack
-// of open containers (frames): object or array, the key it sits under (an
-// array inside an array carries its parent's key), the elements so far,
+// of open containers (frames): object or array, the key it sits under in
+// an object (key() answers for arrays in arrays), the elements so far,
 // and a tag the subclass gave it when it opened. A container tagged kSkip
 // is skipped whole: nothing inside it reaches the subclass (its nesting
 // and string sizes are still bounded).
@@ -102,7 +102,6 @@ class JsonReader : private nlohmann::json_sax<nlohmann::json> {
 
   size_t depth() const { return stack_.size(); }
   bool at_root() const { return stack_.empty(); }
-  Frame& top() { return stack_.back(); }
   const Frame& top() const { return stack_.back(); }
   const Frame& frame(size_t i) const { return stack_[i]; }
   // The key of what is read now, in an object; in an array, the key of
