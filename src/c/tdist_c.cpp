@@ -1,160 +1,23 @@
-// tdist's C ABI (include/tdist/c/tdist.h): handles, statuses, the
-// thread-local last error. Every entry point runs its body through
-// guarded(), so no exception crosses into C.
-#include "tdist/c/tdist.h"
-
+// tdist's C ABI (include/tdist/c/tdist.h): versions, process groups,
+// works and tensors for C callers. Collectives: c_collectives.cpp; DDP,
+// FSDP and Join: c_parallel.cpp; state dicts and files: c_files.cpp. Every
+// entry point runs its body through guarded() (c_core.h), so no exception
+// crosses into C.
 #include <ATen/ATen.h>
 
 #include <cstring>
-#include <mutex>
-#include <optional>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
-#include "tdist/errors.h"
+#include "c/c_core.h"
 #include "tdist/process_group.h"
 #include "tdist/version.h"
 
-struct tdist_pg {
-  std::shared_ptr<tdist::ProcessGroup> pg;
-};
-struct tdist_work {
-  std::shared_ptr<tdist::Work> work;
-};
-
-namespace {
-
-thread_local std::string last_error;
-
-// A failure to report: the status and its message.
-struct CFailure {
-  tdist_status status;
-  std::string what;
-};
-
-[[noreturn]] void usage(const std::string& what) { throw CFailure{TDIST_ERR_USAGE, what}; }
-
-// Live handles (pg, work, tensors tdist made): a null, freed or foreign
-// one is an error, not a dereference.
-class Registry {
- public:
-  void add(const void* p) {
-    std::lock_guard<std::mutex> lock(mu_);
-    live_.insert(p);
-  }
-  bool remove(const void* p) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return live_.erase(p) == 1;
-  }
-  bool has(const void* p) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return live_.count(p) == 1;
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::unordered_set<const void*> live_;
-};
-Registry& registry() {
-  static Registry* r = new Registry();  // never destroyed: handles may outlive static destruction
-  return *r;
-}
-
-template <typename T>
-T* live(T* h, const char* what) {
-  if (!h) usage(std::string("the ") + what + " is NULL");
-  if (!registry().has(h)) usage(std::string("the ") + what + " is not a live handle (freed, or not made by tdist)");
-  return h;
-}
-
-at::Tensor& tensor(tdist_tensor t, const char* what) {
-  if (!t) usage(std::string("the ") + what + " tensor is NULL");
-  auto* p = static_cast<at::Tensor*>(t);
-  if (!p->defined()) usage(std::string("the ") + what + " tensor is undefined");
-  return *p;
-}
-
-std::optional<tdist::Milliseconds> timeout_of(int64_t ms) {
-  if (ms < 0) usage("the timeout is negative (" + std::to_string(ms) + " ms)");
-  if (ms == 0) return std::nullopt;
-  return tdist::Milliseconds(ms);
-}
-
-tdist::ReduceOp op_of(int op) {
-  switch (op) {
-    case TDIST_SUM: return tdist::ReduceOp::SUM;
-    case TDIST_AVG: return tdist::ReduceOp::AVG;
-    case TDIST_PRODUCT: return tdist::ReduceOp::PRODUCT;
-    case TDIST_MIN: return tdist::ReduceOp::MIN;
-    case TDIST_MAX: return tdist::ReduceOp::MAX;
-  }
-  usage("unknown reduce op " + std::to_string(op));
-}
-
-at::ScalarType dtype_of(int d) {
-  switch (d) {
-    case TDIST_FLOAT32: return at::kFloat;
-    case TDIST_FLOAT64: return at::kDouble;
-    case TDIST_INT64: return at::kLong;
-    case TDIST_INT32: return at::kInt;
-  }
-  usage("unknown dtype " + std::to_string(d));
-}
-
-tdist_status fail(tdist_status s, const char* call, const std::string& what) {
-  last_error = std::string(call) + ": " + what;
-  return s;
-}
-
-template <typename Fn>
-tdist_status guarded(const char* call, Fn&& fn) {
-  try {
-    fn();
-    last_error.clear();
-    return TDIST_OK;
-  } catch (const CFailure& f) {
-    return fail(f.status, call, f.what);
-  } catch (const tdist::TimeoutError& e) {
-    return fail(TDIST_ERR_TIMEOUT, call, e.what());
-  } catch (const tdist::UsageError& e) {
-    return fail(TDIST_ERR_USAGE, call, e.what());
-  } catch (const tdist::CheckpointError& e) {
-    return fail(TDIST_ERR_CHECKPOINT, call, e.what());
-  } catch (const tdist::Error& e) {  // peers, the network, the store, mismatched collectives
-    return fail(TDIST_ERR_COMM, call, e.what());
-  } catch (const c10::Error& e) {  // LibTorch refused the tensors (dtype, shape, device)
-    return fail(TDIST_ERR_USAGE, call, e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return fail(TDIST_ERR_INTERNAL, call, e.what());
-  } catch (...) {
-    return fail(TDIST_ERR_INTERNAL, call, "an unknown exception");
-  }
-}
-
-template <typename T>
-void out_check(T** out) {
-  if (!out) usage("the output pointer is NULL");
-  *out = nullptr;
-}
-
-tdist_work* new_work(std::shared_ptr<tdist::Work> w) {
-  auto* h = new tdist_work{std::move(w)};
-  registry().add(h);
-  return h;
-}
-
-tdist_tensor new_tensor(at::Tensor t) {
-  auto* h = new at::Tensor(std::move(t));
-  registry().add(h);
-  return h;
-}
-
-}  // namespace
+using namespace tdist::c;
 
 extern "C" {
 
-const char* tdist_last_error(void) { return last_error.c_str(); }
+const char* tdist_last_error(void) { return last_error_text(); }
 int tdist_abi_version(void) { return TDIST_C_ABI_VERSION; }
 
 const char* tdist_version(void) {
@@ -192,9 +55,7 @@ tdist_status tdist_init_process_group(const char* backend, int64_t timeout_ms, t
     tdist::InitOptions o;
     if (backend) o.backend = backend;
     if (const auto t = timeout_of(timeout_ms)) o.timeout = *t;
-    auto* h = new tdist_pg{tdist::init_process_group(o)};
-    registry().add(h);
-    *out = h;
+    *out = handle(new tdist_pg{tdist::init_process_group(o)});
   });
 }
 
@@ -205,18 +66,15 @@ tdist_status tdist_new_group(tdist_pg* pg, const int* ranks, size_t n, tdist_pg*
     if (!ranks && n > 0) usage("ranks is NULL");
     auto g = pg->pg->new_group(std::vector<int>(ranks, ranks + n));
     if (!g) return;  // not a member
-    auto* h = new tdist_pg{std::move(g)};
-    registry().add(h);
-    *out = h;
+    *out = handle(new tdist_pg{std::move(g)});
   });
 }
 
 tdist_status tdist_pg_free(tdist_pg* pg) {
   return guarded("tdist_pg_free", [&] {
-    if (!pg) usage("the process group is NULL");
-    if (!registry().remove(pg)) usage("the process group is not a live handle (freed twice?)");
+    live(pg, "process group");
     if (tdist::default_group() == pg->pg) tdist::destroy_process_group();
-    delete pg;
+    release(pg, "process group");
   });
 }
 
@@ -231,64 +89,6 @@ tdist_status tdist_pg_size(tdist_pg* pg, int* out) {
   return guarded("tdist_pg_size", [&] {
     if (!out) usage("the output pointer is NULL");
     *out = live(pg, "process group")->pg->size();
-  });
-}
-
-tdist_status tdist_all_reduce(tdist_pg* pg, tdist_tensor t, int op, int64_t timeout_ms) {
-  return guarded("tdist_all_reduce", [&] {
-    tdist::AllreduceOptions o;
-    o.op = op_of(op);
-    o.timeout = timeout_of(timeout_ms);
-    o.async_op = false;
-    live(pg, "process group")->pg->all_reduce(tensor(t, "input"), o);
-  });
-}
-
-tdist_status tdist_broadcast(tdist_pg* pg, tdist_tensor t, int root, int64_t timeout_ms) {
-  return guarded("tdist_broadcast", [&] {
-    tdist::BroadcastOptions o;
-    o.root = root;
-    o.timeout = timeout_of(timeout_ms);
-    o.async_op = false;
-    live(pg, "process group")->pg->broadcast(tensor(t, "input"), o);
-  });
-}
-
-tdist_status tdist_all_gather_into_tensor(tdist_pg* pg, tdist_tensor output, tdist_tensor input, int64_t timeout_ms) {
-  return guarded("tdist_all_gather_into_tensor", [&] {
-    tdist::CollectiveOptions o;
-    o.timeout = timeout_of(timeout_ms);
-    o.async_op = false;
-    live(pg, "process group")->pg->all_gather_into_tensor(tensor(output, "output"), tensor(input, "input"), o);
-  });
-}
-
-tdist_status tdist_barrier(tdist_pg* pg, int64_t timeout_ms) {
-  return guarded("tdist_barrier", [&] {
-    tdist::CollectiveOptions o;
-    o.timeout = timeout_of(timeout_ms);
-    live(pg, "process group")->pg->barrier(o)->wait();
-  });
-}
-
-tdist_status tdist_all_reduce_async(tdist_pg* pg, tdist_tensor t, int op, int64_t timeout_ms,
-                                    tdist_work** out) {
-  return guarded("tdist_all_reduce_async", [&] {
-    out_check(out);
-    tdist::AllreduceOptions o;
-    o.op = op_of(op);
-    o.timeout = timeout_of(timeout_ms);
-    *out = new_work(live(pg, "process group")->pg->all_reduce(tensor(t, "input"), o));
-  });
-}
-
-tdist_status tdist_broadcast_async(tdist_pg* pg, tdist_tensor t, int root, int64_t timeout_ms, tdist_work** out) {
-  return guarded("tdist_broadcast_async", [&] {
-    out_check(out);
-    tdist::BroadcastOptions o;
-    o.root = root;
-    o.timeout = timeout_of(timeout_ms);
-    *out = new_work(live(pg, "process group")->pg->broadcast(tensor(t, "input"), o));
   });
 }
 
@@ -313,9 +113,7 @@ tdist_status tdist_work_is_completed(tdist_work* w, int* done) {
 
 tdist_status tdist_work_free(tdist_work* w) {
   return guarded("tdist_work_free", [&] {
-    if (!w) usage("the work is NULL");
-    if (!registry().remove(w)) usage("the work is not a live handle (freed twice?)");
-    delete w;
+    release(w, "work");
   });
 }
 

@@ -1,0 +1,114 @@
+// The C ABI's core (src/c/): the handles' C++ side, the registry of live
+// handles, the thread-local last error, and guarded(), through which every
+// entry point runs so that no exception crosses into C. Internal to
+// libtdist_c; the public face is include/tdist/c/tdist.h.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "tdist/c/tdist.h"
+#include "tdist/process_group.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace tdist::c {
+
+struct Model;  // src/c/c_model.h
+
+// A failure to report: the status and its message.
+struct CFailure {
+  tdist_status status;
+  std::string what;
+};
+
+[[noreturn]] void usage(const std::string& what);
+// This thread's last error message ("" after a call that succeeded).
+const char* last_error_text();
+
+// Live handles (every kind, and tensors tdist made): a null, freed or
+// foreign pointer is an error, not a dereference. One mutex and one hash
+// lookup per call (tdist-bench collectives --api c measures it).
+class Registry {
+ public:
+  void add(const void* p);
+  bool remove(const void* p);  // false: not live
+  bool has(const void* p) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_set<const void*> live_;
+};
+Registry& registry();
+
+template <typename T>
+T* live(T* h, const char* what) {
+  if (!h) usage(std::string("the ") + what + " is NULL");
+  if (!registry().has(h)) usage(std::string("the ") + what + " is not a live handle (freed, or not made by tdist)");
+  return h;
+}
+template <typename T>
+const T* live(const T* h, const char* what) {
+  return live(const_cast<T*>(h), what);
+}
+// A handle made by `new`, registered; freed by release() (a second
+// release is a usage error).
+template <typename T>
+T* handle(T* h) {
+  registry().add(h);
+  return h;
+}
+template <typename T>
+void release(T* h, const char* what) {
+  if (!h) usage(std::string("the ") + what + " is NULL");
+  if (!registry().remove(h)) usage(std::string("the ") + what + " is not a live handle (freed twice?)");
+  delete h;
+}
+
+// The binding's tensor (borrowed): defined, or a usage error.
+at::Tensor& tensor(tdist_tensor t, const char* what);
+// n tensors of an array (NULL only when n == 0).
+std::vector<at::Tensor> tensors(const tdist_tensor* ts, size_t n, const char* what);
+// n names (none NULL).
+std::vector<std::string> names(const char* const* ns, size_t n, const char* what);
+std::optional<Milliseconds> timeout_of(int64_t ms);
+ReduceOp op_of(int op);
+at::ScalarType dtype_of(int d);
+// A new tensor, the caller's to free with tdist_tensor_free.
+tdist_tensor new_tensor(at::Tensor t);
+tdist_work* new_work(std::shared_ptr<Work> w);
+template <typename T>
+void out_check(T** out) {
+  if (!out) usage("the output pointer is NULL");
+  *out = nullptr;
+}
+
+// The thread's string returned to C (flight recorder dumps): valid until
+// the thread's next call.
+std::string& thread_string();
+
+tdist_status guarded_impl(const char* call, void (*body)(void*), void* ctx);
+template <typename Fn>
+tdist_status guarded(const char* call, Fn&& fn) {
+  return guarded_impl(call, [](void* f) { (*static_cast<Fn*>(f))(); }, &fn);
+}
+
+}  // namespace tdist::c
+
+struct tdist_pg {
+  std::shared_ptr<tdist::ProcessGroup> pg;
+};
+struct tdist_work {
+  std::shared_ptr<tdist::Work> work;
+};
+struct tdist_module {
+  std::shared_ptr<tdist::c::Model> model;
+};

@@ -1,0 +1,385 @@
+/* Training through the C ABI from C99, as a binding would (its own ops:
+ * tests/c/binding_ops.h), under tdist-run at worlds 2 and 3: DDP (plain,
+ * fp16 hook with no_sync, Join on uneven inputs) and FSDP (FULL_SHARD;
+ * SHARD_GRAD_OP with bfloat16 parameters), each compared bit for bit with
+ * tdist's C++ API training the same model (tt_reference); then state
+ * dicts, a sharded checkpoint, a safetensors file, the Checkpointer and the
+ * flight recorder through the C ABI, and misuse of the new calls. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "binding_ops.h"
+#include "tdist/c/tdist.h"
+
+static int rank = -1;
+static const int kSteps = 6;
+static const double kLr = 0.05;
+
+static void check(int ok, const char* what) {
+  if (!ok) {
+    fprintf(stderr, "rank %d: FAILED: %s (last error: %s)\n", rank, what, tdist_last_error());
+    exit(1);
+  }
+}
+#define OK(call) check((call) == TDIST_OK, #call)
+#define IS(call, status) check((call) == (status), #call " is " #status)
+#define NN(p) check((p) != NULL, #p " is not NULL")
+
+/* Step s's forward and backward of the model over p (the binding's
+ * tensors); x cast for mixed precision when root is given. */
+static void forward_backward(tt_tensor* p, int s, tdist_ddp* ddp, tdist_fsdp** units) {
+  tt_tensor x = NULL, target = NULL, xc = NULL, h = NULL, a = NULL, y = NULL, loss = NULL;
+  check(tt_step_batch(rank, s, &x, &target) == 0, "tt_step_batch");
+  if (ddp) OK(tdist_ddp_pre_forward(ddp));
+  if (units) {
+    OK(tdist_fsdp_pre_forward(units[2]));
+    OK(tdist_fsdp_cast_input(units[2], x, &xc));
+    OK(tdist_fsdp_pre_forward(units[0]));
+  }
+  NN(h = tt_linear(xc ? xc : x, p[0], p[1]));
+  if (units) OK(tdist_fsdp_post_forward(units[0], &h, 1));
+  NN(a = tt_tanh(h));
+  if (units) OK(tdist_fsdp_pre_forward(units[1]));
+  NN(y = tt_linear(a, p[2], p[3]));
+  if (units) {
+    OK(tdist_fsdp_post_forward(units[1], &y, 1));
+    OK(tdist_fsdp_post_forward(units[2], &y, 1));
+  }
+  if (ddp) OK(tdist_ddp_post_forward(ddp, &y, 1));
+  NN(loss = tt_mse(y, target));
+  check(tt_backward(loss) == 0, "tt_backward");
+  tt_free(loss);
+  tt_free(y);
+  tt_free(a);
+  tt_free(h);
+  if (xc) OK(tdist_tensor_free(xc));
+  tt_free(x);
+  tt_free(target);
+}
+
+static void compare(const char* mode, tt_tensor* mine) {
+  tt_tensor ref[TT_NPARAMS];
+  int i;
+  char what[128];
+  check(tt_reference(mode, kSteps, kLr, ref) == 0, "tt_reference");
+  for (i = 0; i < TT_NPARAMS; ++i) {
+    snprintf(what, sizeof what, "%s: %s equals the C++ API's bit for bit", mode, tt_names[i]);
+    check(tt_equal(mine[i], ref[i]), what);
+    tt_free(ref[i]);
+  }
+}
+
+static void train_ddp(const char* mode) {
+  tt_tensor p[TT_NPARAMS];
+  tdist_module* m = NULL;
+  tdist_ddp* ddp = NULL;
+  tdist_join* join = NULL;
+  const int nosync = strcmp(mode, "ddp-fp16-nosync") == 0, uneven = strcmp(mode, "ddp-join") == 0;
+  int s, i;
+  check(tt_init_params(rank, p) == 0, "tt_init_params");
+  OK(tdist_module_new(tt_names, p, TT_NPARAMS, &m));
+  OK(tdist_ddp_new(m, NULL, NULL, &ddp));
+  if (nosync) OK(tdist_ddp_register_comm_hook(ddp, "fp16", NULL));
+  if (uneven) OK(tdist_join_new(&ddp, 1, NULL, 0, 1, &join));
+  for (s = 0; s < kSteps + (uneven ? rank : 0); ++s) {
+    const int accumulate = nosync && s % 2 == 0;
+    if (accumulate) OK(tdist_ddp_set_require_sync(ddp, 0));
+    forward_backward(p, s, ddp, NULL);
+    if (accumulate) {
+      OK(tdist_ddp_set_require_sync(ddp, 1));
+    } else {
+      check(tt_sgd_step(p, TT_NPARAMS, kLr) == 0, "tt_sgd_step");
+    }
+  }
+  if (join) {
+    OK(tdist_join_join(join));
+    OK(tdist_join_free(join));
+  }
+  compare(mode, p);
+  OK(tdist_ddp_free(ddp));
+  OK(tdist_module_free(m));
+  for (i = 0; i < TT_NPARAMS; ++i) tt_free(p[i]);
+}
+
+/* The whole parameters as a list, in tt_names' order (borrowed from l). */
+static void full_params(tdist_module* m, tdist_tensor_list** l, tt_tensor* out) {
+  size_t n = 0, k;
+  int i;
+  const char* name = NULL;
+  tdist_tensor t = NULL;
+  OK(tdist_full_state_dict(m, 0, l));
+  OK(tdist_tensor_list_size(*l, &n));
+  check(n == TT_NPARAMS, "the full state dict has the model's 4 tensors");
+  for (i = 0; i < TT_NPARAMS; ++i) {
+    out[i] = NULL;
+    for (k = 0; k < n; ++k) {
+      OK(tdist_tensor_list_get(*l, k, &name, &t));
+      if (strcmp(name, tt_names[i]) == 0) out[i] = t;
+    }
+    check(out[i] != NULL, "the full state dict names every parameter");
+  }
+}
+
+static void files(tdist_pg* pg, tdist_module* m, const char* mode);
+
+static void train_fsdp(tdist_pg* pg, const char* mode) {
+  tt_tensor p[TT_NPARAMS], whole[TT_NPARAMS];
+  tdist_module* m = NULL;
+  tdist_fsdp* units[3] = {NULL, NULL, NULL};
+  tdist_fsdp_options o;
+  tdist_tensor_list* full = NULL;
+  int s, i;
+  check(tt_init_params(rank, p) == 0, "tt_init_params");
+  OK(tdist_module_new(tt_names, p, TT_NPARAMS, &m));
+  tdist_fsdp_options_init(&o);
+  if (strcmp(mode, "fsdp-zero2-bf16") == 0) {
+    o.sharding_strategy = TDIST_SHARD_GRAD_OP;
+    o.param_dtype = TDIST_BFLOAT16;
+  }
+  OK(tdist_fully_shard(m, "fc1", NULL, &o, &units[0]));
+  OK(tdist_fully_shard(m, "fc2", NULL, &o, &units[1]));
+  OK(tdist_fully_shard(m, "", NULL, &o, &units[2]));
+  for (s = 0; s < kSteps; ++s) {
+    forward_backward(p, s, NULL, units);
+    check(tt_sgd_step(p, TT_NPARAMS, kLr) == 0, "tt_sgd_step");
+  }
+  full_params(m, &full, whole);
+  compare(mode, whole);
+  OK(tdist_tensor_list_free(full));
+  if (strcmp(mode, "fsdp") == 0) files(pg, m, mode);
+  for (i = 0; i < 3; ++i) OK(tdist_fsdp_free(units[i]));
+  OK(tdist_module_free(m));
+  for (i = 0; i < TT_NPARAMS; ++i) tt_free(p[i]);
+}
+
+/* A directory every rank names alike: rank 0's pid, broadcast. */
+static void shared_dir(tdist_pg* pg, char* dir, size_t n) {
+  int64_t pid = (int64_t)getpid();
+  tdist_tensor t = NULL;
+  const char* tmp = getenv("TMPDIR");
+  OK(tdist_tensor_from_data(&pid, 1, TDIST_INT64, &t));
+  OK(tdist_broadcast(pg, t, 0, 60000));
+  OK(tdist_tensor_copy_to(t, &pid, sizeof pid));
+  OK(tdist_tensor_free(t));
+  snprintf(dir, n, "%s/tdist_c_train_%lld", tmp ? tmp : "/tmp", (long long)pid);
+  if (rank == 0) check(mkdir(dir, 0700) == 0, "mkdir of the test's directory");
+  OK(tdist_barrier(pg, 60000));
+}
+
+/* Scales every parameter of m by 0 (the values a load must bring back). */
+static void zero_model(tdist_module* m) {
+  tdist_tensor_list* l = NULL;
+  tdist_tensor zeros[TT_NPARAMS];
+  const char* names[TT_NPARAMS];
+  tt_tensor cur[TT_NPARAMS];
+  int i;
+  full_params(m, &l, cur);
+  for (i = 0; i < TT_NPARAMS; ++i) {
+    zeros[i] = tt_batch(1, 1, 0);
+    names[i] = tt_names[i];
+  }
+  /* wrong shapes are refused and change nothing */
+  IS(tdist_load_full_state_dict(m, names, zeros, TT_NPARAMS, 1), TDIST_ERR_CHECKPOINT);
+  for (i = 0; i < TT_NPARAMS; ++i) {
+    tt_free(zeros[i]);
+    zeros[i] = NULL;
+  }
+  for (i = 0; i < TT_NPARAMS; ++i) {
+    int64_t numel = i == 0 ? 128 : i == 1 ? 16 : i == 2 ? 64 : 4;
+    OK(tdist_tensor_zeros(numel, TDIST_FLOAT32, &zeros[i]));
+  }
+  /* 1-d zeros for 2-d weights: refused too */
+  IS(tdist_load_full_state_dict(m, names, zeros, TT_NPARAMS, 1), TDIST_ERR_CHECKPOINT);
+  for (i = 0; i < TT_NPARAMS; ++i) OK(tdist_tensor_free(zeros[i]));
+  OK(tdist_tensor_list_free(l));
+}
+
+static void expect_trained(tdist_module* m, const char* what) {
+  tdist_tensor_list* l = NULL;
+  tt_tensor cur[TT_NPARAMS], ref[TT_NPARAMS];
+  int i;
+  full_params(m, &l, cur);
+  check(tt_reference("fsdp", kSteps, kLr, ref) == 0, "tt_reference");
+  for (i = 0; i < TT_NPARAMS; ++i) {
+    check(tt_equal(cur[i], ref[i]), what);
+    tt_free(ref[i]);
+  }
+  OK(tdist_tensor_list_free(l));
+}
+
+static void files(tdist_pg* pg, tdist_module* m, const char* mode) {
+  char dir[512], path[600];
+  tdist_tensor_list *sharded = NULL, *full = NULL, *loaded = NULL, *extras = NULL;
+  tdist_checkpointer* ck = NULL;
+  size_t n = 0, k;
+  const char** names = NULL;
+  tdist_tensor* ts = NULL;
+  const char* json = NULL;
+  const char* ename = "samples_seen";
+  int64_t step = 0, seen = 0;
+  tdist_tensor pos = NULL, got = NULL;
+  const char* name = NULL;
+  tt_tensor whole[TT_NPARAMS];
+  int i;
+  (void)mode;
+  shared_dir(pg, dir, sizeof dir);
+
+  /* sharded state dict: this rank's rows, loaded back */
+  OK(tdist_sharded_state_dict(m, &sharded));
+  OK(tdist_tensor_list_size(sharded, &n));
+  check(n == TT_NPARAMS, "the sharded state dict has 4 entries");
+  names = calloc(n, sizeof *names);
+  ts = calloc(n, sizeof *ts);
+  for (k = 0; k < n; ++k) OK(tdist_tensor_list_get(sharded, k, &names[k], &ts[k]));
+  OK(tdist_load_sharded_state_dict(m, names, ts, n, 1));
+  IS(tdist_tensor_list_get(sharded, n, &names[0], &ts[0]), TDIST_ERR_USAGE);
+  free(names);
+  free(ts);
+  OK(tdist_tensor_list_free(sharded));
+
+  /* a sharded checkpoint, then refused loads that change nothing, then its load */
+  snprintf(path, sizeof path, "%s/model", dir);
+  OK(tdist_save_sharded_checkpoint(m, pg, path, "tdist"));
+  zero_model(m);
+  OK(tdist_load_sharded_checkpoint(m, pg, path, "tdist"));
+  expect_trained(m, "a sharded checkpoint loads back bit for bit");
+  IS(tdist_save_sharded_checkpoint(m, pg, path, "pickle"), TDIST_ERR_USAGE);
+  snprintf(path, sizeof path, "%s/missing", dir);
+  IS(tdist_load_sharded_checkpoint(m, pg, path, "tdist"), TDIST_ERR_CHECKPOINT);
+
+  /* safetensors: the full state dict, written by each rank to its own file */
+  full_params(m, &full, whole);
+  snprintf(path, sizeof path, "%s/model-%d.safetensors", dir, rank);
+  OK(tdist_save_safetensors(path, tt_names, whole, TT_NPARAMS));
+  OK(tdist_load_safetensors(path, &loaded));
+  OK(tdist_tensor_list_size(loaded, &n));
+  check(n == TT_NPARAMS, "the safetensors file holds 4 tensors");
+  for (k = 0; k < n; ++k) {
+    OK(tdist_tensor_list_get(loaded, k, &name, &got));
+    for (i = 0; i < TT_NPARAMS; ++i) {
+      if (strcmp(name, tt_names[i]) == 0) check(tt_equal(got, whole[i]), "safetensors round trip");
+    }
+  }
+  OK(tdist_load_full_state_dict(m, tt_names, whole, TT_NPARAMS, 1));
+  OK(tdist_tensor_list_free(loaded));
+  OK(tdist_tensor_list_free(full));
+  snprintf(path, sizeof path, "%s/nothing.safetensors", dir);
+  IS(tdist_load_safetensors(path, &loaded), TDIST_ERR_CHECKPOINT);
+
+  /* the Checkpointer: a save with extras, restored by a new one */
+  snprintf(path, sizeof path, "%s/ckpt", dir);
+  OK(tdist_checkpointer_new(m, pg, path, 2, 2, 1, &ck));
+  OK(tdist_checkpointer_restore(ck, &step, &extras));
+  check(step == -1 && extras == NULL, "an empty dir restores nothing");
+  seen = 4242 + rank;
+  OK(tdist_tensor_from_data(&seen, 1, TDIST_INT64, &pos));
+  OK(tdist_checkpointer_maybe_save(ck, 4, &ename, &pos, 1, &i));
+  check(i == 1, "step 4 is due every 2 steps");
+  OK(tdist_checkpointer_wait(ck));
+  OK(tdist_checkpointer_free(ck));
+  zero_model(m);
+  OK(tdist_checkpointer_new(m, pg, path, 2, 2, 1, &ck));
+  OK(tdist_checkpointer_restore(ck, &step, &extras));
+  check(step == 4, "the Checkpointer restores step 4");
+  OK(tdist_tensor_list_get(extras, 0, &name, &got));
+  check(strcmp(name, ename) == 0, "the extra's name");
+  OK(tdist_tensor_copy_to(got, &seen, sizeof seen));
+  check(seen == 4242 + rank, "this rank's extra comes back");
+  expect_trained(m, "the Checkpointer restores the model bit for bit");
+  OK(tdist_tensor_list_free(extras));
+  OK(tdist_checkpointer_free(ck));
+  OK(tdist_tensor_free(pos));
+
+  /* the flight recorder */
+  OK(tdist_dump_flight_recorder(&json));
+  check(json != NULL && json[0] != '\0', "the flight recorder wrote a dump");
+  {
+    static char text[1 << 20];
+    FILE* f = fopen(json, "r");
+    size_t got_bytes = 0;
+    check(f != NULL, "the dump can be opened");
+    got_bytes = fread(text, 1, sizeof text - 1, f);
+    text[got_bytes] = '\0';
+    fclose(f);
+    check(text[0] == '{' && strstr(text, "all_gather_into_tensor") != NULL,
+          "the dump is JSON naming FSDP's gathers");
+    check(remove(json) == 0, "removing the dump");
+  }
+  OK(tdist_barrier(pg, 60000));
+  if (rank == 0) {
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    check(system(cmd) == 0, "removing the test's directory");
+  }
+}
+
+static void misuse(tdist_pg* pg) {
+  tt_tensor p[TT_NPARAMS];
+  tdist_module* m = NULL;
+  tdist_ddp* ddp = NULL;
+  tdist_fsdp *u = NULL, *u2 = NULL;
+  tdist_fsdp_options o;
+  const char* dotted[2] = {"a..b", "a"};
+  int i;
+  (void)pg;
+  check(tt_init_params(rank, p) == 0, "tt_init_params");
+  IS(tdist_module_new(dotted, p, 1, &m), TDIST_ERR_USAGE);
+  IS(tdist_module_new(tt_names, NULL, 2, &m), TDIST_ERR_USAGE);
+  IS(tdist_ddp_new(NULL, NULL, NULL, &ddp), TDIST_ERR_USAGE);
+  IS(tdist_ddp_pre_forward((tdist_ddp*)p[0]), TDIST_ERR_USAGE); /* a foreign pointer */
+  OK(tdist_module_new(tt_names, p, TT_NPARAMS, &m));
+  tdist_fsdp_options_init(&o);
+  o.struct_size = 8;
+  IS(tdist_fully_shard(m, "", NULL, &o, &u2), TDIST_ERR_USAGE);
+  check(strstr(tdist_last_error(), "struct_size") != NULL, "the error names struct_size");
+  tdist_fsdp_options_init(&o);
+  IS(tdist_fully_shard(m, "fc3", NULL, &o, &u2), TDIST_ERR_USAGE);
+  check(strstr(tdist_last_error(), "fc3") != NULL, "the error names the path");
+  o.sharding_strategy = 17;
+  IS(tdist_fully_shard(m, "fc1", NULL, &o, &u2), TDIST_ERR_USAGE);
+  tdist_fsdp_options_init(&o);
+  OK(tdist_fully_shard(m, "fc1", NULL, &o, &u));
+  IS(tdist_fully_shard(m, "fc1", NULL, &o, &u2), TDIST_ERR_USAGE); /* twice */
+  IS(tdist_fsdp_post_forward(u, NULL, 0), TDIST_ERR_USAGE);        /* no pre_forward */
+  IS(tdist_ddp_new(m, NULL, NULL, &ddp), TDIST_ERR_USAGE);         /* a module with FSDP units */
+  OK(tdist_fsdp_free(u));
+  IS(tdist_fsdp_free(u), TDIST_ERR_USAGE);
+  IS(tdist_fsdp_pre_forward(u), TDIST_ERR_USAGE);
+  OK(tdist_module_free(m));
+  IS(tdist_module_free(m), TDIST_ERR_USAGE);
+  /* fc1's tensors are this rank's shards now (a freed unit does not
+   * unshard them): fresh ones for DDP */
+  for (i = 0; i < TT_NPARAMS; ++i) tt_free(p[i]);
+  check(tt_init_params(rank, p) == 0, "tt_init_params");
+  OK(tdist_module_new(tt_names, p, TT_NPARAMS, &m));
+  OK(tdist_ddp_new(m, NULL, NULL, &ddp));
+  IS(tdist_ddp_register_comm_hook(ddp, "zip", NULL), TDIST_ERR_USAGE);
+  IS(tdist_ddp_register_comm_hook(ddp, "powersgd:0:5", NULL), TDIST_ERR_USAGE);
+  {
+    tdist_ddp* again = NULL;
+    IS(tdist_ddp_new(m, NULL, NULL, &again), TDIST_ERR_USAGE); /* wrapped already */
+  }
+  OK(tdist_ddp_free(ddp));
+  OK(tdist_module_free(m));
+  for (i = 0; i < TT_NPARAMS; ++i) tt_free(p[i]);
+}
+
+int main(void) {
+  tdist_pg* pg = NULL;
+  OK(tdist_check_abi(TDIST_C_ABI_VERSION, tdist_torch_version()));
+  OK(tdist_init_process_group("auto", 60000, &pg));
+  OK(tdist_pg_rank(pg, &rank));
+  train_ddp("ddp");
+  train_ddp("ddp-fp16-nosync");
+  train_ddp("ddp-join");
+  train_fsdp(pg, "fsdp");
+  train_fsdp(pg, "fsdp-zero2-bf16");
+  misuse(pg);
+  OK(tdist_pg_free(pg));
+  printf("rank %d: c_train ok\n", rank);
+  return 0;
+}
