@@ -22,6 +22,7 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev     # the mpi backend, and its tests under mpirun
   python3-venv                   # .venv for LibTorch 2.x from PyPI (scripts/torch2.sh)
   libcli11-dev nlohmann-json3-dev  # command lines and JSON of the tools, benchmarks, examples
+  rustc                          # the C ABI's test from Rust (tests/rust/)
   python3-torch                  # torch.load 1.13 reads tdist's files in the tests (also
                                  # PyTorch's Gloo, TCPStore, DDP: the benchmarks' references)
 )
