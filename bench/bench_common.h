@@ -33,6 +33,9 @@ struct CollectivesBenchOptions {
   // Each timed op queued and its Work waited for (async_op=true), instead
   // of one synchronous call (async_op=false, as MPI's blocking calls).
   bool async = false;
+  // "cpp": the C++ API; "c": the C ABI (include/tdist/c/tdist.h), as a
+  // language binding calls it, with what it adds per op over C++.
+  std::string api = "cpp";
   std::string json;
   // Set by the parent for its ranks: the machine's memcpy bandwidth.
   double memcpy_one = 0, memcpy_all = 0;

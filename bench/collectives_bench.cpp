@@ -17,7 +17,9 @@
 // (ProcessGroup::empty_symmetric). Each timed op is a synchronous call
 // (async_op=false, as MPI's blocking calls), or with --async queued and its
 // Work waited for. First of all it prints the per-op overhead of the
-// process group, both ways (op_overhead_ns below).
+// process group, both ways (op_overhead_ns below). With --api c every op
+// goes through the C ABI (bench/collectives_c_api.h) and the overhead line
+// says what the C ABI adds to the C++ call, both measured taking turns.
 #include <ATen/ATen.h>
 #include <unistd.h>
 
@@ -28,6 +30,7 @@
 
 #include "bench/bench_common.h"
 #include "bench/collective_model.h"
+#include "bench/collectives_c_api.h"
 #include "tdist/tdist.h"
 #include "util/cli.h"
 #include "util/env.h"
@@ -119,7 +122,11 @@ Buffers make_buffers(ProcessGroup& pg, const std::string& op, int64_t count, at:
 
 // One op on the buffers; done when this returns (a synchronous call, or
 // queued and waited for when `async`).
+// With --api c: the world's C handle, through which run_op goes.
+tdist_pg* c_world = nullptr;
+
 void run_op(ProcessGroup& pg, const std::string& op, Buffers& b, bool async = false) {
+  if (c_world) return c_api::run_op(c_world, op, b.in, b.out, async);
   std::shared_ptr<Work> w;
   if (op == "all_reduce") {
     AllreduceOptions o;
@@ -245,12 +252,20 @@ Overheads op_overheads(ProcessGroup& pg) {
 }
 
 int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
-  InitOptions io;
-  io.backend = o.backend;
-  io.rank = rank;
-  io.world_size = world;
-  io.timeout = std::chrono::seconds(120);
-  auto pg = init_process_group(io);
+  std::unique_ptr<c_api::Groups> c_groups;
+  std::shared_ptr<ProcessGroup> pg;
+  if (o.api == "c") {
+    c_groups = c_api::init(o.backend, 120000);
+    pg = c_groups->world_cpp;
+    c_world = c_groups->world;
+  } else {
+    InitOptions io;
+    io.backend = o.backend;
+    io.rank = rank;
+    io.world_size = world;
+    io.timeout = std::chrono::seconds(120);
+    pg = init_process_group(io);
+  }
   const at::ScalarType dtype = parse_dtype(o.dtype);
   const size_t es = at::elementSize(dtype);
   const size_t min_bytes = std::max(parse_bytes(o.min_bytes), es);
@@ -275,8 +290,19 @@ int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
     std::printf("# per-op overhead: %.0f ns synchronous (async_op=false), %.0f ns queued and waited for (all_reduce "
                 "of one float32 on a group of one rank: what the process group adds to every op)\n",
                 overhead.sync_ns, overhead.async_ns);
-    std::printf("# timed calls: %s\n", o.async ? "queued, then waited for (async_op=true, then Work::wait)"
-                                               : "synchronous (async_op=false)");
+    std::printf("# timed calls: %s%s\n", o.async ? "queued, then waited for (async_op=true, then Work::wait)"
+                                                 : "synchronous (async_op=false)",
+                c_groups ? ", through the C ABI" : "");
+  }
+  c_api::Overhead c_overhead;
+  if (c_groups) {
+    c_overhead = c_api::overheads(*c_groups, o.async);
+    if (rank == 0) {
+      std::printf("# C ABI: %.0f ns per op, C++: %.0f ns (%s all_reduce of one float32, one rank, taking turns): "
+                  "the C ABI adds %.0f ns (median of the rounds' differences)\n",
+                  c_overhead.c_ns, c_overhead.cpp_ns, o.async ? "queued" : "synchronous",
+                  c_overhead.extra_ns);
+    }
   }
   JsonRows json;
   for (const auto& op : ops) {
@@ -337,10 +363,17 @@ int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
         json.field("async_op", o.async ? 1.0 : 0.0);
         json.field("op_overhead_ns", overhead.sync_ns);
         json.field("op_overhead_async_ns", overhead.async_ns);
+        json.field("api", o.api);
+        if (c_groups) {
+          json.field("c_api_op_ns", c_overhead.c_ns);
+          json.field("cpp_op_ns", c_overhead.cpp_ns);
+          json.field("c_api_extra_ns", c_overhead.extra_ns);
+        }
       }
     }
   }
   pg->barrier()->wait();
+  c_world = nullptr;
   return rank == 0 ? json.finish(o.json) : 0;
 }
 
@@ -355,6 +388,9 @@ void CollectivesBenchOptions::add_to(CLI::App& mode) {
                   "all_reduce, broadcast, reduce, all_gather, reduce_scatter, all_to_all, a comma-separated list, or all")
       ->capture_default_str();
   mode.add_flag("--symmetric", symmetric, "buffers in symmetric memory (ProcessGroup::empty_symmetric)");
+  mode.add_option("--api", api, "cpp: the C++ API; c: the C ABI, as a language binding calls it")
+      ->check(CLI::IsMember({"cpp", "c"}))
+      ->capture_default_str();
   mode.add_flag("--async", async,
                 "queue each timed op and wait for its Work (async_op=true); default: synchronous calls");
   const CLI::Validator size(

@@ -27,11 +27,41 @@ void Registry::add(const void* p) {
 }
 bool Registry::remove(const void* p) {
   std::lock_guard<std::mutex> lock(mu_);
-  return live_.erase(p) == 1;
+  if (live_.erase(p) != 1) return false;
+  removals_.fetch_add(1, std::memory_order_release);
+  return true;
 }
+
+namespace {
+// This thread's handles found live while the removal count was `removals`.
+struct SeenLive {
+  static constexpr int kSlots = 4;
+  const void* handles[kSlots] = {};
+  uint64_t removals = ~uint64_t{0};
+  int next = 0;
+};
+thread_local SeenLive seen;
+}  // namespace
+
 bool Registry::has(const void* p) const {
+  // A handle freed before this call began bumped the count first, so an
+  // answer from the cache is never older than the call.
+  const uint64_t now = removals_.load(std::memory_order_acquire);
+  if (seen.removals == now) {
+    for (const void* h : seen.handles) {
+      if (h == p) return true;
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  return live_.count(p) == 1;
+  if (live_.count(p) != 1) return false;
+  const uint64_t at = removals_.load(std::memory_order_relaxed);  // stable under mu_
+  if (seen.removals != at) {
+    seen = SeenLive();
+    seen.removals = at;
+  }
+  seen.handles[seen.next] = p;
+  seen.next = (seen.next + 1) % SeenLive::kSlots;
+  return true;
 }
 Registry& registry() {
   static Registry* r = new Registry();  // never destroyed: handles may outlive static destruction

@@ -75,6 +75,22 @@ TEST(BenchCollectives, SymmetricTensorsToo) {
   check_rows(run_bench(" --symmetric", &out), 1);
 }
 
+// --api c: every op through the C ABI, checked as the C++ ones are, and
+// the overhead line with what the C ABI adds (a number, not a speed).
+TEST(BenchCollectives, TheCAbiToo) {
+  std::string out;
+  const auto rows = run_bench(" --api c", &out);
+  EXPECT_NE(out.find("through the C ABI"), std::string::npos) << out;
+  EXPECT_NE(out.find("the C ABI adds"), std::string::npos) << out;
+  check_rows(rows, 0);
+  for (const auto& row : rows) {
+    EXPECT_EQ(row.at("api"), "c");
+    EXPECT_GT(row.at("c_api_op_ns").get<double>(), 0);
+    EXPECT_GT(row.at("cpp_op_ns").get<double>(), 0);
+    EXPECT_TRUE(row.contains("c_api_extra_ns"));
+  }
+}
+
 // The model itself: the busbw a time at the ceiling shows is the ceiling.
 TEST(CollectiveModel, CeilingTimeAndBusbwAgree) {
   for (const char* op : {"all_reduce", "reduce_scatter", "all_gather", "broadcast"}) {
