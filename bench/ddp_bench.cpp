@@ -15,6 +15,11 @@
 //   after_coalesced (only when asked for) after backward, one coalesced
 //                  all-reduce of every gradient: what overlapping with
 //                  backward buys over not overlapping at all
+//   c_ddp_allreduce ddp_allreduce through the C ABI (include/tdist/c/tdist.h),
+//                  as a language binding drives it: the model's own forward
+//                  between tdist_ddp_pre_forward and _post_forward; its
+//                  final weights are compared with ddp_allreduce's (same
+//                  start, same steps: they must be equal bit for bit)
 //   <variant>_nofr  the same with the flight recorder paused (what it costs)
 //   <variant>_trace the same with the timeline on (TDIST_TRACE; written to
 //                  /tmp/tdist-bench-ddp.rank-R.json at exit)
@@ -36,6 +41,7 @@
 #include <sstream>
 
 #include "bench/bench_common.h"
+#include "tdist/c/tdist.h"
 #include "tdist/tdist.h"
 #include "util/cli.h"
 #include "util/torch_compat.h"
@@ -61,7 +67,7 @@ TORCH_MODULE(Mlp);
 
 const std::vector<std::string> kVariants = {"local",         "ddp_allreduce", "ddp_fp16",      "ddp_bf16",
                                             "ddp_noop",      "status_quo",    "ddp_allreduce_view", "ddp_fp16_view",
-                                            "ddp_bf16_view", "local_all",     "ddp_allreduce_staged"};
+                                            "ddp_bf16_view", "local_all",     "ddp_allreduce_staged", "c_ddp_allreduce"};
 
 Mlp make_model(c10::Device device) {
   torch::manual_seed(0);
@@ -77,8 +83,49 @@ struct Variant {
   bool timeline = false;  // <name>_trace: the timeline on while it steps
   bool everyone = true;  // false: only rank 0 steps (local)
   std::function<void()> step;  // owns the model, optimizer and DDP it drives
+  std::function<std::vector<at::Tensor>()> weights;  // the model's parameters (DDP variants)
   c10::Device device = c10::kCPU;
 };
+
+void c_ok(tdist_status s, const char* what) {
+  if (s != TDIST_OK) throw std::runtime_error(std::string(what) + ": " + tdist_last_error());
+}
+
+// DDP through the C ABI over the model's parameters (the binding's tensors).
+struct CDdp {
+  Mlp model;
+  std::vector<at::Tensor> params;  // what the binding holds; tdist borrows &params[i]
+  tdist_module* module = nullptr;
+  tdist_ddp* ddp = nullptr;
+  ~CDdp() {
+    if (ddp) tdist_ddp_free(ddp);
+    if (module) tdist_module_free(module);
+  }
+};
+
+std::shared_ptr<CDdp> make_c_ddp(c10::Device device, double bucket_cap_mb, double first_bucket_cap_mb) {
+  auto c = std::make_shared<CDdp>();
+  c->model = make_model(device);
+  std::vector<std::string> names;
+  for (const auto& p : c->model->named_parameters()) {
+    names.push_back(p.key());
+    c->params.push_back(p.value());
+  }
+  std::vector<const char*> cnames;
+  std::vector<tdist_tensor> handles;
+  for (size_t i = 0; i < names.size(); ++i) {
+    cnames.push_back(names[i].c_str());
+    handles.push_back(&c->params[i]);
+  }
+  c_ok(tdist_module_new(cnames.data(), handles.data(), handles.size(), &c->module), "tdist_module_new");
+  tdist_ddp_options o;
+  tdist_ddp_options_init(&o);
+  o.bucket_cap_mb = bucket_cap_mb;
+  o.first_bucket_cap_mb = first_bucket_cap_mb;
+  c_ok(tdist_ddp_new(c->module, nullptr, &o, &c->ddp), "tdist_ddp_new");
+  c_ok(tdist_ddp_register_comm_hook(c->ddp, "allreduce", nullptr), "tdist_ddp_register_comm_hook");
+  return c;
+}
 
 Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Tensor& x, const torch::Tensor& y,
                      double bucket_cap_mb, double first_bucket_cap_mb) {
@@ -108,6 +155,20 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
       torch::nn::functional::cross_entropy((*model)(x), y).backward();
       opt->step();
     };
+  } else if (name == "c_ddp_allreduce") {
+    if (device.is_cuda()) throw UsageError("tdist-bench ddp: c_ddp_allreduce runs on the CPU");
+    auto c = make_c_ddp(device, bucket_cap_mb, first_bucket_cap_mb);
+    auto opt = sgd(c->params);
+    v.step = [c, opt, x, y] {
+      tdist::compat::zero_grad(*opt, /*set_to_none=*/false);
+      c_ok(tdist_ddp_pre_forward(c->ddp), "tdist_ddp_pre_forward");
+      at::Tensor out = c->model(x);
+      tdist_tensor handle = &out;
+      c_ok(tdist_ddp_post_forward(c->ddp, &handle, 1), "tdist_ddp_post_forward");
+      torch::nn::functional::cross_entropy(out, y).backward();
+      opt->step();
+    };
+    v.weights = [c] { return c->params; };
   } else if (name == "status_quo") {
     auto model = std::make_shared<Mlp>(make_model(device));
     auto opt = sgd((*model)->parameters());
@@ -165,6 +226,7 @@ Variant make_variant(ProcessGroup& pg, const std::string& name, const torch::Ten
       torch::nn::functional::cross_entropy((*ddp)(x), y).backward();
       opt->step();
     };
+    v.weights = [ddp] { return (*ddp)->module()->parameters(); };
   }
   if (v.everyone || pg.rank() == 0) {
     for (int i = 0; i < 3; ++i) v.step();  // warm up
@@ -252,7 +314,23 @@ int run_rank(const DdpBenchOptions& o, int rank, int world) {
     }
   }
   pg->barrier()->wait();
-  if (rank != 0) return 0;
+  // The C ABI's DDP and the C++ API's, from the same start through the
+  // same steps: the same weights, bit for bit.
+  int c_equal = -1;  // -1: not both run
+  {
+    const Variant* a = nullptr;
+    const Variant* b = nullptr;
+    for (const auto& v : built) {
+      if (v.name == "ddp_allreduce") a = &v;
+      if (v.name == "c_ddp_allreduce") b = &v;
+    }
+    if (a && b) {
+      const auto wa = a->weights(), wb = b->weights();
+      c_equal = wa.size() == wb.size() ? 1 : 0;
+      for (size_t i = 0; c_equal == 1 && i < wa.size(); ++i) c_equal = at::equal(wa[i], wb[i]) ? 1 : 0;
+    }
+  }
+  if (rank != 0) return c_equal == 0 ? 1 : 0;
 
   // Each variant's median round, and its ratio to local as the median over
   // rounds of (this round / local's round): rounds of one turn run within a
@@ -293,8 +371,13 @@ int run_rank(const DdpBenchOptions& o, int rank, int world) {
     json.field("ms_per_step", ms);
     json.field("best_ms_per_step", best);
     json.field("ratio_vs_local", ratio(v));
+    if (v == "c_ddp_allreduce" && c_equal >= 0) json.field("weights_equal_ddp_allreduce", c_equal);
   }
-  return json.finish(o.json);
+  if (c_equal >= 0) {
+    std::printf("# c_ddp_allreduce's weights equal ddp_allreduce's bit for bit: %s\n", c_equal ? "yes" : "NO");
+  }
+  const int finished = json.finish(o.json);
+  return c_equal == 0 ? 1 : finished;
 }
 
 }  // namespace
