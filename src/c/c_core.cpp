@@ -124,7 +124,70 @@ at::ScalarType dtype_of(int d) {
 }
 
 tdist_tensor new_tensor(at::Tensor t) { return handle(new at::Tensor(std::move(t))); }
-tdist_work* new_work(std::shared_ptr<Work> w) { return handle(new tdist_work{std::move(w)}); }
+namespace {
+// Work slots: slabs of kSlab, made on demand and never freed (a freed
+// work's pointer stays readable, so it can be told from a live one);
+// each thread reuses the slots it freed.
+constexpr size_t kSlab = 256;
+constexpr size_t kMaxSlabs = size_t{1} << 14;  // 4 Mi works alive at once
+std::atomic<tdist_work*> slabs[kMaxSlabs];
+std::atomic<size_t> slab_count{0};
+std::mutex slab_mu;
+thread_local tdist_work* free_slots = nullptr;
+
+tdist_work* grab_slot() {
+  if (tdist_work* w = free_slots) {
+    free_slots = w->next_free;
+    return w;
+  }
+  std::lock_guard<std::mutex> lock(slab_mu);
+  const size_t n = slab_count.load(std::memory_order_relaxed);
+  if (n == kMaxSlabs) throw CFailure{TDIST_ERR_INTERNAL, "over 4 Mi works alive: free them (tdist_work_free)"};
+  auto* slab = new tdist_work[kSlab];
+  slabs[n].store(slab, std::memory_order_relaxed);
+  slab_count.store(n + 1, std::memory_order_release);
+  for (size_t i = kSlab - 1; i > 0; --i) {
+    slab[i].next_free = free_slots;
+    free_slots = &slab[i];
+  }
+  return &slab[0];
+}
+
+bool is_slot(const tdist_work* w) {
+  const auto a = reinterpret_cast<uintptr_t>(w);
+  for (size_t i = slab_count.load(std::memory_order_acquire); i-- > 0;) {
+    const auto base = reinterpret_cast<uintptr_t>(slabs[i].load(std::memory_order_relaxed));
+    if (a >= base && a < base + kSlab * sizeof(tdist_work)) return (a - base) % sizeof(tdist_work) == 0;
+  }
+  return false;
+}
+
+tdist_work* live_work(tdist_work* w) {
+  if (!w) usage("the work is NULL");
+  if (!is_slot(w)) usage("the work is not a handle tdist made");
+  if (w->live.load(std::memory_order_acquire) != 1) usage("the work is freed");
+  return w;
+}
+}  // namespace
+
+tdist_work* new_work(std::shared_ptr<Work> w) {
+  tdist_work* h = grab_slot();
+  h->work = std::move(w);
+  h->live.store(1, std::memory_order_release);
+  return h;
+}
+
+Work& work_of(tdist_work* w) { return *live_work(w)->work; }
+
+void free_work(tdist_work* w) {
+  if (!w) usage("the work is NULL");
+  if (!is_slot(w)) usage("the work is not a handle tdist made");
+  uint32_t one = 1;
+  if (!w->live.compare_exchange_strong(one, 0, std::memory_order_acq_rel)) usage("the work is freed already (freed twice?)");
+  w->work.reset();
+  w->next_free = free_slots;
+  free_slots = w;
+}
 
 std::string& thread_string() {
   thread_local std::string s;

@@ -89,7 +89,12 @@ ReduceOp op_of(int op);
 at::ScalarType dtype_of(int d);
 // A new tensor, the caller's to free with tdist_tensor_free.
 tdist_tensor new_tensor(at::Tensor t);
+// Works live in slabs that are never freed (c_core.cpp), so that the
+// async path takes no lock: a freed work is a slot marked free, a foreign
+// pointer lies in no slab, and both are usage errors.
 tdist_work* new_work(std::shared_ptr<Work> w);
+Work& work_of(tdist_work* w);
+void free_work(tdist_work* w);
 template <typename T>
 void out_check(T** out) {
   if (!out) usage("the output pointer is NULL");
@@ -112,7 +117,9 @@ struct tdist_pg {
   std::shared_ptr<tdist::ProcessGroup> pg;
 };
 struct tdist_work {
+  std::atomic<uint32_t> live{0};  // 1 from new_work to free_work
   std::shared_ptr<tdist::Work> work;
+  tdist_work* next_free = nullptr;
 };
 struct tdist_module {
   std::shared_ptr<tdist::c::Model> model;

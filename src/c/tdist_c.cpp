@@ -95,7 +95,7 @@ tdist_status tdist_pg_size(tdist_pg* pg, int* out) {
 tdist_status tdist_work_wait(tdist_work* w, int64_t timeout_ms) {
   return guarded("tdist_work_wait", [&] {
     const auto t = timeout_of(timeout_ms);
-    auto& work = *live(w, "work")->work;
+    auto& work = work_of(w);
     if (t) {
       work.wait(*t);
     } else {
@@ -107,13 +107,13 @@ tdist_status tdist_work_wait(tdist_work* w, int64_t timeout_ms) {
 tdist_status tdist_work_is_completed(tdist_work* w, int* done) {
   return guarded("tdist_work_is_completed", [&] {
     if (!done) usage("the output pointer is NULL");
-    *done = live(w, "work")->work->is_completed() ? 1 : 0;
+    *done = work_of(w).is_completed() ? 1 : 0;
   });
 }
 
 tdist_status tdist_work_free(tdist_work* w) {
   return guarded("tdist_work_free", [&] {
-    release(w, "work");
+    free_work(w);
   });
 }
 

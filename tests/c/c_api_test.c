@@ -60,6 +60,9 @@ int main(void) {
   OK(tdist_work_free(work));
   IS(tdist_work_free(work), TDIST_ERR_USAGE); /* freed twice */
   IS(tdist_work_wait(work, 1000), TDIST_ERR_USAGE);  /* freed */
+  IS(tdist_work_wait((tdist_work*)t, 1000), TDIST_ERR_USAGE);     /* foreign: a tensor */
+  IS(tdist_work_is_completed((tdist_work*)pg, &done), TDIST_ERR_USAGE); /* foreign: a group */
+  IS(tdist_work_free((tdist_work*)((char*)work + 1)), TDIST_ERR_USAGE); /* inside a slot */
   OK(tdist_tensor_copy_to(t, v, sizeof v));
   for (i = 0; i < 4; ++i) check(v[i] == (float)((size - 1) * 10 + i), "all_reduce max");
   for (i = 0; i < 4; ++i) v[i] = (float)(rank == 1 ? 7 : -1);

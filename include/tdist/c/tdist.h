@@ -1,6 +1,7 @@
-/* tdist's C ABI: process groups and collectives for the language bindings
- * of LibTorch (tch-rs, TorchSharp, R torch, JavaCPP, torch.rb), which hold
- * a tensor as an opaque at::Tensor* and cross into LibTorch through C.
+/* tdist's C ABI: process groups, collectives, DDP, FSDP, state dicts and
+ * checkpoints for the language bindings of LibTorch (tch-rs, TorchSharp,
+ * R torch, JavaCPP, torch.rb), which cross into LibTorch through C and
+ * hold tensors as at::Tensor* (docs/bindings.md: which pointer each passes).
  *
  *   tdist_pg* pg = NULL;
  *   if (tdist_check_abi(TDIST_C_ABI_VERSION, NULL) != TDIST_OK ||
@@ -15,16 +16,23 @@
  *     message (naming the call, the rank where known, and why) is in
  *     tdist_last_error(), a thread-local string valid until this thread's
  *     next call. No C++ exception crosses this boundary.
- *   - Handles (tdist_pg, tdist_work) are opaque; a null, freed or foreign
- *     handle is TDIST_ERR_USAGE, never a crash (live handles are
- *     registered; freeing one twice is an error too).
+ *   - Handles (tdist_pg, tdist_work, tdist_module, ...) are opaque; a null,
+ *     freed or foreign handle is TDIST_ERR_USAGE, never a crash (live
+ *     handles are registered; freeing one twice is an error too).
  *   - Tensors are borrowed: a tdist_tensor is an at::Tensor* the caller
- *     owns (the handle every binding already holds); tdist never frees it.
- *     Tensors tdist makes (tdist_tensor_*) are the caller's to free with
- *     tdist_tensor_free.
- *   - Every blocking call takes a timeout in milliseconds (> 0; 0 means
- *     the group's default, 30 min unless TDIST_TIMEOUT_MS says otherwise
- *     at init) and returns TDIST_ERR_TIMEOUT past it.
+ *     owns (tch-rs, TorchSharp and JavaCPP hold exactly that; R torch and
+ *     torch.rb wrap it); tdist never frees it. Tensors tdist makes
+ *     (tdist_tensor_*, tdist_fsdp_cast_input) are the caller's to free with
+ *     tdist_tensor_free; those in a tdist_tensor_list are the list's. The
+ *     caller's LibTorch must be the one tdist was built against (same
+ *     major.minor, same C++ ABI, loaded once in the process).
+ *   - Every collective takes a timeout in milliseconds (> 0; 0 means the
+ *     group's, 30 min unless TDIST_TIMEOUT_MS says otherwise at init) and
+ *     returns TDIST_ERR_TIMEOUT past it. Calls without one (DDP, FSDP, state
+ *     dicts) wait at most their group's timeout; sharded checkpoints and the
+ *     Checkpointer at most 5 minutes per step of a save or load.
+ *   - Not thread-safe per handle: one thread drives a module's DDP or FSDP
+ *     (other threads may run other groups' collectives).
  *   - tdist_check_abi: a binding built against another ABI version, or
  *     running on another LibTorch major.minor than tdist was built for,
  *     gets an error before it can crash. */
