@@ -1,5 +1,5 @@
 // tdist's C ABI (include/tdist/c/tdist.h): versions, process groups,
-// works and tensors for C callers. Collectives: c_collectives.cpp; DDP,
+// works. Tensors for C programs: c_tensors.cpp. Collectives: c_collectives.cpp; DDP,
 // FSDP and Join: c_parallel.cpp; state dicts and files: c_files.cpp. Every
 // entry point runs its body through guarded() (c_core.h), so no exception
 // crosses into C.
@@ -114,44 +114,6 @@ tdist_status tdist_work_is_completed(tdist_work* w, int* done) {
 tdist_status tdist_work_free(tdist_work* w) {
   return guarded("tdist_work_free", [&] {
     free_work(w);
-  });
-}
-
-tdist_status tdist_tensor_from_data(const void* data, int64_t numel, int dtype, tdist_tensor* out) {
-  return guarded("tdist_tensor_from_data", [&] {
-    out_check(out);
-    if (numel < 0) usage("numel is negative");
-    if (!data && numel > 0) usage("data is NULL");
-    const at::ScalarType d = dtype_of(dtype);
-    at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(d));
-    if (numel > 0) std::memcpy(t.data_ptr(), data, static_cast<size_t>(numel) * t.element_size());
-    *out = new_tensor(std::move(t));
-  });
-}
-
-tdist_status tdist_tensor_zeros(int64_t numel, int dtype, tdist_tensor* out) {
-  return guarded("tdist_tensor_zeros", [&] {
-    out_check(out);
-    if (numel < 0) usage("numel is negative");
-    *out = new_tensor(at::zeros({numel}, at::TensorOptions().dtype(dtype_of(dtype))));
-  });
-}
-
-tdist_status tdist_tensor_copy_to(tdist_tensor t, void* data, size_t bytes) {
-  return guarded("tdist_tensor_copy_to", [&] {
-    const at::Tensor c = tensor(t, "source").contiguous().cpu();
-    const size_t need = static_cast<size_t>(c.numel()) * c.element_size();
-    if (need > 0 && !data) usage("data is NULL");
-    if (bytes != need) usage("the buffer holds " + std::to_string(bytes) + " bytes; the tensor has " + std::to_string(need));
-    if (need > 0) std::memcpy(data, c.data_ptr(), need);
-  });
-}
-
-tdist_status tdist_tensor_free(tdist_tensor t) {
-  return guarded("tdist_tensor_free", [&] {
-    if (!t) usage("the tensor is NULL");
-    if (!registry().remove(t)) usage("the tensor was not made by tdist, or is freed already (a binding's own tensors are its to free)");
-    delete static_cast<at::Tensor*>(t);
   });
 }
 

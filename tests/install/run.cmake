@@ -65,6 +65,9 @@ endforeach()
 # The C ABI as a binding's build would take it: pkg-config's flags for
 # tdist_c, a C99 compiler, the installed tdist-run at world 2.
 find_program(pkg_config pkg-config)
+if(NOT pkg_config)
+  message(FATAL_ERROR "pkg-config not found (scripts/install-deps.sh installs it)")
+endif()
 if(pkg_config)
   execute_process(COMMAND env PKG_CONFIG_PATH=${prefix}/lib/pkgconfig:${prefix}/${CMAKE_INSTALL_LIBDIR}/pkgconfig
                           ${pkg_config} --cflags --libs tdist_c
@@ -87,6 +90,28 @@ if(pkg_config)
     message(FATAL_ERROR "the C ABI test against the installed package failed (rc ${rc}):\n${out}${err}")
   endif()
   message(STATUS "the C ABI test ran against the installed tdist_c (pkg-config)")
+  # A program from the header alone trains DDP and FSDP at world 2; the
+  # build tree's C++ API run of the same compares the weights bit for bit.
+  set(dir ${BUILD_DIR}/install-test/c_header_weights)
+  file(REMOVE_RECURSE ${dir})
+  file(MAKE_DIRECTORY ${dir})
+  execute_process(COMMAND cc -std=c99 -pedantic -Wall -Wextra -Werror ${SANITIZE_FLAG} ${SOURCE_DIR}/tests/c/c_header_train.c
+                          ${pc_flags} -lm -Wl,-rpath,${c_libdir} -o ${BUILD_DIR}/install-test/c_header_train
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "building c_header_train against the installed tdist_c failed: ${rc}\n${out}\n${err}")
+  endif()
+  foreach(program ${BUILD_DIR}/install-test/c_header_train ${BUILD_DIR}/bin/c_header_reference)
+    execute_process(COMMAND env -u LD_LIBRARY_PATH ${prefix}/bin/tdist-run --nproc-per-node 2 ${program} ${dir}
+                    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "${program} (installed tdist_c) failed (rc ${rc}):\n${out}${err}")
+    endif()
+  endforeach()
+  if(NOT out MATCHES "equal the C\\+\\+ API's bit for bit")
+    message(FATAL_ERROR "c_header_reference did not confirm the weights:\n${out}${err}")
+  endif()
+  message(STATUS "c_header_train, built against the installed tdist_c, trains to the C++ API's weights")
 endif()
 
 # Every example, built against the installed package alone (WITH_EXAMPLES:

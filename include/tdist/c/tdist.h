@@ -330,11 +330,34 @@ tdist_status tdist_checkpointer_free(tdist_checkpointer* c);
  * ("" when the recorder is off), valid until this thread's next tdist call. */
 tdist_status tdist_dump_flight_recorder(const char** path);
 
-/* Tensors for callers with none of their own (a C program): 1-d, CPU. */
+/* ---- tensors for C programs ------------------------------------------------
+ * For callers with no tensor library of their own (a C program; bindings
+ * use theirs): CPU tensors and the few ops with autograd that train a
+ * small model (Linear layers, relu/tanh, mean squared error, SGD), the
+ * same LibTorch calls as torch::nn::Linear, torch::mse_loss and
+ * torch::optim::SGD make, so their results match the C++ API's bit for bit.
+ * Every tensor made here is the caller's to free with tdist_tensor_free. */
+/* 1-d, numel elements of dtype. */
 tdist_status tdist_tensor_from_data(const void* data, int64_t numel, int dtype, tdist_tensor* out);
 tdist_status tdist_tensor_zeros(int64_t numel, int dtype, tdist_tensor* out);
+/* shape[ndim] (ndim <= 8), the elements row-major from data; requires_grad
+ * 1 for a parameter. */
+tdist_status tdist_tensor_new(const void* data, const int64_t* shape, size_t ndim, int dtype, int requires_grad,
+                              tdist_tensor* out);
+tdist_status tdist_tensor_numel(tdist_tensor t, int64_t* out);
 /* Copies the tensor's elements (contiguous, as its dtype) into data, which holds `bytes`. */
 tdist_status tdist_tensor_copy_to(tdist_tensor t, void* data, size_t bytes);
+/* y = x w^T + b (b may be NULL), as torch::nn::Linear. */
+tdist_status tdist_tensor_linear(tdist_tensor x, tdist_tensor w, tdist_tensor b, tdist_tensor* out);
+tdist_status tdist_tensor_relu(tdist_tensor x, tdist_tensor* out);
+tdist_status tdist_tensor_tanh(tdist_tensor x, tdist_tensor* out);
+/* The mean of (y - target)^2, y converted to target's dtype first. */
+tdist_status tdist_tensor_mse_loss(tdist_tensor y, tdist_tensor target, tdist_tensor* out);
+/* Backward from a scalar: gradients accumulate into the parameters' .grad. */
+tdist_status tdist_tensor_backward(tdist_tensor loss);
+/* p -= lr * p.grad for each parameter with a gradient, then every
+ * gradient dropped: torch::optim::SGD(lr).step() and zero_grad(). */
+tdist_status tdist_tensor_sgd_step(const tdist_tensor* params, size_t n, double lr);
 tdist_status tdist_tensor_free(tdist_tensor t);
 
 #ifdef __cplusplus
