@@ -123,19 +123,25 @@ void require_unwrapped(const Model& model, const char* what) {
   if (model.top != model.root) usage(std::string("the module is wrapped already (") + what + " takes a plain one)");
 }
 
+// The caller's options struct (checked to be this header's), or the
+// defaults its init function sets.
 template <typename O>
-void check_size(const O* o, const char* what) {
-  if (o && o->struct_size != sizeof(O)) {
+O given_or_default(const O* o, void (*init)(O*), const char* what) {
+  if (!o) {
+    O d;
+    init(&d);
+    return d;
+  }
+  if (o->struct_size != sizeof(O)) {
     usage(std::string(what) + ".struct_size is " + std::to_string(o->struct_size) + ", this tdist's is " +
           std::to_string(sizeof(O)) + " (call " + what + "_init; rebuild the binding against this header)");
   }
+  return *o;
 }
 
-DistributedDataParallelOptions ddp_options(const tdist_ddp_options* c, tdist_pg* pg) {
-  tdist_ddp_options d;
-  tdist_ddp_options_init(&d);
-  check_size(c, "tdist_ddp_options");
-  if (!c) c = &d;
+DistributedDataParallelOptions ddp_options(const tdist_ddp_options* given, tdist_pg* pg) {
+  const tdist_ddp_options options = given_or_default(given, tdist_ddp_options_init, "tdist_ddp_options");
+  const tdist_ddp_options* c = &options;
   DistributedDataParallelOptions o;
   if (pg) o.process_group = live(pg, "process group")->pg;
   o.bucket_cap_mb = c->bucket_cap_mb;
@@ -163,11 +169,9 @@ ShardingStrategy strategy_of(int s) {
   usage("unknown sharding strategy " + std::to_string(s));
 }
 
-FullyShardedDataParallelOptions fsdp_options(const tdist_fsdp_options* c, tdist_pg* pg) {
-  tdist_fsdp_options d;
-  tdist_fsdp_options_init(&d);
-  check_size(c, "tdist_fsdp_options");
-  if (!c) c = &d;
+FullyShardedDataParallelOptions fsdp_options(const tdist_fsdp_options* given, tdist_pg* pg) {
+  const tdist_fsdp_options options = given_or_default(given, tdist_fsdp_options_init, "tdist_fsdp_options");
+  const tdist_fsdp_options* c = &options;
   FullyShardedDataParallelOptions o;
   if (pg) o.process_group = live(pg, "process group")->pg;
   o.sharding_strategy = strategy_of(c->sharding_strategy);

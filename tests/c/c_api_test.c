@@ -9,19 +9,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "check.h"
 #include "tdist/c/tdist.h"
 
-static int rank = -1;
 
-static void check(int ok, const char* what) {
-  if (!ok) {
-    fprintf(stderr, "rank %d: FAILED: %s (last error: %s)\n", rank, what, tdist_last_error());
-    exit(1);
-  }
-}
-
-#define OK(call) check((call) == TDIST_OK, #call)
-#define IS(call, status) check((call) == (status), #call " is " #status)
 
 int main(void) {
   tdist_pg* pg = NULL;

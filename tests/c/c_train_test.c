@@ -13,21 +13,12 @@
 #include <unistd.h>
 
 #include "binding_ops.h"
+#include "check.h"
 #include "tdist/c/tdist.h"
 
-static int rank = -1;
 static const int kSteps = 6;
 static const double kLr = 0.05;
 
-static void check(int ok, const char* what) {
-  if (!ok) {
-    fprintf(stderr, "rank %d: FAILED: %s (last error: %s)\n", rank, what, tdist_last_error());
-    exit(1);
-  }
-}
-#define OK(call) check((call) == TDIST_OK, #call)
-#define IS(call, status) check((call) == (status), #call " is " #status)
-#define NN(p) check((p) != NULL, #p " is not NULL")
 
 /* Step s's forward and backward of the model over p (the binding's
  * tensors); x cast for mixed precision when root is given. */
