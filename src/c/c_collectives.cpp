@@ -21,7 +21,14 @@ template <typename Launch>
 tdist_status async_op(const char* call, tdist_work** out, Launch&& launch) {
   return guarded(call, [&] {
     out_check(out);
-    *out = new_work(launch(true));
+    tdist_work* h = reserve_work();  // before the op starts: no op runs without its handle
+    try {
+      publish_work(h, launch(true));
+    } catch (...) {
+      unreserve_work(h);
+      throw;
+    }
+    *out = h;
   });
 }
 
@@ -97,8 +104,18 @@ auto scatter(tdist_pg* pg, tdist_tensor output, const tdist_tensor* inputs, size
 }
 auto all_to_all_single(tdist_pg* pg, tdist_tensor output, tdist_tensor input, int64_t ms) {
   return [=](bool a) {
-    return group(pg).all_to_all_single(tensor(output, "output"), tensor(input, "input"), {}, {},
-                                       options<CollectiveOptions>(ms, a));
+    ProcessGroup& g = group(pg);
+    const at::Tensor& out = tensor(output, "output");
+    const at::Tensor& in = tensor(input, "input");
+    // Equal splits: checked here, before any rank sends (a mismatch found
+    // by the backend would end the group).
+    if (in.dim() == 0 || out.dim() == 0 || in.size(0) % g.size() != 0 || out.size(0) % g.size() != 0 ||
+        out.numel() != in.numel()) {
+      usage("equal splits need input and output of the same size, dim 0 divisible by the group's " +
+            std::to_string(g.size()) + " ranks (input " + std::to_string(in.numel()) + " elements, output " +
+            std::to_string(out.numel()) + ")");
+    }
+    return g.all_to_all_single(out, in, {}, {}, options<CollectiveOptions>(ms, a));
   };
 }
 auto all_to_all(tdist_pg* pg, const tdist_tensor* outputs, const tdist_tensor* inputs, size_t n, int64_t ms) {

@@ -11,7 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "tdist/c/tdist.h"
@@ -20,6 +20,9 @@
 namespace torch::nn {
 class Module;
 }
+struct tdist_join;
+struct tdist_tensor_list;
+struct tdist_checkpointer;
 
 namespace tdist::c {
 
@@ -35,21 +38,44 @@ struct CFailure {
 // This thread's last error message ("" after a call that succeeded).
 const char* last_error_text();
 
-// Live handles (every kind, and tensors tdist made): a null, freed or
-// foreign pointer is an error, not a dereference. A set under a mutex; each
-// thread remembers the few handles it found live last, valid while no
-// handle has been removed since (a generation count), so that the calls
-// of a training loop, on the same few handles, take no lock
-// (tdist-bench collectives --api c measures what a call adds).
+// What a handle is: a live handle of another kind is refused like a
+// foreign one (a binding's two void* mixed up).
+enum class Kind : uint8_t { kPg, kModule, kDdp, kFsdp, kJoin, kList, kCheckpointer, kTensor };
+template <typename T>
+struct KindOf;
+template <>
+struct KindOf<tdist_pg> { static constexpr Kind value = Kind::kPg; };
+template <>
+struct KindOf<tdist_module> { static constexpr Kind value = Kind::kModule; };
+template <>
+struct KindOf<tdist_ddp> { static constexpr Kind value = Kind::kDdp; };
+template <>
+struct KindOf<tdist_fsdp> { static constexpr Kind value = Kind::kFsdp; };
+template <>
+struct KindOf<tdist_join> { static constexpr Kind value = Kind::kJoin; };
+template <>
+struct KindOf<tdist_tensor_list> { static constexpr Kind value = Kind::kList; };
+template <>
+struct KindOf<tdist_checkpointer> { static constexpr Kind value = Kind::kCheckpointer; };
+template <>
+struct KindOf<at::Tensor> { static constexpr Kind value = Kind::kTensor; };
+
+// Live handles and their kinds (tensors tdist made too; works have slots
+// of their own, below): a null, freed, foreign or other-kind pointer is
+// an error, not a dereference. A map under a mutex; each thread remembers
+// the few handles it found live last, valid while no handle has been
+// removed since (a removal count), so that the calls of a training loop,
+// on the same few handles, take no lock (tdist-bench collectives --api c
+// measures what a call adds).
 class Registry {
  public:
-  void add(const void* p);
-  bool remove(const void* p);  // false: not live
-  bool has(const void* p) const;
+  void add(const void* p, Kind kind);
+  bool remove(const void* p, Kind kind);  // false: not live as this kind
+  bool has(const void* p, Kind kind) const;
 
  private:
   mutable std::mutex mu_;
-  std::unordered_set<const void*> live_;
+  std::unordered_map<const void*, Kind> live_;
   std::atomic<uint64_t> removals_{0};  // bumped under mu_ by every remove
 };
 Registry& registry();
@@ -57,7 +83,9 @@ Registry& registry();
 template <typename T>
 T* live(T* h, const char* what) {
   if (!h) usage(std::string("the ") + what + " is NULL");
-  if (!registry().has(h)) usage(std::string("the ") + what + " is not a live handle (freed, or not made by tdist)");
+  if (!registry().has(h, KindOf<T>::value)) {
+    usage(std::string("the ") + what + " is not a live handle of its kind (freed, another kind of handle, or not made by tdist)");
+  }
   return h;
 }
 template <typename T>
@@ -68,13 +96,15 @@ const T* live(const T* h, const char* what) {
 // release is a usage error).
 template <typename T>
 T* handle(T* h) {
-  registry().add(h);
+  registry().add(h, KindOf<T>::value);
   return h;
 }
 template <typename T>
 void release(T* h, const char* what) {
   if (!h) usage(std::string("the ") + what + " is NULL");
-  if (!registry().remove(h)) usage(std::string("the ") + what + " is not a live handle (freed twice?)");
+  if (!registry().remove(h, KindOf<T>::value)) {
+    usage(std::string("the ") + what + " is not a live handle of its kind (freed twice? another kind of handle?)");
+  }
   delete h;
 }
 
@@ -89,10 +119,14 @@ ReduceOp op_of(int op);
 at::ScalarType dtype_of(int d);
 // A new tensor, the caller's to free with tdist_tensor_free.
 tdist_tensor new_tensor(at::Tensor t);
-// Works live in slabs that are never freed (c_core.cpp), so that the
-// async path takes no lock: a freed work is a slot marked free, a foreign
-// pointer lies in no slab, and both are usage errors.
-tdist_work* new_work(std::shared_ptr<Work> w);
+// Works live in slots (c_core.cpp): a tdist_work* is not an address but a
+// slot's number and generation, so a freed work stays freed when its
+// slot is reused, and a foreign pointer names no slot. reserve_work
+// before the op starts (so that no op runs without its handle), then
+// publish_work, or unreserve_work when the launch failed.
+tdist_work* reserve_work();
+void publish_work(tdist_work* h, std::shared_ptr<Work> w);
+void unreserve_work(tdist_work* h) noexcept;
 Work& work_of(tdist_work* w);
 void free_work(tdist_work* w);
 template <typename T>
@@ -115,11 +149,6 @@ tdist_status guarded(const char* call, Fn&& fn) {
 
 struct tdist_pg {
   std::shared_ptr<tdist::ProcessGroup> pg;
-};
-struct tdist_work {
-  std::atomic<uint32_t> live{0};  // 1 from new_work to free_work
-  std::shared_ptr<tdist::Work> work;
-  tdist_work* next_free = nullptr;
 };
 struct tdist_module {
   std::shared_ptr<tdist::c::Model> model;

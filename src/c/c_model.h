@@ -52,7 +52,10 @@ class FsdpUnit : public torch::nn::Module, public detail::FullyShardedModule, pu
   FsdpUnit(std::shared_ptr<torch::nn::Module> module, FullyShardedDataParallelOptions options);
   void pre_forward();
   void post_forward(const std::vector<at::Tensor>& outputs);
-  void abort_forward() noexcept { core_.abort_forward(); }
+  void abort_forward() noexcept {
+    in_forward_ = false;
+    core_.abort_forward();
+  }
   detail::FullyShardedCore& fsdp_core() override { return core_; }
   void set_join_step(std::function<void()> step) { join_step_ = std::move(step); }
   std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override;

@@ -2,9 +2,11 @@
 #include <torch/nn/module.h>
 
 #include <cstdio>
+#include <functional>
 #include <sstream>
 
 #include "c/c_model.h"
+#include "process_group/agree.h"
 #include "tdist/comm_hooks.h"
 #include "tdist/powersgd.h"
 
@@ -108,7 +110,15 @@ void add_tensors(Model& model, const char* const* ns, const tdist_tensor* ts, si
     const auto steps = split_path(keys[i]);
     if (steps.empty()) usage("names[" + std::to_string(i) + "] is empty");
     ModulePtr owner = walk(model.root, steps, steps.size() - 1, true, keys[i]);
-    if (child_of(owner, steps.back())) usage("'" + keys[i] + "' is a module and a tensor");
+    const std::string& leaf = steps.back();
+    if (child_of(owner, leaf)) usage("'" + keys[i] + "' is a module and a tensor");
+    if (owner->named_parameters(false).find(leaf) || owner->named_buffers(false).find(leaf)) {
+      usage("'" + keys[i] + "' is given twice (names[" + std::to_string(i) + "])");
+    }
+    if (!buffers && !values[i].is_leaf()) {
+      usage("parameter '" + keys[i] + "' is not a leaf tensor (the result of an op): give the tensor the optimizer "
+            "steps (made with requires_grad, or detached)");
+    }
     if (buffers) {
       owner->register_buffer(steps.back(), values[i]);
     } else {
@@ -144,6 +154,7 @@ DistributedDataParallelOptions ddp_options(const tdist_ddp_options* given, tdist
   const tdist_ddp_options* c = &options;
   DistributedDataParallelOptions o;
   if (pg) o.process_group = live(pg, "process group")->pg;
+  if (!(c->bucket_cap_mb > 0) || !(c->first_bucket_cap_mb > 0)) usage("the bucket caps must be positive numbers");
   o.bucket_cap_mb = c->bucket_cap_mb;
   o.first_bucket_cap_mb = c->first_bucket_cap_mb;
   o.broadcast_buffers = c->broadcast_buffers != 0;
@@ -206,6 +217,37 @@ FullyShardedDataParallelOptions fsdp_options(const tdist_fsdp_options* given, td
 }
 
 FsdpUnit& unit_of(tdist_fsdp* u) { return *live(u, "FSDP unit")->unit; }
+
+// Every rank's tdist_fully_shard must be the same call (path, options,
+// the unit's tensors): a mismatch found later by a collective would end
+// the group. One small all_gather over the unit's group.
+void agree_on_unit(const std::string& path, const tdist_fsdp_options* given, tdist_pg* pg,
+                   torch::nn::Module& target) {
+  const tdist_fsdp_options o = given_or_default(given, tdist_fsdp_options_init, "tdist_fsdp_options");
+  std::ostringstream d;
+  d << "path '" << path << "', strategy " << o.sharding_strategy << ", reshard_after_forward "
+    << o.reshard_after_forward << ", dtypes " << o.param_dtype << "/" << o.reduce_dtype << "/" << o.buffer_dtype
+    << ", cast " << o.cast_forward_inputs << ", prefetch " << o.backward_prefetch << "/" << o.forward_prefetch
+    << ", sync " << o.sync_module_states << ", hybrid " << o.hybrid_shard_size << ", tensors";
+  // The unit's own tensors: not those of inner units (already shards, of
+  // different sizes on different ranks).
+  std::function<void(torch::nn::Module&, const std::string&)> own = [&](torch::nn::Module& m, const std::string& at) {
+    for (const auto& t : m.named_parameters(false)) d << " " << at << t.key() << t.value().sizes() << t.value().scalar_type();
+    for (const auto& c : m.named_children()) {
+      if (!dynamic_cast<FsdpUnit*>(c.value().get())) own(*c.value(), at + c.key() + ".");
+    }
+  };
+  own(target, "");
+  const auto base = pg ? live(pg, "process group")->pg : default_group();
+  if (!base) usage("no process group: call tdist_init_process_group first");
+  const auto all = tdist::detail::all_gather_bytes(*base, d.str(), std::nullopt);
+  for (size_t r = 1; r < all.size(); ++r) {
+    if (all[r] != all[0]) {
+      usage("rank " + std::to_string(r) + "'s call differs from rank 0's: " + all[r].substr(0, 400) + " against " +
+            all[0].substr(0, 400));
+    }
+  }
+}
 
 }  // namespace
 
@@ -289,8 +331,8 @@ tdist_status tdist_ddp_register_comm_hook(tdist_ddp* d, const char* hook, tdist_
       if (name != "powersgd") {
         long long r = 0, start = 0;
         char tail = 0;
-        if (std::sscanf(name.c_str(), "powersgd:%lld:%lld%c", &r, &start, &tail) != 2 || r < 1 || start < 0) {
-          usage("'" + name + "' is not powersgd:RANK:START_ITER (RANK >= 1, START_ITER >= 0)");
+        if (std::sscanf(name.c_str(), "powersgd:%lld:%lld%c", &r, &start, &tail) != 2 || r < 1 || start < 2) {
+          usage("'" + name + "' is not powersgd:RANK:START_ITER (RANK >= 1, START_ITER >= 2)");
         }
         po.matrix_approximation_rank = r;
         po.start_powerSGD_iter = start;
@@ -322,13 +364,22 @@ tdist_status tdist_fully_shard(tdist_module* m, const char* path, tdist_pg* pg, 
     const auto steps = split_path(p);
     std::shared_ptr<FsdpUnit> unit;
     if (steps.empty()) {
+      agree_on_unit(p, o, pg, *model->root);
       unit = std::make_shared<FsdpUnit>(model->root, fsdp_options(o, pg));
       model->top = unit;
     } else {
+      ModulePtr node = model->root;
+      for (size_t i = 0; i + 1 < steps.size() && node; ++i) {
+        node = child_of(node, steps[i]);
+        if (dynamic_cast<FsdpUnit*>(node.get())) {
+          usage("'" + p + "' is inside a sharded unit: shard the inner units first, then the outer ones");
+        }
+      }
       ModulePtr parent = walk(model->root, steps, steps.size() - 1, false, p);
       ModulePtr target = child_of(parent, steps.back());
       if (!target) usage("the module has no submodule '" + p + "'");
       if (dynamic_cast<FsdpUnit*>(target.get())) usage("'" + p + "' is sharded already");
+      agree_on_unit(p, o, pg, *target);
       unit = std::make_shared<FsdpUnit>(target, fsdp_options(o, pg));
       unwrap(parent)->replace_module(steps.back(), unit);
     }
@@ -431,9 +482,9 @@ tdist_status tdist_join_join(tdist_join* j) {
 // Ends the Join: join() first when it has not run (collective).
 tdist_status tdist_join_free(tdist_join* j) {
   return guarded("tdist_join_free", [&] {
-    std::unique_ptr<Join> join = std::move(live(j, "join")->join);
+    Join* join = live(j, "join")->join.release();
     release(j, "join");
-    join.reset();
+    delete join;  // ~Join runs join() when it has not run, and may throw: guarded reports it
   });
 }
 

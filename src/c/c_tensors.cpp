@@ -59,7 +59,8 @@ tdist_status tdist_tensor_copy_to(tdist_tensor t, void* data, size_t bytes) {
 tdist_status tdist_tensor_free(tdist_tensor t) {
   return guarded("tdist_tensor_free", [&] {
     if (!t) usage("the tensor is NULL");
-    if (!registry().remove(t)) usage("the tensor was not made by tdist, or is freed already (a binding's own tensors are its to free)");
+    if (!registry().remove(t, Kind::kTensor)) usage("the tensor is not a live handle of its kind: freed already, another kind of handle, or not made by "
+            "tdist (a binding's own tensors are its to free)");
     delete static_cast<at::Tensor*>(t);
   });
 }

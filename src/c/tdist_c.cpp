@@ -52,6 +52,10 @@ tdist_status tdist_check_abi(int abi_version, const char* torch_version) {
 tdist_status tdist_init_process_group(const char* backend, int64_t timeout_ms, tdist_pg** out) {
   return guarded("tdist_init_process_group", [&] {
     out_check(out);
+    if (tdist::default_group()) {
+      usage("a process group is initialised already in this process (tdist_pg_free it first, or use "
+            "tdist_new_group)");
+    }
     tdist::InitOptions o;
     if (backend) o.backend = backend;
     if (const auto t = timeout_of(timeout_ms)) o.timeout = *t;

@@ -116,6 +116,34 @@ int main(void) {
   OK(tdist_work_wait(work, 60000));
   OK(tdist_work_free(work));
 
+  /* a freed work stays freed when its slot is reused: the second free of
+     the first is refused and the second work is untouched */
+  {
+    tdist_work *first = NULL, *second = NULL;
+    OK(tdist_all_reduce_async(pg, one, TDIST_SUM, 60000, &first));
+    OK(tdist_work_wait(first, 60000));
+    OK(tdist_work_free(first));
+    OK(tdist_all_reduce_async(pg, one, TDIST_SUM, 60000, &second));
+    IS(tdist_work_free(first), TDIST_ERR_USAGE);
+    IS(tdist_work_wait(first, 1000), TDIST_ERR_USAGE);
+    OK(tdist_work_wait(second, 60000));
+    OK(tdist_work_free(second));
+  }
+  /* a live handle of another kind is refused, and nothing is harmed */
+  IS(tdist_all_reduce((tdist_pg*)t, t, TDIST_SUM, 1000), TDIST_ERR_USAGE);
+  IS(tdist_pg_rank((tdist_pg*)one, &i), TDIST_ERR_USAGE);
+  IS(tdist_tensor_free((tdist_tensor)pg), TDIST_ERR_USAGE);
+  check(strstr(tdist_last_error(), "kind") != NULL, "the error says the handle is of another kind");
+  IS(tdist_pg_free((tdist_pg*)t), TDIST_ERR_USAGE);
+  /* INT64_MAX is "no limit", not an overflowed deadline */
+  OK(tdist_all_reduce(pg, one, TDIST_SUM, INT64_MAX));
+  /* unequal all_to_all_single sizes: refused before any rank sends; the group goes on */
+  IS(tdist_all_to_all_single(pg, one, t, 60000), TDIST_ERR_USAGE);
+  OK(tdist_barrier(pg, 60000));
+  /* a second world group in one process */
+  IS(tdist_init_process_group("auto", 60000, &sub), TDIST_ERR_USAGE);
+  check(strstr(tdist_last_error(), "initialised already") != NULL, "the error says a group exists");
+
   OK(tdist_tensor_free(t));
   OK(tdist_tensor_free(out));
   OK(tdist_tensor_free(one));

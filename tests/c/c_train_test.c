@@ -6,6 +6,7 @@
  * dicts, a sharded checkpoint, a safetensors file, the Checkpointer and the
  * flight recorder through the C ABI, and misuse of the new calls. */
 #define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -308,6 +309,87 @@ static void files(tdist_pg* pg, tdist_module* m, const char* mode) {
   }
 }
 
+/* Async ops from many short-lived threads, one after another: the work
+ * slots a thread frees outlive it (a thread's first op once took a fresh
+ * slab, and after 16384 threads every op failed). */
+static tdist_pg* churn_pg = NULL;
+static tdist_tensor churn_t = NULL;
+static void* churn_one(void* failed) {
+  tdist_work* w = NULL;
+  if (tdist_all_reduce_async(churn_pg, churn_t, TDIST_SUM, 60000, &w) != TDIST_OK ||
+      tdist_work_wait(w, 60000) != TDIST_OK || tdist_work_free(w) != TDIST_OK) {
+    fprintf(stderr, "rank %d: churn: %s\n", rank, tdist_last_error());
+    *(int*)failed = 1;
+  }
+  return NULL;
+}
+static void thread_churn(tdist_pg* pg) {
+  const float zero = 0;
+  int i, failed = 0;
+  churn_pg = pg;
+  OK(tdist_tensor_from_data(&zero, 1, TDIST_FLOAT32, &churn_t));
+  for (i = 0; i < 17000 && !failed; ++i) {
+    pthread_t t;
+    check(pthread_create(&t, NULL, churn_one, &failed) == 0, "pthread_create");
+    check(pthread_join(t, NULL) == 0, "pthread_join");
+  }
+  check(!failed, "17000 threads, one async op each");
+  OK(tdist_tensor_free(churn_t));
+}
+
+/* Found by an adversarial review: each once crashed, hung or went wrong. */
+static void more_misuse(void) {
+  tt_tensor p[TT_NPARAMS], x = NULL, target = NULL, h = NULL;
+  tdist_module* m = NULL;
+  tdist_fsdp *u = NULL, *root = NULL;
+  tdist_fsdp_options o;
+  const char* shadow[1] = {"fc1.weight"};
+  const char* one_name[1] = {"w"};
+  int i;
+  check(tt_init_params(rank, p) == 0, "tt_init_params");
+  /* a buffer may not take a parameter's name */
+  OK(tdist_module_new(tt_names, p, TT_NPARAMS, &m));
+  IS(tdist_module_add_buffers(m, shadow, &p[1], 1), TDIST_ERR_USAGE);
+  check(strstr(tdist_last_error(), "fc1.weight") != NULL, "the error names the tensor");
+  OK(tdist_module_free(m));
+  /* a parameter must be a leaf */
+  check(tt_step_batch(rank, 0, &x, &target) == 0, "tt_step_batch");
+  NN(h = tt_linear(x, p[0], p[1]));
+  IS(tdist_module_new(one_name, &h, 1, &m), TDIST_ERR_USAGE);
+  check(strstr(tdist_last_error(), "leaf") != NULL, "the error says leaf");
+  tt_free(h);
+  /* an aborted forward leaves the unit ready for the next one */
+  OK(tdist_module_new(tt_names, p, TT_NPARAMS, &m));
+  tdist_fsdp_options_init(&o);
+  OK(tdist_fully_shard(m, "fc1", NULL, &o, &u));
+  OK(tdist_fully_shard(m, "", NULL, &o, &root));
+  OK(tdist_fsdp_pre_forward(root));
+  OK(tdist_fsdp_pre_forward(u));
+  OK(tdist_fsdp_abort_forward(u));
+  OK(tdist_fsdp_abort_forward(root));
+  OK(tdist_fsdp_pre_forward(root));
+  OK(tdist_fsdp_pre_forward(u));
+  NN(h = tt_linear(x, p[0], p[1]));
+  OK(tdist_fsdp_post_forward(u, &h, 1));
+  OK(tdist_fsdp_post_forward(root, &h, 1));
+  tt_free(h);
+  OK(tdist_fsdp_free(u));
+  OK(tdist_fsdp_free(root));
+  OK(tdist_module_free(m));
+  for (i = 0; i < TT_NPARAMS; ++i) tt_free(p[i]);
+  /* ranks whose units differ: refused on every rank, and the group goes on */
+  check(tt_init_params(rank, p) == 0, "tt_init_params");
+  OK(tdist_module_new(tt_names, p, TT_NPARAMS, &m));
+  tdist_fsdp_options_init(&o);
+  if (rank == 1) o.param_dtype = TDIST_BFLOAT16;
+  IS(tdist_fully_shard(m, "fc1", NULL, &o, &u), TDIST_ERR_USAGE);
+  check(strstr(tdist_last_error(), "differs from rank 0") != NULL, "the error names the rank that differs");
+  OK(tdist_module_free(m));
+  for (i = 0; i < TT_NPARAMS; ++i) tt_free(p[i]);
+  tt_free(x);
+  tt_free(target);
+}
+
 static void misuse(tdist_pg* pg) {
   tt_tensor p[TT_NPARAMS];
   tdist_module* m = NULL;
@@ -357,6 +439,7 @@ static void misuse(tdist_pg* pg) {
   OK(tdist_ddp_free(ddp));
   OK(tdist_module_free(m));
   for (i = 0; i < TT_NPARAMS; ++i) tt_free(p[i]);
+  more_misuse();
 }
 
 int main(void) {
@@ -370,6 +453,11 @@ int main(void) {
   train_fsdp(pg, "fsdp");
   train_fsdp(pg, "fsdp-zero2-bf16");
   misuse(pg);
+  {
+    int size = 0;
+    OK(tdist_pg_size(pg, &size));
+    if (size == 2) thread_churn(pg); /* once is enough: the slots are per process */
+  }
   OK(tdist_pg_free(pg));
   printf("rank %d: c_train ok\n", rank);
   return 0;

@@ -28,7 +28,8 @@
  *     major.minor, same C++ ABI, loaded once in the process).
  *   - Every collective takes a timeout in milliseconds (> 0; 0 means the
  *     group's, 30 min unless TDIST_TIMEOUT_MS says otherwise at init) and
- *     returns TDIST_ERR_TIMEOUT past it. Calls without one (DDP, FSDP, state
+ *     returns TDIST_ERR_TIMEOUT past it (over 10^12 ms, 31 years, counts as
+ *     10^12: INT64_MAX is "no limit"). Calls without one (DDP, FSDP, state
  *     dicts) wait at most their group's timeout; sharded checkpoints and the
  *     Checkpointer at most 5 minutes per step of a save or load.
  *   - Not thread-safe per handle: one thread drives a module's DDP or FSDP
