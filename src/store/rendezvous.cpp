@@ -106,6 +106,14 @@ InitMethod parse_init_method(const RendezvousOptions& o) {
     if (!port) throw UsageError("rendezvous env://: environment variable MASTER_PORT is not set (a free port on the master)");
     m.host = addr;
     m.port = parse_number(port, "MASTER_PORT", 1, 65535);
+    // Under torchrun, MASTER_PORT is its agent's own store (PyTorch's
+    // TCPStore, another protocol): tdist's store listens on the next port,
+    // on the same host, where every rank looks for it.
+    if (const char* agent = lookup(o, "TORCHELASTIC_USE_AGENT_STORE");
+        agent && (std::string(agent) == "True" || std::string(agent) == "true" || std::string(agent) == "1")) {
+      if (m.port == 65535) throw UsageError("rendezvous env:// under torchrun: MASTER_PORT 65535 leaves no next port for tdist's store");
+      m.port += 1;
+    }
     if (m.rank < 0) {
       const char* name = lookup(o, "RANK") ? "RANK" : (lookup(o, "OMPI_COMM_WORLD_RANK") ? "OMPI_COMM_WORLD_RANK" : nullptr);
       if (!name) throw UsageError("rendezvous env://: environment variable RANK is not set (nor OMPI_COMM_WORLD_RANK), and no rank was given");

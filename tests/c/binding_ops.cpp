@@ -90,9 +90,21 @@ void reference(const std::string& mode, int steps, double lr, tt_tensor out[TT_N
   free_all(init, TT_NPARAMS);
   tdist::StateDict full;
   if (mode.rfind("ddp", 0) == 0) {
-    tdist::DistributedDataParallel<Net> ddp{Net(torch::nn::AnyModule(fc1), torch::nn::AnyModule(fc2))};
+    tdist::DistributedDataParallelOptions dopt;
+    if (mode == "ddp-unused-view") {
+      dopt.find_unused_parameters = true;
+      dopt.gradient_as_bucket_view = true;
+    }
+    tdist::DistributedDataParallel<Net> ddp{Net(torch::nn::AnyModule(fc1), torch::nn::AnyModule(fc2)), dopt};
     torch::optim::SGD opt(ddp->parameters(), lr);
-    if (mode == "ddp") {
+    if (mode == "ddp" || mode == "ddp-unused-view") {
+      for (int s = 0; s < steps; ++s) train_step(ddp, opt, rank, s, true);
+    } else if (mode == "ddp-powersgd") {
+      tdist::PowerSGDOptions po;
+      po.matrix_approximation_rank = 1;
+      po.start_powerSGD_iter = 2;
+      ddp->register_comm_hook(std::make_shared<tdist::PowerSGDState>(tdist::default_group(), po),
+                              tdist::powerSGD_hook);
       for (int s = 0; s < steps; ++s) train_step(ddp, opt, rank, s, true);
     } else if (mode == "ddp-fp16-nosync") {
       ddp->register_comm_hook(tdist::default_group(), tdist::fp16_compress_hook);
@@ -117,14 +129,22 @@ void reference(const std::string& mode, int steps, double lr, tt_tensor out[TT_N
     if (mode == "fsdp-zero2-bf16") {
       o.sharding_strategy = tdist::ShardingStrategy::SHARD_GRAD_OP;
       o.mixed_precision.param_dtype = at::kBFloat16;
-    } else if (mode != "fsdp") {
+    } else if (mode != "fsdp" && mode != "fsdp-join") {
       throw std::runtime_error("unknown mode " + mode);
     }
     tdist::FSDP<Net> model(Net(torch::nn::AnyModule(tdist::FSDP<torch::nn::Linear>(fc1, o)),
                                torch::nn::AnyModule(tdist::FSDP<torch::nn::Linear>(fc2, o))),
                            o);
     torch::optim::SGD opt(model->parameters(), lr);
-    for (int s = 0; s < steps; ++s) train_step(model, opt, rank, s, true);
+    if (mode == "fsdp-join") {
+      // Rank r has steps + r batches; a joined rank's step runs on step 0's batch.
+      model->set_join_step([&] { train_step(model, opt, rank, 0, true); });
+      tdist::Join join({model.get()});
+      for (int s = 0; s < steps + rank; ++s) train_step(model, opt, rank, s, true);
+      join.join();
+    } else {
+      for (int s = 0; s < steps; ++s) train_step(model, opt, rank, s, true);
+    }
     full = tdist::full_state_dict(*model, /*rank0_only=*/false);
   }
   for (int i = 0; i < TT_NPARAMS; ++i) out[i] = new at::Tensor(full[tt_names[i]]);

@@ -46,8 +46,11 @@ int tt_step_batch(int rank, int step, tt_tensor* x, tt_tensor* target);
  * tests do through the C ABI, and returns its whole parameters (the caller
  * frees them). mode: "ddp" (steps SGD steps), "ddp-fp16-nosync" (fp16
  * comm hook; odd steps under no_sync), "ddp-join" (rank r has steps + r
- * batches, in a Join), "fsdp" (a unit per layer and the root, FULL_SHARD),
- * "fsdp-zero2-bf16" (SHARD_GRAD_OP, param_dtype bfloat16). */
+ * batches, in a Join), "ddp-powersgd" (PowerSGD rank 1 from step 2),
+ * "ddp-unused-view" (find_unused_parameters, gradient_as_bucket_view),
+ * "fsdp" (a unit per layer and the root, FULL_SHARD), "fsdp-zero2-bf16"
+ * (SHARD_GRAD_OP, param_dtype bfloat16), "fsdp-join" (rank r has steps + r
+ * batches, in a Join; a joined rank's step is on step 0's batch). */
 int tt_reference(const char* mode, int steps, double lr, tt_tensor out[TT_NPARAMS]);
 
 #ifdef __cplusplus

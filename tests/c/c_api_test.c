@@ -14,7 +14,8 @@
 
 
 
-int main(void) {
+int main(int argc, char** argv) {
+  const char* backend = argc > 1 ? argv[1] : "auto"; /* e.g. "mpi" under mpirun */
   tdist_pg* pg = NULL;
   tdist_pg* sub = NULL;
   tdist_work* work = NULL;
@@ -28,7 +29,7 @@ int main(void) {
   check(strstr(tdist_last_error(), "ABI") != NULL, "the ABI error says ABI");
   IS(tdist_check_abi(TDIST_C_ABI_VERSION, "0.1.0"), TDIST_ERR_USAGE);
 
-  OK(tdist_init_process_group("auto", 60000, &pg));
+  OK(tdist_init_process_group(backend, 60000, &pg));
   OK(tdist_pg_rank(pg, &rank));
   OK(tdist_pg_size(pg, &size));
   check(size >= 2, "world size at least 2");

@@ -71,11 +71,18 @@ static void train_ddp(const char* mode) {
   tdist_ddp* ddp = NULL;
   tdist_join* join = NULL;
   const int nosync = strcmp(mode, "ddp-fp16-nosync") == 0, uneven = strcmp(mode, "ddp-join") == 0;
+  tdist_ddp_options o;
   int s, i;
   check(tt_init_params(rank, p) == 0, "tt_init_params");
   OK(tdist_module_new(tt_names, p, TT_NPARAMS, &m));
-  OK(tdist_ddp_new(m, NULL, NULL, &ddp));
+  tdist_ddp_options_init(&o);
+  if (strcmp(mode, "ddp-unused-view") == 0) {
+    o.find_unused_parameters = 1;
+    o.gradient_as_bucket_view = 1;
+  }
+  OK(tdist_ddp_new(m, NULL, &o, &ddp));
   if (nosync) OK(tdist_ddp_register_comm_hook(ddp, "fp16", NULL));
+  if (strcmp(mode, "ddp-powersgd") == 0) OK(tdist_ddp_register_comm_hook(ddp, "powersgd:1:2", NULL));
   if (uneven) OK(tdist_join_new(&ddp, 1, NULL, 0, 1, &join));
   for (s = 0; s < kSteps + (uneven ? rank : 0); ++s) {
     const int accumulate = nosync && s % 2 == 0;
@@ -118,6 +125,17 @@ static void full_params(tdist_module* m, tdist_tensor_list** l, tt_tensor* out) 
 
 static void files(tdist_pg* pg, tdist_module* m, const char* mode);
 
+/* What a joined rank runs per iteration of the others: a step on step 0's batch. */
+struct JoinStep {
+  tt_tensor* p;
+  tdist_fsdp** units;
+};
+static int join_step(void* user) {
+  struct JoinStep* js = (struct JoinStep*)user;
+  forward_backward(js->p, 0, NULL, js->units);
+  return tt_sgd_step(js->p, TT_NPARAMS, kLr);
+}
+
 static void train_fsdp(tdist_pg* pg, const char* mode) {
   tt_tensor p[TT_NPARAMS], whole[TT_NPARAMS];
   tdist_module* m = NULL;
@@ -135,9 +153,24 @@ static void train_fsdp(tdist_pg* pg, const char* mode) {
   OK(tdist_fully_shard(m, "fc1", NULL, &o, &units[0]));
   OK(tdist_fully_shard(m, "fc2", NULL, &o, &units[1]));
   OK(tdist_fully_shard(m, "", NULL, &o, &units[2]));
-  for (s = 0; s < kSteps; ++s) {
-    forward_backward(p, s, NULL, units);
-    check(tt_sgd_step(p, TT_NPARAMS, kLr) == 0, "tt_sgd_step");
+  if (strcmp(mode, "fsdp-join") == 0) { /* rank r has kSteps + r batches */
+    struct JoinStep js;
+    tdist_join* join = NULL;
+    js.p = p;
+    js.units = units;
+    OK(tdist_fsdp_set_join_step(units[2], join_step, &js));
+    OK(tdist_join_new(NULL, 0, &units[2], 1, 1, &join));
+    for (s = 0; s < kSteps + rank; ++s) {
+      forward_backward(p, s, NULL, units);
+      check(tt_sgd_step(p, TT_NPARAMS, kLr) == 0, "tt_sgd_step");
+    }
+    OK(tdist_join_join(join));
+    OK(tdist_join_free(join));
+  } else {
+    for (s = 0; s < kSteps; ++s) {
+      forward_backward(p, s, NULL, units);
+      check(tt_sgd_step(p, TT_NPARAMS, kLr) == 0, "tt_sgd_step");
+    }
   }
   full_params(m, &full, whole);
   compare(mode, whole);
@@ -164,29 +197,34 @@ static void shared_dir(tdist_pg* pg, char* dir, size_t n) {
 
 /* Scales every parameter of m by 0 (the values a load must bring back). */
 static void zero_model(tdist_module* m) {
+  static const int64_t shapes[TT_NPARAMS][2] = {{16, 8}, {16, 0}, {4, 16}, {4, 0}};
+  static const float none[128] = {0};
   tdist_tensor_list* l = NULL;
   tdist_tensor zeros[TT_NPARAMS];
   const char* names[TT_NPARAMS];
   tt_tensor cur[TT_NPARAMS];
+  float first = 1;
   int i;
-  full_params(m, &l, cur);
   for (i = 0; i < TT_NPARAMS; ++i) {
     zeros[i] = tt_batch(1, 1, 0);
     names[i] = tt_names[i];
   }
-  /* wrong shapes are refused and change nothing */
+  /* wrong shapes are refused */
   IS(tdist_load_full_state_dict(m, names, zeros, TT_NPARAMS, 1), TDIST_ERR_CHECKPOINT);
+  for (i = 0; i < TT_NPARAMS; ++i) tt_free(zeros[i]);
+  /* the right ones load: every parameter is zero afterwards */
   for (i = 0; i < TT_NPARAMS; ++i) {
-    tt_free(zeros[i]);
-    zeros[i] = NULL;
+    OK(tdist_tensor_new(none, shapes[i], shapes[i][1] ? 2 : 1, TDIST_FLOAT32, 0, &zeros[i]));
   }
-  for (i = 0; i < TT_NPARAMS; ++i) {
-    int64_t numel = i == 0 ? 128 : i == 1 ? 16 : i == 2 ? 64 : 4;
-    OK(tdist_tensor_zeros(numel, TDIST_FLOAT32, &zeros[i]));
-  }
-  /* 1-d zeros for 2-d weights: refused too */
-  IS(tdist_load_full_state_dict(m, names, zeros, TT_NPARAMS, 1), TDIST_ERR_CHECKPOINT);
+  OK(tdist_load_full_state_dict(m, names, zeros, TT_NPARAMS, 1));
   for (i = 0; i < TT_NPARAMS; ++i) OK(tdist_tensor_free(zeros[i]));
+  full_params(m, &l, cur);
+  {
+    float w[128];
+    OK(tdist_tensor_copy_to(cur[0], w, sizeof w));
+    first = w[0] + w[127];
+  }
+  check(first == 0, "the model is zero before the load");
   OK(tdist_tensor_list_free(l));
 }
 
@@ -239,6 +277,12 @@ static void files(tdist_pg* pg, tdist_module* m, const char* mode) {
   zero_model(m);
   OK(tdist_load_sharded_checkpoint(m, pg, path, "tdist"));
   expect_trained(m, "a sharded checkpoint loads back bit for bit");
+  /* the same as PyTorch's DCP folder */
+  snprintf(path, sizeof path, "%s/dcp", dir);
+  OK(tdist_save_sharded_checkpoint(m, pg, path, "dcp"));
+  zero_model(m);
+  OK(tdist_load_sharded_checkpoint(m, pg, path, "dcp"));
+  expect_trained(m, "a DCP checkpoint loads back bit for bit");
   IS(tdist_save_sharded_checkpoint(m, pg, path, "pickle"), TDIST_ERR_USAGE);
   snprintf(path, sizeof path, "%s/missing", dir);
   IS(tdist_load_sharded_checkpoint(m, pg, path, "tdist"), TDIST_ERR_CHECKPOINT);
@@ -450,8 +494,11 @@ int main(void) {
   train_ddp("ddp");
   train_ddp("ddp-fp16-nosync");
   train_ddp("ddp-join");
+  train_ddp("ddp-powersgd");
+  train_ddp("ddp-unused-view");
   train_fsdp(pg, "fsdp");
   train_fsdp(pg, "fsdp-zero2-bf16");
+  train_fsdp(pg, "fsdp-join");
   misuse(pg);
   {
     int size = 0;

@@ -58,6 +58,20 @@ TEST_F(InitMethodParse, EnvReadsTorchrunVariables) {
   EXPECT_EQ(tdist::parse_init_method(opts("")).rank, 2);
 }
 
+// torchrun's agent hosts PyTorch's TCPStore on MASTER_PORT and says so;
+// tdist's store takes the next port.
+TEST_F(InitMethodParse, UnderTorchrunTheStoreTakesTheNextPort) {
+  g_env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  auto m = tdist::parse_init_method(opts("env://"));
+  EXPECT_EQ(m.host, "10.1.2.3");
+  EXPECT_EQ(m.port, 29501);
+  g_env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  EXPECT_EQ(tdist::parse_init_method(opts("env://")).port, 29500);
+  g_env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  g_env["MASTER_PORT"] = "65535";
+  expect_usage_error(opts("env://"), "65535");
+}
+
 TEST_F(InitMethodParse, ExplicitRankAndWorldSizeWinOverTheEnvironment) {
   auto m = tdist::parse_init_method(opts("env://", 0, 8));
   EXPECT_EQ(m.rank, 0);
