@@ -47,6 +47,15 @@ auto all_reduce(tdist_pg* pg, tdist_tensor t, int op, int64_t ms) {
     return group(pg).all_reduce(tensor(t, "input"), o);
   };
 }
+auto all_reduce_coalesced(tdist_pg* pg, const tdist_tensor* ts, size_t n, int op, int64_t ms) {
+  return [=](bool a) {
+    auto o = options<AllreduceOptions>(ms, a);
+    o.op = op_of(op);
+    const auto list = tensors(ts, n, "input");
+    if (list.empty()) usage("no tensors");
+    return group(pg).all_reduce_coalesced(list, o);
+  };
+}
 auto broadcast(tdist_pg* pg, tdist_tensor t, int root, int64_t ms) {
   return [=](bool a) {
     auto o = options<BroadcastOptions>(ms, a);
@@ -147,6 +156,13 @@ tdist_status tdist_all_reduce(tdist_pg* pg, tdist_tensor t, int op, int64_t ms) 
 }
 tdist_status tdist_all_reduce_async(tdist_pg* pg, tdist_tensor t, int op, int64_t ms, tdist_work** out) {
   return async_op("tdist_all_reduce_async", out, all_reduce(pg, t, op, ms));
+}
+tdist_status tdist_all_reduce_coalesced(tdist_pg* pg, const tdist_tensor* ts, size_t n, int op, int64_t ms) {
+  return sync_op("tdist_all_reduce_coalesced", all_reduce_coalesced(pg, ts, n, op, ms));
+}
+tdist_status tdist_all_reduce_coalesced_async(tdist_pg* pg, const tdist_tensor* ts, size_t n, int op, int64_t ms,
+                                              tdist_work** out) {
+  return async_op("tdist_all_reduce_coalesced_async", out, all_reduce_coalesced(pg, ts, n, op, ms));
 }
 tdist_status tdist_broadcast(tdist_pg* pg, tdist_tensor t, int root, int64_t ms) {
   return sync_op("tdist_broadcast", broadcast(pg, t, root, ms));

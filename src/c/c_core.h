@@ -16,6 +16,7 @@
 
 #include "tdist/c/tdist.h"
 #include "tdist/process_group.h"
+#include "tdist/store.h"
 
 namespace torch::nn {
 class Module;
@@ -40,9 +41,11 @@ const char* last_error_text();
 
 // What a handle is: a live handle of another kind is refused like a
 // foreign one (a binding's two void* mixed up).
-enum class Kind : uint8_t { kPg, kModule, kDdp, kFsdp, kJoin, kList, kCheckpointer, kTensor };
+enum class Kind : uint8_t { kStore, kPg, kModule, kDdp, kFsdp, kJoin, kList, kCheckpointer, kTensor };
 template <typename T>
 struct KindOf;
+template <>
+struct KindOf<tdist_store> { static constexpr Kind value = Kind::kStore; };
 template <>
 struct KindOf<tdist_pg> { static constexpr Kind value = Kind::kPg; };
 template <>
@@ -149,6 +152,9 @@ tdist_status guarded(const char* call, Fn&& fn) {
 
 struct tdist_pg {
   std::shared_ptr<tdist::ProcessGroup> pg;
+};
+struct tdist_store {
+  std::shared_ptr<tdist::Store> store;
 };
 struct tdist_module {
   std::shared_ptr<tdist::c::Model> model;

@@ -49,17 +49,41 @@ tdist_status tdist_check_abi(int abi_version, const char* torch_version) {
   });
 }
 
+namespace {
+// The world group: from the environment, or over `store`.
+tdist_pg* init_world(const char* backend, int64_t timeout_ms, std::shared_ptr<tdist::Store> store, int rank,
+                     int world_size) {
+  if (tdist::default_group()) {
+    usage("a process group is initialised already in this process (tdist_pg_free it first, or use "
+          "tdist_new_group)");
+  }
+  tdist::InitOptions o;
+  if (backend) o.backend = backend;
+  if (const auto t = timeout_of(timeout_ms)) o.timeout = *t;
+  if (store) {
+    if (world_size < 1 || rank < 0 || rank >= world_size) {
+      usage("rank " + std::to_string(rank) + " of world size " + std::to_string(world_size) + " is not a rank");
+    }
+    o.store = std::move(store);
+    o.rank = rank;
+    o.world_size = world_size;
+  }
+  return handle(new tdist_pg{tdist::init_process_group(o)});
+}
+}  // namespace
+
 tdist_status tdist_init_process_group(const char* backend, int64_t timeout_ms, tdist_pg** out) {
   return guarded("tdist_init_process_group", [&] {
     out_check(out);
-    if (tdist::default_group()) {
-      usage("a process group is initialised already in this process (tdist_pg_free it first, or use "
-            "tdist_new_group)");
-    }
-    tdist::InitOptions o;
-    if (backend) o.backend = backend;
-    if (const auto t = timeout_of(timeout_ms)) o.timeout = *t;
-    *out = handle(new tdist_pg{tdist::init_process_group(o)});
+    *out = init_world(backend, timeout_ms, nullptr, -1, -1);
+  });
+}
+
+tdist_status tdist_init_process_group_with_store(tdist_store* s, int rank, int world_size, const char* backend,
+                                                 int64_t timeout_ms, tdist_pg** out) {
+  return guarded("tdist_init_process_group_with_store", [&] {
+    out_check(out);
+    *out = init_world(backend, timeout_ms, live(s, "store")->store, rank, world_size);
   });
 }
 

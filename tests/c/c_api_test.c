@@ -117,6 +117,28 @@ int main(int argc, char** argv) {
   OK(tdist_work_wait(work, 60000));
   OK(tdist_work_free(work));
 
+  /* all_reduce_coalesced: two tensors as one op, sync and async */
+  {
+    tdist_tensor pair[2] = {NULL, NULL};
+    float a[2], b[3];
+    int k;
+    for (k = 0; k < 2; ++k) a[k] = (float)(rank + k);
+    for (k = 0; k < 3; ++k) b[k] = (float)(10 * rank + k);
+    OK(tdist_tensor_from_data(a, 2, TDIST_FLOAT32, &pair[0]));
+    OK(tdist_tensor_from_data(b, 3, TDIST_FLOAT32, &pair[1]));
+    OK(tdist_all_reduce_coalesced(pg, pair, 2, TDIST_SUM, 60000));
+    OK(tdist_all_reduce_coalesced_async(pg, pair, 2, TDIST_SUM, 60000, &work));
+    OK(tdist_work_wait(work, 60000));
+    OK(tdist_work_free(work));
+    OK(tdist_tensor_copy_to(pair[0], a, sizeof a));
+    OK(tdist_tensor_copy_to(pair[1], b, sizeof b));
+    /* twice summed: size * (sum of the ranks' values) */
+    for (k = 0; k < 2; ++k) check(a[k] == (float)(size * (size * (size - 1) / 2 + size * k)), "coalesced a");
+    for (k = 0; k < 3; ++k) check(b[k] == (float)(size * (10 * size * (size - 1) / 2 + size * k)), "coalesced b");
+    IS(tdist_all_reduce_coalesced(pg, pair, 0, TDIST_SUM, 60000), TDIST_ERR_USAGE);
+    OK(tdist_tensor_free(pair[0]));
+    OK(tdist_tensor_free(pair[1]));
+  }
   /* a freed work stays freed when its slot is reused: the second free of
      the first is refused and the second work is untouched */
   {

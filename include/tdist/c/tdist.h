@@ -64,6 +64,7 @@ typedef enum { TDIST_SUM = 0, TDIST_AVG, TDIST_PRODUCT, TDIST_MIN, TDIST_MAX } t
 
 typedef enum { TDIST_FLOAT32 = 0, TDIST_FLOAT64, TDIST_INT64, TDIST_INT32, TDIST_BFLOAT16, TDIST_FLOAT16 } tdist_dtype;
 
+typedef struct tdist_store tdist_store;               /* a key-value store: TCPStore, FileStore */
 typedef struct tdist_pg tdist_pg;
 typedef struct tdist_work tdist_work;
 typedef struct tdist_module tdist_module;             /* the binding's model: its tensors by name */
@@ -87,6 +88,32 @@ tdist_status tdist_check_abi(int abi_version, const char* torch_version);
  * RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, or OMPI_COMM_WORLD_*). backend:
  * "auto", "shm", "gloo", "mpi", "nccl" (NULL: "auto"). */
 tdist_status tdist_init_process_group(const char* backend, int64_t timeout_ms, tdist_pg** out);
+/* ---- stores (torch.distributed's TCPStore and FileStore) -----------------
+ * TCPStore: is_server 1 on the master (port 0: a free one, which
+ * tdist_store_port tells), the others connect to host:port; num_workers
+ * (> 0, on the server) waits for that many clients, itself included.
+ * timeout_ms: the store's blocking calls' default, and how long a client
+ * retries connecting. The job's token, if any, comes from TDIST_STORE_TOKEN
+ * as in C++ (docs/security.md). FileStore: every rank opens the same path
+ * (fresh for each job). */
+tdist_status tdist_tcp_store_new(const char* host, int port, int is_server, int num_workers, int64_t timeout_ms,
+                                 tdist_store** out);
+tdist_status tdist_file_store_new(const char* path, int64_t timeout_ms, tdist_store** out);
+tdist_status tdist_store_port(tdist_store* s, int* port);
+tdist_status tdist_store_set(tdist_store* s, const char* key, const void* value, size_t n);
+/* Waits (timeout_ms; 0: the store's) for key; *n is the value's size, and
+ * the value is copied when it fits in cap bytes (else TDIST_ERR_USAGE,
+ * *n still set: call again with a buffer that large). */
+tdist_status tdist_store_get(tdist_store* s, const char* key, void* value, size_t cap, size_t* n, int64_t timeout_ms);
+/* Adds delta to the integer at key (0 when missing); *result: the sum. */
+tdist_status tdist_store_add(tdist_store* s, const char* key, int64_t delta, int64_t* result);
+tdist_status tdist_store_wait(tdist_store* s, const char* const* keys, size_t n, int64_t timeout_ms);
+tdist_status tdist_store_free(tdist_store* s);
+/* The world group over a store the caller made (every rank gives its rank
+ * and the world size), instead of the environment. */
+tdist_status tdist_init_process_group_with_store(tdist_store* s, int rank, int world_size, const char* backend,
+                                                 int64_t timeout_ms, tdist_pg** out);
+
 /* A subgroup of `pg` over `ranks` (ranks of pg); every rank of pg calls it.
  * A rank outside `ranks` gets *out = NULL and TDIST_OK. */
 tdist_status tdist_new_group(tdist_pg* pg, const int* ranks, size_t n, tdist_pg** out);
@@ -100,6 +127,9 @@ tdist_status tdist_broadcast(tdist_pg* pg, tdist_tensor t, int root, int64_t tim
 /* output: world size x input's numel, same dtype. */
 tdist_status tdist_all_gather_into_tensor(tdist_pg* pg, tdist_tensor output, tdist_tensor input, int64_t timeout_ms);
 tdist_status tdist_barrier(tdist_pg* pg, int64_t timeout_ms);
+
+/* Each tensor reduced in place as one op (one dtype for all). */
+tdist_status tdist_all_reduce_coalesced(tdist_pg* pg, const tdist_tensor* ts, size_t n, int op, int64_t timeout_ms);
 
 /* Asynchronous: *out is the op's work; wait on it, then free it. */
 tdist_status tdist_all_reduce_async(tdist_pg* pg, tdist_tensor t, int op, int64_t timeout_ms,
@@ -152,6 +182,8 @@ tdist_status tdist_all_to_all(tdist_pg* pg, const tdist_tensor* outputs, const t
 tdist_status tdist_all_to_all_async(tdist_pg* pg, const tdist_tensor* outputs, const tdist_tensor* inputs, size_t n,
                                     int64_t timeout_ms, tdist_work** out);
 tdist_status tdist_barrier_async(tdist_pg* pg, int64_t timeout_ms, tdist_work** out);
+tdist_status tdist_all_reduce_coalesced_async(tdist_pg* pg, const tdist_tensor* ts, size_t n, int op,
+                                              int64_t timeout_ms, tdist_work** out);
 tdist_status tdist_send(tdist_pg* pg, tdist_tensor t, int dst, int tag, int64_t timeout_ms);
 tdist_status tdist_send_async(tdist_pg* pg, tdist_tensor t, int dst, int tag, int64_t timeout_ms, tdist_work** out);
 tdist_status tdist_recv(tdist_pg* pg, tdist_tensor t, int src, int tag, int64_t timeout_ms);
