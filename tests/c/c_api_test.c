@@ -14,12 +14,90 @@
 
 
 
+/* all_reduce_coalesced, and what an adversarial review found: a stale
+ * work handle, handles of another kind, INT64_MAX as a timeout, unequal
+ * all_to_all_single splits, a second init. */
+static void more_calls(tdist_pg* pg, tdist_tensor t, tdist_tensor one, int size) {
+  tdist_work* work = NULL;
+  tdist_pg* sub = NULL;
+  int i = 0;
+  /* all_reduce_coalesced: two tensors as one op, sync and async */
+  {
+    tdist_tensor pair[2] = {NULL, NULL};
+    float a[2], b[3];
+    int k;
+    for (k = 0; k < 2; ++k) a[k] = (float)(rank + k);
+    for (k = 0; k < 3; ++k) b[k] = (float)(10 * rank + k);
+    OK(tdist_tensor_from_data(a, 2, TDIST_FLOAT32, &pair[0]));
+    OK(tdist_tensor_from_data(b, 3, TDIST_FLOAT32, &pair[1]));
+    OK(tdist_all_reduce_coalesced(pg, pair, 2, TDIST_SUM, 60000));
+    OK(tdist_all_reduce_coalesced_async(pg, pair, 2, TDIST_SUM, 60000, &work));
+    OK(tdist_work_wait(work, 60000));
+    OK(tdist_work_free(work));
+    OK(tdist_tensor_copy_to(pair[0], a, sizeof a));
+    OK(tdist_tensor_copy_to(pair[1], b, sizeof b));
+    /* twice summed: size * (sum of the ranks' values) */
+    for (k = 0; k < 2; ++k) check(a[k] == (float)(size * (size * (size - 1) / 2 + size * k)), "coalesced a");
+    for (k = 0; k < 3; ++k) check(b[k] == (float)(size * (10 * size * (size - 1) / 2 + size * k)), "coalesced b");
+    IS(tdist_all_reduce_coalesced(pg, pair, 0, TDIST_SUM, 60000), TDIST_ERR_USAGE);
+    OK(tdist_tensor_free(pair[0]));
+    OK(tdist_tensor_free(pair[1]));
+  }
+  /* a freed work stays freed when its slot is reused: the second free of
+     the first is refused and the second work is untouched */
+  {
+    tdist_work *first = NULL, *second = NULL;
+    OK(tdist_all_reduce_async(pg, one, TDIST_SUM, 60000, &first));
+    OK(tdist_work_wait(first, 60000));
+    OK(tdist_work_free(first));
+    OK(tdist_all_reduce_async(pg, one, TDIST_SUM, 60000, &second));
+    IS(tdist_work_free(first), TDIST_ERR_USAGE);
+    IS(tdist_work_wait(first, 1000), TDIST_ERR_USAGE);
+    OK(tdist_work_wait(second, 60000));
+    OK(tdist_work_free(second));
+  }
+  /* a live handle of another kind is refused, and nothing is harmed */
+  IS(tdist_all_reduce((tdist_pg*)t, t, TDIST_SUM, 1000), TDIST_ERR_USAGE);
+  IS(tdist_pg_rank((tdist_pg*)one, &i), TDIST_ERR_USAGE);
+  IS(tdist_tensor_free((tdist_tensor)pg), TDIST_ERR_USAGE);
+  check(strstr(tdist_last_error(), "kind") != NULL, "the error says the handle is of another kind");
+  IS(tdist_pg_free((tdist_pg*)t), TDIST_ERR_USAGE);
+  /* INT64_MAX is "no limit", not an overflowed deadline */
+  OK(tdist_all_reduce(pg, one, TDIST_SUM, INT64_MAX));
+  /* unequal all_to_all_single sizes: refused before any rank sends; the group goes on */
+  IS(tdist_all_to_all_single(pg, one, t, 60000), TDIST_ERR_USAGE);
+  OK(tdist_barrier(pg, 60000));
+  /* a second world group in one process */
+  IS(tdist_init_process_group("auto", 60000, &sub), TDIST_ERR_USAGE);
+  check(strstr(tdist_last_error(), "initialised already") != NULL, "the error says a group exists");
+
+}
+
+/* Misuse: errors, never a crash. */
+static void misuse(tdist_pg* pg, tdist_tensor t) {
+  tdist_tensor none = NULL;
+  float v[4] = {0, 0, 0, 0};
+  IS(tdist_all_reduce(NULL, t, TDIST_SUM, 1000), TDIST_ERR_USAGE);
+  IS(tdist_all_reduce(pg, NULL, TDIST_SUM, 1000), TDIST_ERR_USAGE);
+  IS(tdist_all_reduce(pg, t, 99, 1000), TDIST_ERR_USAGE);
+  IS(tdist_tensor_zeros(4, -1, &none), TDIST_ERR_USAGE);
+  IS(tdist_all_reduce(pg, t, TDIST_SUM, -5), TDIST_ERR_USAGE);
+  IS(tdist_all_reduce((tdist_pg*)v, t, TDIST_SUM, 1000), TDIST_ERR_USAGE); /* not a handle */
+  IS(tdist_pg_rank(pg, NULL), TDIST_ERR_USAGE);
+  IS(tdist_tensor_copy_to(t, v, 3), TDIST_ERR_USAGE);
+  IS(tdist_tensor_free((tdist_tensor)v), TDIST_ERR_USAGE);
+  IS(tdist_tensor_from_data(NULL, 4, TDIST_FLOAT32, &none), TDIST_ERR_USAGE);
+  check(none == NULL, "a failed call leaves its output NULL");
+  IS(tdist_all_gather_into_tensor(pg, t, t, 1000), TDIST_ERR_USAGE); /* output is not world x input */
+  check(strstr(tdist_last_error(), "tdist_all_gather_into_tensor") != NULL, "the error names the call");
+}
+
 int main(int argc, char** argv) {
   const char* backend = argc > 1 ? argv[1] : "auto"; /* e.g. "mpi" under mpirun */
   tdist_pg* pg = NULL;
   tdist_pg* sub = NULL;
   tdist_work* work = NULL;
-  tdist_tensor t = NULL, out = NULL, one = NULL, none = NULL;
+  tdist_tensor t = NULL, out = NULL, one = NULL;
   float v[4], gathered[12];
   int size = 0, i = 0, done = 0;
   int ranks[2] = {0, 1};
@@ -90,20 +168,7 @@ int main(int argc, char** argv) {
   }
   OK(tdist_barrier(pg, 60000));
 
-  /* misuse: errors, never a crash */
-  IS(tdist_all_reduce(NULL, t, TDIST_SUM, 1000), TDIST_ERR_USAGE);
-  IS(tdist_all_reduce(pg, NULL, TDIST_SUM, 1000), TDIST_ERR_USAGE);
-  IS(tdist_all_reduce(pg, t, 99, 1000), TDIST_ERR_USAGE);
-  IS(tdist_tensor_zeros(4, -1, &none), TDIST_ERR_USAGE);
-  IS(tdist_all_reduce(pg, t, TDIST_SUM, -5), TDIST_ERR_USAGE);
-  IS(tdist_all_reduce((tdist_pg*)v, t, TDIST_SUM, 1000), TDIST_ERR_USAGE); /* not a handle */
-  IS(tdist_pg_rank(pg, NULL), TDIST_ERR_USAGE);
-  IS(tdist_tensor_copy_to(t, v, 3), TDIST_ERR_USAGE);
-  IS(tdist_tensor_free((tdist_tensor)v), TDIST_ERR_USAGE);
-  IS(tdist_tensor_from_data(NULL, 4, TDIST_FLOAT32, &none), TDIST_ERR_USAGE);
-  check(none == NULL, "a failed call leaves its output NULL");
-  IS(tdist_all_gather_into_tensor(pg, t, t, 1000), TDIST_ERR_USAGE); /* output is not world x input */
-  check(strstr(tdist_last_error(), "tdist_all_gather_into_tensor") != NULL, "the error names the call");
+  misuse(pg, t);
   /* a wait that times out: the others join the op a second later; the op
      goes on and a second wait sees it done */
   if (rank == 0) {
@@ -117,55 +182,7 @@ int main(int argc, char** argv) {
   OK(tdist_work_wait(work, 60000));
   OK(tdist_work_free(work));
 
-  /* all_reduce_coalesced: two tensors as one op, sync and async */
-  {
-    tdist_tensor pair[2] = {NULL, NULL};
-    float a[2], b[3];
-    int k;
-    for (k = 0; k < 2; ++k) a[k] = (float)(rank + k);
-    for (k = 0; k < 3; ++k) b[k] = (float)(10 * rank + k);
-    OK(tdist_tensor_from_data(a, 2, TDIST_FLOAT32, &pair[0]));
-    OK(tdist_tensor_from_data(b, 3, TDIST_FLOAT32, &pair[1]));
-    OK(tdist_all_reduce_coalesced(pg, pair, 2, TDIST_SUM, 60000));
-    OK(tdist_all_reduce_coalesced_async(pg, pair, 2, TDIST_SUM, 60000, &work));
-    OK(tdist_work_wait(work, 60000));
-    OK(tdist_work_free(work));
-    OK(tdist_tensor_copy_to(pair[0], a, sizeof a));
-    OK(tdist_tensor_copy_to(pair[1], b, sizeof b));
-    /* twice summed: size * (sum of the ranks' values) */
-    for (k = 0; k < 2; ++k) check(a[k] == (float)(size * (size * (size - 1) / 2 + size * k)), "coalesced a");
-    for (k = 0; k < 3; ++k) check(b[k] == (float)(size * (10 * size * (size - 1) / 2 + size * k)), "coalesced b");
-    IS(tdist_all_reduce_coalesced(pg, pair, 0, TDIST_SUM, 60000), TDIST_ERR_USAGE);
-    OK(tdist_tensor_free(pair[0]));
-    OK(tdist_tensor_free(pair[1]));
-  }
-  /* a freed work stays freed when its slot is reused: the second free of
-     the first is refused and the second work is untouched */
-  {
-    tdist_work *first = NULL, *second = NULL;
-    OK(tdist_all_reduce_async(pg, one, TDIST_SUM, 60000, &first));
-    OK(tdist_work_wait(first, 60000));
-    OK(tdist_work_free(first));
-    OK(tdist_all_reduce_async(pg, one, TDIST_SUM, 60000, &second));
-    IS(tdist_work_free(first), TDIST_ERR_USAGE);
-    IS(tdist_work_wait(first, 1000), TDIST_ERR_USAGE);
-    OK(tdist_work_wait(second, 60000));
-    OK(tdist_work_free(second));
-  }
-  /* a live handle of another kind is refused, and nothing is harmed */
-  IS(tdist_all_reduce((tdist_pg*)t, t, TDIST_SUM, 1000), TDIST_ERR_USAGE);
-  IS(tdist_pg_rank((tdist_pg*)one, &i), TDIST_ERR_USAGE);
-  IS(tdist_tensor_free((tdist_tensor)pg), TDIST_ERR_USAGE);
-  check(strstr(tdist_last_error(), "kind") != NULL, "the error says the handle is of another kind");
-  IS(tdist_pg_free((tdist_pg*)t), TDIST_ERR_USAGE);
-  /* INT64_MAX is "no limit", not an overflowed deadline */
-  OK(tdist_all_reduce(pg, one, TDIST_SUM, INT64_MAX));
-  /* unequal all_to_all_single sizes: refused before any rank sends; the group goes on */
-  IS(tdist_all_to_all_single(pg, one, t, 60000), TDIST_ERR_USAGE);
-  OK(tdist_barrier(pg, 60000));
-  /* a second world group in one process */
-  IS(tdist_init_process_group("auto", 60000, &sub), TDIST_ERR_USAGE);
-  check(strstr(tdist_last_error(), "initialised already") != NULL, "the error says a group exists");
+  more_calls(pg, t, one, size);
 
   OK(tdist_tensor_free(t));
   OK(tdist_tensor_free(out));

@@ -241,17 +241,72 @@ static void expect_trained(tdist_module* m, const char* what) {
   OK(tdist_tensor_list_free(l));
 }
 
+/* The Checkpointer (a save with extras, restored by a new one), then the
+ * flight recorder's dump; removes the test's directory. */
+static void checkpointer_and_recorder(tdist_pg* pg, tdist_module* m, const char* dir) {
+  char path[600];
+  tdist_tensor_list* extras = NULL;
+  tdist_checkpointer* ck = NULL;
+  const char* json = NULL;
+  const char* ename = "samples_seen";
+  const char* name = NULL;
+  int64_t step = 0, seen = 0;
+  tdist_tensor pos = NULL, got = NULL;
+  int i;
+  /* the Checkpointer: a save with extras, restored by a new one */
+  snprintf(path, sizeof path, "%s/ckpt", dir);
+  OK(tdist_checkpointer_new(m, pg, path, 2, 2, 1, &ck));
+  OK(tdist_checkpointer_restore(ck, &step, &extras));
+  check(step == -1 && extras == NULL, "an empty dir restores nothing");
+  seen = 4242 + rank;
+  OK(tdist_tensor_from_data(&seen, 1, TDIST_INT64, &pos));
+  OK(tdist_checkpointer_maybe_save(ck, 4, &ename, &pos, 1, &i));
+  check(i == 1, "step 4 is due every 2 steps");
+  OK(tdist_checkpointer_wait(ck));
+  OK(tdist_checkpointer_free(ck));
+  zero_model(m);
+  OK(tdist_checkpointer_new(m, pg, path, 2, 2, 1, &ck));
+  OK(tdist_checkpointer_restore(ck, &step, &extras));
+  check(step == 4, "the Checkpointer restores step 4");
+  OK(tdist_tensor_list_get(extras, 0, &name, &got));
+  check(strcmp(name, ename) == 0, "the extra's name");
+  OK(tdist_tensor_copy_to(got, &seen, sizeof seen));
+  check(seen == 4242 + rank, "this rank's extra comes back");
+  expect_trained(m, "the Checkpointer restores the model bit for bit");
+  OK(tdist_tensor_list_free(extras));
+  OK(tdist_checkpointer_free(ck));
+  OK(tdist_tensor_free(pos));
+
+  /* the flight recorder */
+  OK(tdist_dump_flight_recorder(&json));
+  check(json != NULL && json[0] != '\0', "the flight recorder wrote a dump");
+  {
+    static char text[1 << 20];
+    FILE* f = fopen(json, "r");
+    size_t got_bytes = 0;
+    check(f != NULL, "the dump can be opened");
+    got_bytes = fread(text, 1, sizeof text - 1, f);
+    text[got_bytes] = '\0';
+    fclose(f);
+    check(text[0] == '{' && strstr(text, "all_gather_into_tensor") != NULL,
+          "the dump is JSON naming FSDP's gathers");
+    check(remove(json) == 0, "removing the dump");
+  }
+  OK(tdist_barrier(pg, 60000));
+  if (rank == 0) {
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    check(system(cmd) == 0, "removing the test's directory");
+  }
+}
+
 static void files(tdist_pg* pg, tdist_module* m, const char* mode) {
   char dir[512], path[600];
-  tdist_tensor_list *sharded = NULL, *full = NULL, *loaded = NULL, *extras = NULL;
-  tdist_checkpointer* ck = NULL;
+  tdist_tensor_list *sharded = NULL, *full = NULL, *loaded = NULL;
   size_t n = 0, k;
   const char** names = NULL;
   tdist_tensor* ts = NULL;
-  const char* json = NULL;
-  const char* ename = "samples_seen";
-  int64_t step = 0, seen = 0;
-  tdist_tensor pos = NULL, got = NULL;
+  tdist_tensor got = NULL;
   const char* name = NULL;
   tt_tensor whole[TT_NPARAMS];
   int i;
@@ -306,51 +361,8 @@ static void files(tdist_pg* pg, tdist_module* m, const char* mode) {
   snprintf(path, sizeof path, "%s/nothing.safetensors", dir);
   IS(tdist_load_safetensors(path, &loaded), TDIST_ERR_CHECKPOINT);
 
-  /* the Checkpointer: a save with extras, restored by a new one */
-  snprintf(path, sizeof path, "%s/ckpt", dir);
-  OK(tdist_checkpointer_new(m, pg, path, 2, 2, 1, &ck));
-  OK(tdist_checkpointer_restore(ck, &step, &extras));
-  check(step == -1 && extras == NULL, "an empty dir restores nothing");
-  seen = 4242 + rank;
-  OK(tdist_tensor_from_data(&seen, 1, TDIST_INT64, &pos));
-  OK(tdist_checkpointer_maybe_save(ck, 4, &ename, &pos, 1, &i));
-  check(i == 1, "step 4 is due every 2 steps");
-  OK(tdist_checkpointer_wait(ck));
-  OK(tdist_checkpointer_free(ck));
-  zero_model(m);
-  OK(tdist_checkpointer_new(m, pg, path, 2, 2, 1, &ck));
-  OK(tdist_checkpointer_restore(ck, &step, &extras));
-  check(step == 4, "the Checkpointer restores step 4");
-  OK(tdist_tensor_list_get(extras, 0, &name, &got));
-  check(strcmp(name, ename) == 0, "the extra's name");
-  OK(tdist_tensor_copy_to(got, &seen, sizeof seen));
-  check(seen == 4242 + rank, "this rank's extra comes back");
-  expect_trained(m, "the Checkpointer restores the model bit for bit");
-  OK(tdist_tensor_list_free(extras));
-  OK(tdist_checkpointer_free(ck));
-  OK(tdist_tensor_free(pos));
+  checkpointer_and_recorder(pg, m, dir);
 
-  /* the flight recorder */
-  OK(tdist_dump_flight_recorder(&json));
-  check(json != NULL && json[0] != '\0', "the flight recorder wrote a dump");
-  {
-    static char text[1 << 20];
-    FILE* f = fopen(json, "r");
-    size_t got_bytes = 0;
-    check(f != NULL, "the dump can be opened");
-    got_bytes = fread(text, 1, sizeof text - 1, f);
-    text[got_bytes] = '\0';
-    fclose(f);
-    check(text[0] == '{' && strstr(text, "all_gather_into_tensor") != NULL,
-          "the dump is JSON naming FSDP's gathers");
-    check(remove(json) == 0, "removing the dump");
-  }
-  OK(tdist_barrier(pg, 60000));
-  if (rank == 0) {
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    check(system(cmd) == 0, "removing the test's directory");
-  }
 }
 
 /* Async ops from many short-lived threads, one after another: the work
