@@ -56,6 +56,21 @@ auto all_reduce_coalesced(tdist_pg* pg, const tdist_tensor* ts, size_t n, int op
     return group(pg).all_reduce_coalesced(list, o);
   };
 }
+auto all_gather_coalesced(tdist_pg* pg, const tdist_tensor* outputs, const tdist_tensor* inputs, size_t n,
+                          int64_t ms) {
+  return [=](bool a) {
+    return group(pg).all_gather_into_tensor_coalesced(tensors(outputs, n, "output"), tensors(inputs, n, "input"),
+                                                      options<CollectiveOptions>(ms, a));
+  };
+}
+auto reduce_scatter_coalesced(tdist_pg* pg, const tdist_tensor* outputs, const tdist_tensor* inputs, size_t n,
+                              int op, int64_t ms) {
+  return [=](bool a) {
+    auto o = options<ReduceScatterOptions>(ms, a);
+    o.op = op_of(op);
+    return group(pg).reduce_scatter_tensor_coalesced(tensors(outputs, n, "output"), tensors(inputs, n, "input"), o);
+  };
+}
 auto broadcast(tdist_pg* pg, tdist_tensor t, int root, int64_t ms) {
   return [=](bool a) {
     auto o = options<BroadcastOptions>(ms, a);
@@ -163,6 +178,25 @@ tdist_status tdist_all_reduce_coalesced(tdist_pg* pg, const tdist_tensor* ts, si
 tdist_status tdist_all_reduce_coalesced_async(tdist_pg* pg, const tdist_tensor* ts, size_t n, int op, int64_t ms,
                                               tdist_work** out) {
   return async_op("tdist_all_reduce_coalesced_async", out, all_reduce_coalesced(pg, ts, n, op, ms));
+}
+tdist_status tdist_all_gather_into_tensor_coalesced(tdist_pg* pg, const tdist_tensor* outputs,
+                                                    const tdist_tensor* inputs, size_t n, int64_t ms) {
+  return sync_op("tdist_all_gather_into_tensor_coalesced", all_gather_coalesced(pg, outputs, inputs, n, ms));
+}
+tdist_status tdist_all_gather_into_tensor_coalesced_async(tdist_pg* pg, const tdist_tensor* outputs,
+                                                          const tdist_tensor* inputs, size_t n, int64_t ms,
+                                                          tdist_work** out) {
+  return async_op("tdist_all_gather_into_tensor_coalesced_async", out, all_gather_coalesced(pg, outputs, inputs, n, ms));
+}
+tdist_status tdist_reduce_scatter_tensor_coalesced(tdist_pg* pg, const tdist_tensor* outputs,
+                                                   const tdist_tensor* inputs, size_t n, int op, int64_t ms) {
+  return sync_op("tdist_reduce_scatter_tensor_coalesced", reduce_scatter_coalesced(pg, outputs, inputs, n, op, ms));
+}
+tdist_status tdist_reduce_scatter_tensor_coalesced_async(tdist_pg* pg, const tdist_tensor* outputs,
+                                                         const tdist_tensor* inputs, size_t n, int op, int64_t ms,
+                                                         tdist_work** out) {
+  return async_op("tdist_reduce_scatter_tensor_coalesced_async", out,
+                  reduce_scatter_coalesced(pg, outputs, inputs, n, op, ms));
 }
 tdist_status tdist_broadcast(tdist_pg* pg, tdist_tensor t, int root, int64_t ms) {
   return sync_op("tdist_broadcast", broadcast(pg, t, root, ms));

@@ -43,6 +43,44 @@ static void more_calls(tdist_pg* pg, tdist_tensor t, tdist_tensor one, int size)
     OK(tdist_tensor_free(pair[0]));
     OK(tdist_tensor_free(pair[1]));
   }
+  /* the coalesced gather and reduce-scatter: pairs of 1 and 2 elements per rank */
+  {
+    float in1 = (float)(rank + 1), in2[2] = {(float)rank, 1.0f}, g1[8], g2[16], r1[1], r2[2], src1[8], src2[16];
+    tdist_tensor outs[2], ins[2];
+    int k;
+    OK(tdist_tensor_zeros(size, TDIST_FLOAT32, &outs[0]));
+    OK(tdist_tensor_zeros(2 * size, TDIST_FLOAT32, &outs[1]));
+    OK(tdist_tensor_from_data(&in1, 1, TDIST_FLOAT32, &ins[0]));
+    OK(tdist_tensor_from_data(in2, 2, TDIST_FLOAT32, &ins[1]));
+    OK(tdist_all_gather_into_tensor_coalesced_async(pg, outs, ins, 2, 60000, &work));
+    OK(tdist_work_wait(work, 60000));
+    OK(tdist_work_free(work));
+    OK(tdist_tensor_copy_to(outs[0], g1, sizeof(float) * (size_t)size));
+    OK(tdist_tensor_copy_to(outs[1], g2, sizeof(float) * 2 * (size_t)size));
+    for (k = 0; k < size; ++k) {
+      check(g1[k] == (float)(k + 1) && g2[2 * k] == (float)k && g2[2 * k + 1] == 1.0f, "coalesced all_gather");
+    }
+    /* reduce-scatter back: every rank gives the gathered tensors; rank r gets size x its own piece */
+    for (k = 0; k < size; ++k) src1[k] = g1[k];
+    for (k = 0; k < 2 * size; ++k) src2[k] = g2[k];
+    OK(tdist_tensor_free(ins[0]));
+    OK(tdist_tensor_free(ins[1]));
+    OK(tdist_tensor_from_data(src1, size, TDIST_FLOAT32, &ins[0]));
+    OK(tdist_tensor_from_data(src2, 2 * size, TDIST_FLOAT32, &ins[1]));
+    OK(tdist_tensor_free(outs[0]));
+    OK(tdist_tensor_free(outs[1]));
+    OK(tdist_tensor_zeros(1, TDIST_FLOAT32, &outs[0]));
+    OK(tdist_tensor_zeros(2, TDIST_FLOAT32, &outs[1]));
+    OK(tdist_reduce_scatter_tensor_coalesced(pg, outs, ins, 2, TDIST_SUM, 60000));
+    OK(tdist_tensor_copy_to(outs[0], r1, sizeof r1));
+    OK(tdist_tensor_copy_to(outs[1], r2, sizeof r2));
+    check(r1[0] == (float)(size * (rank + 1)) && r2[0] == (float)(size * rank) && r2[1] == (float)size,
+          "coalesced reduce_scatter");
+    for (k = 0; k < 2; ++k) {
+      OK(tdist_tensor_free(outs[k]));
+      OK(tdist_tensor_free(ins[k]));
+    }
+  }
   /* a freed work stays freed when its slot is reused: the second free of
      the first is refused and the second work is untouched */
   {

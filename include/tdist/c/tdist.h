@@ -130,6 +130,12 @@ tdist_status tdist_barrier(tdist_pg* pg, int64_t timeout_ms);
 
 /* Each tensor reduced in place as one op (one dtype for all). */
 tdist_status tdist_all_reduce_coalesced(tdist_pg* pg, const tdist_tensor* ts, size_t n, int op, int64_t timeout_ms);
+/* all_gather_into_tensor / reduce_scatter_tensor of each pair
+ * (outputs[k], inputs[k]) as one op (FSDP's pattern). */
+tdist_status tdist_all_gather_into_tensor_coalesced(tdist_pg* pg, const tdist_tensor* outputs,
+                                                    const tdist_tensor* inputs, size_t n, int64_t timeout_ms);
+tdist_status tdist_reduce_scatter_tensor_coalesced(tdist_pg* pg, const tdist_tensor* outputs,
+                                                   const tdist_tensor* inputs, size_t n, int op, int64_t timeout_ms);
 
 /* Asynchronous: *out is the op's work; wait on it, then free it. */
 tdist_status tdist_all_reduce_async(tdist_pg* pg, tdist_tensor t, int op, int64_t timeout_ms,
@@ -184,6 +190,12 @@ tdist_status tdist_all_to_all_async(tdist_pg* pg, const tdist_tensor* outputs, c
 tdist_status tdist_barrier_async(tdist_pg* pg, int64_t timeout_ms, tdist_work** out);
 tdist_status tdist_all_reduce_coalesced_async(tdist_pg* pg, const tdist_tensor* ts, size_t n, int op,
                                               int64_t timeout_ms, tdist_work** out);
+tdist_status tdist_all_gather_into_tensor_coalesced_async(tdist_pg* pg, const tdist_tensor* outputs,
+                                                          const tdist_tensor* inputs, size_t n, int64_t timeout_ms,
+                                                          tdist_work** out);
+tdist_status tdist_reduce_scatter_tensor_coalesced_async(tdist_pg* pg, const tdist_tensor* outputs,
+                                                         const tdist_tensor* inputs, size_t n, int op,
+                                                         int64_t timeout_ms, tdist_work** out);
 tdist_status tdist_send(tdist_pg* pg, tdist_tensor t, int dst, int tag, int64_t timeout_ms);
 tdist_status tdist_send_async(tdist_pg* pg, tdist_tensor t, int dst, int tag, int64_t timeout_ms, tdist_work** out);
 tdist_status tdist_recv(tdist_pg* pg, tdist_tensor t, int src, int tag, int64_t timeout_ms);
