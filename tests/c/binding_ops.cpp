@@ -129,6 +129,9 @@ void reference(const std::string& mode, int steps, double lr, tt_tensor out[TT_N
     if (mode == "fsdp-zero2-bf16") {
       o.sharding_strategy = tdist::ShardingStrategy::SHARD_GRAD_OP;
       o.mixed_precision.param_dtype = at::kBFloat16;
+    } else if (mode == "fsdp-hybrid") {  // every rank its own shard group, replicated over all
+      o.sharding_strategy = tdist::ShardingStrategy::HYBRID_SHARD;
+      for (int r = 0; r < tdist::default_group()->size(); ++r) o.sharding_groups.push_back({r});
     } else if (mode != "fsdp" && mode != "fsdp-join") {
       throw std::runtime_error("unknown mode " + mode);
     }

@@ -150,6 +150,10 @@ static void train_fsdp(tdist_pg* pg, const char* mode) {
     o.sharding_strategy = TDIST_SHARD_GRAD_OP;
     o.param_dtype = TDIST_BFLOAT16;
   }
+  if (strcmp(mode, "fsdp-hybrid") == 0) {
+    o.sharding_strategy = TDIST_HYBRID_SHARD;
+    o.hybrid_shard_size = 1;
+  }
   OK(tdist_fully_shard(m, "fc1", NULL, &o, &units[0]));
   OK(tdist_fully_shard(m, "fc2", NULL, &o, &units[1]));
   OK(tdist_fully_shard(m, "", NULL, &o, &units[2]));
@@ -511,6 +515,7 @@ int main(void) {
   train_fsdp(pg, "fsdp");
   train_fsdp(pg, "fsdp-zero2-bf16");
   train_fsdp(pg, "fsdp-join");
+  train_fsdp(pg, "fsdp-hybrid");
   misuse(pg);
   {
     int size = 0;
