@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "c/c_core.h"
@@ -67,6 +68,37 @@ class FsdpUnit : public torch::nn::Module, public detail::FullyShardedModule, pu
   std::function<void()> join_step_;
   bool in_forward_ = false;
 };
+
+// The binding's module tree (c_model.cpp).
+using ModulePtr = std::shared_ptr<torch::nn::Module>;
+// "a.b.c" as its steps; a usage error for an empty step.
+std::vector<std::string> split_path(const std::string& path);
+// The module a wrapper (DDP, an FSDP unit) stands for.
+ModulePtr unwrap(ModulePtr m);
+// The child `name` of node (through its wrapper), or null.
+ModulePtr child_of(const ModulePtr& node, const std::string& name);
+// The submodule at the first n steps (made when missing with make).
+ModulePtr walk(ModulePtr node, const std::vector<std::string>& steps, size_t n, bool make, const std::string& path);
+// Registers the binding's tensors under their dotted names.
+void add_tensors(Model& model, const char* const* ns, const tdist_tensor* ts, size_t n, bool buffers);
+Model& model_of(tdist_module* m);
+void require_unwrapped(const Model& model, const char* what);
+
+// The caller's options struct (checked to be this header's), or the
+// defaults its init function sets.
+template <typename O>
+O given_or_default(const O* o, void (*init)(O*), const char* what) {
+  if (!o) {
+    O d;
+    init(&d);
+    return d;
+  }
+  if (o->struct_size != sizeof(O)) {
+    usage(std::string(what) + ".struct_size is " + std::to_string(o->struct_size) + ", this tdist's is " +
+          std::to_string(sizeof(O)) + " (call " + what + "_init; rebuild the binding against this header)");
+  }
+  return *o;
+}
 
 }  // namespace tdist::c
 

@@ -132,7 +132,7 @@ void reference(const std::string& mode, int steps, double lr, tt_tensor out[TT_N
     } else if (mode == "fsdp-hybrid") {  // every rank its own shard group, replicated over all
       o.sharding_strategy = tdist::ShardingStrategy::HYBRID_SHARD;
       for (int r = 0; r < tdist::default_group()->size(); ++r) o.sharding_groups.push_back({r});
-    } else if (mode != "fsdp" && mode != "fsdp-join") {
+    } else if (mode != "fsdp" && mode != "fsdp-join" && mode != "fsdp-tensors") {
       throw std::runtime_error("unknown mode " + mode);
     }
     tdist::FSDP<Net> model(Net(torch::nn::AnyModule(tdist::FSDP<torch::nn::Linear>(fc1, o)),

@@ -48,7 +48,7 @@ int tt_step_batch(int rank, int step, tt_tensor* x, tt_tensor* target);
  * comm hook; odd steps under no_sync), "ddp-join" (rank r has steps + r
  * batches, in a Join), "ddp-powersgd" (PowerSGD rank 1 from step 2),
  * "ddp-unused-view" (find_unused_parameters, gradient_as_bucket_view),
- * "fsdp" (a unit per layer and the root, FULL_SHARD), "fsdp-zero2-bf16"
+ * "fsdp" (a unit per layer and the root, FULL_SHARD; "fsdp-tensors": the same), "fsdp-zero2-bf16"
  * (SHARD_GRAD_OP, param_dtype bfloat16), "fsdp-hybrid" (HYBRID_SHARD, shard
  * groups of one rank), "fsdp-join" (rank r has steps + r
  * batches, in a Join; a joined rank's step is on step 0's batch). */

@@ -154,9 +154,23 @@ static void train_fsdp(tdist_pg* pg, const char* mode) {
     o.sharding_strategy = TDIST_HYBRID_SHARD;
     o.hybrid_shard_size = 1;
   }
-  OK(tdist_fully_shard(m, "fc1", NULL, &o, &units[0]));
-  OK(tdist_fully_shard(m, "fc2", NULL, &o, &units[1]));
-  OK(tdist_fully_shard(m, "", NULL, &o, &units[2]));
+  if (strcmp(mode, "fsdp-tensors") == 0) { /* each unit named by its parameters */
+    tdist_tensor stray = NULL;
+    tdist_tensor mixed[2];
+    mixed[0] = p[0];
+    mixed[1] = p[2];
+    IS(tdist_fully_shard_tensors(m, mixed, 2, NULL, &o, &units[0]), TDIST_ERR_USAGE); /* no one submodule's */
+    NN(stray = tt_param(2, 0, 7));
+    IS(tdist_fully_shard_tensors(m, &stray, 1, NULL, &o, &units[0]), TDIST_ERR_USAGE); /* not the module's */
+    tt_free(stray);
+    OK(tdist_fully_shard_tensors(m, &p[0], 2, NULL, &o, &units[0]));
+    OK(tdist_fully_shard_tensors(m, &p[2], 2, NULL, &o, &units[1]));
+    OK(tdist_fully_shard_tensors(m, NULL, 0, NULL, &o, &units[2]));
+  } else {
+    OK(tdist_fully_shard(m, "fc1", NULL, &o, &units[0]));
+    OK(tdist_fully_shard(m, "fc2", NULL, &o, &units[1]));
+    OK(tdist_fully_shard(m, "", NULL, &o, &units[2]));
+  }
   if (strcmp(mode, "fsdp-join") == 0) { /* rank r has kSteps + r batches */
     struct JoinStep js;
     tdist_join* join = NULL;
@@ -516,6 +530,7 @@ int main(void) {
   train_fsdp(pg, "fsdp-zero2-bf16");
   train_fsdp(pg, "fsdp-join");
   train_fsdp(pg, "fsdp-hybrid");
+  train_fsdp(pg, "fsdp-tensors");
   misuse(pg);
   {
     int size = 0;

@@ -295,6 +295,12 @@ void tdist_fsdp_options_init(tdist_fsdp_options* o);
  * after training (freeing one does not unshard the others). */
 tdist_status tdist_fully_shard(tdist_module* m, const char* path, tdist_pg* pg, const tdist_fsdp_options* o,
                                tdist_fsdp** out);
+/* The same, naming the unit by its parameters (handles given to
+ * tdist_module_new): the deepest submodule whose parameters, those of its
+ * inner units aside, are exactly these (n = 0: the root, once every
+ * parameter is in an inner unit). */
+tdist_status tdist_fully_shard_tensors(tdist_module* m, const tdist_tensor* params, size_t n, tdist_pg* pg,
+                                       const tdist_fsdp_options* o, tdist_fsdp** out);
 tdist_status tdist_fsdp_pre_forward(tdist_fsdp* u);
 tdist_status tdist_fsdp_post_forward(tdist_fsdp* u, const tdist_tensor* outputs, size_t n);
 tdist_status tdist_fsdp_abort_forward(tdist_fsdp* u);
