@@ -198,6 +198,11 @@ class Pretrained : public ::testing::Test {
     dir_ = new tdist::test::TempDir();
     python("/usr/bin/python3", "small " + in("small13.pt"));
     python(kVenvPython, "make " + dir_->path());
+    ready_ = true;
+  }
+  // gtest skips the tests of a suite whose SetUpTestSuite failed: fail them.
+  void SetUp() override {
+    if (!ready_) FAIL() << "the suite's setup failed (its message is above)";
   }
   static void TearDownTestSuite() {
     delete dir_;
@@ -205,8 +210,10 @@ class Pretrained : public ::testing::Test {
   }
   static std::string in(const std::string& name) { return dir_->path() + "/" + name; }
   static tdist::test::TempDir* dir_;
+  static bool ready_;
 };
 tdist::test::TempDir* Pretrained::dir_ = nullptr;
+bool Pretrained::ready_ = false;
 
 TEST_F(Pretrained, TorchSaveStateDictLoadsIntoAPlainModule) {
   for (const std::string name : {"small", "small13"}) {

@@ -56,8 +56,14 @@ class GptExample : public ::testing::Test {
     hf_ = dir_->path() + "/hf";
     r = python("make " + hf_ + " --n-layer 2 --n-head 2 --n-embd 32 --n-positions 64 --seed 3 --max-shard-size 60KB");
     ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
+    ready_ = true;
+  }
+  // gtest skips the tests of a suite whose SetUpTestSuite failed: fail them.
+  void SetUp() override {
+    if (!ready_) FAIL() << "the suite's setup failed (its message is above)";
   }
   static void TearDownTestSuite() {
+    ready_ = false;
     delete dir_;
     dir_ = nullptr;
   }
@@ -68,8 +74,10 @@ class GptExample : public ::testing::Test {
   test::TempDir own_;  // this test's outputs
   static test::TempDir* dir_;
   static std::string data_, hf_;
+  static bool ready_;
 };
 test::TempDir* GptExample::dir_ = nullptr;
+bool GptExample::ready_ = false;
 std::string GptExample::data_, GptExample::hf_;
 
 TEST_F(GptExample, GivesHuggingFacesValidationLossAtWorldsTwoAndThree) {
