@@ -256,7 +256,7 @@ int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
   std::shared_ptr<ProcessGroup> pg;
   if (o.api == "c") {
     c_groups = c_api::init(o.backend, 120000);
-    pg = c_groups->world_cpp;
+    pg = c_groups->world_cpp();
     c_world = c_groups->world;
   } else {
     InitOptions io;

@@ -41,6 +41,9 @@ double per_op_ns(Op&& op) {
 
 }  // namespace
 
+const std::shared_ptr<ProcessGroup>& Groups::world_cpp() const { return world->pg; }
+const std::shared_ptr<ProcessGroup>& Groups::solo_cpp() const { return solo->pg; }
+
 Groups::~Groups() {
   if (solo) tdist_pg_free(solo);
   if (world) tdist_pg_free(world);
@@ -57,8 +60,6 @@ std::unique_ptr<Groups> init(const std::string& backend, int64_t timeout_ms) {
     ok(tdist_new_group(g->world, &r, 1, &h), "tdist_new_group");
     if (h) g->solo = h;
   }
-  g->world_cpp = g->world->pg;
-  g->solo_cpp = g->solo->pg;
   return g;
 }
 
@@ -93,7 +94,7 @@ Overhead overheads(const Groups& g, bool async) {
   at::Tensor x = at::ones({1});
   AllreduceOptions o;
   o.async_op = async;
-  ProcessGroup& solo = *g.solo_cpp;
+  ProcessGroup& solo = *g.solo_cpp();
   void* xc = &x;
   // The same call both ways: synchronous (done when it returns), or queued
   // and its work waited for (and, in C, freed).

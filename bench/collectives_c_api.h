@@ -18,7 +18,9 @@ namespace tdist::bench::c_api {
 struct Groups {
   tdist_pg* world = nullptr;
   tdist_pg* solo = nullptr;
-  std::shared_ptr<ProcessGroup> world_cpp, solo_cpp;  // the same groups, for the C++ side
+  // The same groups, for the C++ side.
+  const std::shared_ptr<ProcessGroup>& world_cpp() const;
+  const std::shared_ptr<ProcessGroup>& solo_cpp() const;
   ~Groups();
 };
 std::unique_ptr<Groups> init(const std::string& backend, int64_t timeout_ms);

@@ -122,7 +122,7 @@ ReduceOp op_of(int op);
 at::ScalarType dtype_of(int d);
 // A new tensor, the caller's to free with tdist_tensor_free.
 tdist_tensor new_tensor(at::Tensor t);
-// Works live in slots (c_core.cpp): a tdist_work* is not an address but a
+// Works live in slots (c_works.cpp): a tdist_work* is not an address but a
 // slot's number and generation, so a freed work stays freed when its
 // slot is reused, and a foreign pointer names no slot. reserve_work
 // before the op starts (so that no op runs without its handle), then

@@ -112,14 +112,14 @@ tdist_fsdp* shard_at(const std::shared_ptr<Model>& model, const std::string& p, 
     unit = std::make_shared<FsdpUnit>(model->root, fsdp_options(o, pg));
     model->top = unit;
   } else {
-    ModulePtr node = model->root;
-    for (size_t i = 0; i + 1 < steps.size() && node; ++i) {
-      node = child_of(node, steps[i]);
-      if (dynamic_cast<FsdpUnit*>(node.get())) {
+    ModulePtr parent = model->root;
+    for (size_t i = 0; i + 1 < steps.size(); ++i) {
+      parent = child_of(parent, steps[i]);
+      if (!parent) usage("the module has no submodule '" + p + "'");
+      if (dynamic_cast<FsdpUnit*>(parent.get())) {
         usage("'" + p + "' is inside a sharded unit: shard the inner units first, then the outer ones");
       }
     }
-    ModulePtr parent = walk(model->root, steps, steps.size() - 1, false, p);
     ModulePtr target = child_of(parent, steps.back());
     if (!target) usage("the module has no submodule '" + p + "'");
     if (dynamic_cast<FsdpUnit*>(target.get())) usage("'" + p + "' is sharded already");

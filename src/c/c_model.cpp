@@ -73,12 +73,12 @@ ModulePtr child_of(const ModulePtr& node, const std::string& name) {
   return c ? *c : nullptr;
 }
 
-// The submodule for the steps of a name (made when missing with make).
-ModulePtr walk(ModulePtr node, const std::vector<std::string>& steps, size_t n, bool make, const std::string& path) {
+namespace {
+// The submodule at the first n steps of a name, made where missing.
+ModulePtr made_submodule(ModulePtr node, const std::vector<std::string>& steps, size_t n, const std::string& path) {
   for (size_t i = 0; i < n; ++i) {
     ModulePtr next = child_of(node, steps[i]);
     if (!next) {
-      if (!make) usage("the module has no submodule '" + path + "'");
       if (unwrap(node)->named_parameters(false).find(steps[i]) || unwrap(node)->named_buffers(false).find(steps[i])) {
         usage("'" + steps[i] + "' in '" + path + "' is a tensor and a module");
       }
@@ -88,6 +88,7 @@ ModulePtr walk(ModulePtr node, const std::vector<std::string>& steps, size_t n, 
   }
   return node;
 }
+}  // namespace
 
 void add_tensors(Model& model, const char* const* ns, const tdist_tensor* ts, size_t n, bool buffers) {
   const auto keys = names(ns, n, "names");
@@ -95,7 +96,7 @@ void add_tensors(Model& model, const char* const* ns, const tdist_tensor* ts, si
   for (size_t i = 0; i < n; ++i) {
     const auto steps = split_path(keys[i]);
     if (steps.empty()) usage("names[" + std::to_string(i) + "] is empty");
-    ModulePtr owner = walk(model.root, steps, steps.size() - 1, true, keys[i]);
+    ModulePtr owner = made_submodule(model.root, steps, steps.size() - 1, keys[i]);
     const std::string& leaf = steps.back();
     if (child_of(owner, leaf)) usage("'" + keys[i] + "' is a module and a tensor");
     if (owner->named_parameters(false).find(leaf) || owner->named_buffers(false).find(leaf)) {

@@ -77,8 +77,6 @@ std::vector<std::string> split_path(const std::string& path);
 ModulePtr unwrap(ModulePtr m);
 // The child `name` of node (through its wrapper), or null.
 ModulePtr child_of(const ModulePtr& node, const std::string& name);
-// The submodule at the first n steps (made when missing with make).
-ModulePtr walk(ModulePtr node, const std::vector<std::string>& steps, size_t n, bool make, const std::string& path);
 // Registers the binding's tensors under their dotted names.
 void add_tensors(Model& model, const char* const* ns, const tdist_tensor* ts, size_t n, bool buffers);
 Model& model_of(tdist_module* m);
