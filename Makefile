@@ -5,7 +5,7 @@
 #   make test   install what is missing, build and run the whole test suite
 #               twice: against LibTorch 1.13 (Debian, C++17) and against
 #               LibTorch 2.x (the torch wheel from PyPI, C++20)
-# Also: make build | build-2 | test-1.13 | test-2 | test-gpu | demo-gpt | bench | asan | tsan | fuzz | clean
+# Also: make build | build-2 | test-1.13 | test-2 | test-gpu | demo-gpt | bench | etcd | asan | tsan | fuzz | clean
 
 # LibTorch 1.13 from Debian's libtorch-dev, C++17 (also what make demo uses)
 BUILD      ?= build
@@ -17,7 +17,7 @@ CMAKE_ARGS ?=
 GENERATOR   = $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 CTEST      := ctest -j $(JOBS) --output-on-failure --timeout 300
 
-.PHONY: all deps deps-torch2 deps-pyref configure build build-2 test test-1.13 test-2 test-gpu demo demo-gpt bench slow-link asan tsan fuzz clean
+.PHONY: all deps deps-torch2 deps-pyref configure build build-2 test test-1.13 test-2 test-gpu demo demo-gpt bench slow-link etcd etcd-stop asan tsan fuzz clean
 
 all: build
 
@@ -99,6 +99,13 @@ bench: build build-2
 slow-link: build
 	mkdir -p $(BUILD)/bench
 	bash bench/slow_link.sh $(BUILD)/bin $(BUILD)/bench
+
+# A local etcd for tdist-run --rdzv-backend etcd: ETCD_ARGS="--members 3"
+# for three members on loopback; make etcd-stop stops them.
+etcd: deps
+	@bash scripts/etcd.sh start $(ETCD_ARGS)
+etcd-stop:
+	@bash scripts/etcd.sh stop $(ETCD_ARGS)
 
 # The suite under sanitizers (against LibTorch 1.13), each in its own tree.
 asan: deps

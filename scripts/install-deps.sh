@@ -19,6 +19,7 @@ PACKAGES=(
   dataset-fashion-mnist          # the demo's data set
   fortunes fortunes-min          # English text: examples/gpt.cpp's default corpus
   iproute2                       # network namespaces in multi-host tests
+  etcd-server etcd-client        # tdist-run --rdzv-backend etcd: its tests, make etcd
   openmpi-bin libopenmpi-dev     # the mpi backend, and its tests under mpirun
   python3-venv                   # .venv for LibTorch 2.x from PyPI (scripts/torch2.sh)
   libcli11-dev nlohmann-json3-dev  # command lines and JSON of the tools, benchmarks, examples

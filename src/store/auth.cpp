@@ -26,17 +26,21 @@ Bytes hmac(const std::string& token, const std::string& label, const Bytes& a, c
   Bytes msg(label.begin(), label.end());
   msg.insert(msg.end(), a.begin(), a.end());
   msg.insert(msg.end(), b.begin(), b.end());
+  return hmac_sha256(token, msg);
+}
+
+}  // namespace
+
+Bytes hmac_sha256(const std::string& key, const Bytes& message) {
   Bytes out(EVP_MAX_MD_SIZE);
   unsigned int len = 0;
-  if (!HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()), msg.data(), msg.size(),
-            out.data(), &len)) {
-    throw StoreError("TCPStore authentication: HMAC-SHA256 failed in OpenSSL");
+  if (!HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), message.data(), message.size(), out.data(),
+            &len)) {
+    throw StoreError("HMAC-SHA256 failed in OpenSSL");
   }
   out.resize(len);
   return out;
 }
-
-}  // namespace
 
 std::string resolve_token(const std::optional<std::string>& explicit_token) {
   if (explicit_token) return *explicit_token;

@@ -33,6 +33,8 @@ std::string read_token_file(const std::string& path);
 std::string generate_token();
 
 Bytes random_nonce();
+// HMAC-SHA256 of message under key: 32 bytes.
+Bytes hmac_sha256(const std::string& key, const Bytes& message);
 Bytes client_mac(const std::string& token, const Bytes& server_nonce, const Bytes& client_nonce);
 Bytes server_mac(const std::string& token, const Bytes& server_nonce, const Bytes& client_nonce);
 // Constant-time comparison.

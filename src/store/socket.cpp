@@ -112,51 +112,62 @@ Fd listen_tcp(const std::string& host, uint16_t port, uint16_t* bound_port) {
   return fd;
 }
 
+namespace {
+
+// One attempt at every address of host:port, each before the deadline; an
+// invalid Fd and *error set when none connected.
+Fd try_connect(const std::string& host, uint16_t port, Deadline deadline, std::string* error) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  const int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &res);
+  if (rc != 0) {
+    *error = std::string("cannot resolve host: ") + gai_strerror(rc);
+    return Fd();
+  }
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    Fd s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+    if (!s.valid()) {
+      *error = errno_string(errno);
+      continue;
+    }
+    // Connect without blocking past the deadline.
+    set_nonblocking(s.get());
+    int c = ::connect(s.get(), ai->ai_addr, ai->ai_addrlen);
+    if (c != 0 && errno == EINPROGRESS) {
+      if (!wait_fd(s.get(), POLLOUT, deadline)) {
+        *error = "connect timed out";
+        continue;
+      }
+      int err = 0;
+      socklen_t len = sizeof err;
+      getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+      c = err == 0 ? 0 : -1;
+      errno = err;
+    }
+    if (c == 0) {
+      int flags = fcntl(s.get(), F_GETFL, 0);
+      fcntl(s.get(), F_SETFL, flags & ~O_NONBLOCK);
+      set_nodelay(s.get());
+      freeaddrinfo(res);
+      return s;
+    }
+    *error = errno_string(errno);
+  }
+  freeaddrinfo(res);
+  return Fd();
+}
+
+}  // namespace
+
 Fd connect_tcp(const std::string& host, uint16_t port, Deadline deadline) {
   auto pause = std::chrono::milliseconds(10);
   std::string last_error = "no attempt made";
   for (;;) {
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_flags = AI_NUMERICSERV;
-    addrinfo* res = nullptr;
-    const std::string service = std::to_string(port);
-    int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &res);
-    if (rc != 0) {
-      last_error = std::string("cannot resolve host: ") + gai_strerror(rc);
-    } else {
-      for (addrinfo* ai = res; ai; ai = ai->ai_next) {
-        Fd s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
-        if (!s.valid()) {
-          last_error = errno_string(errno);
-          continue;
-        }
-        // Connect without blocking past the deadline.
-        set_nonblocking(s.get());
-        int c = ::connect(s.get(), ai->ai_addr, ai->ai_addrlen);
-        if (c != 0 && errno == EINPROGRESS) {
-          if (!wait_fd(s.get(), POLLOUT, deadline)) {
-            last_error = "connect timed out";
-            continue;
-          }
-          int err = 0;
-          socklen_t len = sizeof err;
-          getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-          c = err == 0 ? 0 : -1;
-          errno = err;
-        }
-        if (c == 0) {
-          int flags = fcntl(s.get(), F_GETFL, 0);
-          fcntl(s.get(), F_SETFL, flags & ~O_NONBLOCK);
-          set_nodelay(s.get());
-          freeaddrinfo(res);
-          return s;
-        }
-        last_error = errno_string(errno);
-      }
-      freeaddrinfo(res);
-    }
+    if (Fd s = try_connect(host, port, deadline, &last_error); s.valid()) return s;
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
       throw TimeoutError("could not connect to the TCPStore server at " + endpoint(host, port) +
@@ -167,6 +178,13 @@ Fd connect_tcp(const std::string& host, uint16_t port, Deadline deadline) {
     std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
     pause = std::min(pause * 2, std::chrono::milliseconds(1000));
   }
+}
+
+Fd connect_tcp_once(const std::string& host, uint16_t port, Deadline deadline) {
+  std::string error = "no attempt made";
+  Fd s = try_connect(host, port, deadline, &error);
+  if (!s.valid()) throw NetworkError("cannot connect to " + endpoint(host, port) + ": " + error);
+  return s;
 }
 
 void send_all(int fd, const char* data, size_t size, Deadline deadline) {

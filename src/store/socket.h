@@ -45,6 +45,9 @@ Fd listen_tcp(const std::string& host, uint16_t port, uint16_t* bound_port);
 // there (refused, unreachable) until deadline. The socket is blocking, with
 // TCP_NODELAY.
 Fd connect_tcp(const std::string& host, uint16_t port, Deadline deadline);
+// One attempt (each address of host once, before the deadline): raises
+// NetworkError naming host:port and why when none connects.
+Fd connect_tcp_once(const std::string& host, uint16_t port, Deadline deadline);
 
 // Sends all of data or throws.
 void send_all(int fd, const char* data, size_t size, Deadline deadline);

@@ -1,22 +1,12 @@
 #include "run/elastic_agent.h"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <thread>
 #include <vector>
 
 #include "store/socket.h"
 #include "tdist/errors.h"
-#include "tdist/store.h"
 #include "util/env.h"
 
 namespace tdist_run {
@@ -27,7 +17,8 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr milliseconds kPollInterval{100};
-// A node of a round whose beat has not changed for this long is taken for
+// A node of a round whose beat has not changed for this long (or, with
+// etcd, whose beat expired with its lease) is taken for
 // lost (its launcher was killed, or its machine is gone).
 constexpr milliseconds kDeadNode{10'000};
 // How long the nodes of a closed round have to say they are there.
@@ -47,85 +38,14 @@ int64_t parse_count(const std::string& text, const std::string& what, int64_t mo
   return *v;
 }
 
-// The store's host: a process of its own (see the header), serving until
-// the launcher that forked it is gone. Writes 'y' to `report` once it
-// listens, or 'n' and why it cannot.
-[[noreturn]] void serve_store(pid_t launcher, int report, const ElasticOptions& o) {
-  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != launcher) _exit(1);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) signal(sig, SIG_IGN);
-  prctl(PR_SET_NAME, "tdist-run-store");
-  std::unique_ptr<tdist::TCPStoreServer> server;
-  std::string answer = "y";
-  try {
-    tdist::TCPStoreServerOptions so;
-    const char* bind = std::getenv("TDIST_STORE_BIND");
-    so.host = bind && *bind ? bind : o.endpoint_host;
-    so.port = static_cast<uint16_t>(o.endpoint_port);
-    so.token = o.token;
-    server = std::make_unique<tdist::TCPStoreServer>(so);
-  } catch (const std::exception& e) {
-    answer = std::string("n") + e.what();
-  }
-  (void)!write(report, answer.data(), answer.size());
-  close(report);
-  if (!server) _exit(0);
-  for (;;) pause();
-}
-
 }  // namespace
 
 ElasticAgent::ElasticAgent(ElasticOptions options) : o_(std::move(options)) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) throw tdist::Error(std::string("tdist-run: pipe: ") + std::strerror(errno));
-  std::fflush(nullptr);
-  const pid_t launcher = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) throw tdist::Error(std::string("tdist-run: fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    close(fds[0]);
-    serve_store(launcher, fds[1], o_);
-  }
-  close(fds[1]);
-  std::string answer;
-  char buf[512];
-  for (;;) {
-    const ssize_t n = read(fds[0], buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    answer.append(buf, static_cast<size_t>(n));
-  }
-  close(fds[0]);
-  std::string host_error;
-  if (answer == "y") {
-    host_pid_ = pid;
-  } else {
-    host_error = answer.empty() ? "its process died" : answer.substr(1);
-    waitpid(pid, nullptr, 0);
-  }
-  tdist::TCPStoreOptions co;
-  co.port = static_cast<uint16_t>(o_.endpoint_port);
-  co.is_server = false;
-  co.token = o_.token;
-  co.timeout = milliseconds(60'000);
-  char host[256] = "?";
-  gethostname(host, sizeof host - 1);
-  co.client_name = std::string("tdist-run on ") + host;
-  try {
-    store_ = std::make_unique<tdist::TCPStore>(o_.endpoint_host, co);
-  } catch (const std::exception& e) {
-    throw tdist::Error("tdist-run: cannot reach the rendezvous store at " + o_.endpoint_host + ":" +
-                       std::to_string(o_.endpoint_port) + ": " + e.what() +
-                       (host_error.empty() ? "" : " (and cannot host it here: " + host_error + ")"));
-  }
+  store_ = o_.store.backend == RdzvStoreOptions::kEtcd ? make_etcd_rdzv_store(o_.store)
+                                                       : make_builtin_rdzv_store(o_.store);
 }
 
-ElasticAgent::~ElasticAgent() {
-  store_.reset();
-  if (host_pid_ > 0) {
-    kill(host_pid_, SIGKILL);
-    waitpid(host_pid_, nullptr, 0);
-  }
-}
+ElasticAgent::~ElasticAgent() = default;
 
 std::string ElasticAgent::key(const std::string& name) const { return "tdist-run/" + o_.run_id + "/" + name; }
 
@@ -133,13 +53,10 @@ std::string ElasticAgent::key(int64_t round, const std::string& name) const {
   return key("round/" + std::to_string(round) + "/" + name);
 }
 
-std::optional<std::string> ElasticAgent::get_if(const std::string& k) {
-  if (!store_->check({k})) return std::nullopt;
-  return store_->get_string(k);
-}
+std::optional<std::string> ElasticAgent::get_if(const std::string& k) { return store_->get(k); }
 
 void ElasticAgent::try_close(int64_t round, int64_t nodes) {
-  store_->compare_set(key(round, "closed"), {}, tdist::to_bytes(std::to_string(nodes)));
+  store_->compare_set(key(round, "closed"), "", std::to_string(nodes));
 }
 
 StopRequest ElasticAgent::restart_reason(const std::string& why) const {
@@ -149,33 +66,36 @@ StopRequest ElasticAgent::restart_reason(const std::string& why) const {
 
 // What a waiting agent has seen of each node of the round before its own.
 struct ElasticAgent::Watch {
-  std::vector<int64_t> beat;
-  std::vector<Clock::time_point> since;
+  std::vector<BeatSeen> nodes;
 };
+
+bool ElasticAgent::silent(const std::string& beat_key, BeatSeen& b) {
+  const std::optional<int64_t> beat = store_->read_beat(beat_key);
+  const auto now = Clock::now();
+  if (b.seen && !beat) return true;  // expired with its node's lease: gone
+  if (!b.looked || beat != b.beat) {
+    b.looked = true;
+    b.seen = b.seen || beat.has_value();
+    b.beat = beat;
+    b.since = now;
+  }
+  return now - b.since >= kDeadNode;
+}
 
 bool ElasticAgent::round_over(int64_t r, Watch& w) {
   const auto closed = get_if(key(r, "closed"));
   if (!closed) return true;  // never closed: nobody runs in it
   const int64_t nodes = parse_count(*closed, "a round's node count", 1 << 20);
-  if (w.beat.size() != static_cast<size_t>(nodes)) {
-    w.beat.assign(static_cast<size_t>(nodes), -1);
-    w.since.assign(static_cast<size_t>(nodes), Clock::now());
-  }
+  if (w.nodes.size() != static_cast<size_t>(nodes)) w.nodes.assign(static_cast<size_t>(nodes), BeatSeen{});
   bool all_out = true;
   for (int64_t j = 0; j < nodes; ++j) {
-    if (store_->check({key(r, "stopped/" + std::to_string(j))})) continue;
-    const int64_t beat = store_->add(key(r, "beat/" + std::to_string(j)), 0);
-    if (beat != w.beat[j]) {
-      w.beat[j] = beat;
-      w.since[j] = Clock::now();
-    }
-    if (Clock::now() - w.since[j] < kDeadNode) all_out = false;
+    if (store_->has(key(r, "stopped/" + std::to_string(j)))) continue;
+    if (!silent(key(r, "beat/" + std::to_string(j)), w.nodes[static_cast<size_t>(j)])) all_out = false;
   }
   if (!all_out) return false;
   // Every node of it stopped or went silent: over, by a restart if none was asked.
-  if (!store_->check({key(r, "restart")})) {
-    store_->compare_set(key(r, "restart"), {},
-                        tdist::to_bytes("round " + std::to_string(r) + "'s launchers stopped answering"));
+  if (!store_->has(key(r, "restart"))) {
+    store_->compare_set(key(r, "restart"), "", "round " + std::to_string(r) + "'s launchers stopped answering");
   }
   return true;
 }
@@ -186,6 +106,7 @@ std::optional<Membership> ElasticAgent::take_place(int64_t g, int64_t index, int
   node_ = static_cast<int>(index);
   nodes_ = static_cast<int>(nodes);
   next_round_ = g + 1;
+  watched_ = BeatSeen{};
   store_->set(key(g, "nproc/" + std::to_string(index)), std::to_string(o_.nproc));
   if (index == 0) {
     store_->set(key(g, "master"), o_.local_addr + ":" + std::to_string(tdist::detail::find_free_port()));
@@ -198,20 +119,19 @@ std::optional<Membership> ElasticAgent::take_place(int64_t g, int64_t index, int
   const auto until = Clock::now() + kMemberWait;
   for (;;) {
     if (interrupted()) throw Interrupted("tdist-run: interrupted in the rendezvous");
-    store_->add(key(g, "beat/" + std::to_string(index)), 1);
-    if (store_->check(keys)) break;
-    if (store_->check({key(g, "restart")})) return std::nullopt;
+    store_->beat(key(g, "beat/" + std::to_string(index)));
+    if (std::all_of(keys.begin(), keys.end(), [&](const std::string& k) { return store_->has(k); })) break;
+    if (store_->has(key(g, "restart"))) return std::nullopt;
     // A node that left the rendezvous (stopped/<node> set, no nproc) or
     // has not come by now: restart the round without it. It is marked
     // stopped, so the next round need not wait for it to fall silent.
     const bool late = Clock::now() > until;
     for (int64_t j = 0; j < nodes; ++j) {
       const std::string j_text = std::to_string(j);
-      if (store_->check({key(g, "nproc/" + j_text)})) continue;
-      if (!late && !store_->check({key(g, "stopped/" + j_text)})) continue;
+      if (store_->has(key(g, "nproc/" + j_text))) continue;
+      if (!late && !store_->has(key(g, "stopped/" + j_text))) continue;
       store_->set(key(g, "stopped/" + j_text), "1");
-      store_->compare_set(key(g, "restart"), {},
-                          tdist::to_bytes("node " + j_text + " of round " + std::to_string(g) + " never came"));
+      store_->compare_set(key(g, "restart"), "", "node " + j_text + " of round " + std::to_string(g) + " never came");
       return std::nullopt;
     }
     std::this_thread::sleep_for(kPollInterval);
@@ -220,7 +140,7 @@ std::optional<Membership> ElasticAgent::take_place(int64_t g, int64_t index, int
   m.round = g;
   m.node = static_cast<int>(index);
   m.nodes = static_cast<int>(nodes);
-  const std::string master = store_->get_string(key(g, "master"));
+  const std::string master = get_if(key(g, "master")).value_or("");
   const size_t colon = master.rfind(':');
   const auto port = tdist::detail::parse_int(colon == std::string::npos ? "" : master.substr(colon + 1));
   if (!port || *port < 1 || *port > 65535) {
@@ -229,7 +149,7 @@ std::optional<Membership> ElasticAgent::take_place(int64_t g, int64_t index, int
   m.master_addr = master.substr(0, colon);
   m.master_port = static_cast<int>(*port);
   for (int64_t j = 0; j < nodes; ++j) {
-    const int64_t n = parse_count(store_->get_string(key(g, "nproc/" + std::to_string(j))), "a node's rank count", 4096);
+    const int64_t n = parse_count(get_if(key(g, "nproc/" + std::to_string(j))).value_or(""), "a node's rank count", 4096);
     if (n < 1) throw tdist::StoreError("tdist-run: node " + std::to_string(j) + " has no ranks");
     if (j < index) m.first_rank += static_cast<int>(n);
     m.world_size += static_cast<int>(n);
@@ -243,11 +163,11 @@ std::optional<Membership> ElasticAgent::rendezvous(const std::function<bool()>& 
   int64_t g = next_round_;
   if (auto r = get_if(key("round"))) {
     const int64_t newest = parse_count(*r, "the newest round", kMaxRound);
-    if (next_round_ == 0 && store_->check({key(newest, "finished")})) {
-      throw tdist::Error("tdist-run: the job '" + o_.run_id + "' at " + o_.endpoint_host + ":" +
-                         std::to_string(o_.endpoint_port) +
-                         " has already finished; a new job there needs another --rdzv-id (or the old one's "
-                         "launchers to be gone)");
+    if (next_round_ == 0 && store_->has(key(newest, "finished"))) {
+      throw tdist::Error("tdist-run: the job '" + o_.run_id + "' in " + store_->describe() +
+                         " has already finished; a new job there needs another --rdzv-id (or " +
+                         (store_->durable() ? "the old job's keys to expire, --rdzv-conf job_ttl after its last launcher)"
+                                            : "the old one's launchers to be gone)"));
     }
     g = std::max(g, newest);
   }
@@ -258,7 +178,7 @@ std::optional<Membership> ElasticAgent::rendezvous(const std::function<bool()>& 
     for (std::string cur = get_if(key("round")).value_or("");;) {
       if (!cur.empty() && parse_count(cur, "the newest round", kMaxRound) >= g) break;
       const std::string now =
-          tdist::to_string(store_->compare_set(key("round"), tdist::to_bytes(cur), tdist::to_bytes(std::to_string(g))));
+          store_->compare_set(key("round"), cur, std::to_string(g));
       if (now == std::to_string(g) || now == cur) break;
       cur = now;
     }
@@ -298,7 +218,7 @@ std::optional<Membership> ElasticAgent::rendezvous(const std::function<bool()>& 
         continue;
       }
       const bool prev_over = g == 0 || round_over(g - 1, watch);
-      if (g > 0 && store_->check({key(g - 1, "finished")})) return std::nullopt;  // the job is done without this node
+      if (g > 0 && store_->has(key(g - 1, "finished"))) return std::nullopt;  // the job is done without this node
       const int64_t n = store_->add(key(g, "joined"), 0);
       if (prev_over && n >= o_.max_nodes) {
         try_close(g, o_.max_nodes);
@@ -313,8 +233,7 @@ std::optional<Membership> ElasticAgent::rendezvous(const std::function<bool()>& 
       }
       if (Clock::now() > deadline) {
         throw tdist::TimeoutError("tdist-run: waited " + seconds_text(o_.join_timeout) + " in rendezvous round " +
-                                  std::to_string(g) + " at " + o_.endpoint_host + ":" +
-                                  std::to_string(o_.endpoint_port) + ": " + std::to_string(n) +
+                                  std::to_string(g) + " at " + store_->describe() + ": " + std::to_string(n) +
                                   " node(s) came, the job needs " + std::to_string(o_.min_nodes) + " to " +
                                   std::to_string(o_.max_nodes) +
                                   (prev_over ? "" : " (and the previous round's nodes are still running)"));
@@ -326,33 +245,46 @@ std::optional<Membership> ElasticAgent::rendezvous(const std::function<bool()>& 
 }
 
 std::optional<StopRequest> ElasticAgent::poll() {
-  store_->add(key(round_, "beat/" + std::to_string(node_)), 1);
+  store_->beat(key(round_, "beat/" + std::to_string(node_)));
   if (auto a = get_if(key("abort"))) return StopRequest{StopRequest::kAbort, *a};
   std::optional<std::string> why = get_if(key(round_, "restart"));
   if (!why && nodes_ < o_.max_nodes && store_->add(key(round_ + 1, "joined"), 0) > 0) {
-    why = tdist::to_string(store_->compare_set(key(round_, "restart"), {},
-                                               tdist::to_bytes("membership: a node is waiting to join")));
+    why = store_->compare_set(key(round_, "restart"), "", "membership: a node is waiting to join");
+  }
+  // Each node watches the next one of its round (a ring: every node is
+  // watched, at one read a poll): one gone silent stops the round, whether
+  // or not its peers' ranks have noticed (a node cut off or frozen leaves
+  // them waiting in a collective until its timeout).
+  if (!why && nodes_ > 1) {
+    const int next = (node_ + 1) % nodes_;
+    const std::string next_text = std::to_string(next);
+    if (silent(key(round_, "beat/" + next_text), watched_) && !store_->has(key(round_, "stopped/" + next_text))) {
+      why = store_->compare_set(key(round_, "restart"), "",
+                                "node " + next_text + " of round " + std::to_string(round_) +
+                                    " went silent: its launcher has not answered for " + seconds_text(kDeadNode) +
+                                    " (lost, cut off or frozen)");
+    }
   }
   if (!why) return std::nullopt;
   return restart_reason(*why);
 }
 
 void ElasticAgent::request_restart(const std::string& why) {
-  store_->compare_set(key(round_, "restart"), {}, tdist::to_bytes(why));
+  store_->compare_set(key(round_, "restart"), "", why);
 }
 
 void ElasticAgent::abort(const std::string& why) {
-  store_->compare_set(key("abort"), {}, tdist::to_bytes(why));
+  store_->compare_set(key("abort"), "", why);
   // The host lingers a moment, so that the others read why before its
   // store is gone.
-  if (hosts_store()) std::this_thread::sleep_for(milliseconds(2000));
+  if (store_->host_pid() > 0) std::this_thread::sleep_for(milliseconds(2000));
 }
 
 std::optional<StopRequest> ElasticAgent::finish(const std::function<bool()>& interrupted) {
   store_->add(key(round_, "done"), 1);
   const auto deadline = Clock::now() + o_.exit_barrier;
   for (;;) {
-    store_->add(key(round_, "beat/" + std::to_string(node_)), 1);
+    store_->beat(key(round_, "beat/" + std::to_string(node_)));
     if (interrupted()) throw Interrupted("tdist-run: interrupted while waiting for the other nodes to finish");
     if (auto a = get_if(key("abort"))) throw tdist::Error("tdist-run: the job was given up: " + *a);
     const int64_t done = store_->add(key(round_, "done"), 0);
@@ -370,7 +302,7 @@ std::optional<StopRequest> ElasticAgent::finish(const std::function<bool()>& int
   // Every agent counts itself out; the host keeps the store until all
   // have (or a few seconds), so none finds it gone.
   store_->add(key(round_, "left"), 1);
-  if (hosts_store()) {
+  if (store_->host_pid() > 0) {
     const auto until = Clock::now() + milliseconds(5000);
     while (Clock::now() < until && store_->add(key(round_, "left"), 0) < nodes_) std::this_thread::sleep_for(kPollInterval);
   }

@@ -4,12 +4,12 @@
 // fails, or a node is gone, or a new node asks to join, every agent stops
 // its ranks and they meet again, with whoever is there.
 //
-// The rendezvous store: a TCPStore at the endpoint (--rdzv-endpoint, or
-// --master-addr/--master-port). The first agent that can listen there
-// hosts it, in a process of its own forked before any thread (so the
-// launcher itself stays single-threaded and can fork ranks safely); the
-// others are its clients. The host is the job's one fixed point: if its
-// node goes, the job ends, loudly (as with torchrun's c10d backend).
+// The rendezvous store (run/rdzv_store.h): the built-in one, a TCPStore
+// that the first agent able to listen at the endpoint hosts (in a process
+// of its own forked before any thread, so the launcher itself stays
+// single-threaded and can fork ranks safely) and whose node is the job's
+// one fixed point (if it goes, the job ends, loudly, as with torchrun's
+// c10d backend); or an etcd cluster, where no node is special.
 //
 // Keys live under tdist-run/<run id>/ (--rdzv-id, torchrun's), so jobs
 // that share an endpoint by turns (or at once) do not meet.
@@ -22,7 +22,11 @@
 // when a restart was asked (or it finished) and every one of its nodes has
 // stopped its ranks (g-1/stopped/<node>) or gone silent (its beat,
 // g-1/beat/<node>, bumped every 200 ms while the node is in the round,
-// unchanged for 10 s: a node lost for good). An agent that comes too late
+// unchanged for 10 s, or with etcd expired with the node's lease: a node
+// lost for good). While a round runs, each node also watches the next
+// node's beat (a ring) and restarts the round when that one goes silent,
+// so that a node cut off or frozen is noticed in 10 s, not at its peers'
+// collective timeout. An agent that comes too late
 // for a round waits in the next: the running agents see it
 // (g+1/joined > 0) and, below MAX nodes, restart to let it in. A restart
 // is g/restart set (its first reason wins): a rank's failure, a node
@@ -46,11 +50,8 @@
 #include <optional>
 #include <string>
 
+#include "run/rdzv_store.h"
 #include "tdist/errors.h"
-
-namespace tdist {
-class TCPStore;
-}
 
 namespace tdist_run {
 
@@ -58,12 +59,10 @@ struct ElasticOptions {
   int min_nodes = 1;
   int max_nodes = 1;
   int nproc = 1;  // this node's ranks
-  std::string endpoint_host = "127.0.0.1";
-  int endpoint_port = 0;
+  RdzvStoreOptions store;
   // The address of this node that the other nodes' ranks reach its ranks
   // at, when this node is a round's node 0.
   std::string local_addr;
-  std::string token;  // the rendezvous store's token ("": none)
   std::string run_id = "none";  // --rdzv-id
   // How long an agent waits for a round to close (torchrun's join_timeout),
   // and the last call: how long a round with at least MIN nodes stays open
@@ -100,16 +99,15 @@ struct StopRequest {
 
 class ElasticAgent {
  public:
-  // Hosts the rendezvous store if it can listen at the endpoint, else
-  // joins it as a client. Call before the launcher starts any thread or
-  // rank. Throws tdist::Error with the endpoint named when neither works.
+  // Opens the rendezvous store (the built-in one hosted here if it can
+  // listen at the endpoint). Call before the launcher starts any thread or
+  // rank. Throws tdist::Error with the endpoint named when it cannot.
   explicit ElasticAgent(ElasticOptions options);
   ~ElasticAgent();
   ElasticAgent(const ElasticAgent&) = delete;
   ElasticAgent& operator=(const ElasticAgent&) = delete;
 
-  bool hosts_store() const { return host_pid_ > 0; }
-  pid_t store_host_pid() const { return host_pid_; }
+  const RdzvStore& store() const { return *store_; }
 
   // Joins the next round and waits until it closes (this node's ranks of
   // any earlier round must be gone: it tells the others so). nullopt: the
@@ -139,6 +137,15 @@ class ElasticAgent {
   // Whether round r (closed, this node not in it) has ended; see above.
   struct Watch;
   bool round_over(int64_t r, Watch& w);
+  // What this agent has seen of another node's beat.
+  struct BeatSeen {
+    bool looked = false;
+    bool seen = false;  // its key was there once
+    std::optional<int64_t> beat;
+    std::chrono::steady_clock::time_point since;  // when it last changed
+  };
+  // Reads a node's beat; true when the node has gone silent (see above).
+  bool silent(const std::string& beat_key, BeatSeen& b);
   // After round g closed with this node as `index`: its place, or nullopt
   // when a node of the round never came (the round is restarted).
   std::optional<Membership> take_place(int64_t g, int64_t index, int64_t nodes,
@@ -146,8 +153,8 @@ class ElasticAgent {
   StopRequest restart_reason(const std::string& why) const;
 
   ElasticOptions o_;
-  pid_t host_pid_ = -1;  // the store's host process, when this agent started it
-  std::unique_ptr<tdist::TCPStore> store_;
+  std::unique_ptr<RdzvStore> store_;
+  BeatSeen watched_;  // the next node of round_
   int64_t round_ = -1;       // the round this node is in (running or done)
   int64_t next_round_ = 0;   // the lowest round to join next
   int nodes_ = 0;            // in round_

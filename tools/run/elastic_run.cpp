@@ -23,20 +23,24 @@ ElasticOptions agent_options(const Options& o, TokenPlan& token) {
   eo.min_nodes = o.min_nodes;
   eo.max_nodes = o.nnodes;
   eo.nproc = o.nproc;
-  eo.endpoint_host = o.master_addr;
-  eo.endpoint_port = o.master_port;
+  eo.store.backend = o.rdzv_backend == "etcd" ? RdzvStoreOptions::kEtcd : RdzvStoreOptions::kBuiltin;
+  eo.store.endpoint = o.rdzv_endpoint;
+  eo.store.endpoint_host = o.master_addr;
+  eo.store.endpoint_port = o.master_port;
+  eo.store.run_id = o.rdzv_id;
+  eo.store.job_ttl = std::chrono::seconds(static_cast<int64_t>(o.job_ttl_s));
   eo.local_addr = o.local_addr;
   eo.run_id = o.rdzv_id;
   eo.join_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.join_timeout_s * 1000));
   eo.last_call = std::chrono::milliseconds(static_cast<int64_t>(o.last_call_s * 1000));
   try {
     switch (token.kind) {
-      case TokenPlan::kGiven: eo.token = token.token; break;
-      case TokenPlan::kKeep: eo.token = tdist::detail::resolve_token(std::nullopt); break;
+      case TokenPlan::kGiven: eo.store.token = token.token; break;
+      case TokenPlan::kKeep: eo.store.token = tdist::detail::resolve_token(std::nullopt); break;
       case TokenPlan::kNone: break;
       case TokenPlan::kGenerate:
-        eo.token = tdist::detail::generate_token();
-        token = {TokenPlan::kGiven, eo.token};
+        eo.store.token = tdist::detail::generate_token();
+        token = {TokenPlan::kGiven, eo.store.token};
         break;
     }
   } catch (const tdist::Error& e) {
@@ -109,11 +113,32 @@ int Rounds::run() {
 }
 
 std::optional<int> Rounds::run_round(const Membership& m, bool& counts) {
+  // A built-in store that fails is gone for good (its host's node is); an
+  // etcd cluster may be out of reach for a while (this node cut off, a
+  // leader election): the ranks go on, and the round is given up only
+  // when the outage outlasts the join timeout.
+  std::optional<std::chrono::steady_clock::time_point> outage;
   const StopCheck check = [&]() -> std::optional<StopRequest> {
     try {
-      return agent_.poll();
+      auto stop = agent_.poll();
+      if (outage) std::fprintf(stderr, "tdist-run: %s answers again\n", agent_.store().describe().c_str());
+      outage.reset();
+      return stop;
     } catch (const std::exception& e) {
-      return StopRequest{StopRequest::kAbort, std::string("the rendezvous store is gone: ") + e.what()};
+      if (!agent_.store().durable()) {
+        return StopRequest{StopRequest::kAbort, std::string("the rendezvous store is gone: ") + e.what()};
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (!outage) {
+        outage = now;
+        std::fprintf(stderr, "tdist-run: cannot reach %s (%s); the ranks go on\n", agent_.store().describe().c_str(),
+                     e.what());
+      }
+      if (now - *outage > std::chrono::duration<double>(o_.join_timeout_s)) {
+        return StopRequest{StopRequest::kAbort, "out of touch with " + agent_.store().describe() + " for over " +
+                                                    std::to_string(static_cast<int>(o_.join_timeout_s)) + " s"};
+      }
+      return std::nullopt;
     }
   };
   const Outcome r = supervisor_.run_once(placement_of(m, restarts_), token_, check);
@@ -157,8 +182,8 @@ int run_elastic(const Options& o, TokenPlan token, Supervisor& supervisor) {
     return 1;
   }
   supervisor.start_guardian();
-  std::fprintf(stderr, "tdist-run: %s the rendezvous at %s:%d (%d to %d nodes)\n",
-               agent->hosts_store() ? "hosting" : "joined", o.master_addr.c_str(), o.master_port, o.min_nodes, o.nnodes);
+  std::fprintf(stderr, "tdist-run: %s %s (%d to %d nodes)\n", agent->store().host_pid() > 0 ? "hosting" : "joined",
+               agent->store().describe().c_str(), o.min_nodes, o.nnodes);
   try {
     return Rounds(o, std::move(token), *agent, supervisor).run();
   } catch (const std::exception& e) {

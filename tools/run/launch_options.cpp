@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 
+#include "run/etcd_client.h"
 #include "store/auth.h"
 #include "util/cli.h"
 #include "util/env.h"
@@ -23,6 +24,34 @@ int int_arg(const std::string& name, const std::string& value, int lo, int hi) {
           "'");
   }
   return static_cast<int>(*v);
+}
+
+// --rdzv-endpoint: master_addr and master_port from it (etcd: from its
+// first member, for --local-addr's default), after the backend is checked.
+void parse_endpoint(Options& o) {
+  if (o.rdzv_backend == "tdist" || o.rdzv_backend == "static") o.rdzv_backend = "c10d";
+  if (o.rdzv_backend == "etcd-v2") o.rdzv_backend = "etcd";
+  if (o.rdzv_backend != "c10d" && o.rdzv_backend != "etcd") {
+    usage("--rdzv-backend: '" + o.rdzv_backend + "' is not one tdist-run has (c10d, etcd)");
+  }
+  std::string first = o.rdzv_endpoint;
+  if (o.rdzv_backend == "etcd") {
+    try {
+      const auto members = parse_etcd_endpoints(o.rdzv_endpoint);
+      o.master_addr = members[0].host;
+      o.master_port = members[0].port;
+      return;
+    } catch (const tdist::UsageError& e) {
+      usage(std::string("--rdzv-endpoint: ") + e.what());
+    }
+  }
+  const size_t colon = first.rfind(':');
+  if (colon == std::string::npos || colon == 0) usage("--rdzv-endpoint needs HOST:PORT, got '" + first + "'");
+  o.master_addr = first.substr(0, colon);
+  if (o.master_addr.size() > 2 && o.master_addr.front() == '[' && o.master_addr.back() == ']') {
+    o.master_addr = o.master_addr.substr(1, o.master_addr.size() - 2);
+  }
+  o.master_port = int_arg("--rdzv-endpoint's port", first.substr(colon + 1), 1, 65535);
 }
 
 }  // namespace
@@ -60,9 +89,14 @@ Options parse(int argc, char** argv) {
   app.add_option(tdist::cli::both_spellings("token-file"), o.token_file,
                  "the job's store token, in a file only you can read (the same on every node); default: a "
                  "fresh random token for a single-node job")->type_name("FILE");
+  app.add_option(tdist::cli::both_spellings("rdzv-backend"), o.rdzv_backend,
+                 "elastic: c10d (the default; a store the first launcher hosts: its node must stay) or etcd "
+                 "(an etcd cluster: any node may go)")
+      ->type_name("NAME")->default_str("c10d");
   app.add_option(tdist::cli::both_spellings("rdzv-endpoint"), o.rdzv_endpoint,
-                 "elastic: where the nodes' launchers meet (default: --master-addr:--master-port); the first "
-                 "launcher that can listen there hosts it")->type_name("HOST:PORT");
+                 "elastic: where the nodes' launchers meet (default: --master-addr:--master-port); c10d: the "
+                 "first launcher that can listen there hosts it; etcd: its members, HOST:PORT,HOST:PORT,...")
+      ->type_name("HOST:PORT");
   app.add_option(tdist::cli::both_spellings("rdzv-id"), o.rdzv_id,
                  "elastic: the job's name at the endpoint (default: none); jobs with different ids never meet")
       ->type_name("ID");
@@ -112,13 +146,7 @@ Options parse(int argc, char** argv) {
       if (o.master_port == 0) usage("--nnodes MIN:MAX needs --rdzv-endpoint HOST:PORT (or --master-addr and --master-port)");
       o.rdzv_endpoint = o.master_addr + ":" + std::to_string(o.master_port);
     }
-    const size_t colon = o.rdzv_endpoint.rfind(':');
-    if (colon == std::string::npos || colon == 0) usage("--rdzv-endpoint needs HOST:PORT, got '" + o.rdzv_endpoint + "'");
-    o.master_addr = o.rdzv_endpoint.substr(0, colon);
-    if (o.master_addr.size() > 2 && o.master_addr.front() == '[' && o.master_addr.back() == ']') {
-      o.master_addr = o.master_addr.substr(1, o.master_addr.size() - 2);
-    }
-    o.master_port = int_arg("--rdzv-endpoint's port", o.rdzv_endpoint.substr(colon + 1), 1, 65535);
+    parse_endpoint(o);
     for (size_t at = 0; at < rdzv_conf.size();) {
       size_t end = rdzv_conf.find(',', at);
       if (end == std::string::npos) end = rdzv_conf.size();
@@ -131,8 +159,11 @@ Options parse(int argc, char** argv) {
         o.join_timeout_s = int_arg("--rdzv-conf join_timeout", item.substr(eq + 1), 1, 86400);
       } else if (name == "last_call_timeout") {
         o.last_call_s = int_arg("--rdzv-conf last_call_timeout", item.substr(eq + 1), 0, 3600);
+      } else if (name == "job_ttl" && o.rdzv_backend == "etcd") {
+        o.job_ttl_s = int_arg("--rdzv-conf job_ttl", item.substr(eq + 1), 30, 7 * 86400);
       } else {
-        usage("--rdzv-conf: unknown key '" + name + "' (known: join_timeout, last_call_timeout)");
+        usage("--rdzv-conf: unknown key '" + name + "' (known: join_timeout, last_call_timeout" +
+              (o.rdzv_backend == "etcd" ? ", job_ttl)" : ")"));
       }
     }
     if (o.local_addr.empty()) {
@@ -151,8 +182,9 @@ Options parse(int argc, char** argv) {
       usage("--rdzv-id needs 1 to 128 letters, digits, '.', '_' or '-', got '" + o.rdzv_id + "'");
     }
   } else if (!o.rdzv_endpoint.empty() || !rdzv_conf.empty() || !o.local_addr.empty() ||
-             app.get_option("--rdzv-id")->count() > 0) {
-    usage("--rdzv-endpoint, --rdzv-id, --rdzv-conf and --local-addr are for an elastic job (--nnodes MIN:MAX)");
+             app.get_option("--rdzv-id")->count() > 0 || app.get_option("--rdzv-backend")->count() > 0) {
+    usage("--rdzv-backend, --rdzv-endpoint, --rdzv-id, --rdzv-conf and --local-addr are for an elastic job "
+          "(--nnodes MIN:MAX)");
   }
   if (!o.elastic && o.node_rank >= o.nnodes) usage("--node-rank must be below --nnodes");
   if (!o.elastic && o.nnodes > 1 && o.master_port == 0) usage("--master-port is required with --nnodes > 1");

@@ -14,11 +14,13 @@ struct Options {
   // --nnodes MIN:MAX: elastic (nnodes is then MAX, for the token's rule).
   bool elastic = false;
   int min_nodes = 1;
-  std::string rdzv_endpoint;  // HOST:PORT
+  std::string rdzv_backend = "c10d";  // c10d (the built-in store) or etcd
+  std::string rdzv_endpoint;  // HOST:PORT, or etcd's members: HOST:PORT,HOST:PORT,...
   std::string rdzv_id = "none";
   std::string local_addr;
   double join_timeout_s = 900;
   double last_call_s = 30;
+  double job_ttl_s = 600;  // etcd: how long the job's keys outlive its last launcher
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: a free port, chosen once
   int max_restarts = 0;
