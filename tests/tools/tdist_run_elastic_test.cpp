@@ -16,6 +16,7 @@
 
 #include "store/socket.h"
 #include "tests/util/process.h"
+#include "tests/util/resume_check.h"
 
 using namespace std::chrono_literals;
 namespace test = tdist::test;
@@ -39,18 +40,9 @@ pid_t start_node(const std::string& args, const std::string& log) {
 
 std::string endpoint() { return "127.0.0.1:" + std::to_string(tdist::detail::find_free_port()); }
 
-std::string fingerprint_in(const std::string& json) {
-  const auto j = nlohmann::json::parse(test::read_all(json), nullptr, /*allow_exceptions=*/false);
-  return j.is_object() && j.contains("weights_fingerprint") ? j["weights_fingerprint"].get<std::string>() : "";
-}
-
-// The step of the latest complete checkpoint in dir (0: none yet).
-int latest_step(const std::string& dir) {
-  const std::string latest = test::read_all(dir + "/latest");
-  return latest.size() > 5 ? std::atoi(latest.c_str() + 5) : 0;
-}
-
-bool ok(int status) { return status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+using test::fingerprint_in;
+int latest_step(const std::string& dir) { return test::latest_checkpoint_step(dir); }
+bool ok(int status) { return test::exited_ok(status); }
 
 }  // namespace
 

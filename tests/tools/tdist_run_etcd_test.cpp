@@ -17,6 +17,7 @@
 #include "run/etcd_client.h"
 #include "tests/util/etcd.h"
 #include "tests/util/process.h"
+#include "tests/util/resume_check.h"
 #include "tests/util/skip.h"
 
 using namespace std::chrono_literals;
@@ -37,17 +38,9 @@ pid_t start_node(const std::string& args, const std::string& log) {
   });
 }
 
-std::string fingerprint_in(const std::string& json) {
-  const auto j = nlohmann::json::parse(test::read_all(json), nullptr, /*allow_exceptions=*/false);
-  return j.is_object() && j.contains("weights_fingerprint") ? j["weights_fingerprint"].get<std::string>() : "";
-}
-
-int latest_step(const std::string& dir) {
-  const std::string latest = test::read_all(dir + "/latest");
-  return latest.size() > 5 ? std::atoi(latest.c_str() + 5) : 0;
-}
-
-bool ok(int status) { return status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+using test::fingerprint_in;
+int latest_step(const std::string& dir) { return test::latest_checkpoint_step(dir); }
+bool ok(int status) { return test::exited_ok(status); }
 
 // Node i lists its own member first, as a node with a local member would.
 std::string endpoints_for(const test::EtcdCluster& c, int i, int members) {
