@@ -29,7 +29,8 @@
 // outlives a launcher killed with SIGKILL then kills what the ranks started
 // (their process groups) and removes the shared memory they left.
 //
-// The parts, in tools/run/: launch_options (the command line), supervisor
+// The parts, in tools/run/: launch_options (the command line; cluster_env:
+// what Kubeflow's PET_* and Slurm's variables give it), supervisor
 // (the ranks: start, output through output, ends, restarts; /proc through
 // proc_status; the guardian), health_watch (heartbeats, stall dumps,
 // status lines), elastic_run and elastic_agent (--nnodes MIN:MAX). This

@@ -4,7 +4,12 @@
 //   env://                       MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
 //                                (torchrun, tdist-run, Slurm-style scripts);
 //                                under mpirun OMPI_COMM_WORLD_RANK/_SIZE
-//                                stand in for RANK/WORLD_SIZE.
+//                                stand in for RANK/WORLD_SIZE; under srun
+//                                (a task per rank) SLURM_PROCID and
+//                                SLURM_STEP_NUM_TASKS (or SLURM_NTASKS), and
+//                                when unset MASTER_ADDR is the first host of
+//                                SLURM_STEP_NODELIST (or _JOB_NODELIST) and
+//                                MASTER_PORT 20000 + SLURM_JOB_ID mod 10000.
 //   tcp://host:port?rank=R&world_size=N
 //   file:///path?rank=R&world_size=N
 //

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "tdist/errors.h"
-#include "util/env.h"
+#include "util/launch_env.h"
 
 namespace tdist::detail {
 
@@ -67,16 +67,19 @@ WrapperGroups resolve_groups(FullyShardedDataParallelOptions& o) {
     if (!o.sharding_groups.empty()) {
       o.device_mesh = shared_mesh(device, o.sharding_groups, base);
     } else if (hybrid(o.sharding_strategy)) {
-      // One shard group per node, as tdist-run numbers the ranks.
+      // One shard group per node, as tdist-run (and srun, mpirun) number
+      // the ranks: the local world size, util/launch_env.h.
+      const auto local = detail::local_world_size_from_env();
       const char* env = std::getenv("LOCAL_WORLD_SIZE");
-      const auto local = env ? detail::parse_int(env) : std::nullopt;
-      if (!local || *local < 1 || base->size() % *local != 0) {
+      if (!local || base->size() % local->value != 0) {
         throw UsageError(std::string(who) + ": HYBRID_SHARD needs a 2-D device_mesh, sharding_groups, or "
                          "LOCAL_WORLD_SIZE (tdist-run sets it) dividing the group's " +
                          std::to_string(base->size()) + " ranks" +
-                         (env ? std::string(" (LOCAL_WORLD_SIZE is '") + env + "')" : std::string()));
+                         (local   ? std::string(" (") + local->name + " is '" + std::to_string(local->value) + "')"
+                          : env ? std::string(" (LOCAL_WORLD_SIZE is '") + env + "')"
+                                : std::string()));
       }
-      const int per_node = static_cast<int>(*local);
+      const int per_node = static_cast<int>(local->value);
       std::vector<std::vector<int>> rows(static_cast<size_t>(base->size() / per_node));
       for (int r = 0; r < base->size(); ++r) rows[static_cast<size_t>(r / per_node)].push_back(r);
       o.device_mesh = shared_mesh(device, rows, base);

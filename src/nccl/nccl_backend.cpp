@@ -20,6 +20,7 @@
 #include "nccl/nccl_types.h"
 #include "process_group/device_runtime.h"
 #include "tdist/errors.h"
+#include "util/launch_env.h"
 #include "util/torch_cuda_loader.h"
 
 namespace tdist::nccl {
@@ -329,17 +330,16 @@ class NcclBackend final : public comm::Backend {
   // The device of the op that makes the backend, when one does (a group of
   // backend "auto" makes its nccl backend at its first CUDA op, inside that
   // op's OpDeviceScope). Else the calling thread's current device; where
-  // it is still device 0 and LOCAL_RANK is set (tdist-run, torchrun),
-  // LOCAL_RANK modulo the devices: one GPU per local rank unless the
+  // it is still device 0 and the local rank is known (LOCAL_RANK from
+  // tdist-run or torchrun; mpirun's or srun's, util/launch_env.h), the
+  // local rank modulo the devices: one GPU per local rank unless the
   // program chose (c10::cuda::set_device).
   static int pick_device(int count) {
     if (const int op = detail::current_op_device(); op >= 0) return op;
     const int current = c10::cuda::current_device();
-    const char* local = std::getenv("LOCAL_RANK");
-    if (current != 0 || local == nullptr || *local == '\0') return current;
-    char* end = nullptr;
-    const long r = std::strtol(local, &end, 10);
-    return (*end == '\0' && r >= 0) ? static_cast<int>(r % count) : current;
+    const auto local = detail::local_rank_from_env();
+    if (current != 0 || !local) return current;
+    return static_cast<int>(local->value % count);
   }
 
   std::string where() const {

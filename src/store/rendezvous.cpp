@@ -5,6 +5,8 @@
 #include <cstdlib>
 
 #include "util/env.h"
+#include "util/hostlist.h"
+#include "util/launch_env.h"
 
 namespace tdist {
 
@@ -78,6 +80,36 @@ void split_host_port(const std::string& url, const std::string& hostport, InitMe
   m->port = parse_number(port, "the port in '" + url + "'", 1, 65535);
 }
 
+// env://'s MASTER_ADDR and MASTER_PORT; under srun, where they may be
+// unset, the first host of the step's node list and the port
+// slurm_default_port derives from the job id (what tdist-run takes too).
+void master_from_env(const RendezvousOptions& o, InitMethod* m) {
+  const char* addr = lookup(o, "MASTER_ADDR");
+  const char* port = lookup(o, "MASTER_PORT");
+  if (addr) {
+    m->host = addr;
+  } else if (const auto nodes = detail::slurm_node_list(o.getenv)) {
+    try {
+      m->host = detail::first_host(nodes->value);
+    } catch (const UsageError& e) {
+      throw UsageError(std::string("rendezvous env://: MASTER_ADDR is not set, and ") + nodes->name + " is no host list: " + e.what());
+    }
+  } else {
+    throw UsageError("rendezvous env://: environment variable MASTER_ADDR is not set (the master's host name or address)");
+  }
+  if (port) {
+    m->port = parse_number(port, "MASTER_PORT", 1, 65535);
+  } else if (const auto job = detail::slurm_job_id(o.getenv)) {
+    try {
+      m->port = detail::slurm_default_port(*job);
+    } catch (const UsageError& e) {
+      throw UsageError(std::string("rendezvous env://: MASTER_PORT is not set, and ") + e.what());
+    }
+  } else {
+    throw UsageError("rendezvous env://: environment variable MASTER_PORT is not set (a free port on the master)");
+  }
+}
+
 }  // namespace
 
 InitMethod parse_init_method(const RendezvousOptions& o) {
@@ -100,12 +132,7 @@ InitMethod parse_init_method(const RendezvousOptions& o) {
 
   if (m.scheme == "env") {
     if (!rest.empty()) throw UsageError("init_method '" + url + "': env:// takes no host or path");
-    const char* addr = lookup(o, "MASTER_ADDR");
-    const char* port = lookup(o, "MASTER_PORT");
-    if (!addr) throw UsageError("rendezvous env://: environment variable MASTER_ADDR is not set (the master's host name or address)");
-    if (!port) throw UsageError("rendezvous env://: environment variable MASTER_PORT is not set (a free port on the master)");
-    m.host = addr;
-    m.port = parse_number(port, "MASTER_PORT", 1, 65535);
+    master_from_env(o, &m);
     // Under torchrun, MASTER_PORT is its agent's own store (PyTorch's
     // TCPStore, another protocol): tdist's store listens on the next port,
     // on the same host, where every rank looks for it.
@@ -114,15 +141,16 @@ InitMethod parse_init_method(const RendezvousOptions& o) {
       if (m.port == 65535) throw UsageError("rendezvous env:// under torchrun: MASTER_PORT 65535 leaves no next port for tdist's store");
       m.port += 1;
     }
+    // torchrun's names, else mpirun's, else srun's (a process per rank).
     if (m.rank < 0) {
-      const char* name = lookup(o, "RANK") ? "RANK" : (lookup(o, "OMPI_COMM_WORLD_RANK") ? "OMPI_COMM_WORLD_RANK" : nullptr);
-      if (!name) throw UsageError("rendezvous env://: environment variable RANK is not set (nor OMPI_COMM_WORLD_RANK), and no rank was given");
-      m.rank = parse_number(lookup(o, name), name, 0, INT32_MAX);
+      const auto v = detail::first_set(o.getenv, {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"});
+      if (!v) throw UsageError("rendezvous env://: environment variable RANK is not set (nor OMPI_COMM_WORLD_RANK or SLURM_PROCID), and no rank was given");
+      m.rank = parse_number(v->value, v->name, 0, INT32_MAX);
     }
     if (m.world_size < 0) {
-      const char* name = lookup(o, "WORLD_SIZE") ? "WORLD_SIZE" : (lookup(o, "OMPI_COMM_WORLD_SIZE") ? "OMPI_COMM_WORLD_SIZE" : nullptr);
-      if (!name) throw UsageError("rendezvous env://: environment variable WORLD_SIZE is not set (nor OMPI_COMM_WORLD_SIZE), and no world_size was given");
-      m.world_size = parse_number(lookup(o, name), name, 1, INT32_MAX);
+      const auto v = detail::first_set(o.getenv, {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"});
+      if (!v) throw UsageError("rendezvous env://: environment variable WORLD_SIZE is not set (nor OMPI_COMM_WORLD_SIZE or SLURM_NTASKS), and no world_size was given");
+      m.world_size = parse_number(v->value, v->name, 1, INT32_MAX);
     }
   } else if (m.scheme == "tcp") {
     split_host_port(url, rest, &m);

@@ -88,6 +88,67 @@ TEST_F(InitMethodParse, EnvFallsBackToOpenMPIVariables) {
   EXPECT_EQ(m.world_size, 3);
 }
 
+// A task per rank under srun: what srun's OUTPUT ENVIRONMENT VARIABLES
+// give (task 1 of 4, two per node), and no torchrun variable at all.
+TEST_F(InitMethodParse, EnvFallsBackToSlurmVariables) {
+  g_env = {{"SLURM_JOB_ID", "123457"},        {"SLURM_JOBID", "123457"},      {"SLURM_STEP_ID", "0"},
+           {"SLURM_PROCID", "1"},             {"SLURM_LOCALID", "1"},         {"SLURM_NODEID", "0"},
+           {"SLURM_NTASKS", "4"},             {"SLURM_NPROCS", "4"},          {"SLURM_NNODES", "2"},
+           {"SLURM_STEP_NUM_TASKS", "4"},     {"SLURM_STEP_NUM_NODES", "2"},  {"SLURM_TASKS_PER_NODE", "2(x2)"},
+           {"SLURM_JOB_NODELIST", "gpu[07-08]"}, {"SLURM_STEP_NODELIST", "gpu[07-08]"}};
+  auto m = tdist::parse_init_method(opts("env://"));
+  EXPECT_EQ(m.rank, 1);
+  EXPECT_EQ(m.world_size, 4);
+  EXPECT_EQ(m.host, "gpu07");
+  EXPECT_EQ(m.port, 20000 + 123457 % 10000);
+  // The step's own counts win over the job's (srun --preserve-env keeps the job's SLURM_NTASKS).
+  g_env["SLURM_NTASKS"] = "16";
+  g_env["SLURM_STEP_NODELIST"] = "rack2-n[3-4]";
+  m = tdist::parse_init_method(opts("env://"));
+  EXPECT_EQ(m.world_size, 4);
+  EXPECT_EQ(m.host, "rack2-n3");
+  // Without the step's: the job's.
+  g_env.erase("SLURM_STEP_NUM_TASKS");
+  g_env.erase("SLURM_STEP_NODELIST");
+  m = tdist::parse_init_method(opts("env://"));
+  EXPECT_EQ(m.world_size, 16);
+  EXPECT_EQ(m.host, "gpu07");
+  // torchrun's and mpirun's names win over srun's.
+  g_env["MASTER_ADDR"] = "10.0.0.9";
+  g_env["MASTER_PORT"] = "29400";
+  g_env["OMPI_COMM_WORLD_RANK"] = "2";
+  g_env["OMPI_COMM_WORLD_SIZE"] = "5";
+  m = tdist::parse_init_method(opts("env://"));
+  EXPECT_EQ(m.host, "10.0.0.9");
+  EXPECT_EQ(m.port, 29400);
+  EXPECT_EQ(m.rank, 2);
+  EXPECT_EQ(m.world_size, 5);
+  g_env["RANK"] = "3";
+  g_env["WORLD_SIZE"] = "6";
+  m = tdist::parse_init_method(opts("env://"));
+  EXPECT_EQ(m.rank, 3);
+  EXPECT_EQ(m.world_size, 6);
+}
+
+TEST_F(InitMethodParse, BadSlurmVariablesAreNamed) {
+  g_env = {{"SLURM_JOB_ID", "77"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_NODELIST", "n[1-"}};
+  expect_usage_error(opts("env://"), "MASTER_ADDR is not set, and SLURM_JOB_NODELIST is no host list");
+  g_env["SLURM_JOB_NODELIST"] = "n[2-1]";
+  expect_usage_error(opts("env://"), "runs backwards");
+  g_env["SLURM_JOB_NODELIST"] = "n1";
+  g_env["SLURM_JOB_ID"] = "abc";
+  expect_usage_error(opts("env://"), "MASTER_PORT is not set, and SLURM_JOB_ID is 'abc', not a Slurm job id");
+  g_env["SLURM_JOB_ID"] = "77";
+  g_env["SLURM_PROCID"] = "2";
+  expect_usage_error(opts("env://"), "rank 2 is out of range for world_size 2");
+  g_env["SLURM_NTASKS"] = "x";
+  expect_usage_error(opts("env://"), "SLURM_NTASKS must be an integer");
+  g_env.erase("SLURM_NTASKS");
+  expect_usage_error(opts("env://"), "WORLD_SIZE is not set (nor OMPI_COMM_WORLD_SIZE or SLURM_NTASKS)");
+  g_env.erase("SLURM_PROCID");
+  expect_usage_error(opts("env://"), "RANK is not set (nor OMPI_COMM_WORLD_RANK or SLURM_PROCID)");
+}
+
 TEST_F(InitMethodParse, EachMissingVariableIsNamed) {
   for (const char* var : {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"}) {
     SetUp();

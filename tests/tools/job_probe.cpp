@@ -1,6 +1,8 @@
-// A rank program for the security tests (tdist_run_security_test): joins the
-// job through env://, then reports what the job exposes:
+// A rank program for the security tests (tdist_run_security_test) and the
+// cluster launch tests (tdist_run_cluster_test): joins the job through
+// env://, then reports what the job exposes:
 //   ready                      after the group formed
+//   rank R of W                its place in the group
 //   listen ADDR:PORT           every TCP socket this rank listens on
 //   socket ADDR:PORT           the local end of every other TCP socket
 //   tokenless client: ...      (ranks > 0) whether the master's store served
@@ -44,10 +46,11 @@ int main(int argc, char** argv) {
     auto pg = tdist::init_process_group(io);
     pg->barrier()->wait();
     std::printf("ready\n");
+    std::printf("rank %d of %d\n", pg->rank(), pg->size());
     for (const auto& s : tdist::test::tcp_sockets()) {
       std::printf("%s %s\n", s.listening ? "listen" : "socket", s.text().c_str());
     }
-    if (pg->rank() > 0) {
+    if (pg->rank() > 0 && std::getenv("MASTER_ADDR") && std::getenv("MASTER_PORT")) {  // (srun's tasks may have neither)
       tdist::TCPStoreOptions o;
       o.port = static_cast<uint16_t>(std::atoi(std::getenv("MASTER_PORT")));
       o.timeout = std::chrono::seconds(5);

@@ -29,9 +29,10 @@ const std::string kMnist = TDIST_BIN_DIR "/fashion_mnist";
 // One node's launcher, its output in `log`; returns tdist-run's pid. One
 // OpenMP thread per rank, whatever the node's rank count (as for the runs
 // by hand it is compared with): the same arithmetic, bit for bit.
-pid_t start_node(const std::string& args, const std::string& log) {
-  const std::string cmd =
-      "exec env TDIST_STORE_TOKEN=elastic-test-token OMP_NUM_THREADS=1 " + kRun + " " + args + " > " + log + " 2>&1";
+// `env`: more NAME=VALUE words for the launcher's environment.
+pid_t start_node(const std::string& args, const std::string& log, const std::string& env = "") {
+  const std::string cmd = "exec env TDIST_STORE_TOKEN=elastic-test-token OMP_NUM_THREADS=1 " + env + " " + kRun + " " +
+                          args + " > " + log + " 2>&1";
   return test::fork_child([cmd] {
     execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     return 127;
@@ -68,6 +69,34 @@ TEST(ElasticRun, NodesOfDifferentSizesMakeOneWorld) {
   EXPECT_EQ(ranks, (std::set<std::string>{"0", "1", "2"})) << log;
   EXPECT_EQ(masters.size(), 1u) << log;
   EXPECT_NE(log.find("hosting the rendezvous at " + ep), std::string::npos) << log;
+}
+
+// An elastic PyTorchJob without min/max replicas: Kubeflow's operator
+// gives each pod torchrun's flags as PET_* with a fixed node count and a
+// rendezvous endpoint (and PET_NODE_RANK, which a rendezvous does not use;
+// and WORLD_SIZE/RANK counting pods). That is a rendezvous of exactly that
+// many nodes, as torchrun's "--nnodes 2 --rdzv-endpoint ..." is.
+TEST(ElasticRun, AFixedNodeCountWithAnEndpointIsARendezvousOfThatMany) {
+  test::TempDir dir;
+  const std::string d = dir.path(), ep = endpoint();
+  const std::string prog = " sh -c 'echo \"R=$RANK W=$WORLD_SIZE G=$GROUP_RANK/$GROUP_WORLD_SIZE\"'";
+  auto pod = [&](int index) {
+    return start_node(prog, d + "/pod" + std::to_string(index),
+                      "PET_NNODES=2 PET_NPROC_PER_NODE=2 PET_RDZV_BACKEND=c10d PET_RDZV_ENDPOINT=" + ep +
+                          " PET_RDZV_ID=pj PET_NODE_RANK=" + std::to_string(index) + " WORLD_SIZE=2 RANK=" +
+                          std::to_string(index));
+  };
+  const pid_t a = pod(0), b = pod(1);
+  const int sa = test::wait_child(a, 60s), sb = test::wait_child(b, 60s);
+  const std::string log = test::read_all(d + "/pod0") + test::read_all(d + "/pod1");
+  ASSERT_TRUE(ok(sa) && ok(sb)) << log;
+  std::set<std::string> ranks;
+  const std::regex line(R"(R=(\d) W=4 G=\d/2)");
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator(); ++it) {
+    ranks.insert((*it)[1]);
+  }
+  EXPECT_EQ(ranks, (std::set<std::string>{"0", "1", "2", "3"})) << log;
+  EXPECT_NE(log.find("(2 to 2 nodes)"), std::string::npos) << log;
 }
 
 // Too few nodes: the join timeout ends the wait, and says how many came.
@@ -177,7 +206,7 @@ TEST(ElasticRun, RejectsBadArguments) {
   for (const char* args : {"--nnodes 3:2 --rdzv-endpoint 127.0.0.1:1 true",
                            "--nnodes 1:2 --node-rank 0 --rdzv-endpoint 127.0.0.1:1 true", "--nnodes 1:2 true",
                            "--nnodes 1:2 --rdzv-endpoint 127.0.0.1:1 --rdzv-conf bogus=1 true",
-                           "--nnodes 1:2 --rdzv-endpoint nowhere true", "--rdzv-endpoint 127.0.0.1:1 true",
+                           "--nnodes 1:2 --rdzv-endpoint nowhere true", "--nnodes 2 --node-rank 1 --rdzv-endpoint 127.0.0.1:1 true",
                            "--nnodes 1:2 --rdzv-endpoint 127.0.0.1:1 --rdzv-id 'a/b' true", "--rdzv-id x true"}) {
     auto r = test::run_command(kRun + " " + args, 30s);
     EXPECT_TRUE(r.status != -1 && WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2) << args << "\n" << r.output;

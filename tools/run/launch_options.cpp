@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 
+#include "run/cluster_env.h"
 #include "run/etcd_client.h"
 #include "store/auth.h"
 #include "util/cli.h"
@@ -116,20 +117,28 @@ Options parse(int argc, char** argv) {
   app.add_option(tdist::cli::both_spellings("status-interval"), o.status_interval_s,
                  "print a status line every S seconds: steps/s per rank, the slowest rank, the ranks behind")
       ->type_name("S")->check(tdist::cli::in_range(0.1, 1e6));
+  add_torchrun_env_names(app);  // PET_NNODES for --nnodes, ... (run/cluster_env.h)
   tdist::cli::parse_or_exit(app, argc, argv);
-  o.nproc = int_arg("--nproc-per-node", v["nproc-per-node"], 1, 4096);
+  const ClusterValues cluster = take_from_cluster(app, argc, argv, v, o);  // PET_NODE_RANK, Slurm
+  o.nproc = int_arg(cluster.name("--nproc-per-node"), v["nproc-per-node"], 1, 4096);
   if (const size_t colon = v["nnodes"].find(':'); colon != std::string::npos) {
     o.elastic = true;
-    o.min_nodes = int_arg("--nnodes MIN", v["nnodes"].substr(0, colon), 1, 1 << 20);
-    o.nnodes = int_arg("--nnodes MAX", v["nnodes"].substr(colon + 1), o.min_nodes, 1 << 20);
+    o.min_nodes = int_arg(cluster.name("--nnodes") + " MIN", v["nnodes"].substr(0, colon), 1, 1 << 20);
+    o.nnodes = int_arg(cluster.name("--nnodes") + " MAX", v["nnodes"].substr(colon + 1), o.min_nodes, 1 << 20);
   } else {
-    o.nnodes = int_arg("--nnodes", v["nnodes"], 1, 1 << 20);
+    o.nnodes = int_arg(cluster.name("--nnodes"), v["nnodes"], 1, 1 << 20);
     o.min_nodes = o.nnodes;
+    // torchrun's "--nnodes N" with a rendezvous endpoint or backend (as an
+    // elastic PyTorchJob without min/max replicas sets them): a rendezvous
+    // of exactly N nodes, numbered by it.
+    o.elastic = !o.rdzv_endpoint.empty() || app.get_option("--rdzv-backend")->count() > 0;
   }
-  o.node_rank = int_arg("--node-rank", v["node-rank"], 0, 1 << 20);
+  o.node_rank = int_arg(cluster.name("--node-rank"), v["node-rank"], 0, 1 << 20);
   auto* port = app.get_option("--master-port");
-  o.master_port = port->count() == 0 ? 0 : int_arg("--master-port", v["master-port"], 1, 65535);
-  o.max_restarts = int_arg("--max-restarts", v["max-restarts"], 0, 1000);
+  o.master_port = port->count() == 0 && !cluster.master_port
+                      ? 0
+                      : int_arg(cluster.name("--master-port"), v["master-port"], 1, 65535);
+  o.max_restarts = int_arg(cluster.name("--max-restarts"), v["max-restarts"], 0, 1000);
   o.grace_s = int_arg("--grace-seconds", v["grace-seconds"], 0, 3600);
   o.peer_wait_s = int_arg("--peer-wait-seconds", v["peer-wait-seconds"], 0, 3600);
   std::vector<std::string> rest = app.remaining();
@@ -141,7 +150,9 @@ Options parse(int argc, char** argv) {
   o.argv = std::move(rest);
   if (o.argv.empty()) usage("no program given");
   if (o.elastic) {
-    if (app.get_option("--node-rank")->count() > 0) usage("--node-rank is not for --nnodes MIN:MAX: the rendezvous numbers the nodes");
+    if (app.get_option("--node-rank")->count() > 0) {
+      usage("--node-rank is not for a rendezvous (--nnodes MIN:MAX, or --rdzv-endpoint): it numbers the nodes");
+    }
     if (o.rdzv_endpoint.empty()) {
       if (o.master_port == 0) usage("--nnodes MIN:MAX needs --rdzv-endpoint HOST:PORT (or --master-addr and --master-port)");
       o.rdzv_endpoint = o.master_addr + ":" + std::to_string(o.master_port);
@@ -181,10 +192,8 @@ Options parse(int argc, char** argv) {
             std::string::npos) {
       usage("--rdzv-id needs 1 to 128 letters, digits, '.', '_' or '-', got '" + o.rdzv_id + "'");
     }
-  } else if (!o.rdzv_endpoint.empty() || !rdzv_conf.empty() || !o.local_addr.empty() ||
-             app.get_option("--rdzv-id")->count() > 0 || app.get_option("--rdzv-backend")->count() > 0) {
-    usage("--rdzv-backend, --rdzv-endpoint, --rdzv-id, --rdzv-conf and --local-addr are for an elastic job "
-          "(--nnodes MIN:MAX)");
+  } else if (!rdzv_conf.empty() || !o.local_addr.empty() || app.get_option("--rdzv-id")->count() > 0) {
+    usage("--rdzv-id, --rdzv-conf and --local-addr are for a rendezvous (--nnodes MIN:MAX, or --rdzv-endpoint)");
   }
   if (!o.elastic && o.node_rank >= o.nnodes) usage("--node-rank must be below --nnodes");
   if (!o.elastic && o.nnodes > 1 && o.master_port == 0) usage("--master-port is required with --nnodes > 1");

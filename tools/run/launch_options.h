@@ -1,5 +1,7 @@
 // tdist-run's command line: the options, checked (a bad one exits 2,
-// naming it), and where the ranks' store token comes from.
+// naming it), and where the ranks' store token comes from. What the
+// command line leaves out may come from torchrun's PET_* variables or
+// Slurm's (run/cluster_env.h).
 #pragma once
 
 #include <string>
