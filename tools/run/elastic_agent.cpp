@@ -69,10 +69,13 @@ struct ElasticAgent::Watch {
   std::vector<BeatSeen> nodes;
 };
 
-bool ElasticAgent::silent(const std::string& beat_key, BeatSeen& b) {
-  const std::optional<int64_t> beat = store_->read_beat(beat_key);
+bool ElasticAgent::silent(int64_t round, int node, BeatSeen& b) {
+  const std::string j = std::to_string(node);
+  const std::optional<int64_t> beat = store_->read_beat(key(round, "beat/" + j));
   const auto now = Clock::now();
-  if (b.seen && !beat) return true;  // expired with its node's lease: gone
+  // Expired with its node's lease: gone. (A node beats before it sets
+  // nproc/<node>, so with nproc there a beat that is not expired.)
+  if (!beat && (b.seen || (store_->durable() && store_->has(key(round, "nproc/" + j))))) return true;
   if (!b.looked || beat != b.beat) {
     b.looked = true;
     b.seen = b.seen || beat.has_value();
@@ -90,7 +93,7 @@ bool ElasticAgent::round_over(int64_t r, Watch& w) {
   bool all_out = true;
   for (int64_t j = 0; j < nodes; ++j) {
     if (store_->has(key(r, "stopped/" + std::to_string(j)))) continue;
-    if (!silent(key(r, "beat/" + std::to_string(j)), w.nodes[static_cast<size_t>(j)])) all_out = false;
+    if (!silent(r, static_cast<int>(j), w.nodes[static_cast<size_t>(j)])) all_out = false;
   }
   if (!all_out) return false;
   // Every node of it stopped or went silent: over, by a restart if none was asked.
@@ -107,6 +110,9 @@ std::optional<Membership> ElasticAgent::take_place(int64_t g, int64_t index, int
   nodes_ = static_cast<int>(nodes);
   next_round_ = g + 1;
   watched_ = BeatSeen{};
+  // The first beat before nproc/<node>: a node with nproc set has beaten
+  // (silent() relies on it).
+  store_->beat(key(g, "beat/" + std::to_string(index)));
   store_->set(key(g, "nproc/" + std::to_string(index)), std::to_string(o_.nproc));
   if (index == 0) {
     store_->set(key(g, "master"), o_.local_addr + ":" + std::to_string(tdist::detail::find_free_port()));
@@ -258,7 +264,7 @@ std::optional<StopRequest> ElasticAgent::poll() {
   if (!why && nodes_ > 1) {
     const int next = (node_ + 1) % nodes_;
     const std::string next_text = std::to_string(next);
-    if (silent(key(round_, "beat/" + next_text), watched_) && !store_->has(key(round_, "stopped/" + next_text))) {
+    if (silent(round_, next, watched_) && !store_->has(key(round_, "stopped/" + next_text))) {
       why = store_->compare_set(key(round_, "restart"), "",
                                 "node " + next_text + " of round " + std::to_string(round_) +
                                     " went silent: its launcher has not answered for " + seconds_text(kDeadNode) +

@@ -144,8 +144,9 @@ class ElasticAgent {
     std::optional<int64_t> beat;
     std::chrono::steady_clock::time_point since;  // when it last changed
   };
-  // Reads a node's beat; true when the node has gone silent (see above).
-  bool silent(const std::string& beat_key, BeatSeen& b);
+  // Reads the beat of a node of a round; true when the node has gone
+  // silent (see above).
+  bool silent(int64_t round, int node, BeatSeen& b);
   // After round g closed with this node as `index`: its place, or nullopt
   // when a node of the round never came (the round is restarted).
   std::optional<Membership> take_place(int64_t g, int64_t index, int64_t nodes,
