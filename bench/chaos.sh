@@ -21,7 +21,10 @@
 # Exits non-zero when the weights differ or a run fails.
 #   [KILL_EVERY=60] [STEPS=6000] [CHECKPOINT_EVERY=100] [WORLD=2] [BATCH=64]
 #     bench/chaos.sh [BUILD_DIR=build] [OUT_DIR=BUILD_DIR/bench/chaos]
+# NODES=N (N > 1): whole nodes lost instead, across network namespaces, in
+# an elastic job on etcd: bench/chaos_nodes.sh (its own variables).
 set -euo pipefail
+if [ "${NODES:-1}" -gt 1 ]; then exec bash "$(dirname "$0")/chaos_nodes.sh" "$@"; fi
 build=${1:-build}
 out=${2:-$build/bench/chaos}
 kill_every=${KILL_EVERY:-60}

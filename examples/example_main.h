@@ -29,12 +29,13 @@ namespace examples {
 
 // main() of an example: joins the group of a tdist-run job (alone, without
 // RANK set: a world of one), runs train(group), reports an error by name.
+// `timeout_s`: the group's (and its rendezvous') timeout (--timeout).
 template <typename Train>
-int run_example(const char* name, const std::string& backend, Train train) {
+int run_example(const char* name, const std::string& backend, Train train, double timeout_s = 120) {
   try {
     tdist::InitOptions o;
     o.backend = backend;
-    o.timeout = std::chrono::seconds(120);
+    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
     if (!std::getenv("RANK")) {
       o.store = std::make_shared<tdist::HashStore>();
       o.rank = 0;
@@ -74,6 +75,16 @@ inline void add_backend_flag(CLI::App& app, std::string& backend) {
   app.add_option("--backend", backend,
                  "auto (shm on one host, gloo across hosts; CUDA tensors on nccl where tdist has it), shm, gloo, mpi "
                  "(under mpirun), nccl")
+      ->capture_default_str();
+}
+
+// --timeout S: how long the rendezvous, each collective and a checkpoint's
+// commit may wait for the other ranks before failing (a peer cut off or
+// frozen for less is ridden out).
+inline void add_timeout_flag(CLI::App& app, double& seconds) {
+  app.add_option("--timeout", seconds, "seconds the rendezvous, a collective or a checkpoint's commit waits for the other ranks")
+      ->type_name("S")
+      ->check(CLI::Range(0.1, 86400.0))
       ->capture_default_str();
 }
 

@@ -47,6 +47,7 @@ struct Args {
   int64_t powersgd_start_iter = 10;
   int64_t max_steps = 0;     // stop after this many steps (0: all epochs)
   int64_t warmup_steps = 0;  // steps left out of ms_per_step
+  double timeout_s = 120;  // the group's timeout
   examples::ProgressOptions progress;
   examples::CheckpointFlags checkpoint;
 };
@@ -78,6 +79,7 @@ Args parse(int argc, char** argv) {
   app.add_option("--max-steps", a.max_steps, "stop after this many steps (0: all epochs)")->capture_default_str();
   app.add_option("--warmup-steps", a.warmup_steps, "steps left out of ms_per_step")->capture_default_str();
   examples::add_backend_flag(app, a.backend);
+  examples::add_timeout_flag(app, a.timeout_s);
   app.add_option("--data-dir", a.data_dir, "the gzipped IDX files (Debian's dataset-fashion-mnist)")
       ->capture_default_str();
   app.add_option("--json", a.json, "rank 0 writes the results here")->type_name("FILE");
@@ -166,6 +168,10 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
     tdist::CheckpointerOptions co;
     co.dir = a.checkpoint.dir;
     co.every_steps = a.checkpoint.every;
+    // A save's collectives wait no longer than training's (--timeout): a
+    // rank cut off while a save is in flight fails in time, not after the
+    // files' own default of 5 minutes.
+    co.files.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
     co.files.comm_hook_state = powersgd;
     ckpt = std::make_unique<tdist::Checkpointer>(group, *ddp, &opt, co);
     if (auto r = ckpt->restore()) steps = examples::resume_data(*r, sampler, a.batch_size, rank, world);
@@ -271,5 +277,6 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  return examples::run_example("fashion_mnist", a.backend, [&](tdist::ProcessGroup& pg) { return a.model == "mlp" ? train<Mlp>(a, pg) : train<Cnn>(a, pg); });
+  return examples::run_example("fashion_mnist", a.backend, [&](tdist::ProcessGroup& pg) { return a.model == "mlp" ? train<Mlp>(a, pg) : train<Cnn>(a, pg); },
+                               a.timeout_s);
 }

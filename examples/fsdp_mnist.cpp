@@ -50,6 +50,7 @@ struct Args {
   std::string sharding = "full";
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::string json;
+  double timeout_s = 120;  // the group's timeout
   examples::ProgressOptions progress;
   examples::CheckpointFlags checkpoint;
 };
@@ -65,6 +66,7 @@ Args parse(int argc, char** argv) {
   app.add_option("--max-steps", a.max_steps, "stop after this many steps (0: all epochs)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   examples::add_backend_flag(app, a.backend);
+  examples::add_timeout_flag(app, a.timeout_s);
   app.add_flag("--use-nested-fsdp", a.nested, "wrap every stage in a unit of its own while building");
   app.add_flag("--use-gradient-checkpointing", a.checkpointing, "checkpoint_module inside every inner unit");
   app.add_option("--auto-wrap-policy", a.auto_wrap, "let the outer wrapper pick the units")
@@ -162,6 +164,10 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
     tdist::CheckpointerOptions co;
     co.dir = a.checkpoint.dir;
     co.every_steps = a.checkpoint.every;
+    // A save's collectives wait no longer than training's (--timeout): a
+    // rank cut off while a save is in flight fails in time, not after the
+    // files' own default of 5 minutes.
+    co.files.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
     ckpt = std::make_unique<tdist::Checkpointer>(tdist::default_group(), *model, &opt, co);
     if (auto r = ckpt->restore()) {
       steps = std::min(examples::resume_data(*r, sampler, a.batch_size, rank, world), total_steps);
@@ -240,5 +246,6 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  return examples::run_example("fsdp_mnist", a.backend, [&](tdist::ProcessGroup& pg) { return train(a, pg); });
+  return examples::run_example("fsdp_mnist", a.backend, [&](tdist::ProcessGroup& pg) { return train(a, pg); },
+                               a.timeout_s);
 }

@@ -19,6 +19,8 @@ PACKAGES=(
   dataset-fashion-mnist          # the demo's data set
   fortunes fortunes-min          # English text: examples/gpt.cpp's default corpus
   iproute2                       # network namespaces in multi-host tests
+  nftables iptables libnetfilter-queue-dev  # network faults (tests/net/netlab.sh): loss, partitions,
+                                 # and tools/netdelay/nfq_delay's NFQUEUE for latency
   etcd-server etcd-client        # tdist-run --rdzv-backend etcd: its tests, make etcd
   openmpi-bin libopenmpi-dev     # the mpi backend, and its tests under mpirun
   python3-venv                   # .venv for LibTorch 2.x from PyPI (scripts/torch2.sh)
