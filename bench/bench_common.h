@@ -116,6 +116,11 @@ int ddp_bench(const DdpBenchOptions& o, const std::vector<std::string>& args);
 int fsdp_bench(const FsdpBenchOptions& o, const std::vector<std::string>& args);
 int checkpoint_bench(const CheckpointBenchOptions& o, const std::vector<std::string>& args);
 
+// The source tree this program was built from (its Python references are in
+// bench/). Compiled into tdist_bench.cpp alone: a path on every bench file's
+// compile line would make each miss ccache in every fresh clone.
+const char* source_dir();
+
 // Forks `world` copies of this program as ranks of a local job (RANK,
 // WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; OMP_NUM_THREADS=1 unless set),
 // each running `tdist-bench MODE ARGS... EXTRA...`; waits for all of them.

@@ -314,7 +314,7 @@ int run_parent(const CheckpointBenchOptions& o, const std::vector<std::string>& 
     std::filesystem::remove(full);
     ::sync();
     if (dcp && !o.python.empty()) {  // PyTorch's dcp.load and dcp.save of the same folder, in turn with ours
-      const std::string cmd = o.python + " " TDIST_SOURCE_DIR "/bench/torch_dcp_reference.py --ckpt " + prefix +
+      const std::string cmd = o.python + " " + source_dir() + "/bench/torch_dcp_reference.py --ckpt " + prefix +
                               " --width " + std::to_string(width_for(o)) + " --layers " + std::to_string(o.layers) +
                               " --world-size " + std::to_string(o.world_size) + " --repeats 1 --out " + torch_json +
                               " > " + dir + "/torch.log 2>&1";

@@ -21,6 +21,8 @@
 
 namespace tdist::bench {
 
+const char* source_dir() { return TDIST_SOURCE_DIR; }
+
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());

@@ -53,7 +53,10 @@ struct TCPStore::Impl {
   std::string token;
   std::string client_name;
   std::unique_ptr<TCPStoreServer> server;
-  std::mutex mu;
+  // Guards the connection. Timed: a call waits for it, behind another
+  // thread's call (a reconnect, a slow reply), only as long as its own
+  // timeout allows.
+  std::timed_mutex mu;
   detail::Fd fd;        // invalid when not connected
   std::string inbuf;    // received bytes not yet parsed
   TCPStoreLimits reply_limits;
@@ -180,10 +183,18 @@ struct TCPStore::Impl {
   // server may legitimately take (get/wait); the store timeout bounds the rest.
   Message request(const Message& req, Milliseconds store_timeout, Milliseconds wait_budget) {
     const char* op = wire::op_name(req.kind);
-    std::lock_guard<std::mutex> lock(mu);
-    // A call with its own timeout (get/wait) is bounded by it, reconnecting
-    // included; the others by the store's timeout.
-    if (!fd.valid()) connect(Clock::now() + (wait_budget.count() > 0 ? wait_budget : store_timeout));
+    // A call with its own timeout (get/wait) is bounded by it while it waits
+    // for the connection and while it reconnects; the others by the store's
+    // timeout. (The heartbeat's set may hold the connection for a whole
+    // store timeout while the server is out of reach; a rank asking with a
+    // short timeout which peers stopped beating must not wait behind it.)
+    const auto connected_by = Clock::now() + (wait_budget.count() > 0 ? wait_budget : store_timeout);
+    std::unique_lock<std::timed_mutex> lock(mu, std::defer_lock);
+    if (!lock.try_lock_until(connected_by)) {
+      throw TimeoutError("TCPStore " + std::string(op) + ": the connection to the server at " + where() +
+                         " stayed busy with another call (a reconnect or a slow reply) past this call's timeout");
+    }
+    if (!fd.valid()) connect(connected_by);
     std::string frame;
     wire::encode_frame(req, &frame);
     const auto deadline = Clock::now() + store_timeout + wait_budget + (wait_budget.count() ? kReplySlack : Milliseconds(0));
@@ -228,7 +239,7 @@ TCPStore::TCPStore(std::string host, TCPStoreOptions options)
     impl_->port = impl_->server->port();
   }
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    std::lock_guard<std::timed_mutex> lock(impl_->mu);
     impl_->connect(Clock::now() + options.timeout);
   }
   if (impl_->server && options.num_workers && options.wait_for_workers) {
@@ -238,7 +249,7 @@ TCPStore::TCPStore(std::string host, TCPStoreOptions options)
 
 TCPStore::~TCPStore() {
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    std::lock_guard<std::timed_mutex> lock(impl_->mu);
     impl_->fd.reset();
   }
   impl_->server.reset();

@@ -29,6 +29,7 @@
 #include "tests/util/damage.h"
 #include "tests/util/process.h"
 #include "tests/util/world.h"
+#include "tests/util/paths.h"
 
 namespace {
 
@@ -41,10 +42,10 @@ using tdist::test::run_world;
 using tdist::test::TempDir;
 namespace test = tdist::test;
 
-const std::string kBin = TDIST_BIN_DIR;
-const std::string kVenvPython = TDIST_SOURCE_DIR "/.venv/bin/python";
-const std::string kCheck = TDIST_SOURCE_DIR "/tests/checkpoint/consolidated_check.py";
-const std::string kSafetensorsCheck = TDIST_SOURCE_DIR "/tests/checkpoint/safetensors_check.py";
+const std::string kBin = tdist::test::bin_dir();
+const std::string kVenvPython = tdist::test::source_dir() + "/.venv/bin/python";
+const std::string kCheck = tdist::test::source_dir() + "/tests/checkpoint/consolidated_check.py";
+const std::string kSafetensorsCheck = tdist::test::source_dir() + "/tests/checkpoint/safetensors_check.py";
 
 std::string run(const std::string& command) {
   const auto r = test::run_command(command + " 2>&1", std::chrono::seconds(120));

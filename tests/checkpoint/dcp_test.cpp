@@ -18,6 +18,7 @@
 #include "tdist/tdist.h"
 #include "tests/util/process.h"
 #include "tests/util/world.h"
+#include "tests/util/paths.h"
 
 namespace {
 
@@ -29,8 +30,8 @@ using tdist::StateDict;
 using tdist::test::run_world;
 using tdist::test::TempDir;
 
-const std::string kCheck = TDIST_SOURCE_DIR "/tests/checkpoint/dcp_check.py";
-const std::string kVenvPython = TDIST_SOURCE_DIR "/.venv/bin/python";
+const std::string kCheck = tdist::test::source_dir() + "/tests/checkpoint/dcp_check.py";
+const std::string kVenvPython = tdist::test::source_dir() + "/.venv/bin/python";
 
 // PyTorch's side of a check. Its gloo group (the reference, not what is
 // under test) once failed to start under a loaded clean room: one retry,
@@ -283,7 +284,7 @@ TEST_F(Dcp, TdistsSaveLoadsBackInTdistAtWorldThree) {
 // ---- tdist-ckpt convert and inspect ------------------------------------------------
 
 tdist::test::CommandResult ckpt_tool(const std::string& args) {
-  return tdist::test::run_command(std::string(TDIST_BIN_DIR) + "/tdist-ckpt " + args + " 2>&1", std::chrono::seconds(120));
+  return tdist::test::run_command(tdist::test::bin_dir() + "/tdist-ckpt " + args + " 2>&1", std::chrono::seconds(120));
 }
 
 TEST_F(Dcp, ConvertTurnsPyTorchsDcpIntoItsFullStateBitForBit) {
@@ -407,7 +408,7 @@ TEST_F(Dcp, PythonsOptimizerStateDictLoadsByIndexAndTdistsLoadsInPython) {
 // .metadata files an adversarial tester made (fuzz/corpus_dcp/hostile_*),
 // each refused for what it is, in little memory and time.
 TEST(DcpHostile, HostileMetadataIsRefusedByName) {
-  const std::string dir = TDIST_SOURCE_DIR "/fuzz/corpus_dcp/";
+  const std::string dir = tdist::test::source_dir() + "/fuzz/corpus_dcp/";
   const std::pair<const char*, const char*> cases[] = {
       {"hostile_setitem_on_object.metadata", "SETITEM on an object"},
       {"hostile_dicts_posing_as_objects.metadata", "a dict key '__class__'"},

@@ -21,6 +21,7 @@
 #include "tests/util/damage.h"
 #include "tests/util/process.h"
 #include "tests/util/world.h"
+#include "tests/util/paths.h"
 
 namespace {
 
@@ -30,8 +31,8 @@ using tdist::LoadPretrainedOptions;
 using tdist::ProcessGroup;
 using tdist::test::run_world;
 
-const std::string kCheck = TDIST_SOURCE_DIR "/tests/checkpoint/pretrained_check.py";
-const std::string kVenvPython = TDIST_SOURCE_DIR "/.venv/bin/python";
+const std::string kCheck = tdist::test::source_dir() + "/tests/checkpoint/pretrained_check.py";
+const std::string kVenvPython = tdist::test::source_dir() + "/.venv/bin/python";
 
 std::string python(const std::string& interpreter, const std::string& args) {
   const auto r = tdist::test::run_command(interpreter + " " + kCheck + " " + args + " 2>&1", std::chrono::seconds(300));

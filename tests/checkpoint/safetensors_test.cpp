@@ -21,6 +21,7 @@
 #include "tdist/safetensors.h"
 #include "tests/util/damage.h"
 #include "tests/util/process.h"
+#include "tests/util/paths.h"
 
 namespace {
 
@@ -270,8 +271,8 @@ TEST(Safetensors, AnEmptyFileOfNoTensorsIsValid) {
   EXPECT_EQ(tdist::load_safetensors(path).size(), 0u);
 }
 
-const std::string kPython = TDIST_SOURCE_DIR "/.venv/bin/python";
-const std::string kCheck = TDIST_SOURCE_DIR "/tests/checkpoint/safetensors_check.py";
+const std::string kPython = tdist::test::source_dir() + "/.venv/bin/python";
+const std::string kCheck = tdist::test::source_dir() + "/tests/checkpoint/safetensors_check.py";
 
 std::string python(const std::string& args) {
   auto r = test::run_command(kPython + " " + kCheck + " " + args + " 2>&1", std::chrono::seconds(60));

@@ -29,6 +29,7 @@
 #include "tests/fsdp/models.h"
 #include "tests/util/process.h"
 #include "tests/util/world.h"
+#include "tests/util/paths.h"
 
 namespace {
 
@@ -40,7 +41,7 @@ using tdist::test::Net;
 using tdist::test::run_world;
 using tdist::test::TempDir;
 
-const std::string kBin = TDIST_BIN_DIR;
+const std::string kBin = tdist::test::bin_dir();
 
 at::Tensor batch(int step, int world) {
   torch::manual_seed(70 + step);
@@ -270,7 +271,7 @@ std::string read_file(const std::string& path) {
 // __setstate__ prints. The load refuses it by its kind, before anything
 // reads it, and nothing prints; without comm_hook_state the rest loads.
 TEST(ShardedCheckpoint, ALegacyArchiveHookRecordIsRefusedAndRunsNothing) {
-  const std::string archive = read_file(TDIST_SOURCE_DIR "/tests/checkpoint/data/hostile_setstate_archive.pt");
+  const std::string archive = read_file(tdist::test::source_dir() + "/tests/checkpoint/data/hostile_setstate_archive.pt");
   ASSERT_GT(archive.size(), 1000u);
   {
     // The fixture is live: LibTorch's archive loader runs its code.

@@ -18,6 +18,7 @@
 #include "tdist/errors.h"
 #include "tdist/sampler.h"
 #include "tests/util/process.h"
+#include "tests/util/paths.h"
 
 namespace {
 
@@ -82,7 +83,7 @@ TEST(DistributedSampler, IndicesAreThoseOfPyTorchsDistributedSampler) {
   std::ofstream(script) << py.str();
   // The PyTorch of the LibTorch under test: randperm's algorithm is its own.
 #if TORCH_VERSION_MAJOR >= 2
-  const std::string python = TDIST_SOURCE_DIR "/.venv/bin/python";
+  const std::string python = tdist::test::source_dir() + "/.venv/bin/python";
 #else
   const std::string python = "/usr/bin/python3";
 #endif

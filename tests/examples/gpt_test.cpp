@@ -17,16 +17,17 @@
 
 #include "tests/util/process.h"
 #include "tests/util/resume_check.h"
+#include "tests/util/paths.h"
 
 using namespace std::chrono_literals;
 namespace test = tdist::test;
 
 namespace {
 
-const std::string kRun = TDIST_BIN_DIR "/tdist-run";
-const std::string kGpt = TDIST_BIN_DIR "/gpt";
-const std::string kPython = TDIST_SOURCE_DIR "/.venv/bin/python";
-const std::string kCheck = TDIST_SOURCE_DIR "/tests/examples/gpt_hf_check.py";
+const std::string kRun = tdist::test::bin_dir() + "/tdist-run";
+const std::string kGpt = tdist::test::bin_dir() + "/gpt";
+const std::string kPython = tdist::test::source_dir() + "/.venv/bin/python";
+const std::string kCheck = tdist::test::source_dir() + "/tests/examples/gpt_hf_check.py";
 
 // The numbers after "key=" on the last line that has them.
 double value_of(const std::string& output, const std::string& key) {
@@ -51,7 +52,7 @@ class GptExample : public ::testing::Test {
     dir_ = new test::TempDir;
     // English text that changes with the repository: its docs.
     data_ = dir_->path() + "/text.txt";
-    auto r = test::run_command("cat " TDIST_SOURCE_DIR "/README.md " TDIST_SOURCE_DIR "/docs/*.md > " + data_, 30s);
+    auto r = test::run_command("cat " + tdist::test::source_dir() + "/README.md " + tdist::test::source_dir() + "/docs/*.md > " + data_, 30s);
     ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
     hf_ = dir_->path() + "/hf";
     r = python("make " + hf_ + " --n-layer 2 --n-head 2 --n-embd 32 --n-positions 64 --seed 3 --max-shard-size 60KB");

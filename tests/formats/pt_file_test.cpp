@@ -29,6 +29,7 @@
 #include "tdist/sharded_checkpoint.h"
 #include "tests/util/damage.h"
 #include "tests/util/process.h"
+#include "tests/util/paths.h"
 
 namespace {
 
@@ -546,7 +547,7 @@ TEST(PtFile, AnUnfinishedSaveLeavesTheOldFile) {
 
 // ---- against Python's torch ---------------------------------------------------------
 
-const std::string kCheck = TDIST_SOURCE_DIR "/tests/checkpoint/pt_check.py";
+const std::string kCheck = tdist::test::source_dir() + "/tests/checkpoint/pt_check.py";
 
 struct Python {
   std::string name, interpreter;
@@ -556,7 +557,7 @@ std::vector<Python> pythons() {
   // Debian's python3-torch (scripts/install-deps.sh installs it) and the
   // .venv's torch 2.x (scripts/python-ref.sh makes it importable).
   return {{"torch 1.13 (/usr/bin/python3)", "/usr/bin/python3"},
-          {"torch 2.x (.venv)", TDIST_SOURCE_DIR "/.venv/bin/python"}};
+          {"torch 2.x (.venv)", tdist::test::source_dir() + "/.venv/bin/python"}};
 }
 
 // Why this Python cannot run the checks ("" when it can).

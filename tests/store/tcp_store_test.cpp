@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -18,6 +19,7 @@
 #include "store/wire.h"
 #include "tdist/store.h"
 #include "tests/util/process.h"
+#include "tests/util/paths.h"
 
 using namespace std::chrono_literals;
 using tdist::Bytes;
@@ -167,9 +169,10 @@ TEST(TCPStore, ConnectingToNothingTimesOutNamingTheAddress) {
 
 // A standalone server process (tdist-store-server) we can kill -9.
 pid_t start_server_process(uint16_t port) {
-  pid_t pid = test::fork_child([port] {
+  const std::string server = tdist::test::bin_dir() + "/tdist-store-server";
+  pid_t pid = test::fork_child([port, &server] {
     std::string p = std::to_string(port);
-    execl(TDIST_BIN_DIR "/tdist-store-server", "tdist-store-server", "--host", "127.0.0.1", "--port", p.c_str(),
+    execl(server.c_str(), "tdist-store-server", "--host", "127.0.0.1", "--port", p.c_str(),
           static_cast<char*>(nullptr));
     return 127;
   });
@@ -207,6 +210,50 @@ TEST(TCPStore, ABlockedGetFailsFastWhenTheServerDies) {
   killer.join();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
   test::wait_child(server, 10s);
+}
+
+// A listener that never accepts: connecting succeeds (the kernel's
+// backlog), and the server's greeting never comes.
+int silent_listener(uint16_t port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd, 16) != 0) {
+    close(fd);
+    throw std::runtime_error("silent listener on port " + std::to_string(port) + ": " + std::strerror(errno));
+  }
+  return fd;
+}
+
+// One thread's call reconnecting to a server that does not answer holds the
+// connection for the store's whole timeout; another thread's call with a
+// short timeout (a rank asking which peers stopped beating) gives up within
+// its own, and says why.
+TEST(TCPStore, ACallWaitsBehindAnotherThreadsReconnectOnlyForItsOwnTimeout) {
+  const uint16_t port = tdist::detail::find_free_port();
+  pid_t server = start_server_process(port);
+  auto s = client(port, 5s);
+  s->set("before", "1");
+  kill(server, SIGKILL);
+  test::wait_child(server, 10s);
+  EXPECT_THROW(s->set("during", "1"), tdist::NetworkError);  // the connection is dropped
+  const int listener = silent_listener(port);
+  std::thread reconnecting([&] { EXPECT_THROW(s->set("beat", "1"), tdist::TimeoutError); });
+  std::this_thread::sleep_for(300ms);  // the set is waiting for the greeting
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    s->get("beat", 1s);
+    ADD_FAILURE() << "a get from a silent server returned";
+  } catch (const tdist::TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("busy with another call"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2500ms);
+  reconnecting.join();
+  close(listener);
 }
 
 TEST(TCPStore, ServerSideTimeoutKeepsTheConnectionUsable) {

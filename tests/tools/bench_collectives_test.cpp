@@ -12,6 +12,7 @@
 
 #include "bench/collective_model.h"
 #include "tests/util/process.h"
+#include "tests/util/paths.h"
 
 using namespace std::chrono_literals;
 namespace test = tdist::test;
@@ -19,7 +20,7 @@ namespace bench = tdist::bench;
 
 namespace {
 
-const std::string kBench = TDIST_BIN_DIR "/tdist-bench";
+const std::string kBench = tdist::test::bin_dir() + "/tdist-bench";
 
 nlohmann::json run_bench(const std::string& extra, std::string* output) {
   test::TempDir dir;

@@ -11,13 +11,14 @@
 #include <string>
 
 #include "tests/util/process.h"
+#include "tests/util/paths.h"
 
 using namespace std::chrono_literals;
 namespace test = tdist::test;
 
 namespace {
 
-const std::string kBench = TDIST_BIN_DIR "/tdist-bench";
+const std::string kBench = tdist::test::bin_dir() + "/tdist-bench";
 
 TEST(BenchFsdp, EveryVariantRunsAndItsRowsHoldTogether) {
   test::TempDir dir;

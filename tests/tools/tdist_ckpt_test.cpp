@@ -32,6 +32,7 @@
 #include "tests/fsdp/models.h"
 #include "tests/util/process.h"
 #include "tests/util/world.h"
+#include "tests/util/paths.h"
 
 namespace {
 
@@ -45,7 +46,7 @@ using tdist::checkpoint::PtWriter;
 
 // TDIST_TEST_BIN_DIR runs the same checks against another build's programs
 // (an older tdist, to see them fail).
-const std::string kBin = std::getenv("TDIST_TEST_BIN_DIR") ? std::getenv("TDIST_TEST_BIN_DIR") : TDIST_BIN_DIR;
+const std::string kBin = tdist::test::bin_dir();
 constexpr auto kDeadline = std::chrono::seconds(30);
 
 std::string slurp(const std::string& path) {

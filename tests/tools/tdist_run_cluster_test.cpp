@@ -16,6 +16,7 @@
 
 #include "store/socket.h"
 #include "tests/util/process.h"
+#include "tests/util/paths.h"
 
 extern char** environ;
 
@@ -24,8 +25,8 @@ namespace test = tdist::test;
 
 namespace {
 
-const std::string kRun = TDIST_BIN_DIR "/tdist-run";
-const std::string kProbe = TDIST_BIN_DIR "/job_probe";
+const std::string kRun = tdist::test::bin_dir() + "/tdist-run";
+const std::string kProbe = tdist::test::bin_dir() + "/job_probe";
 using Vars = std::map<std::string, std::string>;
 
 // "env -u ... NAME=VALUE ...": none of this process's launcher variables

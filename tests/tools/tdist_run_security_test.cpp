@@ -19,14 +19,15 @@
 #include "tests/store/flood.h"
 #include "tests/util/process.h"
 #include "tests/util/skip.h"
+#include "tests/util/paths.h"
 
 using namespace std::chrono_literals;
 namespace test = tdist::test;
 
 namespace {
 
-const std::string kRun = "env -u TDIST_STORE_TOKEN -u TDIST_STORE_TOKEN_FILE " TDIST_BIN_DIR "/tdist-run";
-const std::string kProbe = TDIST_BIN_DIR "/job_probe";
+const std::string kRun = "env -u TDIST_STORE_TOKEN -u TDIST_STORE_TOKEN_FILE " + tdist::test::bin_dir() + "/tdist-run";
+const std::string kProbe = tdist::test::bin_dir() + "/job_probe";
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
@@ -111,7 +112,7 @@ TEST(TdistRunSecurity, ATokenFileIsUsedAndMustBePrivate) {
   EXPECT_EQ(WEXITSTATUS(r.status), 2) << r.output;
   EXPECT_NE(r.output.find("has mode 644"), std::string::npos) << r.output;
   // The same check for a job that names the file in its environment.
-  r = test::run_command("env TDIST_STORE_TOKEN_FILE=" + file + " " TDIST_BIN_DIR "/tdist-run --nproc-per-node 1 true",
+  r = test::run_command("env TDIST_STORE_TOKEN_FILE=" + file + " " + tdist::test::bin_dir() + "/tdist-run --nproc-per-node 1 true",
                         30s);
   EXPECT_EQ(WEXITSTATUS(r.status), 2) << r.output;
   EXPECT_NE(r.output.find("has mode 644"), std::string::npos) << r.output;
@@ -128,7 +129,7 @@ TEST(TdistRunSecurity, AMultiNodeJobNeedsATokenOrAnExplicitOptOut) {
                         30s);
   EXPECT_TRUE(test::exited_ok(r.status)) << r.output;
   EXPECT_EQ(tokens_in(r.output), std::vector<std::string>{"none"}) << r.output;
-  r = test::run_command("env TDIST_STORE_TOKEN=from-env " TDIST_BIN_DIR "/tdist-run --nnodes 2 --node-rank 1 "
+  r = test::run_command("env TDIST_STORE_TOKEN=from-env " + tdist::test::bin_dir() + "/tdist-run --nnodes 2 --node-rank 1 "
                         "--master-port " + port + " sh -c 'echo T=$TDIST_STORE_TOKEN'",
                         30s);
   EXPECT_TRUE(test::exited_ok(r.status)) << r.output;
@@ -258,7 +259,7 @@ TEST(TdistRunSecurity, AJobStartsUnderAConnectionFloodFromAnotherUser) {
   if (!flood.running()) TDIST_SKIP_OR_FAIL_IN_CI("no flood from a second uid on this machine: " << flood.why_not());
   for (int job = 0; job < 2; ++job) {
     const auto r = test::run_command(kRun + " --nproc-per-node 4 --master-port " + std::to_string(port) + " " +
-                                         TDIST_BIN_DIR "/rendezvous_demo",
+                                         tdist::test::bin_dir() + "/rendezvous_demo",
                                      90s);
     ASSERT_TRUE(test::exited_ok(r.status)) << "job " << job << ": " << r.output;
     EXPECT_NE(r.output.find("all 4 ranks rendezvoused"), std::string::npos) << r.output;

@@ -15,13 +15,14 @@
 
 #include "tests/util/process.h"
 #include "tests/util/resume_check.h"
+#include "tests/util/paths.h"
 
 using namespace std::chrono_literals;
 namespace test = tdist::test;
 
 namespace {
 
-const std::string kRun = TDIST_BIN_DIR "/tdist-run";
+const std::string kRun = tdist::test::bin_dir() + "/tdist-run";
 
 TEST(TdistRun, SetsTorchrunVariablesAndPrefixesLines) {
   auto r = test::run_command(
@@ -114,7 +115,7 @@ TEST(TdistRun, RejectsBadArguments) {
 
 TEST(TdistRun, KillingOneRankOfAJobNamesItEverywhere) {
   const auto t0 = std::chrono::steady_clock::now();
-  auto r = test::run_command(kRun + " --nproc-per-node 3 " TDIST_BIN_DIR "/allreduce_demo --iters 100000 "
+  auto r = test::run_command(kRun + " --nproc-per-node 3 " + tdist::test::bin_dir() + "/allreduce_demo --iters 100000 "
                                     "--numel 4096 --die-rank 1 --die-at 200",
                              60s);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
@@ -242,7 +243,7 @@ TEST(TdistRun, TheKilledRankIsNamedFirstUnderLoad) {
   int named_right = 0;
   std::string outputs;
   for (int run = 0; run < 2; ++run) {
-    auto r = test::run_command(kRun + " --nproc-per-node 3 " TDIST_BIN_DIR "/allreduce_demo --iters 100000 "
+    auto r = test::run_command(kRun + " --nproc-per-node 3 " + tdist::test::bin_dir() + "/allreduce_demo --iters 100000 "
                                       "--numel 4096 --die-rank 1 --die-at 50",
                                90s);
     if (r.output.find("rank 1 (pid") != std::string::npos &&
@@ -260,7 +261,7 @@ TEST(TdistRun, TheKilledRankIsNamedFirstUnderLoad) {
 }
 
 TEST(AllreduceDemo, RunsOnFourRanks) {
-  auto r = test::run_command(kRun + " --nproc-per-node 4 " TDIST_BIN_DIR "/allreduce_demo --iters 50", 60s);
+  auto r = test::run_command(kRun + " --nproc-per-node 4 " + tdist::test::bin_dir() + "/allreduce_demo --iters 50", 60s);
   ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
   EXPECT_NE(r.output.find("50 all_reduces of 1048576 floats on 4 ranks (shm): all correct"), std::string::npos)
       << r.output;
@@ -269,7 +270,7 @@ TEST(AllreduceDemo, RunsOnFourRanks) {
 TEST(FashionMnist, OneEpochOnTwoRanksWithTheFp16Hook) {
   test::TempDir dir;
   const std::string json = dir.path() + "/result.json";
-  auto r = test::run_command(kRun + " --nproc-per-node 2 " TDIST_BIN_DIR "/fashion_mnist --epochs 1 --hook fp16 --json " +
+  auto r = test::run_command(kRun + " --nproc-per-node 2 " + tdist::test::bin_dir() + "/fashion_mnist --epochs 1 --hook fp16 --json " +
                                  json,
                              300s);
   ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
@@ -295,7 +296,7 @@ TEST(FashionMnist, OneEpochOnTwoRanksWithTheFp16Hook) {
 // latest checkpoint by themselves and end with the very weights of a run
 // that never stopped. 30 steps per epoch: the run crosses an epoch.
 TEST(FashionMnist, AKilledRankRestartsAndResumesBitForBit) {
-  test::expect_a_killed_rank_to_resume_bit_for_bit(kRun + " --nproc-per-node 2", TDIST_BIN_DIR "/fashion_mnist",
+  test::expect_a_killed_rank_to_resume_bit_for_bit(kRun + " --nproc-per-node 2", tdist::test::bin_dir() + "/fashion_mnist",
                                                    "fashion_mnist", "--batch-size 1000 --epochs 2 --max-steps 45 --quiet",
                                                    3, 9);
 }
@@ -303,7 +304,7 @@ TEST(FashionMnist, AKilledRankRestartsAndResumesBitForBit) {
 // The same for FSDP (FULL_SHARD, every stage a unit of its own, its
 // sharded optimizer state in the checkpoint).
 TEST(FsdpMnist, AKilledRankRestartsAndResumesBitForBit) {
-  test::expect_a_killed_rank_to_resume_bit_for_bit(kRun + " --nproc-per-node 2", TDIST_BIN_DIR "/fsdp_mnist",
+  test::expect_a_killed_rank_to_resume_bit_for_bit(kRun + " --nproc-per-node 2", tdist::test::bin_dir() + "/fsdp_mnist",
                                                    "fsdp_mnist",
                                                    "--batch-size 500 --epochs 2 --max-steps 20 --use-nested-fsdp --quiet",
                                                    4, 8);
@@ -311,7 +312,7 @@ TEST(FsdpMnist, AKilledRankRestartsAndResumesBitForBit) {
 
 // --quiet: no progress lines, the summaries stay; --all-ranks: every rank's.
 TEST(FashionMnist, QuietAndAllRanks) {
-  auto q = test::run_command(kRun + " --nproc-per-node 2 " TDIST_BIN_DIR "/fashion_mnist --epochs 1 --max-steps 20 --quiet",
+  auto q = test::run_command(kRun + " --nproc-per-node 2 " + tdist::test::bin_dir() + "/fashion_mnist --epochs 1 --max-steps 20 --quiet",
                              300s);
   ASSERT_TRUE(test::exited_ok(q.status)) << q.output;
   EXPECT_EQ(q.output.find("step 20/20"), std::string::npos) << q.output;
@@ -319,7 +320,7 @@ TEST(FashionMnist, QuietAndAllRanks) {
   EXPECT_NE(q.output.find("[rank 0]: test accuracy"), std::string::npos) << q.output;
 
   auto a = test::run_command(
-      kRun + " --nproc-per-node 2 " TDIST_BIN_DIR "/fashion_mnist --epochs 1 --max-steps 20 --all-ranks", 300s);
+      kRun + " --nproc-per-node 2 " + tdist::test::bin_dir() + "/fashion_mnist --epochs 1 --max-steps 20 --all-ranks", 300s);
   ASSERT_TRUE(test::exited_ok(a.status)) << a.output;
   for (int rank = 0; rank < 2; ++rank) {
     const std::string want = "[rank " + std::to_string(rank) + "]: rank " + std::to_string(rank) +
@@ -329,7 +330,7 @@ TEST(FashionMnist, QuietAndAllRanks) {
 }
 
 TEST(RendezvousDemo, FourRanksLearnAboutEachOther) {
-  auto r = test::run_command(kRun + " --nproc-per-node 4 " TDIST_BIN_DIR "/rendezvous_demo", 60s);
+  auto r = test::run_command(kRun + " --nproc-per-node 4 " + tdist::test::bin_dir() + "/rendezvous_demo", 60s);
   ASSERT_TRUE(test::exited_ok(r.status)) << r.output;
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_NE(r.output.find("[rank " + std::to_string(rank) + "]: rank " + std::to_string(rank) + " of 4"),

@@ -23,6 +23,7 @@
 #include "trace/analyze.h"
 #include "trace/dump_reader.h"
 #include "trace/timeline_tools.h"
+#include "tests/util/paths.h"
 
 namespace {
 
@@ -30,7 +31,7 @@ namespace test = tdist::test;
 namespace tr = tdist::trace;
 using Json = nlohmann::json;
 
-const std::string kBin = std::getenv("TDIST_TEST_BIN_DIR") ? std::getenv("TDIST_TEST_BIN_DIR") : TDIST_BIN_DIR;
+const std::string kBin = tdist::test::bin_dir();
 constexpr int64_t kT0 = 1'790'000'000'000'000'000;  // CLOCK_REALTIME ns
 constexpr int64_t kSec = 1'000'000'000;
 

@@ -12,13 +12,14 @@
 #include <string>
 
 #include "tests/util/process.h"
+#include "tests/util/paths.h"
 
 namespace {
 
 using tdist::test::run_command;
 using tdist::test::TempDir;
 
-const std::string kBin = TDIST_BIN_DIR;
+const std::string kBin = tdist::test::bin_dir();
 
 std::string job(const std::string& env, const std::string& launcher_flags, const std::string& program_flags) {
   return env + " " + kBin + "/tdist-run --nproc-per-node 3 " + launcher_flags + " " + kBin + "/faulty_training " +

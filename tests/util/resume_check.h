@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 #include <thread>
 
@@ -73,6 +74,40 @@ inline void expect_a_killed_rank_to_resume_bit_for_bit(const std::string& launch
   const std::string want = fingerprint_in(d + "/straight.json");
   EXPECT_EQ(want.size(), 16u) << straight.output;
   EXPECT_EQ(fingerprint_in(d + "/resumed.json"), want) << log;
+}
+
+// The elastic tests' check after one node of three was lost: the log names
+// the resume ("resumed from ... (step S at world size 3): continuing at
+// step ... at world size 2"), and the same job by hand (world 3 up to step
+// S, then world 2 from that checkpoint, in `d`/hand) ends with the very
+// weights the elastic run's rank 0 wrote to `json`. `run`: tdist-run;
+// `mnist`: fashion_mnist; `train`: fashion_mnist with the arguments the
+// elastic job gave it (--batch-size 1000 --epochs 2 --checkpoint-every 3).
+inline void expect_a_by_hand_restart_to_match(const std::string& run, const std::string& mnist,
+                                              const std::string& train, const std::string& d,
+                                              const std::string& log, const std::string& json) {
+  using namespace std::chrono_literals;
+  EXPECT_NE(log.find("of a world of 2 (was 3)"), std::string::npos) << log;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      log, m,
+      std::regex(R"(\[rank 0\]: resumed from \S+ \(step (\d+) at world size 3\): continuing at step \d+ at world size 2)")))
+      << log;
+  const std::string step = m[1];
+  ASSERT_FALSE(json.empty()) << log;
+  const std::string hand = " --checkpoint-dir " + d + "/hand";
+  const auto r3 = run_command("OMP_NUM_THREADS=1 " + run + " --nproc-per-node 3 " + mnist +
+                                  " --batch-size 1000 --epochs 2 --quiet --checkpoint-every 3 --max-steps " + step + hand,
+                              240s);
+  ASSERT_TRUE(exited_ok(r3.status)) << r3.output;
+  EXPECT_EQ(latest_checkpoint_step(d + "/hand"), std::stoi(step));
+  const auto r2 =
+      run_command("OMP_NUM_THREADS=1 " + run + " --nproc-per-node 2 " + train + hand + " --json " + d + "/hand.json", 240s);
+  ASSERT_TRUE(exited_ok(r2.status)) << r2.output;
+  EXPECT_NE(r2.output.find("(step " + step + " at world size 3)"), std::string::npos) << r2.output;
+  const std::string want = fingerprint_in(d + "/hand.json");
+  EXPECT_EQ(want.size(), 16u);
+  EXPECT_EQ(fingerprint_in(json), want) << log << r2.output;
 }
 
 }  // namespace tdist::test

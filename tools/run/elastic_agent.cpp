@@ -21,6 +21,8 @@ constexpr milliseconds kPollInterval{100};
 // etcd, whose beat expired with its lease) is taken for
 // lost (its launcher was killed, or its machine is gone).
 constexpr milliseconds kDeadNode{10'000};
+// A call to the store while the ranks run (see poll).
+constexpr milliseconds kPollCallTimeout{5'000};
 // How long the nodes of a closed round have to say they are there.
 constexpr milliseconds kMemberWait{10'000};
 // Round numbers stay far below overflow, whatever the store holds.
@@ -251,6 +253,14 @@ std::optional<Membership> ElasticAgent::rendezvous(const std::function<bool()>& 
 }
 
 std::optional<StopRequest> ElasticAgent::poll() {
+  // Each call bounded by kPollCallTimeout while the ranks run: a store that
+  // does not answer raises TimeoutError, and the launcher decides
+  // (run/elastic_run.cpp) instead of sitting in the call.
+  struct Bounded {
+    RdzvStore& store;
+    explicit Bounded(RdzvStore& s) : store(s) { store.set_call_timeout(kPollCallTimeout); }
+    ~Bounded() { store.set_call_timeout(kRdzvCallTimeout); }
+  } bounded(*store_);
   store_->beat(key(round_, "beat/" + std::to_string(node_)));
   if (auto a = get_if(key("abort"))) return StopRequest{StopRequest::kAbort, *a};
   std::optional<std::string> why = get_if(key(round_, "restart"));

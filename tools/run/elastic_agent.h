@@ -119,6 +119,10 @@ class ElasticAgent {
   // Called every ~200 ms while this node's ranks run or are being stopped:
   // says this node is alive, and why the ranks must stop, if they must.
   std::optional<StopRequest> poll();
+  // The store answers again after an outage: no node could beat meanwhile,
+  // so the watch on the next node's beat starts over (it is named silent
+  // only if it stays so for the whole interval from now).
+  void after_outage() { watched_ = BeatSeen{}; }
 
   // This node's ranks failed (or were stopped): every node restarts.
   void request_restart(const std::string& why);

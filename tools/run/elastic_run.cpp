@@ -1,5 +1,6 @@
 #include "run/elastic_run.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -9,10 +10,15 @@
 #include "run/elastic_agent.h"
 #include "run/supervisor.h"
 #include "store/auth.h"
+#include "tdist/errors.h"
 
 namespace tdist_run {
 
 namespace {
+
+// How long a built-in rendezvous store may stop answering before the job
+// is given up (its host's node cut off or frozen for good).
+constexpr std::chrono::seconds kBuiltinOutage{60};
 
 bool interrupted() { return stop_signal() != 0; }
 
@@ -113,19 +119,26 @@ int Rounds::run() {
 }
 
 std::optional<int> Rounds::run_round(const Membership& m, bool& counts) {
-  // A built-in store that fails is gone for good (its host's node is); an
-  // etcd cluster may be out of reach for a while (this node cut off, a
-  // leader election): the ranks go on, and the round is given up only
-  // when the outage outlasts the join timeout.
+  // An etcd cluster may be out of reach for a while (this node cut off, a
+  // leader election): the ranks go on, and the round is given up only when
+  // the outage outlasts the join timeout. A built-in store that refuses or
+  // drops the connection is gone for good (its host's node is); one that
+  // stops answering (its node cut off or frozen) is waited for up to
+  // kBuiltinOutage, each call bounded by a few seconds, so the launcher
+  // relays output and can stop its ranks meanwhile.
   std::optional<std::chrono::steady_clock::time_point> outage;
   const StopCheck check = [&]() -> std::optional<StopRequest> {
     try {
       auto stop = agent_.poll();
-      if (outage) std::fprintf(stderr, "tdist-run: %s answers again\n", agent_.store().describe().c_str());
+      if (outage) {
+        std::fprintf(stderr, "tdist-run: %s answers again\n", agent_.store().describe().c_str());
+        agent_.after_outage();
+      }
       outage.reset();
       return stop;
     } catch (const std::exception& e) {
-      if (!agent_.store().durable()) {
+      const bool durable = agent_.store().durable();
+      if (!durable && dynamic_cast<const tdist::TimeoutError*>(&e) == nullptr) {
         return StopRequest{StopRequest::kAbort, std::string("the rendezvous store is gone: ") + e.what()};
       }
       const auto now = std::chrono::steady_clock::now();
@@ -134,9 +147,11 @@ std::optional<int> Rounds::run_round(const Membership& m, bool& counts) {
         std::fprintf(stderr, "tdist-run: cannot reach %s (%s); the ranks go on\n", agent_.store().describe().c_str(),
                      e.what());
       }
-      if (now - *outage > std::chrono::duration<double>(o_.join_timeout_s)) {
-        return StopRequest{StopRequest::kAbort, "out of touch with " + agent_.store().describe() + " for over " +
-                                                    std::to_string(static_cast<int>(o_.join_timeout_s)) + " s"};
+      const double limit_s = durable ? o_.join_timeout_s : kBuiltinOutage.count();
+      if (now - *outage > std::chrono::duration<double>(limit_s)) {
+        return StopRequest{StopRequest::kAbort, (durable ? "out of touch with " : "the rendezvous store is gone: out of touch with ") +
+                                                    agent_.store().describe() + " for over " +
+                                                    std::to_string(static_cast<int>(limit_s)) + " s"};
       }
       return std::nullopt;
     }

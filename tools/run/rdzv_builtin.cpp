@@ -80,7 +80,7 @@ class BuiltinStore final : public RdzvStore {
     co.port = static_cast<uint16_t>(o.endpoint_port);
     co.is_server = false;
     co.token = o.token;
-    co.timeout = std::chrono::milliseconds(60'000);
+    co.timeout = kRdzvCallTimeout;  // joining waits as long for a host that starts late
     char host[256] = "?";
     gethostname(host, sizeof host - 1);
     co.client_name = std::string("tdist-run on ") + host;
@@ -110,6 +110,7 @@ class BuiltinStore final : public RdzvStore {
   void beat(const std::string& key) override { store_->add(key, 1); }
   std::optional<int64_t> read_beat(const std::string& key) override { return store_->add(key, 0); }
   bool durable() const override { return false; }
+  void set_call_timeout(std::chrono::milliseconds timeout) override { store_->set_timeout(timeout); }
   pid_t host_pid() const override { return host_pid_; }
   std::string describe() const override {
     return "the rendezvous at " + o_.endpoint_host + ":" + std::to_string(o_.endpoint_port);

@@ -32,6 +32,11 @@
 
 namespace tdist_run {
 
+// How long a call may wait for the store unless set_call_timeout says
+// otherwise (the built-in store: also how long joining waits for a host
+// that starts late).
+constexpr std::chrono::milliseconds kRdzvCallTimeout{60'000};
+
 struct RdzvStoreOptions {
   enum Backend { kBuiltin, kEtcd } backend = kBuiltin;
   std::string endpoint;       // HOST:PORT (built-in) or a list of etcd members
@@ -69,6 +74,12 @@ class RdzvStore {
   // True when the store outlives any one node (etcd): losing touch with it
   // for a while is no reason to end the job.
   virtual bool durable() const = 0;
+  // Bounds each call from now on: kRdzvCallTimeout unless set. The agent
+  // bounds its calls to a few seconds while the ranks run (a launcher
+  // blocked in a call relays no output and cannot stop its ranks) and
+  // waits the longer bound otherwise. etcd: its client bounds every call
+  // (run/etcd_client.h) and this changes nothing.
+  virtual void set_call_timeout(std::chrono::milliseconds) {}
   // The launcher hosts the store (built-in), in the process host_pid().
   virtual pid_t host_pid() const { return -1; }
   // "the rendezvous at HOST:PORT" / "etcd at h1:2379,h2:2379".

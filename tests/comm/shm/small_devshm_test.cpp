@@ -12,6 +12,7 @@
 
 #include "tests/util/process.h"
 #include "tests/util/skip.h"
+#include "tests/util/paths.h"
 
 using namespace std::chrono_literals;
 using tdist::test::run_command;
@@ -23,7 +24,7 @@ namespace {
 // namespace with its own /dev/shm here (tried first, on its own, so that
 // unshare's failure is not taken for the job's).
 tdist::test::CommandResult job_with_devshm(const std::string& size) {
-  const std::string bin = TDIST_BIN_DIR;
+  const std::string bin = tdist::test::bin_dir();
   const std::string unshare = geteuid() == 0 ? "unshare -m --propagation private" : "unshare -rm --propagation private";
   const std::string probe = "if ! out=$(" + unshare + " sh -c 'mount -t tmpfs -o size=1m tmpfs /dev/shm' 2>&1); " +
                             "then echo \"$out\"; exit 77; fi; ";
