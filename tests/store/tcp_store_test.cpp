@@ -179,17 +179,23 @@ pid_t start_server_process(uint16_t port) {
   return pid;
 }
 
-TEST(TCPStore, SurvivesAServerRestart) {
-  const uint16_t port = tdist::detail::find_free_port();
-  pid_t server = start_server_process(port);
-  auto s = client(port, 10s);
+// A client of a server (a process) that was killed under it: the call in
+// flight fails loudly and drops the connection (the next call reconnects).
+std::unique_ptr<tdist::TCPStore> client_of_a_killed_server(uint16_t port, std::chrono::milliseconds timeout) {
+  const pid_t server = start_server_process(port);
+  auto s = client(port, timeout);
   s->set("before", "1");
   kill(server, SIGKILL);
   test::wait_child(server, 10s);
-  // The request in flight fails loudly...
   EXPECT_THROW(s->set("during", "1"), tdist::NetworkError);
-  // ...and once the server is back, the same client reconnects.
-  server = start_server_process(port);
+  return s;
+}
+
+TEST(TCPStore, SurvivesAServerRestart) {
+  const uint16_t port = tdist::detail::find_free_port();
+  auto s = client_of_a_killed_server(port, 10s);
+  // Once the server is back, the same client reconnects.
+  const pid_t server = start_server_process(port);
   s->set("after", "2");
   EXPECT_EQ(s->get_string("after"), "2");
   EXPECT_FALSE(s->check({"before"}));  // a restarted server starts empty
@@ -235,12 +241,7 @@ int silent_listener(uint16_t port) {
 // its own, and says why.
 TEST(TCPStore, ACallWaitsBehindAnotherThreadsReconnectOnlyForItsOwnTimeout) {
   const uint16_t port = tdist::detail::find_free_port();
-  pid_t server = start_server_process(port);
-  auto s = client(port, 5s);
-  s->set("before", "1");
-  kill(server, SIGKILL);
-  test::wait_child(server, 10s);
-  EXPECT_THROW(s->set("during", "1"), tdist::NetworkError);  // the connection is dropped
+  auto s = client_of_a_killed_server(port, 5s);
   const int listener = silent_listener(port);
   std::thread reconnecting([&] { EXPECT_THROW(s->set("beat", "1"), tdist::TimeoutError); });
   std::this_thread::sleep_for(300ms);  // the set is waiting for the greeting

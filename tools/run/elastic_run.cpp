@@ -149,9 +149,9 @@ std::optional<int> Rounds::run_round(const Membership& m, bool& counts) {
       }
       const double limit_s = durable ? o_.join_timeout_s : kBuiltinOutage.count();
       if (now - *outage > std::chrono::duration<double>(limit_s)) {
-        return StopRequest{StopRequest::kAbort, (durable ? "out of touch with " : "the rendezvous store is gone: out of touch with ") +
-                                                    agent_.store().describe() + " for over " +
-                                                    std::to_string(static_cast<int>(limit_s)) + " s"};
+        const std::string what = "out of touch with " + agent_.store().describe() + " for over " +
+                                 std::to_string(static_cast<int>(limit_s)) + " s";
+        return StopRequest{StopRequest::kAbort, durable ? what : "the rendezvous store is gone: " + what};
       }
       return std::nullopt;
     }
