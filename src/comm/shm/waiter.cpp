@@ -2,9 +2,11 @@
 // group's abort record. The contract is in waiter.h.
 #include "comm/shm/waiter.h"
 
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 
 #include "comm/shm/process_info.h"
@@ -44,6 +46,16 @@ void Waiter::set_abort(AbortKind kind, int peer, const std::string& reason) {
     h->abort_peer.store(peer);
     h->aborted.store(static_cast<uint32_t>(kind == AbortKind::kNone ? AbortKind::kOther : kind),
                      std::memory_order_release);
+  } else {
+    // Another rank claimed the record and is still writing it. Wait until
+    // it is published before this rank raises: a rank that learns of this
+    // one's error (its caller gave up) must not find the group un-aborted
+    // and finish a round that the others have left. Bounded: the writer
+    // may have died between its claim and its store.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    while (h->aborted.load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < until) {
+      sched_yield();
+    }
   }
   h->wake.fetch_add(1);
   futex(&h->wake, FUTEX_WAKE, INT32_MAX, nullptr);
