@@ -27,12 +27,14 @@ bin=$(cd "$bin" && pwd)
 # timeout (which, when every rank had started the op, names none).
 TIMEOUT=15
 # A cut-off rank's way out after its timeout: it asks the store which
-# ranks are missing, and that request can wait behind the heartbeat
-# thread's reconnect to the unreachable store (TCPStore holds its
-# connection's lock while connecting), up to one more store timeout (the
-# group's: TIMEOUT); then it exits (unloading LibTorch: seconds on a busy
-# 2-core machine). Measured: 4-5 s past TIMEOUT idle, 20 s with a load of 18.
-MARGIN=$((TIMEOUT + 12))
+# ranks are missing (2 s at most, even behind the heartbeat thread's
+# reconnect to the unreachable store: a TCPStore call waits for the
+# connection only within its own timeout), then exits (unloading LibTorch:
+# seconds on a busy 2-core machine). Before that wait was bounded the rank
+# could take one more store timeout (the group's: TIMEOUT), and this
+# margin allowed it: measured 4-5 s past TIMEOUT idle, 20 s with a load
+# of 18.
+MARGIN=12
 STEPS=60
 netlab_up 2
 token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
