@@ -9,7 +9,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -218,23 +217,6 @@ TEST(TCPStore, ABlockedGetFailsFastWhenTheServerDies) {
   test::wait_child(server, 10s);
 }
 
-// A listener that never accepts: connecting succeeds (the kernel's
-// backlog), and the server's greeting never comes.
-int silent_listener(uint16_t port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  const int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd, 16) != 0) {
-    close(fd);
-    throw std::runtime_error("silent listener on port " + std::to_string(port) + ": " + std::strerror(errno));
-  }
-  return fd;
-}
-
 // One thread's call reconnecting to a server that does not answer holds the
 // connection for the store's whole timeout; another thread's call with a
 // short timeout (a rank asking which peers stopped beating) gives up within
@@ -242,7 +224,10 @@ int silent_listener(uint16_t port) {
 TEST(TCPStore, ACallWaitsBehindAnotherThreadsReconnectOnlyForItsOwnTimeout) {
   const uint16_t port = tdist::detail::find_free_port();
   auto s = client_of_a_killed_server(port, 5s);
-  const int listener = silent_listener(port);
+  // A listener that never accepts: connecting succeeds (the kernel's
+  // backlog), and the server's greeting never comes.
+  uint16_t bound = 0;
+  const tdist::detail::Fd listener = tdist::detail::listen_tcp("127.0.0.1", port, &bound);
   std::thread reconnecting([&] { EXPECT_THROW(s->set("beat", "1"), tdist::TimeoutError); });
   std::this_thread::sleep_for(300ms);  // the set is waiting for the greeting
   const auto t0 = std::chrono::steady_clock::now();
@@ -254,7 +239,6 @@ TEST(TCPStore, ACallWaitsBehindAnotherThreadsReconnectOnlyForItsOwnTimeout) {
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2500ms);
   reconnecting.join();
-  close(listener);
 }
 
 TEST(TCPStore, ServerSideTimeoutKeepsTheConnectionUsable) {
