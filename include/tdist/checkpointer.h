@@ -36,12 +36,12 @@
 //
 // Asynchronous saves (async, the default): the call copies this rank's
 // shards, optimizer state and training state to host memory (pinned for
-// CUDA tensors), about one memory copy, and returns; a writer thread writes
-// and commits them while training goes on. Its collectives run on a group
-// of its own (made at construction: every rank constructs it, in the same
-// order as its other groups), so they never meet training's. At most one
-// save is in flight: a save that comes due while one is still being written
-// first waits for it (the same on every rank; no checkpoint is skipped).
+// CUDA tensors) and returns; a writer thread writes and commits them while
+// training goes on, its collectives on a group of its own (made at
+// construction, in the same order as the rank's other groups). One save is
+// in flight at most, and committed within every_steps / 10 steps (at least
+// 1): maybe_save of that step waits for it, on every rank, so a failure
+// loses at most every_steps + every_steps / 10 steps (the save in flight).
 // A failed background save is raised by the next save (a due maybe_save,
 // or save) or wait, on every rank.
 //

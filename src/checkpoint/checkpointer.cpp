@@ -22,6 +22,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -32,6 +33,7 @@
 #include "checkpoint/rank_file.h"
 #include "checkpoint/sharded_files.h"
 #include "checkpoint/training_state.h"
+#include "checkpoint/writer_pause.h"
 #include "fsdp/fsdp_model.h"
 #include "tdist/fsdp.h"
 #include "trace/flight_recorder.h"
@@ -134,6 +136,15 @@ void prune(const std::string& dir, const std::vector<Folder>& kept) {
 
 using detail::all_ok;
 
+std::atomic<int64_t> g_writer_pause_ms{0};  // writer_pause.h
+
+// How many steps after its own an asynchronous save must be committed by:
+// a tenth of the interval, at least one; none without an interval (the
+// next save waits for it, whenever it comes). A save in flight at a
+// failure is lost with the steps after it, so a run loses at most
+// every_steps + this many steps (docs/checkpointing.md).
+int64_t commit_within_steps(int64_t every_steps) { return every_steps > 0 ? std::max<int64_t>(1, every_steps / 10) : 0; }
+
 int64_t broadcast_int(ProcessGroup& pg, int64_t v, Milliseconds timeout) { return detail::rank0_value(pg, v, timeout); }
 
 }  // namespace
@@ -149,6 +160,7 @@ struct Checkpointer::Impl {
   std::exception_ptr failed;  // the last background save's error, until raised
   checkpoint::CopyPool copies;  // an asynchronous save's host copies, reused by the next
   Clock::time_point last_save = Clock::now();
+  std::optional<int64_t> in_flight_step;  // the step of the asynchronous save being written
   double stall_s = 0, write_s = 0;
   std::mutex times_mu;  // write_s is set on the writer thread
 
@@ -165,6 +177,7 @@ struct Checkpointer::Impl {
 
   void raise_failure() {
     join();
+    in_flight_step.reset();
     if (failed) {
       auto e = failed;
       failed = nullptr;
@@ -296,7 +309,9 @@ struct Checkpointer::Impl {
       run();
     } else {
       writing = true;
+      in_flight_step = step;
       writer = std::thread([this, run] {
+        if (const int64_t ms = g_writer_pause_ms.load()) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
         // The writer yields to training: nice 19 for its collectives (a
         // small share of a busy core, so that they progress and never
         // time out while training keeps every core busy), SCHED_IDLE for
@@ -440,6 +455,14 @@ std::optional<RestoredCheckpoint> Checkpointer::restore() {
 
 bool Checkpointer::maybe_save(int64_t step, const std::map<std::string, at::Tensor>& extras) {
   Impl& s = *impl_;
+  const int64_t within = commit_within_steps(s.o.every_steps);
+  if (s.in_flight_step && within > 0 && step - *s.in_flight_step >= within) {
+    // The save in flight is due: this step waits for its commit (on every
+    // rank at the same step), so that a failure loses at most one
+    // interval and `within` steps.
+    const detail::TimelineSpan span("checkpoint", "checkpoint commit wait", "step " + std::to_string(*s.in_flight_step));
+    s.raise_failure();
+  }
   bool due = s.o.every_steps > 0 && step % s.o.every_steps == 0;
   if (s.o.every.count() > 0) {
     const bool late = Clock::now() - s.last_save >= s.o.every;
@@ -453,6 +476,10 @@ bool Checkpointer::maybe_save(int64_t step, const std::map<std::string, at::Tens
 void Checkpointer::save(int64_t step, const std::map<std::string, at::Tensor>& extras) { impl_->save(step, extras); }
 
 void Checkpointer::wait() { impl_->raise_failure(); }
+
+void detail::set_checkpoint_writer_pause_for_testing(std::chrono::milliseconds pause) {
+  g_writer_pause_ms = pause.count();
+}
 
 bool Checkpointer::saving() const { return impl_->writing.load(); }
 

@@ -3,8 +3,8 @@
 // that draws its data and dropout, the user's data position); the last
 // keep_last checkpoints are kept; a resume at another world size reshards
 // and says the RNG was not restored; a failed background save is raised,
-// leaving the latest one as it was; a hostile latest marker is an error,
-// not a hang.
+// leaving the latest one as it was; a slow save is committed within a
+// tenth of the interval; a hostile latest marker is an error, not a hang.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <torch/torch.h>
@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/writer_pause.h"
 #include "tdist/tdist.h"
 #include "tests/fsdp/models.h"
 #include "tests/util/process.h"
@@ -282,6 +283,32 @@ TEST(Checkpointer, AFailedBackgroundSaveIsRaisedAndTheLatestStays) {
       refused = true;
     }
     WORLD_CHECK(refused, "save(-1) was taken");
+  }), "");
+}
+
+// A save still being written at a failure is lost with it: maybe_save
+// waits for the save in flight every_steps / 10 steps after it (here 2 of
+// 20), so that a run never has more than 22 steps since its latest
+// checkpoint. The writer is held back 1.5 s, far longer than those steps.
+TEST(Checkpointer, ASlowSaveIsCommittedWithinATenthOfTheInterval) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    tdist::detail::set_checkpoint_writer_pause_for_testing(std::chrono::milliseconds(1500));
+    auto o = wrap_options();
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::Adam opt(model->parameters(), 0.01);
+    auto co = options(dir);
+    co.every_steps = 20;
+    tdist::Checkpointer ckpt(tdist::default_group(), *model, &opt, co);
+    for (int64_t step = 1; step <= 42; ++step) {
+      train_step(model, opt, pg);
+      ckpt.maybe_save(step);
+      const int64_t latest = ckpt.latest_step().value_or(0);
+      WORLD_CHECK(step - latest <= 22, "step " << step << " with the latest checkpoint at " << latest);
+      if (step == 21) WORLD_CHECK(ckpt.saving(), "the save of step 20 was written at once: the test shows nothing");
+    }
+    ckpt.wait();
   }), "");
 }
 
