@@ -15,7 +15,7 @@
 #     each from the same checkpoint at the same world size, run one after
 #     another by a single-node tdist-run (bit for bit: weights_fingerprint).
 # Exits non-zero when a run fails or the weights differ. Needs root.
-#   [NODES=3] [RANKS=2] [KILL_EVERY=600] [DOWN=30] [STEPS=3000] [CHECKPOINT_EVERY=50]
+#   [NODES=3] [RANKS=2] [KILL_EVERY=600] [DOWN=30] [STEPS=3000 | EPOCHS=N] [CHECKPOINT_EVERY=50]
 #   [BATCH=64] [LAST_CALL=2] bench/chaos_nodes.sh [BUILD_DIR=build] [OUT_DIR=BUILD_DIR/bench/chaos-nodes]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -50,9 +50,15 @@ now() { date +%s.%N; }
 export TDIST_DUMP_DIR="$out/dumps"  # the ranks' flight-recorder dumps at a peer's failure, with the rest
 token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 world=$((nodes * ranks))
-epochs=$(( (steps * world * batch) / 60000 + 1 ))
+# The job's length is in epochs: samples, the same at every world size
+# (--max-steps counts steps of the world size of the moment, so a stretch at
+# a smaller world would end the job early, with less trained than the
+# loss-free run: the runs before 2026-11-30 did). STEPS sets it: about that
+# many steps of the whole world.
+epochs=${EPOCHS:-$(( (steps * world * batch + 30000) / 60000 ))}
+[ "$epochs" -ge 1 ] || epochs=1
 base=("$example" --backend gloo --batch-size "$batch" --epochs "$epochs" --quiet --checkpoint-every "$every")
-train=("${base[@]}" --max-steps "$steps")
+train=("${base[@]}")
 
 # start_node K RUN_ID LOG [ARGS...]: node K's launcher, every line stamped.
 start_node() {
@@ -79,8 +85,8 @@ wait_all() {  # the launchers' pids; fails when one fails
 }
 
 if [ "$replay_only" != 1 ]; then
-  echo "# chaos across nodes: $nodes nodes x $ranks ranks (fashion_mnist, gloo), etcd rendezvous, $steps steps of"
-  echo "# $batch per rank, a checkpoint every $every steps; a node lost every $kill_every s, back after $down s"
+  echo "# chaos across nodes: $nodes nodes x $ranks ranks (fashion_mnist, gloo), etcd rendezvous, $epochs epochs,"
+  echo "# $batch per rank a step, a checkpoint every $every steps; a node lost every $kill_every s, back after $down s"
   t0=$(now)
   pids=()
   for ((k = 0; k < nodes; k++)); do
@@ -180,7 +186,7 @@ echo "starts (checkpoint step, its world, the new world): $(tr '\n' ';' < "$out/
 echo "final weights equal to the by-hand replay's: $same"
 num() { printf '%.4f' "$1"; }
 cat > "$out/chaos-nodes-summary.json" <<EOF
-{"nodes": $nodes, "ranks_per_node": $ranks, "steps": $steps, "checkpoint_every": $every, "kill_every_s": $kill_every,
+{"nodes": $nodes, "ranks_per_node": $ranks, "epochs": $epochs, "checkpoint_every": $every, "kill_every_s": $kill_every,
  "down_s": $down, "straight_s": $(num "$straight_s"), "chaos_s": $(num "$chaos_s"), "losses": $losses,
  "goodput": $(num "$goodput"), "loss_times_s": [$(awk '{ printf "%s[%s,%s,%s]", (NR > 1 ? "," : ""), $1, $2, $3 }' "$out/loss-times.txt")],
  "weights_equal_replay": "$same"}

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -184,10 +185,9 @@ int train(const Args& a, tdist::ProcessGroup& pg) {
   for (int64_t epoch = sampler.epoch(); epoch < a.epochs && steps < total_steps; ++epoch) {
     ddp->train();
     sampler.set_epoch(epoch);  // keeps a restored position in its epoch
-    // Halve the learning rate after every epoch.
-    for (auto& group : opt.param_groups()) {
-      static_cast<torch::optim::AdamOptions&>(group.options()).lr(a.lr / (1 << epoch));
-    }
+    // Halve the learning rate after every epoch (lr / 2^epoch, exactly).
+    const double lr = std::ldexp(a.lr, -static_cast<int>(epoch));  // epoch < a.epochs, an int
+    for (auto& group : opt.param_groups()) static_cast<torch::optim::AdamOptions&>(group.options()).lr(lr);
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
     int64_t done = 0;

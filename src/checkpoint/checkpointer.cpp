@@ -142,8 +142,10 @@ std::atomic<int64_t> g_writer_pause_ms{0};  // writer_pause.h
 // a tenth of the interval, at least one; none without an interval (the
 // next save waits for it, whenever it comes). A save in flight at a
 // failure is lost with the steps after it, so a run loses at most
-// every_steps + this many steps (docs/checkpointing.md).
-int64_t commit_within_steps(int64_t every_steps) { return every_steps > 0 ? std::max<int64_t>(1, every_steps / 10) : 0; }
+// every_steps + this many steps (docs/checkpoints.md).
+int64_t commit_within_steps(int64_t every_steps) {
+  return every_steps > 0 ? std::max<int64_t>(1, every_steps / 10) : 0;
+}
 
 int64_t broadcast_int(ProcessGroup& pg, int64_t v, Milliseconds timeout) { return detail::rank0_value(pg, v, timeout); }
 
@@ -460,7 +462,8 @@ bool Checkpointer::maybe_save(int64_t step, const std::map<std::string, at::Tens
     // The save in flight is due: this step waits for its commit (on every
     // rank at the same step), so that a failure loses at most one
     // interval and `within` steps.
-    const detail::TimelineSpan span("checkpoint", "checkpoint commit wait", "step " + std::to_string(*s.in_flight_step));
+    const detail::TimelineSpan span("checkpoint", "checkpoint commit wait",
+                                    "step " + std::to_string(*s.in_flight_step));
     s.raise_failure();
   }
   bool due = s.o.every_steps > 0 && step % s.o.every_steps == 0;
