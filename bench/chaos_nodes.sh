@@ -53,7 +53,7 @@ world=$((nodes * ranks))
 # The job's length is in epochs: samples, the same at every world size
 # (--max-steps counts steps of the world size of the moment, so a stretch at
 # a smaller world would end the job early, with less trained than the
-# loss-free run: the runs before 2026-11-30 did). STEPS sets it: about that
+# loss-free run: the runs before d679de7 did). STEPS sets it: about that
 # many steps of the whole world.
 epochs=${EPOCHS:-$(( (steps * world * batch + 30000) / 60000 ))}
 [ "$epochs" -ge 1 ] || epochs=1
