@@ -7,7 +7,7 @@
 # ranks, etcd member); the first loss is the node that started the job
 # (round 0's node 0). DOWN seconds later the node comes back (its etcd
 # member on its data, a new launcher) and joins. The same job without
-# losses goes first. Reports:
+# losses goes first (and again after, with INTERLEAVE=1). Reports:
 #   - goodput: the loss-free run's time over the chaos run's;
 #   - per loss: seconds from the loss to the survivors' next round, and to
 #     rank 0's "resumed from" line; steps redone;
@@ -16,7 +16,7 @@
 #     another by a single-node tdist-run (bit for bit: weights_fingerprint).
 # Exits non-zero when a run fails or the weights differ. Needs root.
 #   [NODES=3] [RANKS=2] [KILL_EVERY=600] [DOWN=30] [STEPS=3000 | EPOCHS=N] [CHECKPOINT_EVERY=50]
-#   [BATCH=64] [LAST_CALL=2] bench/chaos_nodes.sh [BUILD_DIR=build] [OUT_DIR=BUILD_DIR/bench/chaos-nodes]
+#   [BATCH=64] [LAST_CALL=2] [INTERLEAVE=0] [REPLAY_ONLY=0] bench/chaos_nodes.sh [BUILD_DIR=build] [OUT_DIR=BUILD_DIR/bench/chaos-nodes]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-build}
@@ -36,6 +36,9 @@ for f in "$run" "$example"; do
   [ -x "$f" ] || { echo "chaos_nodes.sh: no $f (build first: make build)" >&2; exit 2; }
 done
 replay_only=${REPLAY_ONLY:-0}  # 1: the analysis and the replay again, of OUT_DIR's runs
+# 1: the loss-free run again after the chaos run, and goodput against the
+# two's mean (this VM's pace drifts by several per cent in 20 minutes).
+interleave=${INTERLEAVE:-0}
 if [ "$replay_only" != 1 ]; then
   # shellcheck source=../tests/net/netlab.sh
   source "$here/../tests/net/netlab.sh"
@@ -87,15 +90,20 @@ wait_all() {  # the launchers' pids; fails when one fails
 if [ "$replay_only" != 1 ]; then
   echo "# chaos across nodes: $nodes nodes x $ranks ranks (fashion_mnist, gloo), etcd rendezvous, $epochs epochs,"
   echo "# $batch per rank a step, a checkpoint every $every steps; a node lost every $kill_every s, back after $down s"
-  t0=$(now)
-  pids=()
-  for ((k = 0; k < nodes; k++)); do
-    start_node "$k" "straight-$$" "$out/straight.$k.log" "${train[@]}" --checkpoint-dir "$out/straight-ckpt" \
-      --json "$out/straight.$k.json"
-    pids+=($!)
-  done
-  wait_all "${pids[@]}" || { echo "chaos_nodes.sh: the loss-free run failed" >&2; tail -5 "$out"/straight.*.log >&2; exit 1; }
-  straight_s=$(echo "$(now) - $t0" | bc -l)
+  # straight NAME: the job without losses, its own rendezvous and checkpoints;
+  # prints its seconds.
+  straight() {
+    local name=$1 t k pids=()
+    t=$(now)
+    for ((k = 0; k < nodes; k++)); do
+      start_node "$k" "$name-$$" "$out/$name.$k.log" "${train[@]}" --checkpoint-dir "$out/$name-ckpt" \
+        --json "$out/$name.$k.json"
+      pids+=($!)
+    done
+    wait_all "${pids[@]}" || { echo "chaos_nodes.sh: the loss-free run failed" >&2; tail -5 "$out/$name".*.log >&2; exit 1; }
+    echo "$(now) - $t" | bc -l
+  }
+  straight_s=$(straight straight)
   printf "loss-free: %.1f s\n" "$straight_s"
 
   t0=$(now)
@@ -132,7 +140,12 @@ if [ "$replay_only" != 1 ]; then
   json=$(grep -l '"weights_fingerprint"' "$out"/chaos.*.json 2>/dev/null | head -1 || true)
   [ -n "$json" ] || { echo "chaos_nodes.sh: the chaos run did not finish" >&2; tail -5 "$out"/chaos.*.log >&2; exit 1; }
   sort -n "$out"/chaos.*.log > "$out/chaos.log"
-  echo "straight_s=$straight_s chaos_s=$chaos_s losses=$losses" > "$out/times.txt"
+  if [ "$interleave" = 1 ]; then
+    again_s=$(straight straight2)
+    printf "chaos: %.1f s; loss-free again: %.1f s\n" "$chaos_s" "$again_s"
+    straight_s=$(echo "($straight_s + $again_s) / 2" | bc -l)
+  fi
+  echo "straight_s=$straight_s chaos_s=$chaos_s losses=$losses again_s=${again_s:-}" > "$out/times.txt"
 else
   source "$out/times.txt"
   json=$(grep -l '"weights_fingerprint"' "$out"/chaos.*.json | head -1)
