@@ -8,7 +8,8 @@
 # (round 0's node 0). DOWN seconds later the node comes back (its etcd
 # member on its data, a new launcher) and joins. The same job without
 # losses goes first (and again after, with INTERLEAVE=1). Reports:
-#   - goodput: the loss-free run's time over the chaos run's;
+#   - goodput: the loss-free run's time (with INTERLEAVE=1, the two's mean;
+#     straight_s in the JSON) over the chaos run's;
 #   - per loss: seconds from the loss to the survivors' next round, and to
 #     rank 0's "resumed from" line; steps redone;
 #   - whether the final weights equal a by-hand replay: the same starts,
@@ -142,7 +143,7 @@ if [ "$replay_only" != 1 ]; then
   sort -n "$out"/chaos.*.log > "$out/chaos.log"
   if [ "$interleave" = 1 ]; then
     again_s=$(straight straight2)
-    printf "chaos: %.1f s; loss-free again: %.1f s\n" "$chaos_s" "$again_s"
+    printf "loss-free again: %.1f s\n" "$again_s"
     straight_s=$(echo "($straight_s + $again_s) / 2" | bc -l)
   fi
   echo "straight_s=$straight_s chaos_s=$chaos_s losses=$losses again_s=${again_s:-}" > "$out/times.txt"
@@ -198,9 +199,12 @@ printf "goodput %.1f %% of the loss-free rate (%d losses in %.0f s)\n" "$(echo "
 echo "starts (checkpoint step, its world, the new world): $(tr '\n' ';' < "$out/starts.txt")"
 echo "final weights equal to the by-hand replay's: $same"
 num() { printf '%.4f' "$1"; }
+again_json=null
+[ -z "${again_s:-}" ] || again_json=$(num "$again_s")
 cat > "$out/chaos-nodes-summary.json" <<EOF
 {"nodes": $nodes, "ranks_per_node": $ranks, "epochs": $epochs, "checkpoint_every": $every, "kill_every_s": $kill_every,
- "down_s": $down, "straight_s": $(num "$straight_s"), "chaos_s": $(num "$chaos_s"), "losses": $losses,
+ "down_s": $down, "straight_s": $(num "$straight_s"), "straight_again_s": $again_json,
+ "chaos_s": $(num "$chaos_s"), "losses": $losses,
  "goodput": $(num "$goodput"), "loss_times_s": [$(awk '{ printf "%s[%s,%s,%s]", (NR > 1 ? "," : ""), $1, $2, $3 }' "$out/loss-times.txt")],
  "weights_equal_replay": "$same"}
 EOF
