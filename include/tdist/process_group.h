@@ -104,13 +104,25 @@ class Work : public std::enable_shared_from_this<Work> {
   // handed out.
   void set_device_wait(std::function<void()> device_wait);
 
+  // Internal (process groups): a Work completed, successfully, as it is
+  // made: what a synchronous op returns. It holds no State (no mutex, no
+  // callbacks): then()/chain() run at once, mark_* are ignored. `name`
+  // must outlive the Work (a static string); `one`, when defined, is the
+  // result, else `many`.
+  struct CompletedTag {};
+  Work(CompletedTag, uint64_t seq, const std::string* name, at::Tensor one, std::vector<at::Tensor> many);
+
   struct State;  // private to work.cpp
 
  private:
   // Runs cb once this work is done: at once if it already is, else on the
   // thread that completes it.
   void when_done(std::function<void()> cb);
-  std::unique_ptr<State> state_;
+  std::unique_ptr<State> state_;  // null: completed at creation (the fields below)
+  uint64_t seq_ = 0;
+  const std::string* name_ = nullptr;
+  at::Tensor one_;
+  std::vector<at::Tensor> many_;
 };
 
 // ---------------------------------------------------------------------------

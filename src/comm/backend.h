@@ -35,6 +35,36 @@ namespace tdist::comm {
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 
+// A deadline not yet read from the clock: a synchronous op on a backend
+// whose lazy_deadline() is true gets this, and the op's
+// LazyDeadlineScope's timeout counts from its first wait (the first
+// resolve_deadline), so that an op that never waits reads no clock. It is
+// the clock's epoch: a site that compared it without resolving it would
+// time out at once, loudly.
+inline constexpr Deadline kLazyDeadline{};
+
+// Set by the thread that runs a synchronous op for its length (scopes
+// nest; defined in op_label.cpp, beside the op's number).
+class LazyDeadlineScope {
+ public:
+  explicit LazyDeadlineScope(std::chrono::milliseconds timeout);
+  ~LazyDeadlineScope();
+  LazyDeadlineScope(const LazyDeadlineScope&) = delete;
+  LazyDeadlineScope& operator=(const LazyDeadlineScope&) = delete;
+  // now + timeout, read at the first call and the same ever after.
+  Deadline resolve();
+
+ private:
+  std::chrono::milliseconds timeout_;
+  Deadline at_{};
+  bool resolved_ = false;
+  LazyDeadlineScope* saved_;
+};
+
+// d itself, or for kLazyDeadline the running op's deadline (resolved now
+// if this is its first wait; with no scope, kLazyDeadline: expired).
+Deadline resolve_deadline(Deadline d);
+
 // count elements of some dtype at data: one part of a buffer that lives in
 // several places (all_reduce_coalesced).
 struct Piece {
@@ -90,9 +120,17 @@ struct OpDesc {
   uint8_t pad = 0;
   int32_t root = -1;
   uint64_t count = 0;  // elements (or bytes for untyped ops)
-  uint64_t seq = 0;    // the backend's own count of its ops in the group (its protocol's, from 0; errors name
-                       // the group's number, op_label.h)
+  uint32_t seq = 0;    // the backend's own count of its ops in the group (its protocol's, from 0, modulo 2^32;
+                       // errors name the group's number, op_label.h)
+  // A hash of the rank's earlier ops' descriptors: ops that compare
+  // nothing (an eager broadcast's root) are checked at the next op that does.
+  uint32_t history = 0;
   bool operator==(const OpDesc& o) const {
+    return kind == o.kind && dtype == o.dtype && reduce_op == o.reduce_op && root == o.root && count == o.count &&
+           seq == o.seq && history == o.history;
+  }
+  // The same op, whatever came before it.
+  bool same_op(const OpDesc& o) const {
     return kind == o.kind && dtype == o.dtype && reduce_op == o.reduce_op && root == o.root && count == o.count &&
            seq == o.seq;
   }
@@ -167,6 +205,9 @@ class Backend {
   // Whether buffers may live in CUDA memory (a nccl backend would say yes);
   // otherwise the process group accepts CPU tensors only.
   virtual bool supports_cuda() const { return false; }
+  // Whether every wait of this backend resolves its deadline
+  // (resolve_deadline), so that a synchronous op may pass kLazyDeadline.
+  virtual bool lazy_deadline() const { return false; }
   // Where errors found after a call returned are kept (nullptr: the backend
   // reports every error from the call itself).
   virtual std::shared_ptr<AsyncErrors> async_errors() const { return nullptr; }

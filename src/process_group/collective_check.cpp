@@ -21,7 +21,7 @@ void CollectiveCheck::check(const std::string& mine, comm::Deadline d) {
   store_->set(prefix + std::to_string(rank_), mine);
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(prefix + std::to_string(r));
-  const auto left = std::chrono::duration_cast<Milliseconds>(d - comm::Clock::now());
+  const auto left = std::chrono::duration_cast<Milliseconds>(comm::resolve_deadline(d) - comm::Clock::now());
   std::vector<Bytes> all;
   try {
     all = store_->multi_get(keys, std::max(left, Milliseconds(1)));

@@ -24,8 +24,10 @@
 #include "process_group/op_counts.h"
 #include "process_group/task_queue.h"
 #include "process_group/tensor_util.h"
+#include "comm/op_label.h"
 #include "tdist/process_group.h"
 #include "trace/flight_recorder.h"
+#include "util/recycling_alloc.h"
 
 namespace tdist {
 
@@ -94,6 +96,9 @@ struct ProcessGroup::Impl {
     if (collective_check) sig = describe();
     const Milliseconds to = t.value_or(timeout);
     if (to.count() <= 0) throw UsageError(std::string(name) + ": the timeout must be positive");
+    if (!async_op && !device) {
+      if (auto work = run_now(op, name, traffic, to, body, sig)) return work;
+    }
     if (!async_op) queue->refuse_own_thread(name);
     const detail::FrHandle rec = record(op, traffic, to);
     try {
@@ -104,11 +109,38 @@ struct ProcessGroup::Impl {
     }
   }
 
+  // A synchronous CPU op run on this thread when the queue is idle
+  // (TaskQueue::run_now): recorded as started (one record, numbered
+  // already), and its Work made completed from a recycled block (no heap,
+  // no lock, no clock read of its own). nullptr when the queue is busy.
+  template <typename Body>
+  std::shared_ptr<Work> run_now(detail::GroupOp op, const char* name, const Traffic& traffic, Milliseconds to,
+                                Body& body, const std::string& sig) {
+    detail::FrHandle rec;
+    detail::OpResult result;
+    std::optional<uint64_t> label;
+    try {
+      label = queue->run_now(name, to, [&](comm::Deadline d) {
+        counts.add(op, traffic.input_bytes, traffic.output_bytes);
+        rec = record(op, traffic, to, comm::current_op_label());
+        if (!sig.empty()) collective_check->check(sig, d);
+        result = body(d);
+        rec.completed();
+      }, is_p2p(op) ? detail::OpCount::kP2p : detail::OpCount::kCollective, backend->lazy_deadline());
+    } catch (const std::exception& e) {
+      rec.failed(e);  // here, once the queue is free again (a timeout dumps the ring)
+      throw;
+    }
+    if (!label) return nullptr;
+    return std::allocate_shared<Work>(detail::RecyclingAllocator<Work>{}, Work::CompletedTag{}, *label,
+                                      &detail::group_op_string(op), std::move(result.one), std::move(result.many));
+  }
+
   static bool is_p2p(detail::GroupOp op) { return op == detail::GroupOp::kSend || op == detail::GroupOp::kRecv; }
 
   // The flight recorder's record of an op as queued (numbered when it
   // starts: FrHandle::started).
-  detail::FrHandle record(detail::GroupOp op, const Traffic& traffic, Milliseconds to) {
+  detail::FrHandle record(detail::GroupOp op, const Traffic& traffic, Milliseconds to, uint64_t started = 0) {
     if (!recorder) return {};
     detail::FrOp o;
     o.name = detail::group_op_name(op);
@@ -121,7 +153,7 @@ struct ProcessGroup::Impl {
     }
     o.timeout_ms = to.count();
     o.peer = traffic.peer;
-    return detail::FlightRecorder::get().record(recorder, o);
+    return detail::FlightRecorder::get().record(recorder, o, started);
   }
 
   template <typename Body>
@@ -129,22 +161,6 @@ struct ProcessGroup::Impl {
                                          bool async_op, Body&& body, std::string sig,
                                          const std::optional<c10::Device>& device, const detail::FrHandle& rec) {
     const detail::OpCount count = is_p2p(op) ? detail::OpCount::kP2p : detail::OpCount::kCollective;
-    if (!async_op && !device) {
-      std::vector<at::Tensor> result;
-      const auto label = queue->run_now(name, to, [&](comm::Deadline d) {
-        counts.add(op, traffic.input_bytes, traffic.output_bytes);
-        rec.started();
-        if (!sig.empty()) collective_check->check(sig, d);
-        result = body(d);  // a failure is recorded by enqueue's catch, once the queue is free again
-        rec.completed();
-      }, count);
-      if (label) {
-        auto work = std::make_shared<Work>();
-        work->set_info(*label, name);
-        work->mark_completed(std::move(result));
-        return work;
-      }
-    }
     detail::TaskBody task = std::forward<Body>(body);
     if (!sig.empty()) {
       task = [this, sig = std::move(sig), inner = std::move(task)](comm::Deadline d) {

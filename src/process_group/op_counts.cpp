@@ -2,6 +2,8 @@
 // op_counts.h.
 #include "process_group/op_counts.h"
 
+#include <algorithm>
+
 namespace tdist::detail {
 
 const char* group_op_name(GroupOp op) {
@@ -27,6 +29,15 @@ const char* group_op_name(GroupOp op) {
     case GroupOp::kCount: break;
   }
   return "unknown op";
+}
+
+const std::string& group_op_string(GroupOp op) {
+  static const auto* names = [] {
+    auto* v = new std::array<std::string, static_cast<size_t>(GroupOp::kCount) + 1>;  // never freed: Works outlive statics
+    for (size_t i = 0; i < v->size(); ++i) (*v)[i] = group_op_name(static_cast<GroupOp>(i));
+    return v;
+  }();
+  return (*names)[std::min(static_cast<size_t>(op), names->size() - 1)];
 }
 
 std::map<std::string, CollectiveCount> OpCounts::read() const {

@@ -44,6 +44,8 @@ enum class GroupOp : uint8_t {
 };
 
 const char* group_op_name(GroupOp op);
+// The same as a string that lives as long as the process (Work::op_name).
+const std::string& group_op_string(GroupOp op);
 
 class OpCounts {
  public:

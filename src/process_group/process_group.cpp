@@ -95,7 +95,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(const at::Tensor& tensor, const A
   comm::Backend* b = impl_->backend_for(dev, "all_reduce");
   const int64_t wire_bytes = tensor.numel() * static_cast<int64_t>(comm::dtype_size(wire));
   const Impl::Traffic traffic{wire_bytes, wire_bytes, static_cast<int>(wire)};
-  return impl_->enqueue(detail::GroupOp::kAllReduce, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kAllReduce, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> detail::OpResult {
     if (wire == dt) {
       b->all_reduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), dt, op, d);
     } else {
@@ -124,7 +124,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_coalesced(const std::vector<at::T
   comm::Backend* b = impl_->backend_for(dev, "all_reduce_coalesced");
   const int64_t wire_bytes = total * static_cast<int64_t>(comm::dtype_size(wire));
   const Impl::Traffic traffic{wire_bytes, wire_bytes, static_cast<int>(wire)};
-  return impl_->enqueue(detail::GroupOp::kAllReduceCoalesced, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kAllReduceCoalesced, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> detail::OpResult {
     std::vector<comm::Piece> pieces;
     pieces.reserve(tensors.size());
     for (const auto& t : tensors) pieces.push_back({t.data_ptr(), static_cast<size_t>(t.numel())});
@@ -168,7 +168,7 @@ at::Tensor ProcessGroup::empty_symmetric(at::IntArrayRef sizes, at::ScalarType d
   const size_t bytes = static_cast<size_t>(c10::multiply_integers(sizes)) * c10::elementSize(dtype);
   comm::Backend* b = impl_->backend.get();
   const std::string group = impl_->group_name;
-  auto work = impl_->enqueue(detail::GroupOp::kEmptySymmetric, {}, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  auto work = impl_->enqueue(detail::GroupOp::kEmptySymmetric, {}, o.timeout, o.async_op, [=](comm::Deadline d) -> detail::OpResult {
     std::string why_not;
     std::shared_ptr<void> block = b->allocate_symmetric(bytes, d, &why_not);
     if (!block) {
@@ -193,7 +193,7 @@ std::shared_ptr<Work> ProcessGroup::broadcast(const at::Tensor& tensor, const Br
   const auto dev = impl_->op_device("broadcast", tensor);
   comm::Backend* b = impl_->backend_for(dev, "broadcast");
   const Impl::Traffic traffic{nb(tensor), nb(tensor), fr_dtype(tensor)};
-  return impl_->enqueue(detail::GroupOp::kBroadcast, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kBroadcast, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> detail::OpResult {
     b->broadcast(tensor.data_ptr(), tensor.nbytes(), o.root, d);
     return {tensor};
   }, [&] { return std::string("broadcast " + shape_of(tensor) + " root " + std::to_string(o.root)); }, dev);
@@ -207,7 +207,7 @@ std::shared_ptr<Work> ProcessGroup::reduce(const at::Tensor& tensor, const Reduc
   const auto dev = impl_->op_device("reduce", tensor);
   comm::Backend* b = impl_->backend_for(dev, "reduce");
   const Impl::Traffic traffic{nb(tensor), rank() == o.root ? nb(tensor) : 0, fr_dtype(tensor)};
-  return impl_->enqueue(detail::GroupOp::kReduce, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kReduce, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> detail::OpResult {
     b->reduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), dt, op, o.root, d);
     return {tensor};
   }, [&] { return std::string("reduce " + shape_of(tensor) + " " + reduce_name(o.op) + " root " + std::to_string(o.root)); }, dev);
@@ -222,7 +222,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const at::Tensor& out
   const auto dev = impl_->op_device("all_gather_into_tensor", input, output);
   comm::Backend* b = impl_->backend_for(dev, "all_gather_into_tensor");
   const Impl::Traffic traffic{nb(input), nb(output), fr_dtype(input)};
-  return impl_->enqueue(detail::GroupOp::kAllGatherIntoTensor, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kAllGatherIntoTensor, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> detail::OpResult {
     b->all_gather(input.data_ptr(), output.data_ptr(), input.nbytes(), d);
     return {output};
   }, [&] { return std::string("all_gather " + shape_of(input)); }, dev);
@@ -235,7 +235,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<at::Tensor>& ou
   const auto dev = impl_->op_device("all_gather", outputs, input);
   comm::Backend* b = impl_->backend_for(dev, "all_gather");
   const Impl::Traffic traffic{nb(input), nb(input) * size(), fr_dtype(input)};
-  return impl_->enqueue(detail::GroupOp::kAllGather, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kAllGather, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> detail::OpResult {
     at::Tensor flat = at::empty({input.numel() * static_cast<int64_t>(outputs.size())}, input.options());
     b->all_gather(input.data_ptr(), flat.data_ptr(), input.nbytes(), d);
     detail::unflatten_into(flat, outputs);
@@ -254,7 +254,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const at::Tensor& outp
   const auto dev = impl_->op_device("reduce_scatter_tensor", input, output);
   comm::Backend* b = impl_->backend_for(dev, "reduce_scatter_tensor");
   const Impl::Traffic traffic{nb(input), nb(output), fr_dtype(input)};
-  return impl_->enqueue(detail::GroupOp::kReduceScatterTensor, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kReduceScatterTensor, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> detail::OpResult {
     b->reduce_scatter(input.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()), dt, op, d);
     return {output};
   }, [&] { return std::string("reduce_scatter " + shape_of(output) + " " + reduce_name(o.op)); }, dev);
@@ -354,7 +354,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor_coalesced(const std::
   const Impl::Traffic traffic{bytes, bytes * size(), static_cast<int>(shape.dtype)};
   const comm::DataType dt = shape.dtype;
   return impl_->enqueue(detail::GroupOp::kAllGatherIntoTensorCoalesced, traffic, o.timeout, o.async_op,
-                        [=](comm::Deadline d) -> std::vector<at::Tensor> {
+                        [=](comm::Deadline d) -> detail::OpResult {
     b->all_gather_coalesced(pieces_of(inputs), pieces_of(outputs), dt, d);
     return outputs;
   }, [&] {
@@ -377,7 +377,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor_coalesced(const std::v
   const Impl::Traffic traffic{bytes * size(), bytes, static_cast<int>(shape.dtype)};
   const comm::DataType dt = shape.dtype;
   return impl_->enqueue(detail::GroupOp::kReduceScatterTensorCoalesced, traffic, o.timeout, o.async_op,
-                        [=](comm::Deadline d) -> std::vector<at::Tensor> {
+                        [=](comm::Deadline d) -> detail::OpResult {
     b->reduce_scatter_coalesced(pieces_of(inputs), pieces_of(outputs), dt, rop, d);
     return outputs;
   }, [&] {
@@ -395,7 +395,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(const at::Tensor& output, con
   const auto dev = impl_->op_device("reduce_scatter", inputs, output);
   comm::Backend* b = impl_->backend_for(dev, "reduce_scatter");
   const Impl::Traffic traffic{nb(output) * size(), nb(output), fr_dtype(output)};
-  return impl_->enqueue(detail::GroupOp::kReduceScatter, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kReduceScatter, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> detail::OpResult {
     at::Tensor flat = detail::flatten(inputs);
     b->reduce_scatter(flat.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()), dt, op, d);
     return {output};
@@ -416,7 +416,7 @@ std::shared_ptr<Work> ProcessGroup::gather(const std::vector<at::Tensor>& output
   comm::Backend* b = impl_->backend_for(dev, "gather");
   const int world = size();
   const Impl::Traffic traffic{nb(input), is_root ? nb(input) * world : 0, fr_dtype(input)};
-  return impl_->enqueue(detail::GroupOp::kGather, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kGather, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> detail::OpResult {
     at::Tensor flat = is_root ? at::empty({input.numel() * world}, input.options()) : at::Tensor();
     b->gather(input.data_ptr(), is_root ? flat.data_ptr() : nullptr, input.nbytes(), o.root, d);
     if (is_root) detail::unflatten_into(flat, outputs);
@@ -437,7 +437,7 @@ std::shared_ptr<Work> ProcessGroup::scatter(const at::Tensor& output, const std:
   const auto dev = impl_->op_device("scatter", inputs, output);
   comm::Backend* b = impl_->backend_for(dev, "scatter");
   const Impl::Traffic traffic{is_root ? nb(output) * size() : 0, nb(output), fr_dtype(output)};
-  return impl_->enqueue(detail::GroupOp::kScatter, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kScatter, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> detail::OpResult {
     at::Tensor flat = is_root ? detail::flatten(inputs) : at::Tensor();
     b->scatter(is_root ? flat.data_ptr() : nullptr, output.data_ptr(), output.nbytes(), o.root, d);
     return {output};
@@ -456,7 +456,7 @@ std::shared_ptr<Work> ProcessGroup::all_to_all_single(const at::Tensor& output, 
   const auto dev = impl_->op_device("all_to_all_single", input, output);
   comm::Backend* b = impl_->backend_for(dev, "all_to_all_single");
   const Impl::Traffic traffic{nb(input), nb(output), fr_dtype(input)};
-  return impl_->enqueue(detail::GroupOp::kAllToAllSingle, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kAllToAllSingle, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> detail::OpResult {
     b->all_to_all(input.data_ptr(), send.bytes, send.offsets, output.data_ptr(), recv.bytes, recv.offsets, d);
     return {output};
   }, [&] { return std::string("all_to_all ") + c10::toString(input.scalar_type()); }, dev);
@@ -476,7 +476,7 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<at::Tensor>& ou
   const auto dev = impl_->op_device("all_to_all", outputs, inputs);
   comm::Backend* b = impl_->backend_for(dev, "all_to_all");
   const Impl::Traffic traffic{total_bytes(inputs), total_bytes(outputs), inputs.empty() ? (outputs.empty() ? -1 : fr_dtype(outputs[0])) : fr_dtype(inputs[0])};
-  return impl_->enqueue(detail::GroupOp::kAllToAll, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kAllToAll, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> detail::OpResult {
     at::Tensor in = detail::flatten(inputs);
     std::vector<size_t> send_bytes, send_off, recv_bytes, recv_off;
     size_t off = 0;
@@ -500,7 +500,7 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<at::Tensor>& ou
 
 std::shared_ptr<Work> ProcessGroup::barrier(const CollectiveOptions& o) {
   comm::Backend* b = impl_->backend.get();
-  return impl_->enqueue(detail::GroupOp::kBarrier, {}, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kBarrier, {}, o.timeout, o.async_op, [=](comm::Deadline d) -> detail::OpResult {
     b->barrier(d);
     return {};
   }, [&] { return std::string("barrier"); });
@@ -513,7 +513,7 @@ std::shared_ptr<Work> ProcessGroup::send(const at::Tensor& tensor, int dst, int 
   const auto dev = impl_->op_device("send", tensor);
   comm::Backend* b = impl_->backend_for(dev, "send");
   const Impl::Traffic traffic{nb(tensor), 0, fr_dtype(tensor), dst};
-  return impl_->enqueue(detail::GroupOp::kSend, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kSend, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> detail::OpResult {
     b->send(tensor.data_ptr(), tensor.nbytes(), dst, tag, d);
     return {tensor};
   }, [] { return std::string(); }, dev);
@@ -526,7 +526,7 @@ std::shared_ptr<Work> ProcessGroup::recv(const at::Tensor& tensor, int src, int 
   const auto dev = impl_->op_device("recv", tensor);
   comm::Backend* b = impl_->backend_for(dev, "recv");
   const Impl::Traffic traffic{0, nb(tensor), fr_dtype(tensor), src};
-  return impl_->enqueue(detail::GroupOp::kRecv, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> std::vector<at::Tensor> {
+  return impl_->enqueue(detail::GroupOp::kRecv, traffic, o.timeout, o.async_op, [=](comm::Deadline d) -> detail::OpResult {
     b->recv(tensor.data_ptr(), tensor.nbytes(), src, tag, d);
     return {tensor};
   }, [] { return std::string(); }, dev);

@@ -188,7 +188,7 @@ void TaskQueue::execute(Task& task) {
   comm::OpLabelScope labelled(task.label);
   try {
     auto result = task.body(comm::Clock::now() + task.timeout);
-    task.work->mark_completed(std::move(result));
+    task.work->mark_completed(std::move(result).to_vector());
   } catch (...) {
     task.work->mark_failed(std::current_exception());
   }

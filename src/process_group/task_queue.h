@@ -64,8 +64,22 @@
 
 namespace tdist::detail {
 
+// What an op's body returns, Work's result: one tensor (held inline, so
+// that a synchronous op allocates no vector for it) or several.
+struct OpResult {
+  OpResult() = default;
+  OpResult(at::Tensor t) : one(std::move(t)) {}  // NOLINT(google-explicit-constructor): `return {tensor};`
+  OpResult(std::vector<at::Tensor> v) : many(std::move(v)) {}  // NOLINT(google-explicit-constructor)
+  std::vector<at::Tensor> to_vector() && {
+    if (one.defined()) return {std::move(one)};
+    return std::move(many);
+  }
+  at::Tensor one;  // defined: the result is this tensor alone
+  std::vector<at::Tensor> many;
+};
+
 // A task's body: runs the op before the deadline, returns Work's result.
-using TaskBody = std::function<std::vector<at::Tensor>(comm::Deadline)>;
+using TaskBody = std::function<OpResult(comm::Deadline)>;
 
 // The group's two numberings (op_label.h): collectives, and send/recv apart
 // (they are not symmetric across ranks). Each counts 1, 2, 3, ... in the
@@ -97,9 +111,12 @@ class TaskQueue {
   // fn's exception propagates. nullopt when the queue is busy: the caller
   // queues the op and waits for it. UsageError on this queue's own thread
   // (a callback that waited would wait for itself) and once stopped.
+  // `lazy`: the backend resolves comm::kLazyDeadline (backend.h), so that
+  // an op that never waits reads no clock; its deadline then counts from
+  // its first wait.
   template <typename Fn>
   std::optional<uint64_t> run_now(const char* name, Milliseconds timeout, Fn&& fn,
-                                  OpCount count = OpCount::kCollective) {
+                                  OpCount count = OpCount::kCollective, bool lazy = false) {
     const uint64_t label = claim_idle(name, count);
     if (label == 0) return std::nullopt;
     struct Release {
@@ -107,7 +124,12 @@ class TaskQueue {
       ~Release() { queue->release_idle(); }
     } release{this};
     comm::OpLabelScope labelled(label);
-    fn(comm::Clock::now() + timeout);
+    if (lazy) {
+      comm::LazyDeadlineScope deadline(timeout);
+      fn(comm::kLazyDeadline);
+    } else {
+      fn(comm::Clock::now() + timeout);
+    }
     return label;
   }
 

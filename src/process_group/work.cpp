@@ -28,33 +28,51 @@ struct Work::State {
 };
 
 Work::Work() : state_(std::make_unique<State>()) {}
+Work::Work(CompletedTag, uint64_t seq, const std::string* name, at::Tensor one, std::vector<at::Tensor> many)
+    : seq_(seq), name_(name), one_(std::move(one)), many_(std::move(many)) {}
 Work::~Work() = default;
 
+// A Work made completed (no state_) is never changed: the setters and
+// mark_* leave it as it is.
 void Work::set_info(uint64_t seq, std::string op_name) {
+  if (!state_) return;
   state_->seq.store(seq, std::memory_order_relaxed);
   state_->op_name = std::move(op_name);
 }
-void Work::set_seq(uint64_t seq) { state_->seq.store(seq, std::memory_order_relaxed); }
-void Work::set_runner(std::function<bool(const Work&)> run_here) { state_->run_here = std::move(run_here); }
-void Work::set_device_wait(std::function<void()> device_wait) { state_->device_wait = std::move(device_wait); }
+void Work::set_seq(uint64_t seq) {
+  if (state_) state_->seq.store(seq, std::memory_order_relaxed);
+}
+void Work::set_runner(std::function<bool(const Work&)> run_here) {
+  if (state_) state_->run_here = std::move(run_here);
+}
+void Work::set_device_wait(std::function<void()> device_wait) {
+  if (state_) state_->device_wait = std::move(device_wait);
+}
 
-uint64_t Work::seq() const { return state_->seq.load(std::memory_order_relaxed); }
-const std::string& Work::op_name() const { return state_->op_name; }
+uint64_t Work::seq() const { return state_ ? state_->seq.load(std::memory_order_relaxed) : seq_; }
+const std::string& Work::op_name() const {
+  static const std::string kWork = "work";
+  if (state_) return state_->op_name;
+  return name_ ? *name_ : kWork;
+}
 
-bool Work::is_completed() const { return state_->done.load(std::memory_order_acquire); }
+bool Work::is_completed() const { return !state_ || state_->done.load(std::memory_order_acquire); }
 
 bool Work::is_success() const {
+  if (!state_) return true;
   if (!is_completed()) return false;
   std::lock_guard<std::mutex> lock(state_->mu);
   return !state_->error;
 }
 
 std::exception_ptr Work::exception() const {
+  if (!state_) return nullptr;
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->error;
 }
 
 std::vector<at::Tensor> Work::result() const {
+  if (!state_) return one_.defined() ? std::vector<at::Tensor>{one_} : many_;
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->result;
 }
@@ -71,6 +89,7 @@ constexpr auto kSpin = std::chrono::microseconds(30);
 }  // namespace
 
 void Work::wait() {
+  if (!state_) return;
   // With the timeline on, a wait for an op not yet done is a span on this
   // thread: communication the caller did not overlap.
   std::optional<detail::TimelineSpan> waited;
@@ -100,6 +119,7 @@ void Work::wait() {
 }
 
 void Work::wait(Milliseconds timeout) {
+  if (!state_) return;
   std::optional<detail::TimelineSpan> waited;
   if (detail::Timeline::active() && !is_completed()) waited.emplace("wait", "wait", state_->op_name);
   std::unique_lock<std::mutex> lock(state_->mu);
@@ -122,9 +142,13 @@ void finish(Work::State& s, std::vector<at::Tensor> result, std::exception_ptr e
 
 }  // namespace
 
-void Work::mark_completed(std::vector<at::Tensor> result) { finish(*state_, std::move(result), nullptr); }
+void Work::mark_completed(std::vector<at::Tensor> result) {
+  if (state_) finish(*state_, std::move(result), nullptr);
+}
 
-void Work::mark_failed(std::exception_ptr error) { finish(*state_, {}, std::move(error)); }
+void Work::mark_failed(std::exception_ptr error) {
+  if (state_) finish(*state_, {}, std::move(error));
+}
 
 namespace {
 
@@ -145,14 +169,12 @@ void finish(Work::State& s, std::vector<at::Tensor> result, std::exception_ptr e
 }  // namespace
 
 std::shared_ptr<Work> Work::completed(std::vector<at::Tensor> result) {
-  auto w = std::make_shared<Work>();
-  w->mark_completed(std::move(result));
-  return w;
+  return std::make_shared<Work>(CompletedTag{}, 0, nullptr, at::Tensor(), std::move(result));
 }
 
 std::shared_ptr<Work> Work::chain(std::function<std::shared_ptr<Work>(Work&)> fn) {
   auto next = std::make_shared<Work>();
-  next->set_info(seq(), state_->op_name + ".chain");
+  next->set_info(seq(), op_name() + ".chain");
   auto self = shared_from_this();
   auto run = [self, next, fn = std::move(fn)] {
     if (auto err = self->exception()) {
@@ -161,7 +183,7 @@ std::shared_ptr<Work> Work::chain(std::function<std::shared_ptr<Work>(Work&)> fn
     }
     std::shared_ptr<Work> inner;
     try {
-      if (self->state_->device_wait) self->state_->device_wait();
+      if (self->state_ && self->state_->device_wait) self->state_->device_wait();
       inner = fn(*self);
       if (!inner) throw UsageError("Work::chain: the function returned no Work");
     } catch (...) {
@@ -178,7 +200,7 @@ std::shared_ptr<Work> Work::chain(std::function<std::shared_ptr<Work>(Work&)> fn
 }
 
 void Work::when_done(std::function<void()> cb) {
-  {
+  if (state_) {
     std::lock_guard<std::mutex> lock(state_->mu);
     if (!state_->done) {
       state_->callbacks.push_back(std::move(cb));
@@ -190,7 +212,7 @@ void Work::when_done(std::function<void()> cb) {
 
 std::shared_ptr<Work> Work::then(std::function<std::vector<at::Tensor>(Work&)> fn) {
   auto next = std::make_shared<Work>();
-  next->set_info(seq(), state_->op_name + ".then");
+  next->set_info(seq(), op_name() + ".then");
   auto self = shared_from_this();
   auto run = [self, next, fn = std::move(fn)] {
     if (auto err = self->exception()) {
@@ -198,7 +220,7 @@ std::shared_ptr<Work> Work::then(std::function<std::vector<at::Tensor>(Work&)> f
       return;
     }
     try {
-      if (self->state_->device_wait) self->state_->device_wait();
+      if (self->state_ && self->state_->device_wait) self->state_->device_wait();
       next->mark_completed(fn(*self));
     } catch (...) {
       next->mark_failed(std::current_exception());

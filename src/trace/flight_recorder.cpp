@@ -1,6 +1,7 @@
 #include "trace/flight_recorder.h"
 
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -80,6 +81,13 @@ int64_t fr_now_ns() {
       .count();
 }
 
+int64_t fr_op_now_ns() {
+  if (Timeline::active()) return fr_now_ns();  // the timeline's spans need the precise clock
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
 const char* dump_reason_name(DumpReason r) {
   switch (r) {
     case DumpReason::kTimeout: return "timeout";
@@ -144,7 +152,7 @@ void FlightRecorder::set_identity(int rank, int world_size) {
   world_size_.store(world_size, std::memory_order_relaxed);
 }
 
-FrHandle FlightRecorder::record(FrGroup* group, const FrOp& op) {
+FrHandle FlightRecorder::record(FrGroup* group, const FrOp& op, uint64_t started) {
   FrHandle h;
   if (!enabled() || !recording_.load(std::memory_order_relaxed)) return h;
   const bool p2p = op.p2p;
@@ -153,18 +161,18 @@ FrHandle FlightRecorder::record(FrGroup* group, const FrOp& op) {
   (p2p ? group->enqueued_p2p : group->enqueued_collective).fetch_add(1, std::memory_order_relaxed);
   const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
   Slot& s = slots_[id % capacity_];
-  const int64_t now = fr_now_ns();
+  const int64_t now = fr_op_now_ns();
   {
     std::lock_guard<std::mutex> lock(s.mu);
     s.used = true;
     s.id = id;
     s.group = group;
-    s.seq = 0;
+    s.seq = started;
     s.p2p = p2p;
     s.op = op;
-    s.state = FrState::kScheduled;
+    s.state = started != 0 ? FrState::kStarted : FrState::kScheduled;
     s.created_ns = now;
-    s.started_ns = 0;
+    s.started_ns = started != 0 ? now : 0;
     s.completed_ns = 0;
     if (t_site) {
       if (t_site_index >= 0) {
@@ -190,6 +198,10 @@ FrHandle FlightRecorder::record(FrGroup* group, const FrOp& op) {
   }
   h.slot_ = &s;
   h.id_ = id;
+  if (started != 0) {
+    h.seq_ = started;
+    raise_to(p2p ? group->started_p2p : group->started_collective, started);
+  }
   h.group_ = group;
   h.p2p_ = p2p;
   return h;
@@ -197,7 +209,7 @@ FrHandle FlightRecorder::record(FrGroup* group, const FrOp& op) {
 
 void FrHandle::started() const {
   if (!slot_) return;
-  const int64_t now = fr_now_ns();
+  const int64_t now = fr_op_now_ns();
   seq_ = comm::current_op_label();  // the number the queue gave the op as it started it
   {
     std::lock_guard<std::mutex> lock(slot_->mu);
@@ -228,11 +240,12 @@ void timeline_span(Timeline& tl, const Slot& s, int64_t end_ns) {
 
 void FrHandle::completed() const {
   if (!slot_) return;
-  const int64_t now = fr_now_ns();
+  int64_t now = fr_op_now_ns();
   {
     std::lock_guard<std::mutex> lock(slot_->mu);
     if (slot_->id == id_) {
       if (slot_->started_ns == 0) slot_->started_ns = now;
+      now = std::max(now, slot_->started_ns);  // the timeline began meanwhile: its clock is ahead of the coarse one
       slot_->state = FrState::kCompleted;
       slot_->completed_ns = now;
       if (Timeline* tl = Timeline::active()) timeline_span(*tl, *slot_, now);
@@ -244,7 +257,7 @@ void FrHandle::completed() const {
 
 void FrHandle::failed(const std::exception& e) const {
   if (!slot_) return;
-  const int64_t now = fr_now_ns();
+  const int64_t now = fr_op_now_ns();
   {
     std::lock_guard<std::mutex> lock(slot_->mu);
     // Once only: a synchronous op's error passes here from its task and

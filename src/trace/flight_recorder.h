@@ -11,7 +11,9 @@
 //
 // Cost: an op claims a slot (one atomic increment), takes the slot's own
 // mutex (uncontended: only the op's threads and a dump touch it) three
-// times, and reads the clock three times. No string is built: a record
+// times, and reads the clock three times (a synchronous op run on its
+// caller's thread: twice each); the clock is the coarse one
+// (fr_op_now_ns) unless the timeline is on. No string is built: a record
 // holds enums and counts, and the calling site is copied into a fixed
 // array.
 //
@@ -149,7 +151,10 @@ class FlightRecorder {
 
   // Records an op queued on `group` (not null) and numbers it; an empty
   // handle while recording is paused.
-  FrHandle record(FrGroup* group, const FrOp& op);
+  // `started`: nonzero for an op that starts as it is recorded (a
+  // synchronous op on the caller's thread, numbered already): the record
+  // is born started with that number, and FrHandle::started is not called.
+  FrHandle record(FrGroup* group, const FrOp& op, uint64_t started = 0);
 
   // A training step began (DDP's and FSDP's forwards; tdist-run's status).
   void note_step();
@@ -200,6 +205,10 @@ class FlightRecorder {
 // The wall clock in ns (CLOCK_REALTIME, so that ranks on several hosts
 // line up as well as their clocks do).
 int64_t fr_now_ns();
+// The clock of the ops' records: CLOCK_REALTIME_COARSE (a few ms of
+// resolution, a third of the cost) unless the timeline is active, whose
+// spans need fr_now_ns's precision. A record's times never go backwards.
+int64_t fr_op_now_ns();
 
 // dumper.cpp: starts, once, the thread that writes a dump on SIGUSR1 (the
 // handler only writes a byte to a pipe; installed only where SIGUSR1 has

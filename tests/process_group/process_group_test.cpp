@@ -158,7 +158,24 @@ TEST(ShmFailures, MismatchedCollectivesRaiseOnEveryRank) {
          at::Tensor t = at::ones({4});
          if (pg.rank() == 0) pg.all_reduce(t)->wait(); else pg.broadcast(t)->wait();
        }, "all_reduce", "broadcast"},
-      {"root", [](ProcessGroup& pg) { pg.broadcast(at::ones({4}), {pg.rank()})->wait(); }, "root 0", "root 1"},
+      // Each rank the root of a small broadcast: eager roots compare
+      // nothing, so the next op raises it, naming the ops before it.
+      {"root", [](ProcessGroup& pg) {
+         pg.broadcast(at::ones({4}), {pg.rank()})->wait();
+         pg.all_reduce(at::ones({4}))->wait();
+       }, "root 0", "root 1"},
+      // The same with a large broadcast (many rounds, none eager): raised
+      // by the broadcast itself.
+      {"root, large", [](ProcessGroup& pg) {
+         pg.broadcast(at::ones({1 << 22}), {pg.rank()})->wait();
+       }, "root 0", "root 1"},
+      // A small reduce's non-roots do not wait either: its mismatch too is
+      // raised by the op after it on them.
+      {"reduce root", [](ProcessGroup& pg) {
+         at::Tensor t = at::ones({4});
+         pg.reduce(t, {1 - pg.rank()})->wait();
+         pg.barrier()->wait();
+       }, "root 1", "root 0"},
   };
   for (const auto& c : cases) {
     WorldOptions o;

@@ -4,8 +4,9 @@
 //
 // Contract, for every function here:
 // - Every rank of the group calls it in the same order, with a descriptor
-//   from Rounds::make_desc that matches the other ranks' (the first round
-//   compares them: CollectiveMismatchError otherwise). The caller makes the
+//   from Rounds::begin_op that matches the other ranks' (the first round
+//   compares them: CollectiveMismatchError otherwise; an eager op's root
+//   may learn of it one op later, rounds.h). The caller makes the
 //   descriptor after its argument checks, so an op refused with UsageError
 //   takes no sequence number.
 // - Called by the backend's collective thread only; not thread-safe.
@@ -45,6 +46,13 @@ namespace algo {
 void all_reduce_small(Rounds& rounds, const PieceWalker& walk, DataType t, DataType wire, ReduceOp op,
                       const OpDesc& desc, Deadline d);
 
+// reduce to root in one eager round (count elements at buf must fit one
+// staging buffer): the others post their input and go on without waiting
+// (Rounds::arrive); root waits for each, then reduces in rank order, as
+// all_reduce_small does. allreduce_small.cpp.
+void reduce_small(Rounds& rounds, void* buf, size_t count, DataType t, ReduceOp op, int root, const OpDesc& desc,
+                  Deadline d);
+
 // all_reduce (root < 0) or reduce to root, in chunks: rank r reduces the
 // r-th segment of every chunk, one barrier per chunk plus one to drain.
 // With sym (all_reduce only, planned for these pieces) the op may continue
@@ -56,7 +64,9 @@ void reduce_scatter_gather(Rounds& rounds, const PieceWalker& walk, DataType t, 
                            const OpDesc& desc, int root, Deadline d, SymmetricAllReduce* sym = nullptr,
                            CmaChannel* cma = nullptr);
 
-// root's bytes into every rank's buf, a round per round_bytes. broadcast.cpp.
+// root's bytes into every rank's buf, a round per round_bytes; in one
+// eager round when they fit one (the root posts them and goes on, the
+// others wait for the root alone). broadcast.cpp.
 void broadcast(Rounds& rounds, void* buf, size_t bytes, int root, const OpDesc& desc, Deadline d);
 
 // Every rank's bytes into out (size() * bytes, rank r's at r * bytes) on

@@ -18,7 +18,61 @@ OpDesc Rounds::make_desc(OpKind k, DataType t, ReduceOp op, int root, size_t cou
   d.root = root;
   d.count = count;
   d.seq = seq_++;
+  d.history = history_;
+  // FNV-1a over the fields that say what the op is.
+  uint32_t h = history_ ^ 2166136261u;
+  const uint64_t words[] = {d.kind, d.dtype, d.reduce_op, static_cast<uint64_t>(static_cast<uint32_t>(root)), count};
+  for (uint64_t w : words) {
+    for (int b = 0; b < 8; ++b) h = (h ^ static_cast<uint8_t>(w >> (8 * b))) * 16777619u;
+  }
+  history_ = h;
   return d;
+}
+
+void Rounds::reserve(const OpDesc& desc, Deadline deadline) {
+  if (settled_ >= g_) return;
+  const uint64_t target = g_;
+  const int n = size_;
+  waiter_.wait_until(
+      [&] {
+        for (int r = 0; r < n; ++r) {
+          if (seg_.slot(r)->round.load() < target) return false;  // seq_cst: see Waiter::notify
+        }
+        return true;
+      },
+      [&] {
+        std::vector<int> missing;
+        for (int r = 0; r < n; ++r) {
+          if (seg_.slot(r)->round.load() < target) missing.push_back(r);
+        }
+        return missing;
+      },
+      [&] { return describe(desc) + " (waiting for the ranks still in the op before it)"; }, deadline);
+  settled_ = target;
+}
+
+void Rounds::publish(const OpDesc& desc) {
+  Slot* mine = seg_.slot(rank_);
+  mine->desc[g_ % 2] = desc;
+  mine->prev[g_ % 2] = prev_;
+  prev_ = desc;
+}
+
+void Rounds::arrive(const OpDesc& desc) {
+  waiter_.check_alive_state();
+  publish(desc);
+  seg_.slot(rank_)->round.store(g_ + 1);  // seq_cst: see Waiter::notify
+  waiter_.notify();
+  ++g_;
+}
+
+void Rounds::wait_for(int r, const OpDesc& desc, Deadline deadline) {
+  const uint64_t target = g_;
+  const Slot* theirs = seg_.slot(r);
+  waiter_.wait_until([&] { return theirs->round.load() >= target; },  // seq_cst: see Waiter::notify
+                     [&] { return theirs->round.load() >= target ? std::vector<int>{} : std::vector<int>{r}; },
+                     [&] { return describe(desc); }, deadline);
+  check_desc(r, desc, /*all=*/false);
 }
 
 void Rounds::barrier_round(const OpDesc& desc, Deadline deadline) {
@@ -43,28 +97,38 @@ void Rounds::barrier_round(const OpDesc& desc, Deadline deadline) {
       },
       [&] { return describe(desc); }, deadline);
   g_ = target;
+  settled_ = target;
 }
 
 void Rounds::first_barrier(const OpDesc& desc, Deadline deadline) {
-  seg_.slot(rank_)->desc[g_ % 2] = desc;
+  publish(desc);
   barrier_round(desc, deadline);
+  for (int r = 0; r < size_; ++r) check_desc(r, desc, /*all=*/true);
+}
+
+void Rounds::check_desc(int r, const OpDesc& desc, bool all) {
   const uint64_t parity = (g_ - 1) % 2;
-  for (int r = 0; r < size_; ++r) {
-    const OpDesc other = seg_.slot(r)->desc[parity];
-    if (other != desc) {
-      // Each rank's op by its kind and size; the number is this rank's
-      // (the group's, op_label.h: other ranks' are not in the segment).
-      // Backend steps that differ are shown: a rank ahead or behind.
-      std::string all;
-      for (int q = 0; q < size_; ++q) {
-        const OpDesc& d = seg_.slot(q)->desc[parity];
-        all += "\n  rank " + std::to_string(waiter_.global(q)) + ": " + describe_op(d);
-        if (d.seq != desc.seq) all += " (its shm step " + std::to_string(d.seq + 1) + ")";
-      }
-      waiter_.fail(AbortKind::kMismatch, -1,
-                   "ranks called different collectives at the same step, this rank's " + describe(desc) + ":" + all);
-    }
+  if (seg_.slot(r)->desc[parity] == desc) return;
+  // Each rank's op by its kind and size; the number is this rank's (the
+  // group's, op_label.h: other ranks' are not in the segment). Backend
+  // steps that differ are shown: a rank ahead or behind. When only the
+  // history differs, an earlier op that compared nothing (an eager
+  // root's) differed: the ops before this one are shown.
+  const bool earlier = seg_.slot(r)->desc[parity].same_op(desc);
+  std::string shown;
+  for (int q = 0; q < size_; ++q) {
+    if (!all && q != r && q != rank_) continue;  // the others may not have arrived: their slots are not ours to read
+    const Slot* s = seg_.slot(q);
+    const OpDesc& d = earlier ? s->prev[parity] : s->desc[parity];
+    shown += "\n  rank " + std::to_string(waiter_.global(q)) + ": " + describe_op(d);
+    if (d.seq != (earlier ? desc.seq - 1 : desc.seq)) shown += " (its shm step " + std::to_string(d.seq + 1ull) + ")";
   }
+  waiter_.fail(AbortKind::kMismatch, -1,
+               earlier ? "ranks called different collectives before this rank's " + describe(desc) +
+                             " (an op that compares nothing, e.g. a small broadcast's root, is checked at the next)" +
+                             "; the ops before it:" + shown
+                       : "ranks called different collectives at the same step, this rank's " + describe(desc) + ":" +
+                             shown);
 }
 
 }  // namespace tdist::comm::shm

@@ -6,11 +6,25 @@
 // after the barrier it may read every rank's buffer of that parity until it
 // arrives at barrier g+2. A rank only rewrites a buffer after barrier g+2,
 // by which time everyone has finished reading it. This rule holds across op
-// boundaries, so ops need no closing barrier. The first round of every op
+// boundaries, so ops need no closing barrier.
+//
+// Eager rounds: a small broadcast's root arrives at its barrier and goes on
+// without waiting (arrive()); the others wait for the root alone
+// (wait_for()). A rank may so pass barrier g+1 while others have not yet
+// arrived at it, and its next op would rewrite buffers of parity g%2 that
+// they may still read. Hence the rule: before an op's first write
+// (begin_op -> reserve) a rank makes sure every rank has arrived at the
+// barrier it last passed; after a real barrier that is known, and
+// reserve costs nothing. A rank arrives at a barrier only after it has
+// read what it reads of the round before, so the reserved buffers are
+// free. The first round of every op
 // carries the op's descriptor (and, for all_reduce, the key of its
 // symmetric buffers), which every rank compares after the first barrier:
 // ranks that called different collectives, dtypes, sizes or roots all raise
-// CollectiveMismatchError.
+// CollectiveMismatchError. An eager root compares nothing: each desc
+// carries a hash of the rank's earlier descs (OpDesc::history), so a
+// mismatch at an eager op (two ranks each the root) is raised at the next
+// op that compares, one op later.
 //
 // Contract:
 // - One Rounds per rank and segment, used by one thread at a time (the
@@ -43,8 +57,23 @@ class Rounds {
 
   // The descriptor of the next op, which takes the next sequence number.
   OpDesc make_desc(OpKind k, DataType t, ReduceOp op, int root, size_t count);
+  // make_desc, then reserve: what every op does before its first write.
+  OpDesc begin_op(OpKind k, DataType t, ReduceOp op, int root, size_t count, Deadline deadline) {
+    OpDesc desc = make_desc(k, t, op, root, count);
+    reserve(desc, deadline);
+    return desc;
+  }
+  // Waits until every rank has arrived at the barrier this rank last
+  // passed (see "Eager rounds"); at once after a real barrier.
+  void reserve(const OpDesc& desc, Deadline deadline);
+  // An eager round: publishes desc with what this rank wrote to mine()
+  // and arrives at the next barrier without waiting for anyone.
+  void arrive(const OpDesc& desc);
+  // After arrive(): waits until rank r has arrived at that barrier too and
+  // checks r's desc against ours; theirs(r) then reads r's round.
+  void wait_for(int r, const OpDesc& desc, Deadline deadline);
   // The sequence number make_desc gives next.
-  uint64_t next_seq() const { return seq_; }
+  uint32_t next_seq() const { return seq_; }
 
   uint8_t* mine() const { return seg_.staging(rank_, g_ % 2); }
   const uint8_t* theirs(int r) const { return seg_.staging(r, (g_ - 1) % 2); }
@@ -81,8 +110,17 @@ class Rounds {
   Waiter& waiter_;
   int rank_;
   int size_;
-  uint64_t g_ = 0;    // barriers passed by this rank
-  uint64_t seq_ = 0;  // collectives started by this rank
+  // Publishes desc (and the op before it) for the round of barrier g_+1.
+  void publish(const OpDesc& desc);
+  // Raises CollectiveMismatchError unless rank r's desc of the round just
+  // passed is ours; `all`: every rank has arrived (show them all).
+  void check_desc(int r, const OpDesc& desc, bool all);
+
+  uint64_t g_ = 0;    // barriers passed (or, eagerly, arrived at) by this rank
+  uint64_t settled_ = 0;  // every rank is known to have arrived at barrier settled_
+  uint32_t seq_ = 0;  // collectives started by this rank
+  uint32_t history_ = 0;  // OpDesc::history of the next op
+  OpDesc prev_;  // the desc of this rank's last op
 };
 
 }  // namespace tdist::comm::shm

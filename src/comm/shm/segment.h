@@ -79,6 +79,9 @@ struct alignas(kAlign) Slot {
   uint64_t sym_key[2][2];
   // With desc: the rank's single-copy offer, by round parity.
   CmaOffer cma[2];
+  // With desc: the descriptor of the rank's op before it (for the message
+  // when only the history differs), by round parity.
+  OpDesc prev[2];
 };
 static_assert(sizeof(std::atomic<uint64_t>) + 2 * sizeof(OpDesc) <= kAlign, "round and desc fit one cache line");
 

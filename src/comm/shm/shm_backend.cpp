@@ -59,6 +59,7 @@ class ShmBackend final : public Backend {
         p2p_(segment_, waiter_) {}
 
   std::string name() const override { return "shm"; }
+  bool lazy_deadline() const override { return true; }  // every wait goes through Waiter::wait_until
 
   // ---- collectives ------------------------------------------------------
 
@@ -84,20 +85,24 @@ class ShmBackend final : public Backend {
   void reduce(void* buf, size_t count, DataType t, ReduceOp op, int root, Deadline d) override {
     check_reduction(t, op);
     check_root(root);
+    const OpDesc desc = rounds_.begin_op(OpKind::kReduce, t, op, root, count, d);
+    if (count * dtype_size(t) <= std::min(opt_.small_bytes, opt_.round_bytes)) {
+      algo::reduce_small(rounds_, buf, count, t, op, root, desc, d);
+      return;
+    }
     const Piece piece{buf, count};
-    algo::reduce_scatter_gather(rounds_, PieceWalker(&piece, 1, dtype_size(t)), t, t, op,
-                                rounds_.make_desc(OpKind::kReduce, t, op, root, count), root, d);
+    algo::reduce_scatter_gather(rounds_, PieceWalker(&piece, 1, dtype_size(t)), t, t, op, desc, root, d);
   }
 
   void broadcast(void* buf, size_t bytes, int root, Deadline d) override {
     check_root(root);
     algo::broadcast(rounds_, buf, bytes, root,
-                    rounds_.make_desc(OpKind::kBroadcast, DataType::kUInt8, ReduceOp::kSum, root, bytes), d);
+                    rounds_.begin_op(OpKind::kBroadcast, DataType::kUInt8, ReduceOp::kSum, root, bytes, d), d);
   }
 
   void all_gather(const void* in, void* out, size_t bytes, Deadline d) override {
     algo::gather(rounds_, in, out, bytes, -1,
-                 rounds_.make_desc(OpKind::kAllGather, DataType::kUInt8, ReduceOp::kSum, -1, bytes), d,
+                 rounds_.begin_op(OpKind::kAllGather, DataType::kUInt8, ReduceOp::kSum, -1, bytes, d), d,
                  SymSpan::find(*sym_, in, bytes, rank()), cma());
   }
 
@@ -128,19 +133,19 @@ class ShmBackend final : public Backend {
   void gather(const void* in, void* out, size_t bytes, int root, Deadline d) override {
     check_root(root);
     algo::gather(rounds_, in, out, bytes, root,
-                 rounds_.make_desc(OpKind::kGather, DataType::kUInt8, ReduceOp::kSum, root, bytes), d);
+                 rounds_.begin_op(OpKind::kGather, DataType::kUInt8, ReduceOp::kSum, root, bytes, d), d);
   }
 
   void scatter(const void* in, void* out, size_t bytes, int root, Deadline d) override {
     check_root(root);
     algo::scatter(rounds_, in, out, bytes, root,
-                  rounds_.make_desc(OpKind::kScatter, DataType::kUInt8, ReduceOp::kSum, root, bytes), d);
+                  rounds_.begin_op(OpKind::kScatter, DataType::kUInt8, ReduceOp::kSum, root, bytes, d), d);
   }
 
   void reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op, Deadline d) override {
     check_reduction(t, op);
     algo::reduce_scatter(rounds_, in, out, count, t, op,
-                         rounds_.make_desc(OpKind::kReduceScatter, t, op, -1, count), d,
+                         rounds_.begin_op(OpKind::kReduceScatter, t, op, -1, count, d), d,
                          SymSpan::find(*sym_, in, count * size() * dtype_size(t), rank()), cma());
   }
 
@@ -148,11 +153,11 @@ class ShmBackend final : public Backend {
                   void* out, const std::vector<size_t>& recv_bytes, const std::vector<size_t>& recv_offsets,
                   Deadline d) override {
     algo::all_to_all(rounds_, in, send_bytes, send_offsets, out, recv_bytes, recv_offsets,
-                     rounds_.make_desc(OpKind::kAllToAll, DataType::kUInt8, ReduceOp::kSum, -1, 0), d);
+                     rounds_.begin_op(OpKind::kAllToAll, DataType::kUInt8, ReduceOp::kSum, -1, 0, d), d);
   }
 
   void barrier(Deadline d) override {
-    rounds_.first_barrier(rounds_.make_desc(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0), d);
+    rounds_.first_barrier(rounds_.begin_op(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0, d), d);
   }
 
   // ---- point to point ----------------------------------------------------
@@ -218,10 +223,11 @@ class ShmBackend final : public Backend {
   // else staged.
   void all_reduce_pieces(const Piece* pieces, size_t n, DataType t, DataType wire, ReduceOp op, Deadline d) {
     check_reduction(wire, op);
+    if (size() == 1 && wire == t) return;  // the reduction of one rank's values is those values
     const size_t es = dtype_size(t), ws = dtype_size(wire);
     const PieceWalker walk(pieces, n, es);
     const size_t count = walk.count();
-    const OpDesc desc = rounds_.make_desc(OpKind::kAllReduce, wire, op, -1, count);
+    const OpDesc desc = rounds_.begin_op(OpKind::kAllReduce, wire, op, -1, count, d);
     if (count * ws <= std::min(opt_.small_bytes, opt_.round_bytes)) {
       algo::all_reduce_small(rounds_, walk, t, wire, op, desc, d);
       return;

@@ -69,7 +69,7 @@ std::shared_ptr<void> allocate_symmetric_block(Rounds& rounds, const std::shared
       }
     }
   }
-  const OpDesc first = rounds.make_desc(OpKind::kSymmetricAlloc, DataType::kUInt8, ReduceOp::kSum, -1, bytes);
+  const OpDesc first = rounds.begin_op(OpKind::kSymmetricAlloc, DataType::kUInt8, ReduceOp::kSum, -1, bytes, d);
   std::vector<Record> all(n);
   auto release = [&] {
     unmap_all(copies, mapped);
@@ -114,7 +114,7 @@ std::shared_ptr<void> allocate_symmetric_block(Rounds& rounds, const std::shared
     }
     // Everyone has mapped every segment (or given up) after this round.
     algo::gather(rounds, &mapped_all, all.data(), sizeof(Record), -1,
-                 rounds.make_desc(OpKind::kSymmetricAlloc, DataType::kUInt8, ReduceOp::kSum, -1, bytes), d);
+                 rounds.begin_op(OpKind::kSymmetricAlloc, DataType::kUInt8, ReduceOp::kSum, -1, bytes, d), d);
     if (mine.ok) shm_unlink(name.c_str());
     if (failed.empty()) failed = first_failure(all);
     if (!failed.empty()) {

@@ -64,9 +64,10 @@ class Waiter {
   // wake-up; waiting_for() names the ranks that hold us up (for liveness
   // checks and the timeout message).
   template <typename Ready, typename Missing, typename What>
-  void wait_until(Ready&& ready, Missing&& waiting_for, What&& what, Deadline deadline) {
+  void wait_until(Ready&& ready, Missing&& waiting_for, What&& what, Deadline lazy) {
     if (ready()) return;  // the others are there already: no clock read
     Header* h = seg_.header();
+    const Deadline deadline = resolve_deadline(lazy);  // a synchronous op's first wait starts its timeout
     const auto start = Clock::now();
     const auto spin_end = start + spin_;
     const auto yield_end = std::min<Clock::time_point>(spin_end + yield_, deadline);

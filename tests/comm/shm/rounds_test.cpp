@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <thread>
 
 #include "comm/shm/process_info.h"
 #include "tdist/errors.h"
@@ -56,6 +57,96 @@ TEST(Rounds, EachBarrierHandsOverTheRoundsBuffers) {
       }
     });
     for (int r = 0; r < size; ++r) EXPECT_EQ(message(errors[r]), "") << "size " << size << ", rank " << r;
+  }
+}
+
+// Eager rounds (a small broadcast's root and a small reduce's non-roots
+// arrive and go on; the others wait for the ranks they read) mixed with
+// ops of one and two real barriers, back to back, with ranks held up at
+// random: reserve() must keep every rank from rewriting a buffer (or a
+// descriptor) that another still reads. Every buffer is stamped whole.
+TEST(Rounds, EagerRoundsNeverOverwriteABufferStillBeingRead) {
+  for (int size : {2, 3, 4}) {
+    GroupOptions o;
+    o.size = size;
+    auto errors = run_group(o, [&](Member& m) {
+      Rounds& rounds = m.rounds;
+      const int me = rounds.rank();
+      uint64_t rng = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(me + 1);
+      auto stamp = [&](uint64_t op) {
+        Stamp s{op, 0, me};
+        std::memcpy(rounds.mine(), &s, sizeof s);
+        std::memset(rounds.mine() + sizeof s, int(op), rounds.round_bytes() - sizeof s);
+      };
+      auto check = [&](int r, uint64_t op) {
+        Stamp got;
+        std::memcpy(&got, rounds.theirs(r), sizeof got);
+        ASSERT_EQ(got.op, op) << "rank " << me << " reading rank " << r;
+        ASSERT_EQ(got.rank, r);
+        ASSERT_EQ(rounds.theirs(r)[rounds.round_bytes() - 1], uint8_t(op));
+      };
+      for (uint64_t op = 0; op < 600; ++op) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        if ((rng >> 60) == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        else if ((rng >> 60) < 4) std::this_thread::yield();
+        const int root = static_cast<int>(op % static_cast<uint64_t>(size));
+        switch (op % 3) {
+          case 0: {  // an eager broadcast
+            const OpDesc desc = rounds.begin_op(OpKind::kBroadcast, DataType::kUInt8, ReduceOp::kSum, root, op, in(10s));
+            if (me == root) {
+              stamp(op);
+              rounds.arrive(desc);
+            } else {
+              rounds.arrive(desc);
+              rounds.wait_for(root, desc, in(10s));
+              check(root, op);
+            }
+            break;
+          }
+          case 1: {  // an eager reduce
+            const OpDesc desc = rounds.begin_op(OpKind::kReduce, DataType::kFloat32, ReduceOp::kSum, root, op, in(10s));
+            stamp(op);
+            rounds.arrive(desc);
+            if (me == root) {
+              for (int r = 0; r < size; ++r) {
+                if (r != root) rounds.wait_for(r, desc, in(10s));
+              }
+              for (int r = 0; r < size; ++r) check(r, op);
+            }
+            break;
+          }
+          default: {  // barriers: one round, or two
+            const OpDesc desc = rounds.begin_op(OpKind::kAllReduce, DataType::kFloat32, ReduceOp::kSum, -1, op, in(10s));
+            for (int j = 0; j < 1 + static_cast<int>(op % 2); ++j) {
+              stamp(op);
+              if (j == 0) rounds.first_barrier(desc, in(10s)); else rounds.barrier_round(desc, in(10s));
+              for (int r = 0; r < size; ++r) check(r, op);
+            }
+          }
+        }
+      }
+    });
+    for (int r = 0; r < size; ++r) EXPECT_EQ(message(errors[r]), "") << "size " << size << ", rank " << r;
+  }
+}
+
+// Two ranks each the root of an eager broadcast compare nothing; the op
+// after it finds their histories differ and names the ops before it.
+TEST(Rounds, AMismatchAtAnEagerRoundIsRaisedAtTheNextComparingOp) {
+  GroupOptions o;
+  o.size = 2;
+  auto errors = run_group(o, [&](Member& m) {
+    Rounds& rounds = m.rounds;
+    const int me = rounds.rank();
+    const OpDesc b = rounds.begin_op(OpKind::kBroadcast, DataType::kUInt8, ReduceOp::kSum, me, 4, in(10s));
+    rounds.arrive(b);  // each its own root: no one waits, nothing is compared
+    rounds.first_barrier(rounds.begin_op(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0, in(10s)),
+                         in(10s));
+  });
+  for (int r = 0; r < o.size; ++r) {
+    ASSERT_TRUE(raised<tdist::CollectiveMismatchError>(errors[r])) << "rank " << r << ": " << message(errors[r]);
+    EXPECT_TRUE(contains(message(errors[r]), "broadcast(4 bytes, root 0)")) << message(errors[r]);
+    EXPECT_TRUE(contains(message(errors[r]), "broadcast(4 bytes, root 1)")) << message(errors[r]);
   }
 }
 
