@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # Collectives side by side, interleaved: REPEATS rounds (3 by default), each
-# running tdist's shm backend, tdist's gloo backend, OpenMPI (when
-# installed) and PyTorch's Gloo under both PyTorch versions (1.13: Debian's
-# python3-torch; 2.x: the venv of scripts/torch2.sh) one after the other,
-# so that a noisy spell on a shared machine hits all of them alike. float32,
-# SUM, world size WORLD (2), OPS (all_reduce,reduce_scatter,all_gather), every
-# op timed call by call. tdist's ops are synchronous calls (async_op=false,
-# as MPI's blocking calls and torch.distributed's default); ASYNC=1 times
-# them queued and waited for instead (tdist-bench --async). The summary gives, per op and size, the median over
-# the rounds of each tool's median time (and of tdist shm's p99), busbw, and
-# tdist shm's busbw as a multiple of the others'; tdist shm's "of ceil" is
-# its fraction of the memory-model ceiling (bench/collective_model.h)
-# measured in the same round. Everything is kept as JSON in OUT_DIR
-# (<tool>-<round>.json).
-#   [REPEATS=3] [WORLD=2] [OPS=...] [MAX_BYTES=64M] [SECONDS_PER_ROW=0.25] [ASYNC=0]
+# running, at every world size of WORLDS (2 and 4), tdist's shm backend,
+# OpenMPI (when installed), tdist's gloo backend and PyTorch's Gloo under
+# both PyTorch versions (1.13: Debian's python3-torch; 2.x: the venv of
+# scripts/torch2.sh) one after the other, so that a noisy spell on a shared
+# machine hits all of them alike. float32, SUM, OPS (all_reduce, broadcast,
+# reduce_scatter, all_gather) from 4 B to MAX_BYTES (256M), every op timed
+# call by call. tdist's ops are synchronous calls (async_op=false, as MPI's
+# blocking calls and torch.distributed's default); ASYNC=1 times them queued
+# and waited for instead (tdist-bench --async). The summary gives, per world
+# size, op and size, the median over the rounds of each tool's median time
+# (and of tdist shm's p99), busbw, and tdist shm's busbw as a multiple of the
+# others'; tdist shm's "of ceil" is its fraction of the memory-model ceiling
+# (bench/collective_model.h) measured in the same round. Everything is kept
+# as JSON in OUT_DIR: <tool>-<round>.json at world size 2 (what
+# bench/plot.py draws), <tool>-w<W>-<round>.json at the others.
+#   [REPEATS=3] [WORLDS="2 4"] [OPS=...] [MAX_BYTES=256M] [SECONDS_PER_ROW=0.25] [ASYNC=0]
 #   [TORCH1_PYTHON=/usr/bin/python3] [TORCH2_PYTHON=<repo>/.venv/bin/python]
 #     bench/compare_collectives.sh [BUILD_DIR=build] [OUT_DIR=BUILD_DIR/bench]
+# (WORLD=N is still read: WORLDS=N.) A world of 4 on fewer cores is
+# oversubscribed: its times say more about scheduling than about the tools.
 # A PyTorch whose interpreter cannot import torch.distributed with Gloo is
 # left out, with one line saying why, as is an op its Gloo lacks; a run that
 # fails is left out of the table too, and the script then exits non-zero.
@@ -26,9 +30,9 @@ build=${1:-build}
 out=${2:-$build/bench}
 mkdir -p "$out"
 repeats=${REPEATS:-3}
-world=${WORLD:-2}
-ops=${OPS:-all_reduce,reduce_scatter,all_gather}
-max_bytes=${MAX_BYTES:-64M}
+worlds=${WORLDS:-${WORLD:-2 4}}
+ops=${OPS:-all_reduce,broadcast,reduce_scatter,all_gather}
+max_bytes=${MAX_BYTES:-256M}
 seconds=${SECONDS_PER_ROW:-0.25}
 call_flags=()
 [ "${ASYNC:-0}" = 1 ] && call_flags=(--async)
@@ -57,28 +61,37 @@ else
   echo "# (OpenMPI not installed: no MPI reference; apt-get install openmpi-bin libopenmpi-dev)"
 fi
 
-tools=(tdist-shm tdist-gloo openmpi torch-gloo torch2-gloo)
+tools=(tdist-shm openmpi tdist-gloo torch-gloo torch2-gloo)
 for f in "${tools[@]}"; do rm -f "$out/$f"-*.json; done
+name() {  # tool world round -> the JSON file's name
+  if [ "$2" = 2 ]; then echo "$out/$1-$3.json"; else echo "$out/$1-w$2-$3.json"; fi
+}
 for ((r = 1; r <= repeats; r++)); do
-  echo "#### round $r of $repeats"
-  "$build/bin/tdist-bench" collectives --backend shm --world-size "$world" --op "$ops" "${sizes[@]}" \
-    ${call_flags[@]+"${call_flags[@]}"} --json "$out/tdist-shm-$r.json" || failed=1
-  if [ $have_mpi = 1 ]; then
-    mpirun --allow-run-as-root --oversubscribe -np "$world" "$out/mpi_collectives_reference" "$ops" 4 \
-      "$(bytes "$max_bytes")" 4 "$seconds" "$out/openmpi-$r.json" || failed=1
-  fi
-  "$build/bin/tdist-bench" collectives --backend gloo --world-size "$world" --op "$ops" "${sizes[@]}" \
-    ${call_flags[@]+"${call_flags[@]}"} --json "$out/tdist-gloo-$r.json" || failed=1
-  run_reference "PyTorch 1.13 Gloo" "$torch1_python" "apt-get install python3-torch" "$out/torch-gloo-$r.json" \
-    "$here/torch_collectives_reference.py" --world-size "$world" --op "$ops" "${sizes[@]}"
-  run_reference "PyTorch 2.x Gloo" "$torch2_python" "bash scripts/torch2.sh python installs it" \
-    "$out/torch2-gloo-$r.json" "$here/torch_collectives_reference.py" --world-size "$world" --op "$ops" "${sizes[@]}"
+  for world in $worlds; do
+    echo "#### round $r of $repeats, world size $world"
+    "$build/bin/tdist-bench" collectives --backend shm --world-size "$world" --op "$ops" "${sizes[@]}" \
+      ${call_flags[@]+"${call_flags[@]}"} --json "$(name tdist-shm "$world" "$r")" || failed=1
+    if [ $have_mpi = 1 ]; then
+      mpirun --allow-run-as-root --oversubscribe -np "$world" "$out/mpi_collectives_reference" "$ops" 4 \
+        "$(bytes "$max_bytes")" 4 "$seconds" "$(name openmpi "$world" "$r")" || failed=1
+    fi
+    "$build/bin/tdist-bench" collectives --backend gloo --world-size "$world" --op "$ops" "${sizes[@]}" \
+      ${call_flags[@]+"${call_flags[@]}"} --json "$(name tdist-gloo "$world" "$r")" || failed=1
+    run_reference "PyTorch 1.13 Gloo" "$torch1_python" "apt-get install python3-torch" "$(name torch-gloo "$world" "$r")" \
+      "$here/torch_collectives_reference.py" --world-size "$world" --op "$ops" "${sizes[@]}"
+    run_reference "PyTorch 2.x Gloo" "$torch2_python" "bash scripts/torch2.sh python installs it" \
+      "$(name torch2-gloo "$world" "$r")" "$here/torch_collectives_reference.py" --world-size "$world" --op "$ops" \
+      "${sizes[@]}"
+  done
 done
 
-# "tool op bytes time p99 busbw of_ceiling" lines from every round's JSON.
+# "tool op bytes time p99 busbw of_ceiling" lines from every round's JSON
+# at world size $2.
 rows() {
-  local tool=$1 f
-  for f in "$out/$tool"-*.json; do
+  local tool=$1 world=$2 f
+  local pattern="$out/$tool-[0-9]*.json"
+  [ "$world" = 2 ] || pattern="$out/$tool-w$world-[0-9]*.json"
+  for f in $pattern; do
     [ -f "$f" ] || continue
     grep -o '"op": "[a-z_]*"\|"bytes": [0-9.e+]*\|"time_us": [0-9.e+-]*\|"p99_us": [0-9.e+-]*\|"busbw_GBps": [0-9.e+-]*\|"of_ceiling": [0-9.e+-]*' "$f" |
       sed 's/"op": "\(.*\)"/op \1/; s/"\([a-z_0-9A-Z]*\)": /\1 /' |
@@ -90,7 +103,6 @@ rows() {
         END { emit() }'
   done
 }
-for f in "${tools[@]}"; do rows "$f"; done > "$out/all-rows.txt"
 
 torch_version() {  # tool default -> major.minor of the torch_version its rows record
   local v=""
@@ -98,6 +110,8 @@ torch_version() {  # tool default -> major.minor of the torch_version its rows r
       sed 's/.*: "\([0-9]*\.[0-9]*\).*/\1/') || true
   echo "${v:-$2}"
 }
+for world in $worlds; do
+for f in "${tools[@]}"; do rows "$f" "$world"; done > "$out/all-rows-w$world.txt"
 echo
 echo "# world size $world, float32, medians over $repeats interleaved rounds: time (us) / busbw (GB/s);"
 echo "# tdist shm also p99 (us) and its fraction of the memory ceiling; last columns: tdist shm busbw as a"
@@ -140,5 +154,6 @@ awk '
       line = line cell("openmpi", op, s) cell("tdist-gloo", op, s) cell("torch-gloo", op, s) cell("torch2-gloo", op, s)
       print line ratio("openmpi", op, s) ratio("torch-gloo", op, s) ratio("torch2-gloo", op, s)
     }
-  }' "$out/all-rows.txt"
+  }' "$out/all-rows-w$world.txt"
+done
 exit $failed

@@ -59,6 +59,7 @@
 #include <vector>
 
 #include "bench/bench_common.h"
+#include "bench/tcp_bytes.h"
 #include "bench/fsdp_models.h"
 #include "bench/memory_meter.h"
 #include "fsdp/block_pool.h"
@@ -82,12 +83,15 @@ struct Result {
   double gathered = 0;         // all-gather output bytes per step
   double reduced = 0;          // gradient reduction input bytes per step
   double collectives = 0;      // FSDP's gathers and reductions per step (calls)
-  static constexpr int kFields = 9;
+  double wire = 0;        // TCP bytes this rank sent per step (gloo; bench/tcp_bytes.h)
+  double wire_bound = 0;  // what ring collectives must send for those: (N-1)/N of each gather's output and
+                          // reduce-scatter's input, 2(N-1)/N of each all-reduce's
+  static constexpr int kFields = 11;
   std::vector<double> fields() const {
-    return {ms, peak, state, hwm, activations, activation_peak, gathered, reduced, collectives};
+    return {ms, peak, state, hwm, activations, activation_peak, gathered, reduced, collectives, wire, wire_bound};
   }
   static Result from(const std::vector<double>& f) {
-    return {f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8]};
+    return {f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10]};
   }
 };
 
@@ -136,11 +140,13 @@ int run_rank(const FsdpBenchOptions& o) {
   pg->barrier()->wait();
   pg->reset_collective_counts();
   mem.reset_peak();
+  const uint64_t sent0 = tcp_bytes_sent();
   const auto t0 = Clock::now();
   for (int i = 0; i < o.steps; ++i) step();
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / o.steps;
   Result r;
   r.ms = ms;
+  r.wire = static_cast<double>(tcp_bytes_sent() - sent0) / o.steps;
   // Symmetric memory (shm: DDP's buckets, FSDP's shards) is mapped, not
   // allocated through LibTorch; its blocks live for the whole run.
   r.peak = static_cast<double>(mem.peak() + symmetric_memory_bytes());
@@ -151,13 +157,16 @@ int run_rank(const FsdpBenchOptions& o) {
   r.activation_peak = static_cast<double>(above_start);
   for (const auto& [op, c] : pg->collective_counts()) {
     const double calls = static_cast<double>(c.calls) / o.steps;
+    const double share = static_cast<double>(pg->size() - 1) / pg->size();
     if (op == "all_gather_into_tensor" || op == "all_gather_into_tensor_coalesced") {
       r.gathered += static_cast<double>(c.output_bytes) / o.steps;
+      r.wire_bound += share * static_cast<double>(c.output_bytes) / o.steps;
       r.collectives += calls;
     }
     if (op == "reduce_scatter_tensor" || op == "reduce_scatter_tensor_coalesced" || op == "all_reduce" ||
         op == "all_reduce_coalesced") {
       r.reduced += static_cast<double>(c.input_bytes) / o.steps;
+      r.wire_bound += (op.rfind("all_reduce", 0) == 0 ? 2 : 1) * share * static_cast<double>(c.input_bytes) / o.steps;
       r.collectives += calls;
     }
   }
@@ -251,12 +260,15 @@ void print_tables(const FsdpBenchOptions& o, const ModelSize& size, const std::v
   }
   std::printf("\n# communication per step and rank, MiB: gathered = all-gather output (parameters), reduced = "
               "gradient bytes into reduce-scatter / all-reduce; calls = those collectives per step\n");
-  std::printf("%-21s %10s %6s %10s %6s %8s\n", "variant", "gathered", "x fs", "reduced", "x fs", "calls");
+  std::printf("# on gloo also: wire = TCP bytes a rank sent per step (the most of any rank), bound = what ring "
+              "collectives must send for them ((N-1)/N of gathers and reduce-scatters, 2(N-1)/N of all-reduces)\n");
+  std::printf("%-21s %10s %6s %10s %6s %8s %10s %10s %7s\n", "variant", "gathered", "x fs", "reduced", "x fs", "calls",
+              "wire", "bound", "x bound");
   for (const auto& v : variants) {
     const Result& r = res.at(v);
-    std::printf("%-21s %10.1f %6.3f %10.1f %6.3f %8.1f\n", v.c_str(), r.gathered / mb,
+    std::printf("%-21s %10.1f %6.3f %10.1f %6.3f %8.1f %10.1f %10.1f %7.3f\n", v.c_str(), r.gathered / mb,
                 ratio("full_shard", &Result::gathered, r), r.reduced / mb, ratio("full_shard", &Result::reduced, r),
-                r.collectives);
+                r.collectives, r.wire / mb, r.wire_bound / mb, r.wire_bound > 0 ? r.wire / r.wire_bound : 0.0);
   }
 }
 
@@ -309,6 +321,8 @@ int run_parent(const FsdpBenchOptions& o, const std::vector<std::string>& args) 
     json.field("gathered_bytes_per_step", r.gathered);
     json.field("reduced_bytes_per_step", r.reduced);
     json.field("collectives_per_step", r.collectives);
+    json.field("wire_bytes_per_step", r.wire);
+    json.field("wire_bound_bytes_per_step", r.wire_bound);
     json.field("backend", o.backend);
   }
   return json.finish(o.json);

@@ -31,6 +31,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/gloo/ring_reduce_scatter.h"
 #include "comm/heartbeat.h"
 #include "comm/op_label.h"
 #include "comm/reduce.h"
@@ -214,17 +215,10 @@ class GlooBackend final : public Backend {
     check_reduction(t, op);
     run(OpKind::kReduceScatter, d, [&] {
       if (count == 0) return;
-      // Gloo has no reduce-scatter in its options API: all-reduce a copy and
-      // keep this rank's block.
-      const size_t es = dtype_size(t);
-      std::vector<uint8_t> all(static_cast<const uint8_t*>(in), static_cast<const uint8_t*>(in) + count * es * size());
-      ::gloo::AllreduceOptions o(context_);
-      set_io(o, all.data(), all.data(), count * size(), es);
-      o.setReduceFunction(reducer(t, op));
-      o.setTag(next_tag());
-      o.setTimeout(remaining(d));
-      ::gloo::allreduce(o);
-      detail::copy_bytes(out, all.data() + rank() * count * es, count * es);
+      // A ring of Gloo's pairs (ring_reduce_scatter.h): (N-1)/N of the
+      // input on the wire, one segment of scratch.
+      ring_reduce_scatter(*context_, in, out, count, t, op == ReduceOp::kAvg ? ReduceOp::kSum : op, next_tag(), d,
+                          ring_scratch_);
       if (op == ReduceOp::kAvg) scale(out, count, t);
     });
   }
@@ -466,6 +460,9 @@ class GlooBackend final : public Backend {
   BackendContext ctx_;
   std::shared_ptr<::gloo::transport::Device> device_;
   std::shared_ptr<::gloo::Context> context_;
+  // The ring reduce-scatter's scratch, kept: Gloo may still write into a
+  // receive posted by an op that failed.
+  std::vector<uint8_t> ring_scratch_;
   uint64_t tag_ = 1;
   uint64_t seq_ = 0;
   std::mutex mu_;
