@@ -31,7 +31,11 @@ OpDesc Rounds::make_desc(OpKind k, DataType t, ReduceOp op, int root, size_t cou
 
 void Rounds::reserve(const OpDesc& desc, Deadline deadline) {
   if (settled_ >= g_) return;
-  const uint64_t target = g_;
+  wait_all(g_, desc, deadline, " (waiting for the ranks still in the op before it)");
+  settled_ = g_;
+}
+
+void Rounds::wait_all(uint64_t target, const OpDesc& desc, Deadline deadline, const char* note) {
   const int n = size_;
   waiter_.wait_until(
       [&] {
@@ -47,8 +51,7 @@ void Rounds::reserve(const OpDesc& desc, Deadline deadline) {
         }
         return missing;
       },
-      [&] { return describe(desc) + " (waiting for the ranks still in the op before it)"; }, deadline);
-  settled_ = target;
+      [&] { return describe(desc) + note; }, deadline);
 }
 
 void Rounds::publish(const OpDesc& desc) {
@@ -80,22 +83,7 @@ void Rounds::barrier_round(const OpDesc& desc, Deadline deadline) {
   const uint64_t target = g_ + 1;
   seg_.slot(rank_)->round.store(target);  // seq_cst: see Waiter::notify
   waiter_.notify();
-  const int n = size_;
-  waiter_.wait_until(
-      [&] {
-        for (int r = 0; r < n; ++r) {
-          if (seg_.slot(r)->round.load() < target) return false;  // seq_cst: see Waiter::notify
-        }
-        return true;
-      },
-      [&] {
-        std::vector<int> missing;
-        for (int r = 0; r < n; ++r) {
-          if (seg_.slot(r)->round.load() < target) missing.push_back(r);
-        }
-        return missing;
-      },
-      [&] { return describe(desc); }, deadline);
+  wait_all(target, desc, deadline, "");
   g_ = target;
   settled_ = target;
 }

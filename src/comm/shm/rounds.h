@@ -110,6 +110,9 @@ class Rounds {
   Waiter& waiter_;
   int rank_;
   int size_;
+  // Waits until every rank has arrived at barrier `target`; `note` is
+  // added to the op's name in a timeout's message.
+  void wait_all(uint64_t target, const OpDesc& desc, Deadline deadline, const char* note);
   // Publishes desc (and the op before it) for the round of barrier g_+1.
   void publish(const OpDesc& desc);
   // Raises CollectiveMismatchError unless rank r's desc of the round just
