@@ -82,6 +82,7 @@ struct CheckpointBenchOptions {
   std::string dir = "/tmp";
   int repeats = 3;
   std::string writer = "idle";  // the Checkpointer's idle_writes: idle or nice
+  std::string overlap = "on";   // the Checkpointer's overlap_copy: on or off
   std::string format = "tdist";  // tdist (per-rank .pt files) or dcp (PyTorch's DCP folder)
   std::string python;            // dcp: the Python whose dcp.load is timed beside (empty: none)
   std::string json;

@@ -90,6 +90,7 @@ CheckpointerTimes checkpointer_times(const CheckpointBenchOptions& o, ProcessGro
   co.dir = o.run_dir + "/checkpointer";
   co.keep_last = 1;
   co.idle_writes = o.writer == "idle";
+  co.overlap_copy = o.overlap == "on";
   co.files.format = o.format == "dcp" ? ShardedFormat::dcp : ShardedFormat::tdist;
   std::vector<double> alone, sync_stall, async_stall, during, writes, lost;
   for (int i = 0; i < 6; ++i) alone.push_back(slowest(step()));
@@ -380,7 +381,8 @@ int run_parent(const CheckpointBenchOptions& o, const std::vector<std::string>& 
   rows.field("operation", "rank save and load, extra peak");
   rows.field("peak_rss_bytes", static_cast<double>(extra));
   const double sync_stall = ranks["sync_stall_s"].get<double>(), lost = ranks["async_lost_s"].get<double>();
-  std::printf("\n  Checkpointer (--writer %s), the same model training (a step alone: %.3f s):\n", o.writer.c_str(),
+  std::printf("\n  Checkpointer (--writer %s --overlap-copy %s), the same model training (a step alone: %.3f s):\n",
+              o.writer.c_str(), o.overlap.c_str(),
               ranks["step_s"].get<double>());
   std::printf("    synchronous save: training stalls %.3f s\n", sync_stall);
   std::printf("    asynchronous save: the call stalls %.3f s (the copy); %.3f s to write, while steps take %.3f s "
@@ -424,6 +426,11 @@ void CheckpointBenchOptions::add_to(CLI::App& mode) {
   mode.add_option("--writer", writer,
                   "the Checkpointer's asynchronous writing: idle (SCHED_IDLE, the default) or nice (nice 19)")
       ->check(CLI::IsMember({"idle", "nice"}))
+      ->capture_default_str();
+  mode.add_option("--overlap-copy", overlap,
+                  "the Checkpointer's copy of the weights: on (after the call, finished by the next backward at the "
+                  "latest) or off (in the call)")
+      ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   mode.add_option("--format", format, "tdist (per-rank .pt files) or dcp (PyTorch's DCP folder)")
       ->check(CLI::IsMember({"tdist", "dcp"}))

@@ -83,6 +83,14 @@ struct CheckpointerOptions {
   // no other thread wants), its collectives at nice 19. false: all of it
   // at nice 19 (for a machine so busy that idle time never comes).
   bool idle_writes = true;
+  // Async, for a DDP or FSDP model: the copy of the weights and optimizer
+  // state is made after save() returns, on the writer thread, or at the
+  // latest as the next backward ends (before the optimizer's step
+  // changes them); buffers, extras and RNG states are copied in save().
+  // Anything else that changes the weights or optimizer state between
+  // save() and the end of the next backward must not (false: every copy
+  // in save()).
+  bool overlap_copy = true;
   ShardedCheckpointOptions files;  // comm_hook_state, timeout (suffix: fixed by the layout)
 };
 

@@ -34,7 +34,9 @@
 #include "checkpoint/sharded_files.h"
 #include "checkpoint/training_state.h"
 #include "checkpoint/writer_pause.h"
+#include "autograd/weight_fence.h"
 #include "fsdp/fsdp_model.h"
+#include "tdist/ddp.h"
 #include "tdist/fsdp.h"
 #include "trace/flight_recorder.h"
 #include "trace/timeline.h"
@@ -165,10 +167,30 @@ struct Checkpointer::Impl {
   std::optional<int64_t> in_flight_step;  // the step of the asynchronous save being written
   double stall_s = 0, write_s = 0;
   std::mutex times_mu;  // write_s is set on the writer thread
+  // Asynchronous saves of a DDP or FSDP model copy the weights and
+  // optimizer state after save() returns: on the writer, or at the latest
+  // as the next backward ends, through this fence (weight_fence.h); 0: no
+  // fence, every copy is made in save().
+  uint64_t fence = 0;
 
   Impl(std::shared_ptr<ProcessGroup> g, torch::nn::Module& m, torch::optim::Optimizer* opt, CheckpointerOptions opts)
       : pg(std::move(g)), model(m), optimizer(opt), o(std::move(opts)) {
     o.files.suffix = kSuffix;  // the layout's, whatever the caller set
+    const bool wrapped = dynamic_cast<detail::DataParallelModule*>(&model) != nullptr || detail::FsdpModel::of(model);
+    if (o.async && o.overlap_copy && wrapped) fence = detail::add_weight_fence([this] { copies.finish(); });
+  }
+  ~Impl() {
+    if (fence) detail::remove_weight_fence(fence);
+  }
+
+  // The storages of the model's buffers, which the next forward may change
+  // (BatchNorm's running statistics): copied in save(), never deferred.
+  std::vector<const void*> buffer_storages() {
+    std::vector<const void*> out;
+    for (const auto& b : model.buffers(true)) {
+      if (b.defined() && b.has_storage()) out.push_back(b.storage().data());
+    }
+    return out;
   }
 
   Milliseconds timeout() const { return o.files.timeout; }
@@ -295,16 +317,20 @@ struct Checkpointer::Impl {
     checkpoint::CopyPool* pool = o.async ? &copies : nullptr;
     try {
       const detail::TimelineSpan span("checkpoint", "checkpoint snapshot", "step " + std::to_string(step));
+      if (fence) copies.set_deferred(true, buffer_storages());
       if (o.files.format == ShardedFormat::dcp) {
         model_part->dcp.emplace(checkpoint::build_dcp_rank(*own, model, optimizer, pool));
       } else {
         model_part->tdist.emplace(detail::build_rank_file(*own, model, optimizer, o.files, save_id, pool));
       }
+      copies.set_deferred(false);  // the extras and RNG states: now
       train->emplace(detail::build_training_state(step, own->rank(), own->size(), extras, pool));
     } catch (const std::exception& e) {
+      copies.set_deferred(false);
       error = *e.what() ? e.what() : "an error without words";
     }
     auto run = [this, step, save_id, model_part, train, error] {
+      run_write([this] { copies.finish(); });  // the deferred copies first, at the writing's priority
       commit(step, save_id, model_part.get(), error, *train ? &**train : nullptr);
     };
     if (!o.async) {

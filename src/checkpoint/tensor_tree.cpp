@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cstring>
 #include <unordered_map>
 
 namespace tdist::checkpoint {
@@ -20,8 +22,46 @@ at::Tensor CopyPool::copy(const at::Tensor& t) {
   if (!b.defined() || b.scalar_type() != t.scalar_type() || b.sizes() != t.sizes() || b.is_pinned() != pinned) {
     b = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(pinned));
   }
-  b.copy_(t);
+  const bool now = !deferred_ || !t.is_cpu() || !t.is_contiguous() || t.nbytes() == 0 ||
+                   std::find(now_.begin(), now_.end(), t.storage().data()) != now_.end();
+  if (now) {
+    b.copy_(t);
+    return b;
+  }
+  constexpr size_t kChunk = size_t{8} << 20;
+  const auto* src = static_cast<const uint8_t*>(t.data_ptr());
+  auto* dst = static_cast<uint8_t*>(b.data_ptr());
+  for (size_t at = 0; at < t.nbytes(); at += kChunk) chunks_.push_back({src + at, dst + at, std::min(kChunk, t.nbytes() - at)});
+  sources_.push_back(t);
   return b;
+}
+
+void CopyPool::restart() {
+  next_ = 0;
+  sources_.clear();
+  chunks_.clear();
+  cursor_.store(0);
+  done_.store(0);
+}
+
+void CopyPool::run() {
+  size_t made = 0;
+  for (size_t i = cursor_.fetch_add(1); i < chunks_.size(); i = cursor_.fetch_add(1)) {
+    std::memcpy(chunks_[i].dst, chunks_[i].src, chunks_[i].bytes);
+    ++made;
+  }
+  if (made == 0) return;
+  if (done_.fetch_add(made, std::memory_order_acq_rel) + made == chunks_.size()) {
+    std::lock_guard<std::mutex> lock(mu_);  // a finish() between its check and its wait sees the notify
+    all_done_.notify_all();
+  }
+}
+
+void CopyPool::finish() {
+  if (!pending()) return;
+  run();
+  std::unique_lock<std::mutex> lock(mu_);
+  all_done_.wait(lock, [&] { return !pending(); });
 }
 
 PtValue TensorSink::add(const at::Tensor& t) {

@@ -8,7 +8,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <map>
 #include <string>
 #include <utility>
@@ -24,15 +27,48 @@ namespace tdist::checkpoint {
 // shapes, in the same order), so after the first save a copy costs no page
 // faults. One user at a time; restart() before each save's copies, and
 // only once the buffers' last writer is done with them.
+//
+// Deferred copies (set_deferred): copy() of a CPU tensor hands out its
+// buffer untouched and notes the copy, cut into 8 MiB chunks; run() and
+// finish() make them, from any threads at once, each chunk once (an
+// atomic cursor). The tensors copied must not change until finish() has
+// returned (the Checkpointer's weight fence: autograd/weight_fence.h).
 class CopyPool {
  public:
-  // A host copy of t (pinned when t is on a GPU).
+  // A host copy of t (pinned when t is on a GPU): made now, or, while
+  // deferred and for a CPU tensor, by run()/finish().
   at::Tensor copy(const at::Tensor& t);
-  void restart() { next_ = 0; }
+  void restart();
+  // `now`: storages whose tensors are copied at once all the same.
+  void set_deferred(bool on, std::vector<const void*> now = {}) {
+    deferred_ = on;
+    now_ = std::move(now);
+  }
+  // Makes the deferred copies not yet taken (the writer thread, before it
+  // writes).
+  void run();
+  // run(), then waits for chunks other threads are making: every deferred
+  // copy is made when it returns.
+  void finish();
+  // Whether a deferred copy is not yet made (any thread).
+  bool pending() const { return done_.load(std::memory_order_acquire) < chunks_.size(); }
 
  private:
+  struct Chunk {
+    const uint8_t* src;
+    uint8_t* dst;
+    size_t bytes;
+  };
   std::vector<at::Tensor> buffers_;
   size_t next_ = 0;
+  bool deferred_ = false;
+  std::vector<const void*> now_;
+  std::vector<at::Tensor> sources_;  // held until the copies are made
+  std::vector<Chunk> chunks_;        // set before the copies start; read-only while they run
+  std::atomic<size_t> cursor_{0};    // the next chunk to take
+  std::atomic<size_t> done_{0};      // chunks made
+  std::mutex mu_;
+  std::condition_variable all_done_;
 };
 
 class TensorSink {

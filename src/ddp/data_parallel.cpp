@@ -25,6 +25,7 @@
 #include <unordered_set>
 
 #include "autograd/grad_ready.h"
+#include "autograd/weight_fence.h"
 #include "ddp/bucket_assignment.h"
 #include "ddp/bucket_rebuild.h"
 #include "ddp/bucket_reducer.h"
@@ -236,6 +237,9 @@ struct DataParallel::State : GradReadyListener {
   // Runs once at the end of a synchronised backward, before backward()
   // returns: waits for every bucket and writes the averages back.
   void on_backward_end() override {
+    // A checkpoint's pending copy of the weights, while the buckets
+    // travel: the optimizer's step comes next (autograd/weight_fence.h).
+    detail::wait_weight_fences();
     std::unique_lock<std::mutex> lock(mu);
     const bool first_static = recording_static();
     const bool tolerate_unused = options.find_unused_parameters || options.static_graph;

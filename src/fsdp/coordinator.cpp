@@ -4,6 +4,7 @@
 
 #include <torch/csrc/autograd/engine.h>
 
+#include "autograd/weight_fence.h"
 #include "fsdp/block_pool.h"
 #include "fsdp/fsdp_state.h"
 #include "process_group/async_ops.h"
@@ -220,6 +221,9 @@ void Coordinator::end_of_backward() {
     }
     ++launched_;
   }
+  // A checkpoint's pending copy of the weights, while the reductions
+  // travel: the optimizer's step comes next (autograd/weight_fence.h).
+  detail::wait_weight_fences();
   for (auto& s : order_) {
     if (syncs(*s)) {
       s->unit->finish_reduce();

@@ -312,6 +312,65 @@ TEST(Checkpointer, ASlowSaveIsCommittedWithinATenthOfTheInterval) {
   }), "");
 }
 
+// An asynchronous save of an FSDP model copies the weights and Adam's
+// state after save() returns: here the writer waits 1.5 s before it starts,
+// so the copy is made by the next step's backward as it ends (the weight
+// fence), before that step's optimizer changes them. The checkpoint holds
+// the state at save(), bit for bit; without the fence it would hold the
+// next step's.
+TEST(Checkpointer, TheSnapshotIsTheStateAtSaveWhileTheNextStepsRun) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    auto o = wrap_options();
+    FSDP<Net> model(Net(&o), o);
+    torch::optim::Adam opt(model->parameters(), 0.01);
+    auto co = options(dir);
+    co.every_steps = 0;
+    tdist::Checkpointer ckpt(tdist::default_group(), *model, &opt, co);
+    for (int i = 0; i < 2; ++i) train_step(model, opt, pg);
+    const StateDict at_save = full_state(model, opt);
+    tdist::detail::set_checkpoint_writer_pause_for_testing(std::chrono::milliseconds(1500));
+    ckpt.save(2);
+    for (int i = 0; i < 3; ++i) train_step(model, opt, pg);
+    WORLD_CHECK(ckpt.saving(), "the save was written before the steps: the test shows nothing");
+    ckpt.wait();
+    tdist::detail::set_checkpoint_writer_pause_for_testing(std::chrono::milliseconds(0));
+    WORLD_CHECK(ckpt.restore().has_value(), "no checkpoint");
+    const StateDict restored = full_state(model, opt);
+    for (const auto& item : at_save) {
+      WORLD_CHECK(restored.contains(item.key()) && torch::equal(restored[item.key()], item.value()),
+                  "'" << item.key() << "' is not what it was at save()");
+    }
+  }), "");
+}
+
+// A model that is neither DDP nor FSDP has no backward end to wait at:
+// its copy is made in save(), and an optimizer step right after it
+// changes nothing in the checkpoint.
+TEST(Checkpointer, AnUnwrappedModelIsCopiedInSave) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  EXPECT_EQ(run_world(2, [&](ProcessGroup&) {
+    torch::nn::Linear model(4, 3);
+    torch::optim::SGD opt(model->parameters(), 0.5);
+    auto co = options(dir);
+    co.every_steps = 0;
+    tdist::Checkpointer ckpt(tdist::default_group(), *model, &opt, co);
+    const at::Tensor at_save = model->weight.detach().clone();
+    tdist::detail::set_checkpoint_writer_pause_for_testing(std::chrono::milliseconds(500));
+    ckpt.save(1);
+    {
+      torch::NoGradGuard no_grad;
+      model->weight.add_(1.0);
+    }
+    ckpt.wait();
+    tdist::detail::set_checkpoint_writer_pause_for_testing(std::chrono::milliseconds(0));
+    WORLD_CHECK(ckpt.restore().has_value(), "no checkpoint");
+    WORLD_CHECK(torch::equal(model->weight, at_save), "the checkpoint holds the weights after save()");
+  }), "");
+}
+
 // A symbolic link named like a step folder is removed itself; what it
 // points to is never touched.
 TEST(Checkpointer, PruningNeverFollowsALink) {
