@@ -19,12 +19,12 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/op_label.h"
 #include "process_group/device_runtime.h"
 #include "process_group/collective_check.h"
 #include "process_group/op_counts.h"
 #include "process_group/task_queue.h"
 #include "process_group/tensor_util.h"
-#include "comm/op_label.h"
 #include "tdist/process_group.h"
 #include "trace/flight_recorder.h"
 #include "util/recycling_alloc.h"
