@@ -26,21 +26,22 @@
 #include <thread>
 #include <vector>
 
+#include "autograd/weight_fence.h"
 #include "checkpoint/dcp_save.h"
-#include "process_group/agree.h"
-#include "util/write_aside.h"
 #include "checkpoint/latest_marker.h"
 #include "checkpoint/rank_file.h"
 #include "checkpoint/sharded_files.h"
 #include "checkpoint/training_state.h"
 #include "checkpoint/writer_pause.h"
-#include "autograd/weight_fence.h"
+#include "comm/idle_work.h"
 #include "fsdp/fsdp_model.h"
+#include "process_group/agree.h"
 #include "tdist/ddp.h"
 #include "tdist/fsdp.h"
 #include "trace/flight_recorder.h"
 #include "trace/timeline.h"
 #include "util/open_file.h"
+#include "util/write_aside.h"
 
 namespace tdist {
 
@@ -212,8 +213,9 @@ struct Checkpointer::Impl {
   // Writes this rank's files of `step` and, once every rank's are in
   // place, moves dir/latest to them. Collective over `own`.
   // The files' writing (no collective): on the background writer, in a
-  // thread of its own at SCHED_IDLE, which runs only on time no other
-  // thread of the machine wants, so training loses as little as it can;
+  // thread of its own at SCHED_IDLE and the idle I/O class, which runs only
+  // on time no other thread of the machine wants, so training loses as
+  // little as it can;
   // the writer's collectives stay at its nice 19, so they progress even
   // while training keeps every core busy. A synchronous save writes here.
   void run_write(const std::function<void()>& work) {
@@ -222,9 +224,15 @@ struct Checkpointer::Impl {
       return;
     }
     std::exception_ptr raised;
+    comm::IdleWorkScope idle_work;  // the ranks' waits stop yielding to it (comm/idle_work.h)
     std::thread idle([&] {
       sched_param none{};
       (void)::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &none);
+      // Its I/O in the idle class too (what the disk does for nobody
+      // else; the fsync's writeback is submitted from this thread).
+      // Refused (no such syscall, a policy): written at the default class.
+      constexpr int kWhoThread = 1, kIdleClass = 3, kClassShift = 13;  // IOPRIO_WHO_PROCESS, IOPRIO_CLASS_IDLE
+      (void)::syscall(SYS_ioprio_set, kWhoThread, 0, kIdleClass << kClassShift);
       try {
         work();
       } catch (...) {

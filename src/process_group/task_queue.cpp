@@ -70,7 +70,7 @@ void TaskQueue::stop() {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
+    stopping_.store(true);
   }
   cv_.notify_all();
   watch_cv_.notify_all();
@@ -87,6 +87,10 @@ std::shared_ptr<Work> TaskQueue::enqueue(const char* name, Milliseconds timeout,
     if (stopping_) throw UsageError(std::string(name) + ": the process group '" + group_name_ + "' is shut down");
     const uint64_t seq = next_seq_++;
     work->set_info(0, name);  // numbered when it starts (pop_front_locked)
+    // Marked before the look at running_ below (sequentially consistent, as
+    // release_idle's mirror image): a synchronous op either sees it and
+    // queues behind it, or wakes the worker for it when it ends.
+    queued_.store(queue_.size() + 1);
     Task task{work, timeout, std::move(body), seq, count};
     if (current_queue == this) {
       task.for_worker = true;
@@ -122,32 +126,39 @@ void TaskQueue::refuse_own_thread(const char* name) const {
 
 uint64_t TaskQueue::claim_idle(const char* name, OpCount count) {
   refuse_own_thread(name);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_) throw UsageError(std::string(name) + ": the process group '" + group_name_ + "' is shut down");
-  if (running_ || !queue_.empty()) return 0;
-  running_ = true;
-  return number_locked(count);
+  if (stopping_.load(std::memory_order_acquire)) {
+    throw UsageError(std::string(name) + ": the process group '" + group_name_ + "' is shut down");
+  }
+  // No lock: the run token alone orders this op against the worker and
+  // inline runs. A task queued between the look at queued_ and the
+  // exchange is concurrent with this op and runs after it.
+  if (queued_.load() != 0) return 0;
+  if (!take_run_token()) return 0;
+  return number(count);
 }
 
 void TaskQueue::release_idle() {
-  // What was queued meanwhile went to the worker; a stopping worker waits
-  // for this op to end before it exits. Notified under the lock: once
-  // running_ is false, stop() may return and the queue go.
+  // What was queued meanwhile went to the worker (or is fresh, for its
+  // waiter); a stopping worker waits for this op to end before it exits.
+  // Both see running_ false, or this sees their mark (queued_, stopping_:
+  // sequentially consistent on both sides) and wakes the worker under the
+  // lock. The group, and so the queue, outlives its caller's op.
+  running_.store(false);
+  if (queued_.load() == 0 && !stopping_.load()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  running_ = false;
   if (worker_asleep_ && (worker_may_take_locked() || stopping_)) cv_.notify_one();
 }
 
 TaskQueue::Task TaskQueue::pop_front_locked() {
   Task task = std::move(queue_.front());
   queue_.pop_front();
-  task.label = number_locked(task.count);  // in the order ops start: the same on every rank
+  queued_.store(queue_.size());
+  task.label = number(task.count);  // in the order ops start: the same on every rank
   task.work->set_seq(task.label);
   continuations_ = 0;
   // What is left behind the popped task was queued while it waited: handed
   // to the worker already, none fresh.
   if (watched_.fresh.load(std::memory_order_relaxed) != 0) watched_.fresh.store(0, std::memory_order_relaxed);
-  running_ = true;
   return task;
 }
 
@@ -164,7 +175,7 @@ bool TaskQueue::run_inline(const std::shared_ptr<Gate>& gate, const Work* w) {
   Task task;
   {
     std::lock_guard<std::mutex> lock(self.mu_);
-    if (self.running_ || self.queue_.empty() || self.queue_.front().work.get() != w) return false;
+    if (self.queue_.empty() || self.queue_.front().work.get() != w || !self.take_run_token()) return false;
     task = self.pop_front_locked();
   }
   // Callbacks of the task run here too: what they queue goes first, as on
@@ -176,7 +187,7 @@ bool TaskQueue::run_inline(const std::shared_ptr<Gate>& gate, const Work* w) {
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(self.mu_);
-    self.running_ = false;
+    self.running_.store(false);
     // What was queued meanwhile went to the worker.
     wake = self.worker_asleep_ && self.worker_may_take_locked();
   }
@@ -253,11 +264,15 @@ void TaskQueue::run() {
         worker_asleep_ = worker_ticking_ = false;
       }
       if (queue_.empty()) return;  // stopping, and everything queued has run
+      // A synchronous op claimed the idle queue meanwhile (it takes no
+      // lock): look again once it has released it (release_idle wakes
+      // this thread).
+      if (!take_run_token()) continue;
       task = pop_front_locked();
     }
     execute(task);
     std::lock_guard<std::mutex> lock(mu_);
-    running_ = false;
+    running_.store(false);
   }
 }
 

@@ -162,15 +162,23 @@ class TaskQueue {
     TaskQueue* queue = nullptr;
   };
 
-  // run_now's two halves: marks the idle queue running and numbers the op
-  // (0: not idle); then marks it idle again.
+  // run_now's two halves, lock-free: takes the run token of an idle queue
+  // and numbers the op (0: not idle); then gives the token back.
   uint64_t claim_idle(const char* name, OpCount count);
-  // The next number of `count`; REQUIRES mu_.
-  uint64_t number_locked(OpCount count) { return ++numbered_[static_cast<int>(count)]; }
+  // The run token (running_): whoever sets it from false runs the one op
+  // running, numbers it, and clears it when the op ends. Every start of an
+  // op takes it so; whether this thread did.
+  bool take_run_token() {
+    bool idle = false;
+    return running_.compare_exchange_strong(idle, true);
+  }
+  // The next number of `count`; REQUIRES the run token.
+  uint64_t number(OpCount count) { return ++numbered_[static_cast<int>(count)]; }
   void release_idle();
   static bool run_inline(const std::shared_ptr<Gate>& gate, const Work* w);
   static void execute(Task& task);
-  // Takes the front task; REQUIRES mu_, a task queued and none running.
+  // Takes the front task and numbers it; REQUIRES mu_, a task queued and
+  // the run token taken by this thread.
   Task pop_front_locked();
   // Whether the worker may take the front task now; REQUIRES mu_.
   bool worker_may_take_locked() const;
@@ -191,10 +199,14 @@ class TaskQueue {
   std::condition_variable cv_;
   std::deque<Task> queue_;
   uint64_t next_seq_ = 0;
-  uint64_t numbered_[2] = {0, 0};  // the last number given, per OpCount; under mu_
-  // A task is running (on the worker, or inline): one at a time. Written
-  // under mu_; the watcher reads it without, only when about to sleep.
+  uint64_t numbered_[2] = {0, 0};  // the last number given, per OpCount; under the run token
+  // A task is running (on the worker, inline, or run_now's): one at a time,
+  // the run token (take_run_token). Cleared under mu_ by the worker and
+  // inline runs, without it by run_now (release_idle).
   std::atomic<bool> running_{false};
+  // queue_.size(), or one more while a task is being queued: what run_now
+  // reads instead of taking mu_. Written under mu_.
+  std::atomic<size_t> queued_{0};
   // How many continuations (tasks queued from this queue's thread) lead
   // the queue; they run before anything queued by other threads.
   size_t continuations_ = 0;
@@ -215,7 +227,7 @@ class TaskQueue {
   std::chrono::steady_clock::time_point last_hand_over_{};  // under mu_
   bool watcher_asleep_ = false;  // on watch_cv_; under mu_
   std::condition_variable watch_cv_;
-  bool stopping_ = false;
+  std::atomic<bool> stopping_{false};  // written under mu_; run_now reads it without
   std::shared_ptr<Gate> gate_ = std::make_shared<Gate>();
   std::thread worker_;
   std::thread watcher_;

@@ -1,5 +1,6 @@
 // Work: completion, waiting (inline run, timeouts), then() and chain().
 // The contract is in include/tdist/process_group.h.
+#include <immintrin.h>
 #include <sched.h>
 
 #include <atomic>
@@ -7,6 +8,7 @@
 #include <mutex>
 #include <optional>
 
+#include "comm/idle_work.h"
 #include "tdist/process_group.h"
 #include "trace/flight_recorder.h"
 #include "trace/timeline.h"
@@ -107,7 +109,13 @@ void Work::wait() {
     } else if (now >= spin_end) {
       break;
     }
-    sched_yield();
+    // Beside idle-priority work a yield hands it the core for a slice
+    // (comm/idle_work.h): pause instead.
+    if (comm::idle_work_running()) {
+      _mm_pause();
+    } else {
+      sched_yield();
+    }
   }
   if (!is_completed()) {
     std::unique_lock<std::mutex> lock(state_->mu);

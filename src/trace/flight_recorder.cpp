@@ -15,6 +15,7 @@
 #include "comm/op_label.h"
 #include "tdist/errors.h"
 #include "trace/timeline.h"
+#include "util/spin_lock.h"
 #include "util/write_aside.h"
 
 namespace tdist::detail {
@@ -60,10 +61,10 @@ std::string first_line(const char* what) {
 
 }  // namespace
 
-// A ring slot: one record, guarded by its own mutex (the op's threads and a
-// dump are all that ever touch it).
+// A ring slot: one record, guarded by its own lock (the op's threads and a
+// dump are all that ever touch it, each for a few stores or a copy).
 struct Slot {
-  mutable std::mutex mu;
+  mutable SpinLock mu;
   bool used = false;
   uint64_t id = 0;
   FrGroup* group = nullptr;
@@ -163,7 +164,7 @@ FrHandle FlightRecorder::record(FrGroup* group, const FrOp& op, uint64_t started
   Slot& s = slots_[id % capacity_];
   const int64_t now = fr_op_now_ns();
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    std::lock_guard<SpinLock> lock(s.mu);
     s.used = true;
     s.id = id;
     s.group = group;
@@ -212,7 +213,7 @@ void FrHandle::started() const {
   const int64_t now = fr_op_now_ns();
   seq_ = comm::current_op_label();  // the number the queue gave the op as it started it
   {
-    std::lock_guard<std::mutex> lock(slot_->mu);
+    std::lock_guard<SpinLock> lock(slot_->mu);
     if (slot_->id == id_ && slot_->state == FrState::kScheduled) {
       slot_->state = FrState::kStarted;
       slot_->started_ns = now;
@@ -242,7 +243,7 @@ void FrHandle::completed() const {
   if (!slot_) return;
   int64_t now = fr_op_now_ns();
   {
-    std::lock_guard<std::mutex> lock(slot_->mu);
+    std::lock_guard<SpinLock> lock(slot_->mu);
     if (slot_->id == id_) {
       if (slot_->started_ns == 0) slot_->started_ns = now;
       now = std::max(now, slot_->started_ns);  // the timeline began meanwhile: its clock is ahead of the coarse one
@@ -259,7 +260,7 @@ void FrHandle::failed(const std::exception& e) const {
   if (!slot_) return;
   const int64_t now = fr_op_now_ns();
   {
-    std::lock_guard<std::mutex> lock(slot_->mu);
+    std::lock_guard<SpinLock> lock(slot_->mu);
     // Once only: a synchronous op's error passes here from its task and
     // again from the wait that rethrows it.
     if (slot_->id != id_ || slot_->state == FrState::kFailed || slot_->state == FrState::kCompleted) return;
@@ -290,7 +291,7 @@ std::vector<FrRecord> FlightRecorder::snapshot() const {
   out.reserve(static_cast<size_t>(end - begin));
   for (uint64_t id = begin; id < end; ++id) {
     const Slot& s = slots_[id % capacity_];
-    std::lock_guard<std::mutex> lock(s.mu);
+    std::lock_guard<SpinLock> lock(s.mu);
     if (!s.used || s.id != id) continue;  // not written yet, or already reused by a newer op
     FrRecord r;
     r.id = s.id;

@@ -298,6 +298,78 @@ TEST(TaskQueue, AnOpQueuedDuringRunNowRunsAfterIt) {
   EXPECT_EQ(order.size(), 50u + static_cast<size_t>(ran_now));
 }
 
+// Threads racing synchronous calls (run_now, lock-free: the run token)
+// against queued ops, inline runs and the worker: one op at a time, every
+// op numbered once, 1..N with no gap, and none left behind (a lost
+// wake-up would leave a queued op unrun: its wait times out).
+TEST(TaskQueue, RacingSynchronousAndQueuedOpsRunOneAtATimeNumberedOnce) {
+  TaskQueue q("test");
+  constexpr int kThreads = 4, kOps = 400;
+  std::atomic<int> running{0}, overlaps{0};
+  std::mutex labels_mu;
+  std::vector<uint64_t> labels;
+  auto body = [&] {
+    if (running.fetch_add(1) != 0) ++overlaps;
+    const uint64_t label = tdist::comm::current_op_label();
+    {
+      std::lock_guard<std::mutex> lock(labels_mu);
+      labels.push_back(label);
+    }
+    running.fetch_sub(1);
+  };
+  std::atomic<int> ran_now{0}, timed_out{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<std::shared_ptr<tdist::Work>> later;
+      for (int i = 0; i < kOps; ++i) {
+        switch ((i + t) % 3) {
+          case 0:  // synchronous: at once, or queued and waited for
+            if (q.run_now("sync", 10s, [&](tdist::comm::Deadline) { body(); })) {
+              ++ran_now;
+            } else {
+              auto w = q.enqueue("sync", 10s, [&](tdist::comm::Deadline) {
+                body();
+                return std::vector<at::Tensor>{};
+              });
+              try {
+                w->wait(10s);
+              } catch (const tdist::TimeoutError&) {
+                ++timed_out;
+              }
+            }
+            break;
+          case 1:  // queued and waited for at once (maybe run inline)
+            q.enqueue("queued", 10s, [&](tdist::comm::Deadline) {
+               body();
+               return std::vector<at::Tensor>{};
+             })->wait();
+            break;
+          default:  // queued, waited for later (the worker's)
+            later.push_back(q.enqueue("async", 10s, [&](tdist::comm::Deadline) {
+              body();
+              return std::vector<at::Tensor>{};
+            }));
+        }
+      }
+      for (auto& w : later) {
+        try {
+          w->wait(10s);
+        } catch (const tdist::TimeoutError&) {
+          ++timed_out;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_EQ(timed_out.load(), 0);
+  EXPECT_GT(ran_now.load(), 0);
+  std::sort(labels.begin(), labels.end());
+  ASSERT_EQ(labels.size(), static_cast<size_t>(kThreads) * kOps);
+  for (size_t i = 0; i < labels.size(); ++i) ASSERT_EQ(labels[i], i + 1) << "numbered twice, or a gap";
+}
+
 // From a callback on the queue's own thread, run_now would wait for itself
 // when busy: refused, always (the callback's own op still runs).
 TEST(TaskQueue, RunNowFromTheQueuesOwnThreadIsRefused) {

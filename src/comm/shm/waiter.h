@@ -11,7 +11,10 @@
 //   polls: a pause loop for `spin` (at least 64 pauses), then
 //   sched_yield() for `yield` (never past the deadline): ranks on their own
 //   cores answer within microseconds, and a rank that shares its core hands
-//   it over. Then it sleeps on the header's futex word, which notify() (any
+//   it over. (While idle-priority work runs in the process, a Checkpointer's
+//   writer, it never yields, which would hand the core to that work for a
+//   slice: it spins for at least kSpinBesideIdleWork, then sleeps; see
+//   idle_work.h.) Then it sleeps on the header's futex word, which notify() (any
 //   rank's) bumps when someone sleeps. A sleeper counts itself in
 //   `sleepers` before it reads the word and looks at ready() a last time; a
 //   publisher stores, then reads `sleepers`, all seq_cst: one of the two
@@ -42,11 +45,16 @@
 #include <string>
 #include <vector>
 
+#include "comm/idle_work.h"
 #include "comm/shm/segment.h"
 
 namespace tdist::comm::shm {
 
 long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts);
+
+// How long a wait spins before it sleeps while idle-priority work runs in
+// the process (it then never yields; idle_work.h).
+constexpr std::chrono::microseconds kSpinBesideIdleWork{20};
 
 class Waiter {
  public:
@@ -69,8 +77,12 @@ class Waiter {
     Header* h = seg_.header();
     const Deadline deadline = resolve_deadline(lazy);  // a synchronous op's first wait starts its timeout
     const auto start = Clock::now();
-    const auto spin_end = start + spin_;
-    const auto yield_end = std::min<Clock::time_point>(spin_end + yield_, deadline);
+    // While idle-priority work runs in this process (idle_work.h), a yield
+    // would hand the core to it for a whole slice: spin a little instead,
+    // then sleep (a publisher's wake-up preempts the idle thread at once).
+    const bool no_yield = idle_work_running();
+    const auto spin_end = start + (no_yield ? std::max<std::chrono::microseconds>(spin_, kSpinBesideIdleWork) : spin_);
+    const auto yield_end = no_yield ? spin_end : std::min<Clock::time_point>(spin_end + yield_, deadline);
     int polls = 0;
     while (true) {
       if (ready()) return;

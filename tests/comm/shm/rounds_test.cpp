@@ -7,6 +7,7 @@
 #include <cstring>
 #include <thread>
 
+#include "comm/idle_work.h"
 #include "comm/shm/process_info.h"
 #include "tdist/errors.h"
 #include "tests/comm/shm/threads.h"
@@ -280,6 +281,36 @@ TEST(Waiter, EveryArrivalWakesTheRanksAsleepAtTheBarrier) {
     EXPECT_LT(slowest, 80ms) << "rank " << m.rounds.rank() << ": a barrier waited out a nap (a lost wake-up)";
   });
   for (int r = 0; r < 3; ++r) EXPECT_EQ(message(errors[r]), "") << "rank " << r;
+}
+
+// While idle-priority work runs in the process (a Checkpointer's writer),
+// a wait never yield-polls, which would hand the core to that work for a
+// slice (idle_work.h): it spins briefly and sleeps. With a yield window of
+// 60 s a waiter would poll the whole time; beside an IdleWorkScope it is
+// counted asleep at once, and the arrival still wakes it.
+TEST(Waiter, BesideIdleWorkAWaitSleepsInsteadOfYielding) {
+  GroupOptions o;
+  o.size = 2;
+  o.yield = std::chrono::microseconds(60'000'000);
+  std::atomic<bool> asleep{false};
+  auto errors = run_group(o, [&](Member& m) {
+    const OpDesc desc = m.rounds.make_desc(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0);
+    if (m.rounds.rank() == 1) {
+      // Rank 0 waits at the barrier; it must be counted a sleeper soon.
+      const auto until = Clock::now() + 10s;
+      while (m.segment.header()->sleepers.load() == 0 && Clock::now() < until) std::this_thread::sleep_for(1ms);
+      asleep = m.segment.header()->sleepers.load() > 0;
+      m.rounds.first_barrier(desc, in(30s));
+      return;
+    }
+    tdist::comm::IdleWorkScope idle_work;
+    const auto start = Clock::now();
+    m.rounds.first_barrier(desc, in(30s));
+    EXPECT_LT(Clock::now() - start, 9s) << "the arrival did not wake the sleeper";
+  });
+  EXPECT_TRUE(asleep.load()) << "the waiter yield-polled beside idle work";
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(message(errors[r]), "") << "rank " << r;
+  EXPECT_FALSE(tdist::comm::idle_work_running()) << "the scope outlived itself";
 }
 
 // Liveness is checked through the pid and start time each rank recorded in

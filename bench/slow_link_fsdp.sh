@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# FSDP across hosts over a slow link: WORLDS (default "2 4") nodes, each a
+# network namespace on one bridge (tests/net/netlab.sh) whose link is
+# rate-limited both ways with tc (RATE, default 100mbit), one rank of
+# `tdist-bench fsdp --backend gloo` per node. For each world size and
+# VARIANTS (default "full_shard no_shard") it reports, per rank and step:
+#   - the TCP bytes the busiest rank sent (wire), the ring collectives'
+#     bound for the same gathers and reductions ((N-1)/N of each all-gather
+#     and reduce-scatter, 2(N-1)/N of each all-reduce), and wire / bound
+#     (target: at most 1.05);
+#   - the step time, and the time those bytes take at RATE (bytes * 8 /
+#     rate), and step / that (target: at most 1.1: the link never idles).
+# The model is the bench's MLP at MODEL_ARGS (default 8 blocks of
+# 256 -> 1024 -> 256, 4.2 M parameters: about 2 s of wire a step at
+# 100 Mbit/s), STEPS timed steps (default 3) after two untimed.
+# Prints a table and writes OUT_DIR/slow_link_fsdp.json. Needs root.
+#
+#   [WORLDS="2 4"] [RATE=100mbit] [VARIANTS="full_shard no_shard"] [STEPS=3]
+#   bench/slow_link_fsdp.sh [BUILD_DIR=build] [OUT_DIR=BUILD_DIR/bench]
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+build=${1:-build}
+out=${2:-$build/bench}
+WORLDS=${WORLDS:-"2 4"}
+RATE=${RATE:-100mbit}
+VARIANTS=${VARIANTS:-"full_shard no_shard"}
+STEPS=${STEPS:-3}
+MODEL_ARGS=${MODEL_ARGS:-"--model mlp --blocks 8 --width 256 --hidden 1024 --batch 8"}
+bench="$(cd "$build" && pwd)/bin/tdist-bench"
+[ -x "$bench" ] || { echo "slow_link_fsdp.sh: $bench not built (make build)" >&2; exit 2; }
+# shellcheck source=../tests/net/netlab.sh
+source "$here/../tests/net/netlab.sh"
+netlab_require
+mkdir -p "$out"
+
+# RATE in bits per second (tc's units: kbit, mbit, gbit).
+rate_bps=$(awk -v r="$RATE" 'BEGIN {
+  n = r + 0; u = tolower(substr(r, length(n "") + 1));
+  m = (u == "kbit") ? 1e3 : (u == "mbit") ? 1e6 : (u == "gbit") ? 1e9 : (u == "bit" || u == "") ? 1 : -1;
+  if (m < 0) exit 1; printf "%.0f", n * m }') || { echo "slow_link_fsdp.sh: RATE=$RATE: use bit, kbit, mbit or gbit" >&2; exit 2; }
+
+max_world=0
+for w in $WORLDS; do [ "$w" -gt "$max_world" ] && max_world=$w; done
+netlab_up "$max_world"
+for ((k = 0; k < max_world; ++k)); do netlab_rate "$k" "$RATE"; done
+
+json="$out/slow_link_fsdp.json"
+echo "[" >"$json"
+first=1
+port=29900
+echo "# FSDP over gloo, one rank per network namespace, every link at $RATE both ways; per rank and step"
+echo "# wire: TCP bytes the busiest rank sent; bound: what ring collectives must send; at rate: wire * 8 / rate"
+printf "%-6s %-12s %10s %10s %8s %10s %10s %8s\n" world variant "wire MiB" "bound MiB" "x bound" "step s" "at rate s" "x rate"
+for w in $WORLDS; do
+  for v in $VARIANTS; do
+    port=$((port + 1))
+    dir="$NETLAB_DIR/$w-$v"
+    mkdir -p "$dir"
+    pids=()
+    for ((k = 0; k < w; ++k)); do
+      # shellcheck disable=SC2086
+      netlab_exec "$k" env RANK=$k WORLD_SIZE=$w MASTER_ADDR="$(netlab_ip 0)" MASTER_PORT=$port OMP_NUM_THREADS=1 \
+        TDIST_GLOO_IFNAME=eth0 timeout 900 "$bench" fsdp --backend gloo --world-size "$w" $MODEL_ARGS \
+        --steps "$STEPS" --rounds 1 --run-variant "$v" --result "$dir/result" >"$dir/rank$k.log" 2>&1 &
+      pids+=($!)
+    done
+    rc=0
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    if [ $rc -ne 0 ] || [ ! -s "$dir/result" ]; then
+      echo "slow_link_fsdp.sh: world $w, $v failed:" >&2
+      tail -5 "$dir"/rank*.log >&2
+      exit 1
+    fi
+    # The result's fields (fsdp_bench.cpp, Result): ms first, wire and its bound last.
+    read -r -a f <"$dir/result"
+    line=$(awk -v ms="${f[0]}" -v wire="${f[9]}" -v bound="${f[10]}" -v bps="$rate_bps" 'BEGIN {
+      at = wire * 8 / bps; s = ms / 1000;
+      printf "%.2f %.2f %.3f %.2f %.2f %.3f", wire / 1048576, bound / 1048576, (bound > 0 ? wire / bound : 0), s, at, (at > 0 ? s / at : 0) }')
+    read -r wire_mib bound_mib x_bound step_s at_s x_rate <<<"$line"
+    printf "%-6s %-12s %10s %10s %8s %10s %10s %8s\n" "$w" "$v" "$wire_mib" "$bound_mib" "$x_bound" "$step_s" "$at_s" "$x_rate"
+    [ $first -eq 1 ] || echo "," >>"$json"
+    first=0
+    echo -n "  {\"world_size\": $w, \"variant\": \"$v\", \"rate\": \"$RATE\", \"wire_bytes_per_step\": ${f[9]}, \"wire_bound_bytes_per_step\": ${f[10]}, \"wire_over_bound\": $x_bound, \"step_s\": $step_s, \"wire_at_rate_s\": $at_s, \"step_over_wire_time\": $x_rate}" >>"$json"
+  done
+done
+echo >>"$json"
+echo "]" >>"$json"
+echo
+echo "JSON: $json"
