@@ -130,10 +130,22 @@ uint64_t TaskQueue::claim_idle(const char* name, OpCount count) {
     throw UsageError(std::string(name) + ": the process group '" + group_name_ + "' is shut down");
   }
   // No lock: the run token alone orders this op against the worker and
-  // inline runs. A task queued between the look at queued_ and the
-  // exchange is concurrent with this op and runs after it.
-  if (queued_.load() != 0) return 0;
-  if (!take_run_token()) return 0;
+  // inline runs.
+  if (queued_.load() != 0 || !take_run_token()) return 0;
+  // A task queued between the look above and the exchange may have found
+  // the queue idle and been left to its own waiter, who cannot run it
+  // while this op holds the token (and may fall asleep meanwhile): it goes
+  // first. It marked queued_ before it looked at running_, and this looks
+  // at queued_ after the exchange, all sequentially consistent: if it saw
+  // the token free, this sees its mark. Likewise a stop() that began
+  // meanwhile.
+  if (queued_.load() != 0 || stopping_.load()) {
+    release_idle();
+    if (stopping_.load()) {
+      throw UsageError(std::string(name) + ": the process group '" + group_name_ + "' is shut down");
+    }
+    return 0;
+  }
   return number(count);
 }
 

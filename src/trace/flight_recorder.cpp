@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "comm/op_label.h"
 #include "tdist/errors.h"
@@ -225,16 +226,30 @@ void FrHandle::started() const {
 
 namespace {
 
-// The op's span on the thread that ran it. REQUIRES the slot's mutex.
-void timeline_span(Timeline& tl, const Slot& s, int64_t end_ns) {
-  std::string args = "\"group\":" + json_quote(s.group->name) + ",\"seq\":" + std::to_string(s.seq) +
-                     ",\"numel\":" + std::to_string(s.op.input_numel) +
-                     ",\"queued_us\":" + std::to_string((s.started_ns - s.created_ns) / 1000) +
-                     ",\"inline\":" + (on_worker_thread() ? "false" : "true");
-  if (s.site[0]) args += ",\"site\":" + json_quote(s.site);
-  if (s.state == FrState::kFailed) args += ",\"failed\":true";
-  tl.complete(s.p2p ? "p2p" : "comm", std::string(s.op.name) + " #" + std::to_string(s.seq),
-              s.started_ns, end_ns, std::move(args));
+// The op's span on the thread that ran it, made under the slot's lock and
+// added to the timeline after it (Timeline takes a mutex of its own, held
+// through a flush: never under a slot's spin lock).
+struct Span {
+  bool p2p = false;
+  std::string name, args;
+  int64_t start_ns = 0, end_ns = 0;
+  void add_to(Timeline& tl) { tl.complete(p2p ? "p2p" : "comm", std::move(name), start_ns, end_ns, std::move(args)); }
+};
+
+// REQUIRES the slot's lock.
+Span timeline_span(const Slot& s, int64_t end_ns) {
+  Span span;
+  span.args = "\"group\":" + json_quote(s.group->name) + ",\"seq\":" + std::to_string(s.seq) +
+              ",\"numel\":" + std::to_string(s.op.input_numel) +
+              ",\"queued_us\":" + std::to_string((s.started_ns - s.created_ns) / 1000) +
+              ",\"inline\":" + (on_worker_thread() ? "false" : "true");
+  if (s.site[0]) span.args += ",\"site\":" + json_quote(s.site);
+  if (s.state == FrState::kFailed) span.args += ",\"failed\":true";
+  span.p2p = s.p2p;
+  span.name = std::string(s.op.name) + " #" + std::to_string(s.seq);
+  span.start_ns = s.started_ns;
+  span.end_ns = end_ns;
+  return span;
 }
 
 }  // namespace
@@ -242,6 +257,8 @@ void timeline_span(Timeline& tl, const Slot& s, int64_t end_ns) {
 void FrHandle::completed() const {
   if (!slot_) return;
   int64_t now = fr_op_now_ns();
+  Timeline* tl = Timeline::active();
+  std::optional<Span> span;
   {
     std::lock_guard<SpinLock> lock(slot_->mu);
     if (slot_->id == id_) {
@@ -249,9 +266,10 @@ void FrHandle::completed() const {
       now = std::max(now, slot_->started_ns);  // the timeline began meanwhile: its clock is ahead of the coarse one
       slot_->state = FrState::kCompleted;
       slot_->completed_ns = now;
-      if (Timeline* tl = Timeline::active()) timeline_span(*tl, *slot_, now);
+      if (tl) span = timeline_span(*slot_, now);
     }
   }
+  if (span) span->add_to(*tl);
   raise_to(p2p_ ? group_->completed_p2p : group_->completed_collective, seq_);
   FlightRecorder::get().completed_one(now);
 }
@@ -259,6 +277,8 @@ void FrHandle::completed() const {
 void FrHandle::failed(const std::exception& e) const {
   if (!slot_) return;
   const int64_t now = fr_op_now_ns();
+  Timeline* tl = Timeline::active();
+  std::optional<Span> span;
   {
     std::lock_guard<SpinLock> lock(slot_->mu);
     // Once only: a synchronous op's error passes here from its task and
@@ -268,8 +288,9 @@ void FrHandle::failed(const std::exception& e) const {
     slot_->state = FrState::kFailed;
     slot_->completed_ns = now;
     slot_->error = first_line(e.what());
-    if (Timeline* tl = Timeline::active()) timeline_span(*tl, *slot_, now);
+    if (tl) span = timeline_span(*slot_, now);
   }
+  if (span) span->add_to(*tl);
   DumpReason why;
   if (dynamic_cast<const TimeoutError*>(&e)) {
     why = DumpReason::kTimeout;

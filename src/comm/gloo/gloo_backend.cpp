@@ -31,7 +31,7 @@
 #include <mutex>
 #include <thread>
 
-#include "comm/gloo/ring_reduce_scatter.h"
+#include "comm/gloo/ring_collectives.h"
 #include "comm/heartbeat.h"
 #include "comm/op_label.h"
 #include "comm/reduce.h"
@@ -202,12 +202,9 @@ class GlooBackend final : public Backend {
   void all_gather(const void* in, void* out, size_t bytes, Deadline d) override {
     run(OpKind::kAllGather, d, [&] {
       if (bytes == 0) return;
-      ::gloo::AllgatherOptions o(context_);
-      o.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), bytes);
-      o.setOutput(static_cast<uint8_t*>(out), bytes * size());
-      o.setTag(next_tag());
-      o.setTimeout(remaining(d));
-      ::gloo::allgather(o);
+      // A ring of Gloo's pairs (ring_collectives.h): both directions of
+      // each link busy at once, the chunks straight into the output.
+      ring_all_gather(*context_, in, out, bytes, next_tag(), d);
     });
   }
 
@@ -215,7 +212,7 @@ class GlooBackend final : public Backend {
     check_reduction(t, op);
     run(OpKind::kReduceScatter, d, [&] {
       if (count == 0) return;
-      // A ring of Gloo's pairs (ring_reduce_scatter.h): (N-1)/N of the
+      // A ring of Gloo's pairs (ring_collectives.h): (N-1)/N of the
       // input on the wire, one segment of scratch.
       ring_reduce_scatter(*context_, in, out, count, t, op == ReduceOp::kAvg ? ReduceOp::kSum : op, next_tag(), d,
                           ring_scratch_);

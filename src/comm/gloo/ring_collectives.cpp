@@ -1,9 +1,12 @@
-// The ring reduce-scatter; the contract is in ring_reduce_scatter.h.
-#include "comm/gloo/ring_reduce_scatter.h"
+// The ring reduce-scatter and all-gather; the contract is in
+// ring_collectives.h.
+#include "comm/gloo/ring_collectives.h"
 
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
+#include <cstring>
+#include <string>
 
 #include "comm/reduce.h"
 #include "tdist/errors.h"
@@ -22,11 +25,11 @@ bool overlaps(const uint8_t* a, size_t a_len, const uint8_t* b, size_t b_len) { 
 std::chrono::milliseconds left(Deadline d) {
   return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(d - Clock::now()));
 }
-void wait_send(::gloo::transport::UnboundBuffer& ub, Deadline d) {
-  if (!ub.waitSend(left(d))) throw TimeoutError("ring reduce_scatter: a send was aborted");
+void wait_send(::gloo::transport::UnboundBuffer& ub, Deadline d, const char* op) {
+  if (!ub.waitSend(left(d))) throw TimeoutError(std::string("ring ") + op + ": a send was aborted");
 }
-void wait_recv(::gloo::transport::UnboundBuffer& ub, Deadline d) {
-  if (!ub.waitRecv(left(d))) throw TimeoutError("ring reduce_scatter: a receive was aborted");
+void wait_recv(::gloo::transport::UnboundBuffer& ub, Deadline d, const char* op) {
+  if (!ub.waitRecv(left(d))) throw TimeoutError(std::string("ring ") + op + ": a receive was aborted");
 }
 
 }  // namespace
@@ -70,12 +73,35 @@ void ring_reduce_scatter(::gloo::Context& context, const void* in, void* out, si
       } else {
         acc_ub->send(right, slot_of(tag, index), 0, bytes);
       }
-      wait_recv(*recv_ub, deadline);
-      wait_send(s == 0 ? *in_ub : *acc_ub, deadline);
+      wait_recv(*recv_ub, deadline, "reduce_scatter");
+      wait_send(s == 0 ? *in_ub : *acc_ub, deadline, "reduce_scatter");
       const void* parts[] = {recv_buf, input + slice(recv_chunk)};
       reduce_many(acc, parts, 2, len, t, op, 1);
     }
     if (aliased) std::copy(acc, acc + bytes, output + first * es);
+  }
+}
+
+void ring_all_gather(::gloo::Context& context, const void* in, void* out, size_t bytes, uint32_t tag,
+                     Deadline deadline) {
+  const int n = context.size, r = context.rank;
+  auto* output = static_cast<uint8_t*>(out);
+  auto* mine = output + static_cast<size_t>(r) * bytes;
+  if (in != mine) std::memmove(mine, in, bytes);  // memmove: `in` may overlap another rank's slice
+  if (n == 1 || bytes == 0) return;
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  const size_t total = bytes * static_cast<size_t>(n);
+  // One buffer for the sends, one for the receives, both over the output:
+  // a step sends one chunk while the next chunk arrives in another place.
+  auto send_ub = context.createUnboundBuffer(output, total);
+  auto recv_ub = context.createUnboundBuffer(output, total);
+  for (int s = 0; s < n - 1; ++s) {
+    const size_t send_chunk = static_cast<size_t>((r - s + n) % n), recv_chunk = static_cast<size_t>((r - s - 1 + 2 * n) % n);
+    const uint64_t slot = slot_of(tag, static_cast<uint64_t>(s));
+    recv_ub->recv(left, slot, recv_chunk * bytes, bytes);
+    send_ub->send(right, slot, send_chunk * bytes, bytes);
+    wait_recv(*recv_ub, deadline, "all_gather");
+    wait_send(*send_ub, deadline, "all_gather");
   }
 }
 

@@ -1,8 +1,11 @@
-// The gloo backend's reduce-scatter (a ring over Gloo's pairs,
-// src/comm/gloo/ring_reduce_scatter.h): its results against a plain sum
-// at odd sizes and world sizes 2 to 4, an output that is the input's own
-// slice, AVG and bfloat16, and what it puts on the wire: each rank sends
-// (N-1)/N of its input (an all-reduce would send twice that).
+// The gloo backend's ring collectives over Gloo's pairs
+// (src/comm/gloo/ring_collectives.h). The reduce-scatter: its results
+// against a plain sum at odd sizes and world sizes 2 to 4, an output that
+// is the input's own slice, AVG and bfloat16, and what it puts on the
+// wire: each rank sends (N-1)/N of its input (an all-reduce would send
+// twice that). The all-gather: every rank's chunk in its place at odd sizes
+// and world sizes 2 to 4, with the input apart from the output or its own
+// slice, and (N-1)/N of the output on the wire.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -90,11 +93,64 @@ TEST(GlooReduceScatter, EachRankSendsTheRingBound) {
     pg.barrier()->wait();
     const uint64_t before = bench::tcp_bytes_sent();
     pg.reduce_scatter_tensor(out, in)->wait();
+    pg.barrier()->wait();  // its last segment may still be in the socket's buffer (see below)
     const uint64_t sent = bench::tcp_bytes_sent() - before;
     const double bound = double(world - 1) / world * double(in.nbytes());
     WORLD_CHECK(sent >= 0.99 * bound && sent <= 1.05 * bound,
                 "sent " << sent << " bytes; the ring bound is " << bound);
     WORLD_CHECK(at::equal(out, expected_of(pg.rank(), world, count)), "result");
+  }, gloo());
+  EXPECT_EQ(failures, "");
+}
+
+namespace {
+
+// Rank r's all-gather input: element i is r * 1000 + i % 13.
+at::Tensor chunk_of(int rank, int64_t count) {
+  return at::arange(count, at::kLong).remainder(13).to(at::kFloat) + float(rank * 1000);
+}
+
+}  // namespace
+
+TEST(GlooAllGather, EveryChunkInItsPlaceInPlaceOrApart) {
+  for (int world : {2, 3, 4}) {
+    const std::string failures = run_world(world, [&](ProcessGroup& pg) {
+      for (int64_t count : {int64_t{1}, int64_t{9}, int64_t{(3 << 18) + 5}}) {
+        at::Tensor expected = at::empty({world * count});
+        for (int r = 0; r < world; ++r) expected.narrow(0, r * count, count).copy_(chunk_of(r, count));
+        at::Tensor out = at::full({world * count}, -1.0f);
+        pg.all_gather_into_tensor(out, chunk_of(pg.rank(), count))->wait();
+        WORLD_CHECK(at::equal(out, expected), "apart: world " << world << ", count " << count);
+        at::Tensor in_place = at::full({world * count}, -1.0f);
+        at::Tensor own = in_place.narrow(0, pg.rank() * count, count);
+        own.copy_(chunk_of(pg.rank(), count));
+        pg.all_gather_into_tensor(in_place, own)->wait();
+        WORLD_CHECK(at::equal(in_place, expected), "in place: world " << world << ", count " << count);
+      }
+    }, gloo());
+    EXPECT_EQ(failures, "") << "world " << world;
+  }
+}
+
+// 4 MiB per rank at world size 4: each rank sends 3/4 of the 16 MiB
+// output (plus Gloo's headers).
+TEST(GlooAllGather, EachRankSendsTheRingBound) {
+  const int world = 4;
+  const std::string failures = run_world(world, [&](ProcessGroup& pg) {
+    const int64_t count = int64_t{1} << 20;
+    at::Tensor in = chunk_of(pg.rank(), count);
+    at::Tensor out = at::empty({world * count});
+    pg.all_gather_into_tensor(out, in)->wait();  // connections made, buffers warm
+    pg.barrier()->wait();
+    const uint64_t before = bench::tcp_bytes_sent();
+    pg.all_gather_into_tensor(out, in)->wait();
+    // The op ends on a rank once its last chunk is in its socket's buffer:
+    // counted once the others have it (a barrier's few bytes besides).
+    pg.barrier()->wait();
+    const uint64_t sent = bench::tcp_bytes_sent() - before;
+    const double bound = double(world - 1) / world * double(out.nbytes());
+    WORLD_CHECK(sent >= 0.99 * bound && sent <= 1.05 * bound, "sent " << sent << " bytes; the ring bound is " << bound);
+    for (int r = 0; r < world; ++r) WORLD_CHECK(at::equal(out.narrow(0, r * count, count), chunk_of(r, count)), "chunk " << r);
   }, gloo());
   EXPECT_EQ(failures, "");
 }
