@@ -117,7 +117,7 @@ struct OpDesc {
   uint8_t kind = 0;  // OpKind
   uint8_t dtype = 0;
   uint8_t reduce_op = 0;
-  uint8_t pad = 0;
+  uint8_t flags = 0;  // the backend's own, never compared (shm: the path offers, comm/shm/path.h)
   int32_t root = -1;
   uint64_t count = 0;  // elements (or bytes for untyped ops)
   uint32_t seq = 0;    // the backend's own count of its ops in the group (its protocol's, from 0, modulo 2^32;

@@ -29,7 +29,7 @@ class BlockCache {
     if (list.count > 0) return list.blocks[--list.count];
     return ::operator new(round(bytes), std::align_val_t{kAlign});
   }
-  static void give(void* p, size_t bytes) noexcept {
+  static void give(void* p, [[maybe_unused]] size_t bytes) noexcept {
 #if !defined(__SANITIZE_ADDRESS__)
     Lists& l = lists();
     if (!l.dead) {

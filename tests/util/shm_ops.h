@@ -38,8 +38,8 @@ inline int64_t shm_collectives_started(int size, int rank) {
     found = reinterpret_cast<const Slot*>(start + comm::shm::align_up(sizeof(Header), comm::shm::kAlign)) + rank;
   }
   if (matches != 1) return -1;
-  if (found->round.load() == 0) return 0;  // no barrier passed: no op yet
-  const uint64_t last = std::max(found->desc[0].seq, found->desc[1].seq);
+  if (found->arrived() == 0) return 0;  // no barrier passed: no op yet
+  const uint64_t last = std::max(found->line[0].desc.seq, found->line[1].desc.seq);
   return static_cast<int64_t>(last) + 1;
 }
 

@@ -32,6 +32,23 @@ class SymmetricAllReduce;
 // narrower wire type, the small all-reduce path).
 constexpr size_t kScratchElems = 1024;
 
+// One pointer per rank (the inputs of a reduction), on the stack for up
+// to 64 ranks: a small op allocates nothing.
+class RankPointers {
+ public:
+  explicit RankPointers(int n) : heap_(n > kOnStack ? n : 0), p_(n > kOnStack ? heap_.data() : stack_) {}
+  RankPointers(const RankPointers&) = delete;
+  RankPointers& operator=(const RankPointers&) = delete;
+  const void** data() { return p_; }
+  const void*& operator[](int r) { return p_[r]; }
+
+ private:
+  static constexpr int kOnStack = 64;
+  const void* stack_[kOnStack];
+  std::vector<const void*> heap_;
+  const void** p_;
+};
+
 namespace algo {
 
 // The pieces hold elements of type t; the staging buffers hold them as

@@ -13,26 +13,21 @@ void all_reduce_small(Rounds& rounds, const PieceWalker& walk, DataType t, DataT
   const int n = rounds.size();
   const size_t es = dtype_size(t), ws = dtype_size(wire);
   const size_t count = walk.count();
-  walk.for_each(0, count, [&](uint8_t* p, size_t off, size_t k) {
-    convert(rounds.mine() + off * ws, wire, p, t, k);
-  });
+  uint8_t* post = rounds.mine(count * ws);
+  walk.for_each(0, count, [&](uint8_t* p, size_t off, size_t k) { convert(post + off * ws, wire, p, t, k); });
   rounds.first_barrier(desc, d);
-  // The ranks' staging buffers, on the stack for up to kStackRanks ranks.
-  constexpr int kStackRanks = 64;
-  const void* on_stack[kStackRanks];
-  std::vector<const void*> on_heap(n > kStackRanks ? n : 0);
-  const void** inputs = n > kStackRanks ? on_heap.data() : on_stack;
+  RankPointers inputs(n);
   alignas(64) uint16_t scratch[kScratchElems];  // wire values (16-bit when narrower)
   walk.for_each(0, count, [&](uint8_t* p, size_t off, size_t k) {
     if (wire == t) {
-      for (int r = 0; r < n; ++r) inputs[r] = rounds.theirs(r) + off * ws;
-      reduce_many(p, inputs, n, k, t, op, n);
+      for (int r = 0; r < n; ++r) inputs[r] = rounds.theirs(r, count * ws) + off * ws;
+      reduce_many(p, inputs.data(), n, k, t, op, n);
       return;
     }
     for (size_t b = 0; b < k; b += kScratchElems) {
       const size_t m = std::min(kScratchElems, k - b);
-      for (int r = 0; r < n; ++r) inputs[r] = rounds.theirs(r) + (off + b) * ws;
-      reduce_many(scratch, inputs, n, m, wire, op, n);
+      for (int r = 0; r < n; ++r) inputs[r] = rounds.theirs(r, count * ws) + (off + b) * ws;
+      reduce_many(scratch, inputs.data(), n, m, wire, op, n);
       convert(p + b * es, t, scratch, wire, m);
     }
   });
@@ -42,18 +37,15 @@ void reduce_small(Rounds& rounds, void* buf, size_t count, DataType t, ReduceOp 
                   Deadline d) {
   const int n = rounds.size();
   const size_t es = dtype_size(t);
-  detail::copy_bytes(rounds.mine(), buf, count * es);
+  detail::copy_bytes(rounds.mine(count * es), buf, count * es);
   rounds.arrive(desc);
   if (rounds.rank() != root) return;
   for (int r = 0; r < n; ++r) {
     if (r != root) rounds.wait_for(r, desc, d);
   }
-  constexpr int kStackRanks = 64;
-  const void* on_stack[kStackRanks];
-  std::vector<const void*> on_heap(n > kStackRanks ? n : 0);
-  const void** inputs = n > kStackRanks ? on_heap.data() : on_stack;
-  for (int r = 0; r < n; ++r) inputs[r] = rounds.theirs(r);
-  reduce_many(buf, inputs, n, count, t, op, n);
+  RankPointers inputs(n);
+  for (int r = 0; r < n; ++r) inputs[r] = rounds.theirs(r, count * es);
+  reduce_many(buf, inputs.data(), n, count, t, op, n);
 }
 
 }  // namespace tdist::comm::shm::algo

@@ -13,12 +13,12 @@ void broadcast(Rounds& rounds, void* buf, size_t bytes, int root, const OpDesc& 
   auto* p = static_cast<uint8_t*>(buf);
   if (n_rounds == 1) {
     if (rounds.rank() == root) {
-      detail::copy_bytes(rounds.mine(), p, bytes);
+      detail::copy_bytes(rounds.mine(bytes), p, bytes);
       rounds.arrive(desc);
     } else {
       rounds.arrive(desc);
       rounds.wait_for(root, desc, d);
-      detail::copy_bytes(p, rounds.theirs(root), bytes);
+      detail::copy_bytes(p, rounds.theirs(root, bytes), bytes);
     }
     return;
   }

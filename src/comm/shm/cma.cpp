@@ -36,11 +36,10 @@ int transfer(bool read, int pid, void* local, uint64_t remote, size_t bytes) {
 
 CmaChannel::CmaChannel(size_t min_bytes) : min_bytes_(min_bytes) {}
 
-void CmaChannel::publish(Rounds& rounds, bool offer, const void* in, const void* out) const {
+void CmaChannel::publish(Rounds& rounds, const void* in, const void* out) const {
   CmaOffer* o = rounds.cma_slot();
   o->in = reinterpret_cast<uint64_t>(in);
   o->out = reinterpret_cast<uint64_t>(out);
-  o->offered = offer ? 1 : 0;
   o->probe = 0;
 }
 

@@ -44,8 +44,8 @@ class CmaChannel {
   bool offers(size_t bytes) const { return min_bytes_ > 0 && bytes >= min_bytes_ && state_ != State::kRefused; }
 
   // Publishes this rank's offer for the op in the current round (before
-  // its first barrier).
-  void publish(Rounds& rounds, bool offer, const void* in, const void* out) const;
+  // its first barrier, whose descriptor says that it offers: path.cpp).
+  void publish(Rounds& rounds, const void* in, const void* out) const;
   // After the first barrier, when every rank offered: records every rank's
   // addresses.
   void take_offers(const Rounds& rounds);

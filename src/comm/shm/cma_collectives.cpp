@@ -41,7 +41,7 @@ void reduce_from_peers(Rounds& rounds, CmaChannel& cma, const uint8_t* mine, uin
   const int n = rounds.size(), me = rounds.rank();
   const size_t es = dtype_size(t), step = chunk_elems(es);
   uint8_t* scratch = cma.scratch(static_cast<size_t>(n) * step * es);
-  std::vector<const void*> inputs(n);
+  RankPointers inputs(n);
   for (size_t at = 0; at < count; at += step) {
     const size_t k = std::min(step, count - at);
     for (int q = 0; q < n; ++q) {

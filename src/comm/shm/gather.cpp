@@ -20,7 +20,7 @@ void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, c
   const bool want = root < 0 || root == rounds.rank();
   auto post = [&](size_t j) {
     const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
-    detail::copy_bytes(rounds.mine(), src + off, len);
+    detail::copy_bytes(rounds.mine(bytes), src + off, len);
   };
   PathOffer offer{sym_in ? sym_in.key : nullptr, cma, cma && root < 0 && cma->offers(bytes * rounds.size()), in, out};
   const Path path = agree_on_path(rounds, offer, desc, d, [&] { post(0); });
@@ -50,7 +50,7 @@ void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, c
       if (r == rounds.rank()) {
         if (to != src + off) detail::move_bytes(to, src + off, len);
       } else {
-        detail::copy_bytes(to, rounds.theirs(r), len);
+        detail::copy_bytes(to, rounds.theirs(r, bytes), len);
       }
     }
   }

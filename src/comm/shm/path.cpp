@@ -3,28 +3,44 @@
 
 namespace tdist::comm::shm {
 
+namespace {
+// An op's first descriptor says what else a rank published with it, so
+// that the others read a key or an offer only where there is one: a small
+// op's whole first round stays in one cache line (rounds.h).
+constexpr uint8_t kHasKey = 1;      // its symmetric key is in sym_key
+constexpr uint8_t kOffersCma = 2;   // its single-copy offer is in cma
+}  // namespace
+
 Path agree_on_path(Rounds& rounds, const PathOffer& offer, const OpDesc& desc, Deadline d,
                    const std::function<void()>& post_round0) {
   const uint64_t none[2] = {0, 0};
   const uint64_t* key = offer.sym_key ? offer.sym_key : none;
   const bool have_key = (key[0] | key[1]) != 0;
   const bool cma_offer = offer.cma && offer.cma_offer;
-  uint64_t* published = rounds.sym_key_slot();
-  published[0] = key[0];
-  published[1] = key[1];
-  if (offer.cma) offer.cma->publish(rounds, cma_offer, offer.in, offer.out);
-  else *rounds.cma_slot() = CmaOffer{};
+  OpDesc published = desc;
+  published.flags = (have_key ? kHasKey : 0) | (cma_offer ? kOffersCma : 0);
+  if (have_key) {
+    uint64_t* slot = rounds.sym_key_slot();
+    slot[0] = key[0];
+    slot[1] = key[1];
+  }
+  if (cma_offer) offer.cma->publish(rounds, offer.in, offer.out);
   if (!have_key && !cma_offer) post_round0();
-  rounds.first_barrier(desc, d);
+  rounds.first_barrier(published, d);
   bool all_same = have_key, any_key = false;
+  int offers = 0;
   for (int r = 0; r < rounds.size(); ++r) {
-    const uint64_t* k = rounds.sym_key_of(r);
-    any_key = any_key || (k[0] | k[1]) != 0;
-    all_same = all_same && k[0] == key[0] && k[1] == key[1];
+    const uint8_t flags = rounds.desc_of(r).flags;
+    if (flags & kHasKey) {
+      const uint64_t* k = rounds.sym_key_of(r);
+      any_key = true;
+      all_same = all_same && k[0] == key[0] && k[1] == key[1];
+    } else {
+      all_same = false;
+    }
+    offers += (flags & kOffersCma) != 0;
   }
   if (all_same) return Path::kSymmetric;
-  int offers = 0;
-  for (int r = 0; r < rounds.size(); ++r) offers += rounds.cma_of(r).offered == 1;
   // Every rank offering includes this one, so offer.cma is set.
   if (offers == rounds.size()) {
     offer.cma->take_offers(rounds);

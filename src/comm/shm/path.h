@@ -3,9 +3,11 @@
 // symmetric_allreduce.h), single-copy through CMA (cma.h), or through the
 // staging buffers (rounds.h).
 //
-// Each rank publishes its symmetric key (zeros: none) and its single-copy
-// offer with the op's descriptor, posts the staging path's round 0 unless
-// it has a key or an offer, and passes the first barrier. Then, the same on
+// Each rank publishes its symmetric key and its single-copy offer, if it
+// has them, with the op's descriptor (whose flags say which it has: a
+// small op's first round so stays one cache line), posts the staging
+// path's round 0 unless it has a key or an offer, and passes the first
+// barrier. Then, the same on
 // every rank: symmetric when every rank has the same non-zero key; else
 // single-copy when every rank offered and CMA works between them (the
 // first such op probes, with one more barrier round); else staged, and

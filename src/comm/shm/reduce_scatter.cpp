@@ -20,13 +20,17 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
   const size_t es = dtype_size(t);
   const size_t piece = std::max<size_t>(1, rounds.round_bytes() / n / kAlign * kAlign / es);  // elements
   const size_t n_rounds = Rounds::count_for(count, piece);
+  // A round's posts: rank r's piece at r * stride, in the box when the
+  // whole op fits it (then in one round).
+  const size_t posted = n * count * es;
+  const size_t stride = (Rounds::fits_box(posted) ? count : piece) * es;
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
-  std::vector<const void*> inputs(n);
+  RankPointers inputs(n);
   auto post = [&](size_t j) {
     const size_t off = j * piece, len = std::min(piece, count - std::min(count, off));
     for (int r = 0; r < n; ++r) {
-      if (r != me) detail::copy_bytes(rounds.mine() + r * piece * es, src + (r * count + off) * es, len * es);
+      if (r != me) detail::copy_bytes(rounds.mine(posted) + r * stride, src + (r * count + off) * es, len * es);
     }
   };
   PathOffer offer{sym_in ? sym_in.key : nullptr, cma, cma && cma->offers(count * n * es), in, out};
@@ -49,7 +53,7 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
       rounds.barrier_round(desc, d);
     }
     for (int r = 0; r < n; ++r) {
-      inputs[r] = r == me ? src + (me * count + off) * es : rounds.theirs(r) + me * piece * es;
+      inputs[r] = r == me ? src + (me * count + off) * es : rounds.theirs(r, posted) + me * stride;
     }
     reduce_many(dst + off * es, inputs.data(), n, len, t, op, n);
   }

@@ -34,7 +34,7 @@ void reduce_scatter_gather(Rounds& rounds, const PieceWalker& walk, DataType t, 
   const size_t chunks = std::max<size_t>(1, (count + chunk - 1) / chunk);
   const size_t red_off = seg * n * ws;
   const bool want_output = root < 0 || root == me;
-  std::vector<const void*> inputs(n);
+  RankPointers inputs(n);
   alignas(64) uint16_t scratch[kScratchElems];  // wire values (16-bit when narrower)
   // Chunk j's elements split evenly over the ranks (in whole cache lines),
   // so a tensor smaller than a chunk still shares the work.

@@ -40,14 +40,14 @@ void Rounds::wait_all(uint64_t target, const OpDesc& desc, Deadline deadline, co
   waiter_.wait_until(
       [&] {
         for (int r = 0; r < n; ++r) {
-          if (seg_.slot(r)->round.load() < target) return false;  // seq_cst: see Waiter::notify
+          if (!arrived(r, target)) return false;
         }
         return true;
       },
       [&] {
         std::vector<int> missing;
         for (int r = 0; r < n; ++r) {
-          if (seg_.slot(r)->round.load() < target) missing.push_back(r);
+          if (!arrived(r, target)) missing.push_back(r);
         }
         return missing;
       },
@@ -56,7 +56,7 @@ void Rounds::wait_all(uint64_t target, const OpDesc& desc, Deadline deadline, co
 
 void Rounds::publish(const OpDesc& desc) {
   Slot* mine = seg_.slot(rank_);
-  mine->desc[g_ % 2] = desc;
+  mine->line[g_ % 2].desc = desc;
   mine->prev[g_ % 2] = prev_;
   prev_ = desc;
 }
@@ -64,16 +64,15 @@ void Rounds::publish(const OpDesc& desc) {
 void Rounds::arrive(const OpDesc& desc) {
   waiter_.check_alive_state();
   publish(desc);
-  seg_.slot(rank_)->round.store(g_ + 1);  // seq_cst: see Waiter::notify
+  seg_.slot(rank_)->line[g_ % 2].round.store(g_ + 1);  // seq_cst: see Waiter::notify
   waiter_.notify();
   ++g_;
 }
 
 void Rounds::wait_for(int r, const OpDesc& desc, Deadline deadline) {
   const uint64_t target = g_;
-  const Slot* theirs = seg_.slot(r);
-  waiter_.wait_until([&] { return theirs->round.load() >= target; },  // seq_cst: see Waiter::notify
-                     [&] { return theirs->round.load() >= target ? std::vector<int>{} : std::vector<int>{r}; },
+  waiter_.wait_until([&] { return arrived(r, target); },
+                     [&] { return arrived(r, target) ? std::vector<int>{} : std::vector<int>{r}; },
                      [&] { return describe(desc); }, deadline);
   check_desc(r, desc, /*all=*/false);
 }
@@ -81,7 +80,7 @@ void Rounds::wait_for(int r, const OpDesc& desc, Deadline deadline) {
 void Rounds::barrier_round(const OpDesc& desc, Deadline deadline) {
   waiter_.check_alive_state();
   const uint64_t target = g_ + 1;
-  seg_.slot(rank_)->round.store(target);  // seq_cst: see Waiter::notify
+  seg_.slot(rank_)->line[g_ % 2].round.store(target);  // seq_cst: see Waiter::notify
   waiter_.notify();
   wait_all(target, desc, deadline, "");
   g_ = target;
@@ -96,18 +95,18 @@ void Rounds::first_barrier(const OpDesc& desc, Deadline deadline) {
 
 void Rounds::check_desc(int r, const OpDesc& desc, bool all) {
   const uint64_t parity = (g_ - 1) % 2;
-  if (seg_.slot(r)->desc[parity] == desc) return;
+  if (seg_.slot(r)->line[parity].desc == desc) return;
   // Each rank's op by its kind and size; the number is this rank's (the
   // group's, op_label.h: other ranks' are not in the segment). Backend
   // steps that differ are shown: a rank ahead or behind. When only the
   // history differs, an earlier op that compared nothing (an eager
   // root's) differed: the ops before this one are shown.
-  const bool earlier = seg_.slot(r)->desc[parity].same_op(desc);
+  const bool earlier = seg_.slot(r)->line[parity].desc.same_op(desc);
   std::string shown;
   for (int q = 0; q < size_; ++q) {
     if (!all && q != r && q != rank_) continue;  // the others may not have arrived: their slots are not ours to read
     const Slot* s = seg_.slot(q);
-    const OpDesc& d = earlier ? s->prev[parity] : s->desc[parity];
+    const OpDesc& d = earlier ? s->prev[parity] : s->line[parity].desc;
     shown += "\n  rank " + std::to_string(waiter_.global(q)) + ": " + describe_op(d);
     if (d.seq != (earlier ? desc.seq - 1 : desc.seq)) shown += " (its shm step " + std::to_string(d.seq + 1ull) + ")";
   }

@@ -26,6 +26,16 @@
 // mismatch at an eager op (two ranks each the root) is raised at the next
 // op that compares, one op later.
 //
+// Where a round goes: rank r arrives at barrier b by storing b in its
+// slot's line of parity (b - 1) % 2 (segment.h), after the descriptor in
+// that line and the round's data. A round whose data fits the line's box
+// (kBoxBytes, 32) carries it there (mine(bytes)), so that a peer waiting
+// at the barrier gets barrier, descriptor and data in one cache-line
+// transfer; larger data goes in the staging buffer of that parity. No rank
+// gets two barriers ahead of another (a rank arrives at b + 2 only after
+// everyone arrived at b + 1), so the line a waiter for b reads holds b or
+// b - 2, never b + 2.
+//
 // Contract:
 // - One Rounds per rank and segment, used by one thread at a time (the
 //   backend's collective thread); it is not thread-safe.
@@ -77,6 +87,16 @@ class Rounds {
 
   uint8_t* mine() const { return seg_.staging(rank_, g_ % 2); }
   const uint8_t* theirs(int r) const { return seg_.staging(r, (g_ - 1) % 2); }
+  // The same for a round that carries `bytes` from each rank (every rank
+  // must pass the same): the line's box when they fit it, else the staging
+  // buffer.
+  static bool fits_box(size_t bytes) { return bytes <= kBoxBytes; }
+  uint8_t* mine(size_t bytes) const {
+    return fits_box(bytes) ? seg_.slot(rank_)->line[g_ % 2].box : mine();
+  }
+  const uint8_t* theirs(int r, size_t bytes) const {
+    return fits_box(bytes) ? seg_.slot(r)->line[(g_ - 1) % 2].box : theirs(r);
+  }
 
   // Arrives at barrier g+1 and waits for everyone; afterwards theirs(r)
   // reads the buffers of the round just finished.
@@ -94,6 +114,9 @@ class Rounds {
     return total == 0 ? 1 : (total + per_round - 1) / per_round;
   }
 
+  // Rank r's descriptor of the round that just completed (its flags say
+  // what else it published with it: path.cpp).
+  const OpDesc& desc_of(int r) const { return seg_.slot(r)->line[(g_ - 1) % 2].desc; }
   // Where this rank publishes the symmetric key that goes with the
   // descriptor of the op's first round (written before first_barrier), and
   // rank r's key as published for the round that just completed.
@@ -110,6 +133,9 @@ class Rounds {
   Waiter& waiter_;
   int rank_;
   int size_;
+  // Whether rank r has arrived at barrier `target` (>= 1; it is never two
+  // ahead, see "Where a round goes"). seq_cst: see Waiter::notify.
+  bool arrived(int r, uint64_t target) const { return seg_.slot(r)->line[(target - 1) % 2].round.load() >= target; }
   // Waits until every rank has arrived at barrier `target`; `note` is
   // added to the op's name in a timeout's message.
   void wait_all(uint64_t target, const OpDesc& desc, Deadline deadline, const char* note);

@@ -27,7 +27,7 @@ namespace tdist::comm::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x316d737473696474ull;  // "tdistsm1"
-constexpr uint32_t kVersion = 5;  // 5: OpDesc.history, Slot.prev (eager ops)
+constexpr uint32_t kVersion = 6;  // 5: OpDesc.history, Slot.prev (eager ops); 6: RoundLine (a line per parity, the box)
 
 }  // namespace
 

@@ -56,34 +56,49 @@ struct Header {
   char abort_reason[1024];
 };
 
-// What a rank publishes with an op's first round about single-copy
-// transfers (cma.h): whether it offers to take part, where its buffers lie
-// in its own address space, and (in the probe round) whether it could reach
-// every other rank.
+// What a rank that offers single-copy transfers (cma.h) publishes with an
+// op's first round: where its buffers lie in its own address space, and
+// (in the probe round) whether it could reach every other rank.
 struct CmaOffer {
   uint64_t in = 0;
   uint64_t out = 0;
-  uint32_t offered = 0;  // 1: this rank offers
-  uint32_t probe = 0;    // 1: it reached everyone; 2: it could not
+  uint32_t probe = 0;  // 1: it reached everyone; 2: it could not
 };
 
-// A rank's slot. round and desc share the first cache line: a peer
-// waiting at a barrier reads both with one transfer.
+// A rank's line for the rounds of one parity (rounds.h): the last barrier
+// it arrived at with a round of that parity, the descriptor published with
+// it, and a small round's payload (the "box"). A peer waiting at the
+// barrier reads all three with one transfer of one cache line.
+struct alignas(kAlign) RoundLine {
+  std::atomic<uint64_t> round;  // 0, or the last barrier arrived at with this parity
+  OpDesc desc;
+  uint8_t box[kAlign - sizeof(std::atomic<uint64_t>) - sizeof(OpDesc)];
+};
+static_assert(sizeof(RoundLine) == kAlign, "a round's line is one cache line");
+// A round's payload that fits the box goes there (Rounds::mine(bytes)).
+constexpr size_t kBoxBytes = sizeof(RoundLine::box);
+
+// A rank's slot.
 struct alignas(kAlign) Slot {
-  std::atomic<uint64_t> round;  // barriers passed
-  OpDesc desc[2];  // by round parity
+  RoundLine line[2];  // by round parity: barrier b is arrived at in line[(b - 1) % 2]
   std::atomic<int32_t> pid;
   std::atomic<uint64_t> start_time;
-  // With desc: the key of the symmetric buffers an all_reduce was given
-  // (0: none), by round parity.
+  // With desc, when its path flags say so (rounds.h): the key of the
+  // symmetric buffers an all_reduce was given, by round parity.
   uint64_t sym_key[2][2];
-  // With desc: the rank's single-copy offer, by round parity.
+  // With desc, when its path flags say so: the rank's single-copy offer,
+  // by round parity.
   CmaOffer cma[2];
   // With desc: the descriptor of the rank's op before it (for the message
   // when only the history differs), by round parity.
   OpDesc prev[2];
+
+  // The last barrier this rank arrived at (0: none).
+  uint64_t arrived() const {
+    const uint64_t a = line[0].round.load(), b = line[1].round.load();
+    return a > b ? a : b;
+  }
 };
-static_assert(sizeof(std::atomic<uint64_t>) + 2 * sizeof(OpDesc) <= kAlign, "round and desc fit one cache line");
 
 struct alignas(kAlign) Ring {
   std::atomic<uint64_t> head;  // bytes written by the sender

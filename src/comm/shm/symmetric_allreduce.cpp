@@ -51,7 +51,7 @@ void SymmetricAllReduce::run(Rounds& rounds, size_t count, DataType t, DataType 
   const size_t line = std::max<size_t>(1, kAlign / es);
   const size_t per = ((count + n - 1) / n + line - 1) / line * line;
   const size_t begin = std::min(count, me * per), end = std::min(count, begin + per);
-  std::vector<const void*> inputs(n);
+  RankPointers inputs(n);
   if (wire != t) scratch_.resize((size_t(n) + 1) * kScratchElems);
   // The elements [begin, end) of the concatenation, part by part, in
   // blocks small enough that the copies to the other ranks read from cache.

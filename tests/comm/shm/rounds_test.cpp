@@ -65,7 +65,8 @@ TEST(Rounds, EachBarrierHandsOverTheRoundsBuffers) {
 // arrive and go on; the others wait for the ranks they read) mixed with
 // ops of one and two real barriers, back to back, with ranks held up at
 // random: reserve() must keep every rank from rewriting a buffer (or a
-// descriptor) that another still reads. Every buffer is stamped whole.
+// descriptor) that another still reads. Every buffer is stamped whole, and
+// so is the box (the small round's payload beside the barrier).
 TEST(Rounds, EagerRoundsNeverOverwriteABufferStillBeingRead) {
   for (int size : {2, 3, 4}) {
     GroupOptions o;
@@ -74,17 +75,25 @@ TEST(Rounds, EagerRoundsNeverOverwriteABufferStillBeingRead) {
       Rounds& rounds = m.rounds;
       const int me = rounds.rank();
       uint64_t rng = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(me + 1);
+      static_assert(sizeof(Stamp) < kBoxBytes);
       auto stamp = [&](uint64_t op) {
         Stamp s{op, 0, me};
         std::memcpy(rounds.mine(), &s, sizeof s);
         std::memset(rounds.mine() + sizeof s, int(op), rounds.round_bytes() - sizeof s);
+        ASSERT_NE(rounds.mine(kBoxBytes), rounds.mine());
+        std::memcpy(rounds.mine(kBoxBytes), &s, sizeof s);
+        std::memset(rounds.mine(kBoxBytes) + sizeof s, int(op), kBoxBytes - sizeof s);
       };
       auto check = [&](int r, uint64_t op) {
-        Stamp got;
-        std::memcpy(&got, rounds.theirs(r), sizeof got);
-        ASSERT_EQ(got.op, op) << "rank " << me << " reading rank " << r;
-        ASSERT_EQ(got.rank, r);
-        ASSERT_EQ(rounds.theirs(r)[rounds.round_bytes() - 1], uint8_t(op));
+        for (size_t bytes : {kBoxBytes, kBoxBytes + 1}) {
+          const uint8_t* theirs = rounds.theirs(r, bytes);
+          const size_t len = bytes == kBoxBytes ? kBoxBytes : rounds.round_bytes();
+          Stamp got;
+          std::memcpy(&got, theirs, sizeof got);
+          ASSERT_EQ(got.op, op) << "rank " << me << " reading rank " << r << (bytes == kBoxBytes ? "'s box" : "");
+          ASSERT_EQ(got.rank, r);
+          ASSERT_EQ(theirs[len - 1], uint8_t(op));
+        }
       };
       for (uint64_t op = 0; op < 600; ++op) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;

@@ -130,7 +130,7 @@ TEST(GroupSegment, EveryRankMapsTheSameMemoryAndNothingStaysInDevShm) {
     EXPECT_EQ(segs[r]->ring_bytes(), o.ring_bytes);
     EXPECT_EQ(segs[0]->slot(r)->pid.load(), getpid()) << "rank " << r << " did not record its pid";
     EXPECT_EQ(segs[0]->slot(r)->start_time.load(), process_start_time(getpid()));
-    EXPECT_EQ(segs[0]->slot(r)->round.load(), 0u);
+    EXPECT_EQ(segs[0]->slot(r)->arrived(), 0u);
   }
   // What one rank writes anywhere, every other reads at the same place of
   // its own mapping.
