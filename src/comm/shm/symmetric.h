@@ -21,6 +21,7 @@
 //   found stays valid while its owner holds the pointer.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -55,23 +56,24 @@ class SymRegistry {
     if (a + bytes > it->first + it->second.bytes) return nullptr;
     return &it->second;
   }
-  bool empty() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return blocks_.empty();
-  }
+  // No lock: every small op of a group without symmetric memory asks.
+  bool empty() const { return count_.load(std::memory_order_acquire) == 0; }
   // block.copies[rank] is this process's own copy, the block's address here.
   void add(const void* own, SymBlock block) {
     std::lock_guard<std::mutex> lock(mu_);
     blocks_[reinterpret_cast<uintptr_t>(own)] = std::move(block);
+    count_.store(blocks_.size(), std::memory_order_release);
   }
   void erase(const void* own) {
     std::lock_guard<std::mutex> lock(mu_);
     blocks_.erase(reinterpret_cast<uintptr_t>(own));
+    count_.store(blocks_.size(), std::memory_order_release);
   }
 
  private:
   mutable std::mutex mu_;
   std::map<uintptr_t, SymBlock> blocks_;
+  std::atomic<size_t> count_{0};  // blocks_.size(), for empty()
 };
 
 // One step of the 64-bit mix the symmetric keys are hashed with.
