@@ -7,7 +7,8 @@ Reads the JSON that the comparison scripts leave in BENCH_DIR and writes,
 for each set of results found (a set that is missing is skipped, with a line
 saying so):
 
-  collectives.png  busbw against message size, one panel per op: tdist's shm
+  collectives.png  busbw against message size, one panel per op (all_reduce,
+                   reduce_scatter, all_gather, broadcast): tdist's shm
                    and gloo backends, OpenMPI, PyTorch's Gloo (both versions),
                    and the memory ceiling of tdist's shm (bench/collective_model.h)
                    (bench/compare_collectives.sh: <tool>-<round>.json, medians
@@ -106,13 +107,15 @@ def plot_collectives(bench, out):
     if not series:
         print(f"plot: no collectives results in {bench} (bench/compare_collectives.sh); collectives.png skipped")
         return None
-    ops = [op for op in ("all_reduce", "reduce_scatter", "all_gather")
+    ops = [op for op in ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
            if any(op in per_op for per_op in series.values())]
     if not ops:
-        print(f"plot: no all_reduce, reduce_scatter or all_gather results in {bench}; collectives.png skipped")
+        print(f"plot: no all_reduce, reduce_scatter, all_gather or broadcast results in {bench}; collectives.png skipped")
         return None
-    fig, axes = plt.subplots(1, len(ops), figsize=(5.2 * len(ops), 4.4), squeeze=False)
-    for ax, op in zip(axes[0], ops):
+    rows = 2 if len(ops) == 4 else 1
+    cols = (len(ops) + rows - 1) // rows
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.4 * rows), squeeze=False)
+    for ax, op in zip(axes.flat, ops):
         if op in ceiling:
             xs = sorted(ceiling[op])
             ax.plot(xs, [statistics.median(ceiling[op][x]) for x in xs], color="black", linestyle=":",
@@ -132,7 +135,8 @@ def plot_collectives(bench, out):
         ax.set_title(op)
         ax.set_xlabel("message size (bytes per rank)")
         ax.grid(True, which="major", alpha=0.3)
-    axes[0][0].set_ylabel("bus bandwidth (GB/s, higher is better)")
+    for row in axes:
+        row[0].set_ylabel("bus bandwidth (GB/s, higher is better)")
     axes[0][0].legend(fontsize=8, loc="upper left")
     shm_files = sorted(glob.glob(os.path.join(bench, "tdist-shm-[0-9]*.json")))
     rounds = len(shm_files)

@@ -159,7 +159,8 @@ inline void AllGatherBothForms(ProcessGroup& pg) {
 inline void ReduceScatterBothForms(ProcessGroup& pg) {
     const int n = pg.size(), r = pg.rank();
     for (auto t : {at::kFloat, at::kBFloat16, at::kInt}) {
-      for (int64_t size : {int64_t(0), int64_t(1), int64_t(9), int64_t(150'001)}) {
+      // 4 float32s a rank at world 2: 32 bytes in all, the shm box's most.
+      for (int64_t size : {int64_t(0), int64_t(1), int64_t(4), int64_t(9), int64_t(150'001)}) {
         // Each rank contributes n blocks; block b goes to rank b.
         std::vector<at::Tensor> blocks;
         for (int b = 0; b < n; ++b) blocks.push_back(input(r + 10 * b, size, t, ReduceOp::SUM));

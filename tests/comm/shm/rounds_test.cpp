@@ -80,7 +80,7 @@ TEST(Rounds, EagerRoundsNeverOverwriteABufferStillBeingRead) {
         Stamp s{op, 0, me};
         std::memcpy(rounds.mine(), &s, sizeof s);
         std::memset(rounds.mine() + sizeof s, int(op), rounds.round_bytes() - sizeof s);
-        ASSERT_NE(rounds.mine(kBoxBytes), rounds.mine());
+        EXPECT_NE(rounds.mine(kBoxBytes), rounds.mine());
         std::memcpy(rounds.mine(kBoxBytes), &s, sizeof s);
         std::memset(rounds.mine(kBoxBytes) + sizeof s, int(op), kBoxBytes - sizeof s);
       };
