@@ -62,7 +62,13 @@ else
 fi
 
 tools=(tdist-shm openmpi tdist-gloo torch-gloo torch2-gloo)
-for f in "${tools[@]}"; do rm -f "$out/$f"-*.json; done
+# Only this run's worlds are cleared: a later run at another world size
+# (WORLDS=4 after WORLDS=2) keeps what the first left.
+for f in "${tools[@]}"; do
+  for world in $worlds; do
+    if [ "$world" = 2 ]; then rm -f "$out/$f"-[0-9]*.json; else rm -f "$out/$f-w$world"-*.json; fi
+  done
+done
 name() {  # tool world round -> the JSON file's name
   if [ "$2" = 2 ]; then echo "$out/$1-$3.json"; else echo "$out/$1-w$2-$3.json"; fi
 }
