@@ -13,20 +13,21 @@ void all_reduce_small(Rounds& rounds, const PieceWalker& walk, DataType t, DataT
   const int n = rounds.size();
   const size_t es = dtype_size(t), ws = dtype_size(wire);
   const size_t count = walk.count();
-  uint8_t* post = rounds.mine(count * ws);
+  const size_t posted = count * ws;  // a rank's round: in the box when it fits
+  uint8_t* post = rounds.mine(posted);
   walk.for_each(0, count, [&](uint8_t* p, size_t off, size_t k) { convert(post + off * ws, wire, p, t, k); });
   rounds.first_barrier(desc, d);
   RankPointers inputs(n);
   alignas(64) uint16_t scratch[kScratchElems];  // wire values (16-bit when narrower)
   walk.for_each(0, count, [&](uint8_t* p, size_t off, size_t k) {
     if (wire == t) {
-      for (int r = 0; r < n; ++r) inputs[r] = rounds.theirs(r, count * ws) + off * ws;
+      for (int r = 0; r < n; ++r) inputs[r] = rounds.theirs(r, posted) + off * ws;
       reduce_many(p, inputs.data(), n, k, t, op, n);
       return;
     }
     for (size_t b = 0; b < k; b += kScratchElems) {
       const size_t m = std::min(kScratchElems, k - b);
-      for (int r = 0; r < n; ++r) inputs[r] = rounds.theirs(r, count * ws) + (off + b) * ws;
+      for (int r = 0; r < n; ++r) inputs[r] = rounds.theirs(r, posted) + (off + b) * ws;
       reduce_many(scratch, inputs.data(), n, m, wire, op, n);
       convert(p + b * es, t, scratch, wire, m);
     }

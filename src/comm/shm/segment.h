@@ -83,7 +83,7 @@ struct alignas(kAlign) Slot {
   RoundLine line[2];  // by round parity: barrier b is arrived at in line[(b - 1) % 2]
   std::atomic<int32_t> pid;
   std::atomic<uint64_t> start_time;
-  // With desc, when its path flags say so (rounds.h): the key of the
+  // With desc, when its path flags say so (path.cpp): the key of the
   // symmetric buffers an all_reduce was given, by round parity.
   uint64_t sym_key[2][2];
   // With desc, when its path flags say so: the rank's single-copy offer,
