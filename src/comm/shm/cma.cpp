@@ -34,7 +34,7 @@ int transfer(bool read, int pid, void* local, uint64_t remote, size_t bytes) {
 
 }  // namespace
 
-CmaChannel::CmaChannel(size_t min_bytes) : min_bytes_(min_bytes) {}
+CmaChannel::CmaChannel(size_t min_bytes, bool decides) : min_bytes_(min_bytes), decides_(decides) {}
 
 void CmaChannel::publish(Rounds& rounds, const void* in, const void* out) const {
   CmaOffer* o = rounds.cma_slot();

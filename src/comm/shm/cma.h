@@ -29,19 +29,30 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/shm/crossover.h"
 #include "comm/shm/rounds.h"
 
 namespace tdist::comm::shm {
 
 class CmaChannel {
  public:
-  // min_bytes: the smallest op (in bytes of its largest buffer) that goes
-  // single-copy; 0 turns CMA off.
-  explicit CmaChannel(size_t min_bytes);
+  // min_bytes: the smallest op (in bytes of its largest buffer) that may
+  // go single-copy; 0 turns CMA off. decides: this rank times both paths
+  // and chooses per size (crossover.h; rank 0 of a calibrating group);
+  // else it offers for every op it may.
+  explicit CmaChannel(size_t min_bytes, bool decides = false);
 
-  // Whether this rank offers single-copy for an op whose largest buffer has
-  // `bytes`.
+  // Whether this rank may offer single-copy for an op whose largest buffer
+  // has `bytes`.
   bool offers(size_t bytes) const { return min_bytes_ > 0 && bytes >= min_bytes_ && state_ != State::kRefused; }
+
+  // The offer of an op of kind op whose largest buffer has `bytes`: what
+  // this rank may offer, or what its crossover chooses or tries when it
+  // decides. cma null: no offer.
+  static CrossoverTrial trial(CmaChannel* cma, Crossover::Op op, size_t bytes) {
+    if (!cma) return CrossoverTrial();
+    return CrossoverTrial(cma->decides_ ? &cma->crossover_ : nullptr, op, bytes, cma->offers(bytes));
+  }
 
   // Publishes this rank's offer for the op in the current round (before
   // its first barrier, whose descriptor says that it offers: path.cpp).
@@ -77,6 +88,8 @@ class CmaChannel {
   [[noreturn]] void fail(Rounds& rounds, int r, const char* call, int err, const std::string& what);
 
   size_t min_bytes_;
+  bool decides_;
+  Crossover crossover_;
   State state_ = State::kUnknown;
   std::vector<uint64_t> in_, out_;
   std::vector<uint8_t> scratch_;

@@ -22,8 +22,11 @@ void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, c
     const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
     detail::copy_bytes(rounds.mine(bytes), src + off, len);
   };
-  PathOffer offer{sym_in ? sym_in.key : nullptr, cma, cma && root < 0 && cma->offers(bytes * rounds.size()), in, out};
+  CrossoverTrial trial =
+      CmaChannel::trial(root < 0 ? cma : nullptr, Crossover::Op::kAllGather, bytes * rounds.size());
+  PathOffer offer{sym_in ? sym_in.key : nullptr, cma, trial.offers(), in, out};
   const Path path = agree_on_path(rounds, offer, desc, d, [&] { post(0); });
+  tell(trial, path);
   if (path == Path::kSingleCopy) {
     cma_all_gather(rounds, *cma, in, out, bytes, desc, d);
     return;

@@ -41,4 +41,13 @@ struct PathOffer {
 Path agree_on_path(Rounds& rounds, const PathOffer& offer, const OpDesc& desc, Deadline d,
                    const std::function<void()>& post_round0);
 
+// Tells an op's offer (crossover.h) the path agreed on.
+inline void tell(CrossoverTrial& trial, Path path) {
+  if (path == Path::kSymmetric) {
+    trial.untimed();
+  } else {
+    trial.took(path == Path::kSingleCopy);
+  }
+}
+
 }  // namespace tdist::comm::shm

@@ -33,8 +33,10 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
       if (r != me) detail::copy_bytes(rounds.mine(posted) + r * stride, src + (r * count + off) * es, len * es);
     }
   };
-  PathOffer offer{sym_in ? sym_in.key : nullptr, cma, cma && cma->offers(count * n * es), in, out};
+  CrossoverTrial trial = CmaChannel::trial(cma, Crossover::Op::kReduceScatter, count * n * es);
+  PathOffer offer{sym_in ? sym_in.key : nullptr, cma, trial.offers(), in, out};
   const Path path = agree_on_path(rounds, offer, desc, d, [&] { post(0); });
+  tell(trial, path);
   if (path == Path::kSingleCopy) {
     cma_reduce_scatter(rounds, *cma, in, out, count, t, op, desc, d);
     return;

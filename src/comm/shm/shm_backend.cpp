@@ -244,7 +244,7 @@ class ShmBackend final : public Backend {
   PointToPoint p2p_;
   std::shared_ptr<SymRegistry> sym_ = std::make_shared<SymRegistry>();
   SymmetricAllReduce sym_reduce_{sym_};
-  CmaChannel cma_{opt_.cma_bytes};
+  CmaChannel cma_{opt_.cma_bytes, opt_.cma_calibrate && rank() == 0};
 };
 
 }  // namespace
@@ -267,6 +267,7 @@ ShmOptions ShmOptions::from_env() {
   o.yield = std::chrono::microseconds(read("TDIST_SHM_YIELD_US", 0, 10'000'000, o.yield.count()));
   o.symmetric = read("TDIST_SHM_SYMMETRIC", 0, 1, o.symmetric ? 1 : 0) != 0;
   o.cma_bytes = static_cast<size_t>(read("TDIST_SHM_CMA_BYTES", 0, int64_t(1) << 50, int64_t(o.cma_bytes)));
+  o.cma_calibrate = read("TDIST_SHM_CMA_CALIBRATE", 0, 1, o.cma_calibrate ? 1 : 0) != 0;
   return o;
 }
 

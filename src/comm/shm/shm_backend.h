@@ -34,11 +34,17 @@ struct ShmOptions {
   bool symmetric = true;
   // all_reduce, reduce_scatter and all_gather of ordinary tensors whose
   // largest buffer has at least this many bytes go single-copy through
-  // process_vm_readv/writev when every rank can reach every other (cma.h);
-  // 0: never.
-  size_t cma_bytes = 256 * 1024;
+  // process_vm_readv/writev when every rank can reach every other (cma.h)
+  // and, when calibrating, where it was the faster (crossover.h); 0: never.
+  // On the Intel Xeon VM single copy wins from 16 KiB.
+  size_t cma_bytes = 16 * 1024;
+  // Whether the group times both paths for such ops and keeps, per op kind
+  // and size, the faster (crossover.h); else every op of at least
+  // cma_bytes goes single-copy. Rank 0's setting decides.
+  bool cma_calibrate = true;
   // Read from TDIST_SHM_ROUND_BYTES, TDIST_SHM_SMALL_BYTES, TDIST_SHM_SPIN_US,
-  // TDIST_SHM_YIELD_US, TDIST_SHM_SYMMETRIC (0 or 1), TDIST_SHM_CMA_BYTES.
+  // TDIST_SHM_YIELD_US, TDIST_SHM_SYMMETRIC (0 or 1), TDIST_SHM_CMA_BYTES,
+  // TDIST_SHM_CMA_CALIBRATE (0 or 1).
   static ShmOptions from_env();
 };
 

@@ -1,0 +1,103 @@
+// Where the single-copy path beats the staging path, found by timing both
+// on this machine.
+//
+// Single-copy (cma.h) moves each byte once but pays a system call and page
+// pinning per transfer; the staging path (rounds.h) copies twice, through
+// segment rounds that stay in cache. Which is faster at a size is the
+// machine's: on a 2-vCPU AMD VM a staged all_reduce beat single-copy up to
+// 16 MiB and lost by 1.75x at 64 MiB, while all_gather and reduce_scatter
+// went faster single-copy from 256 KiB; on an Intel Xeon VM all three
+// were faster single-copy from 16 KiB (staged below). A constant threshold
+// is wrong somewhere, so a group measures: per op kind and power-of-two
+// bucket of sizes (from ShmOptions::cma_bytes up), some of the bucket's ops
+// are timed, and its other ops take the path whose best time is lower.
+// The first two ops go single-copy untimed (they pay the group's probe and
+// the first page faults); then come blocks of four ops: two staged, two
+// single-copy, the second of each timed (the first may pay the other
+// path's tail, as the staged path's last rank copies out after the final
+// barrier). A bucket's first ops on fresh buffers can be several times
+// slower than its later ones, and one op's time is noisy, so blocks start
+// at ops 2 and 6 and then at 16, 32, 64, ... for as long as the bucket is
+// used: a choice made on cold ops is revisited once both paths are warm,
+// at a cost that shrinks as 1/ops. The timed ops are the user's own, done
+// by either correct path; both paths reduce in rank order, so the
+// results are the same bits either way.
+//
+// Rank 0 alone times and decides: an op goes single-copy only when every
+// rank offers (path.h), so the others offer whenever they may and rank 0's
+// offer is the group's choice; agreeing takes no extra round. Rank 0 times
+// an op from before its first barrier to after its last, which includes
+// the slowest rank's part.
+//
+// Contract: one per backend, used by its collective thread only; not
+// thread-safe. LibTorch-free.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+namespace tdist::comm::shm {
+
+class Crossover {
+ public:
+  enum class Op : uint8_t { kAllReduce, kReduceScatter, kAllGather };
+
+  // For the next op of `bytes` (its largest buffer) that may go
+  // single-copy: whether this rank offers single-copy, and whether the
+  // op's time is wanted.
+  struct Plan {
+    bool single_copy;
+    bool timed;
+  };
+  Plan next(Op op, size_t bytes);
+
+  // A timed op's path and time.
+  void record(Op op, size_t bytes, bool single_copy, double seconds);
+
+  // The path the bucket's untimed ops take now (single-copy until both
+  // paths were timed).
+  bool prefers_single_copy(Op op, size_t bytes) const { return bucket(op, bytes).single_copy; }
+
+ private:
+  struct Bucket {
+    uint64_t ops = 0;  // ops planned so far
+    bool single_copy = true;
+    std::array<double, 2> best{-1, -1};  // [staged, single-copy]; < 0: none yet
+  };
+  Bucket& bucket(Op op, size_t bytes);
+  const Bucket& bucket(Op op, size_t bytes) const;
+
+  std::array<std::array<Bucket, 64>, 3> buckets_{};
+};
+
+// One op's offer, timed when its bucket is on trial: made before the op's
+// path is agreed, told the path, and on leaving (when the op returned
+// normally) records the time.
+class CrossoverTrial {
+ public:
+  CrossoverTrial() = default;
+  // c null: this rank does not decide, and offers whenever it may.
+  CrossoverTrial(Crossover* c, Crossover::Op op, size_t bytes, bool may_offer);
+  ~CrossoverTrial();
+  CrossoverTrial(const CrossoverTrial&) = delete;
+  CrossoverTrial& operator=(const CrossoverTrial&) = delete;
+
+  bool offers() const { return offers_; }
+  // The path the group agreed on; an op in place over symmetric memory is
+  // neither, and is not timed.
+  void took(bool single_copy) { single_copy_ = single_copy; }
+  void untimed() { timed_ = nullptr; }
+
+ private:
+  Crossover* timed_ = nullptr;  // set while the op's time is wanted
+  Crossover::Op op_ = Crossover::Op::kAllReduce;
+  size_t bytes_ = 0;
+  bool offers_ = false;
+  bool single_copy_ = false;
+  int exceptions_ = 0;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace tdist::comm::shm
