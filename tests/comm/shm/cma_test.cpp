@@ -95,6 +95,51 @@ TEST(ShmCma, AllReduceReduceScatterAndAllGatherGiveTheExactResults) {
   }
 }
 
+TEST(ShmCma, WhereRankZeroTimesBothPathsEveryOpIsExactAsThePathsChange) {
+  // Rank 0 decides (crossover.h): a size's ops 2-9 take the staging path
+  // and single copy by pairs, then the faster one, with more pairs at 16;
+  // the others offer every time, so the group follows rank 0's offers.
+  for (int size : {2, 3}) {
+    GroupOptions o;
+    o.size = size;
+    auto errors = run_group(o, [&](Member& m) {
+      Rounds& rounds = m.rounds;
+      const int me = rounds.rank(), n = rounds.size();
+      CmaChannel cma(1, /*decides=*/me == 0);
+      const size_t count = 20'003;
+      for (int k = 0; k < 20; ++k) {
+        std::vector<float> buf(count);
+        for (size_t i = 0; i < count; ++i) buf[i] = value<float>(me, i + k);
+        const std::vector<Piece> pieces{Piece{buf.data(), count}};
+        const PieceWalker walk(pieces, sizeof(float));
+        OpDesc desc = rounds.make_desc(OpKind::kAllReduce, DataType::kFloat32, ReduceOp::kSum, -1, count);
+        algo::reduce_scatter_gather(rounds, walk, DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum, desc, -1,
+                                    in(10s), nullptr, &cma);
+        std::vector<float> rin(count * n), rout(count), gout(count * n);
+        for (size_t i = 0; i < rin.size(); ++i) rin[i] = value<float>(me, i + k);
+        desc = rounds.make_desc(OpKind::kReduceScatter, DataType::kFloat32, ReduceOp::kSum, -1, count);
+        algo::reduce_scatter(rounds, rin.data(), rout.data(), count, DataType::kFloat32, ReduceOp::kSum, desc, in(10s),
+                             SymSpan{}, &cma);
+        desc = rounds.make_desc(OpKind::kAllGather, DataType::kUInt8, ReduceOp::kSum, -1, count * sizeof(float));
+        algo::gather(rounds, rout.data(), gout.data(), count * sizeof(float), -1, desc, in(10s), SymSpan{}, &cma);
+        for (size_t i = 0; i < count; ++i) {
+          float want = 0;
+          for (int r = 0; r < n; ++r) want += value<float>(r, i + k);
+          ASSERT_EQ(buf[i], want) << "all_reduce " << k << " element " << i << " on rank " << me;
+        }
+        for (int q = 0; q < n; ++q) {
+          for (size_t i = 0; i < count; ++i) {
+            float want = 0;
+            for (int r = 0; r < n; ++r) want += value<float>(r, q * count + i + k);
+            ASSERT_EQ(gout[q * count + i], want) << "reduce_scatter, then all_gather " << k << " slot " << q;
+          }
+        }
+      }
+    });
+    for (int r = 0; r < size; ++r) EXPECT_EQ(message(errors[r]), "") << "size " << size << ", rank " << r;
+  }
+}
+
 TEST(ShmCma, AGroupWhereOneRankDoesNotOfferStagesTogether) {
   GroupOptions o;
   o.size = 3;
