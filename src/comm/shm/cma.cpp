@@ -34,7 +34,7 @@ int transfer(bool read, int pid, void* local, uint64_t remote, size_t bytes) {
 
 }  // namespace
 
-CmaChannel::CmaChannel(size_t min_bytes, bool decides) : min_bytes_(min_bytes), decides_(decides) {}
+CmaChannel::CmaChannel(size_t min_bytes, Role role) : min_bytes_(min_bytes), role_(role) {}
 
 void CmaChannel::publish(Rounds& rounds, const void* in, const void* out) const {
   CmaOffer* o = rounds.cma_slot();
@@ -55,8 +55,9 @@ void CmaChannel::take_offers(const Rounds& rounds) {
 
 bool CmaChannel::confirm(Rounds& rounds, const OpDesc& desc, Deadline d) {
   if (state_ != State::kUnknown) return state_ == State::kWorks;
-  // Every rank offered, so every input is at least min_bytes long: read
-  // one byte of each peer's.
+  // Every rank offered, so every op's largest buffer has at least
+  // min_bytes (> 0) and every input at least one byte: read one byte of
+  // each peer's.
   bool reached = true;
   for (int r = 0; r < rounds.size(); ++r) {
     if (r == rounds.rank()) continue;

@@ -9,8 +9,9 @@
 //
 // Whether an op goes single-copy is decided by every rank together, with
 // the op's first round (agree_on_path, path.h): each rank offers (the op is
-// large enough, and the group has not found CMA refused) and publishes its
-// buffers' addresses. The first time every rank offers, each one probes
+// large enough, the group has not found CMA refused, and in a group that
+// calibrates, rank 0 chose or tries single-copy at the op's size:
+// crossover.h) and publishes its buffers' addresses. The first time every rank offers, each one probes
 // every peer with a one-byte read and one more round tells everyone whether
 // all probes passed (CMA can be refused: another user's process, Yama's
 // ptrace_scope, a seccomp filter such as Docker's default one). The answer
@@ -36,22 +37,25 @@ namespace tdist::comm::shm {
 
 class CmaChannel {
  public:
+  // How a rank chooses its offers: whenever it may (no calibration), or
+  // by timing both paths (rank 0 of a calibrating group), or by following
+  // what rank 0 will offer (its other ranks; crossover.h).
+  enum class Role { kOffersWheneverItMay, kDecides, kFollows };
+
   // min_bytes: the smallest op (in bytes of its largest buffer) that may
-  // go single-copy; 0 turns CMA off. decides: this rank times both paths
-  // and chooses per size (crossover.h; rank 0 of a calibrating group);
-  // else it offers for every op it may.
-  explicit CmaChannel(size_t min_bytes, bool decides = false);
+  // go single-copy; 0 turns CMA off.
+  explicit CmaChannel(size_t min_bytes, Role role = Role::kOffersWheneverItMay);
 
   // Whether this rank may offer single-copy for an op whose largest buffer
   // has `bytes`.
   bool offers(size_t bytes) const { return min_bytes_ > 0 && bytes >= min_bytes_ && state_ != State::kRefused; }
 
-  // The offer of an op of kind op whose largest buffer has `bytes`: what
-  // this rank may offer, or what its crossover chooses or tries when it
-  // decides. cma null: no offer.
+  // The offer of an op of kind op whose largest buffer has `bytes`, by
+  // this rank's role. cma null: no offer.
   static CrossoverTrial trial(CmaChannel* cma, Crossover::Op op, size_t bytes) {
     if (!cma) return CrossoverTrial();
-    return CrossoverTrial(cma->decides_ ? &cma->crossover_ : nullptr, op, bytes, cma->offers(bytes));
+    Crossover* c = cma->role_ == Role::kOffersWheneverItMay ? nullptr : &cma->crossover_;
+    return CrossoverTrial(c, op, bytes, cma->offers(bytes));
   }
 
   // Publishes this rank's offer for the op in the current round (before
@@ -88,8 +92,8 @@ class CmaChannel {
   [[noreturn]] void fail(Rounds& rounds, int r, const char* call, int err, const std::string& what);
 
   size_t min_bytes_;
-  bool decides_;
-  Crossover crossover_;
+  Role role_;
+  Crossover crossover_{role_ == Role::kDecides};
   State state_ = State::kUnknown;
   std::vector<uint64_t> in_, out_;
   std::vector<uint8_t> scratch_;

@@ -38,11 +38,11 @@ const Crossover::Bucket& Crossover::bucket(Op op, size_t bytes) const {
 Crossover::Plan Crossover::next(Op op, size_t bytes) {
   Bucket& b = bucket(op, bytes);
   const int place = block_place(b.ops++);
-  if (place < 0) return {b.single_copy, false};
+  if (place < 0) return {decides_ ? b.single_copy : b.leader_single_copy, false, false};
   // A block: staged twice, then single-copy twice, each path's second op
   // timed (the first may still pay the other path's tail: a staged op's
   // last rank copying out after the final barrier).
-  return {place >= 2, place % 2 == 1};
+  return {place >= 2, decides_ && place % 2 == 1, true};
 }
 
 void Crossover::record(Op op, size_t bytes, bool single_copy, double seconds) {
@@ -63,17 +63,25 @@ CrossoverTrial::CrossoverTrial(Crossover* c, Crossover::Op op, size_t bytes, boo
     : op_(op), bytes_(bytes), offers_(may_offer) {
   if (!may_offer || !c) return;
   const Crossover::Plan p = c->next(op, bytes);
+  crossover_ = c;
   offers_ = p.single_copy;
+  in_block_ = p.in_block;
   if (!p.timed) return;
-  timed_ = c;
+  timed_ = true;
   exceptions_ = std::uncaught_exceptions();
   start_ = std::chrono::steady_clock::now();
+}
+
+void CrossoverTrial::agreed(bool symmetric, bool single_copy, bool leader_offered) {
+  single_copy_ = single_copy;
+  if (symmetric) timed_ = false;
+  if (crossover_ && !in_block_) crossover_->follow(op_, bytes_, leader_offered);
 }
 
 CrossoverTrial::~CrossoverTrial() {
   if (!timed_ || std::uncaught_exceptions() != exceptions_) return;
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  timed_->record(op_, bytes_, single_copy_, s);
+  crossover_->record(op_, bytes_, single_copy_, s);
 }
 
 }  // namespace tdist::comm::shm

@@ -19,15 +19,21 @@
 // slower than its later ones, and one op's time is noisy, so blocks start
 // at ops 2 and 6 and then at 16, 32, 64, ... for as long as the bucket is
 // used: a choice made on cold ops is revisited once both paths are warm,
-// at a cost that shrinks as 1/ops. The timed ops are the user's own, done
-// by either correct path; both paths reduce in rank order, so the
-// results are the same bits either way.
+// at a cost that shrinks as 1/ops. A path's best time never ages: a
+// choice changes only toward a path that beat the other's best. The timed
+// ops are the user's own, done by either correct path; both paths reduce
+// in rank order, so the results are the same bits either way.
 //
 // Rank 0 alone times and decides: an op goes single-copy only when every
-// rank offers (path.h), so the others offer whenever they may and rank 0's
-// offer is the group's choice; agreeing takes no extra round. Rank 0 times
-// an op from before its first barrier to after its last, which includes
-// the slowest rank's part.
+// rank offers (path.h). The others follow: they offer what rank 0 will
+// (its blocks fall on the same ops of a bucket on every rank, and between
+// blocks it offers what it offered at the bucket's last op outside one,
+// which every rank read with that op's descriptor), so a staged op pays no
+// extra round for offers made in vain; a wrong guess (right after rank 0
+// changed its choice, or where the ranks' settings differ) costs one round
+// and never a wrong path. Rank 0 times an op from before its first barrier
+// to its own end: the time includes the others' late arrival, and an op
+// that follows another bucket's staged op may pay that op's tail.
 //
 // Contract: one per backend, used by its collective thread only; not
 // thread-safe. LibTorch-free.
@@ -44,17 +50,23 @@ class Crossover {
  public:
   enum class Op : uint8_t { kAllReduce, kReduceScatter, kAllGather };
 
+  // decides: this rank times and chooses (rank 0); else it follows.
+  explicit Crossover(bool decides = true) : decides_(decides) {}
+
   // For the next op of `bytes` (its largest buffer) that may go
-  // single-copy: whether this rank offers single-copy, and whether the
-  // op's time is wanted.
+  // single-copy: whether this rank offers single-copy, whether the op's
+  // time is wanted, and whether it is in a timing block.
   struct Plan {
     bool single_copy;
     bool timed;
+    bool in_block;
   };
   Plan next(Op op, size_t bytes);
 
   // A timed op's path and time.
   void record(Op op, size_t bytes, bool single_copy, double seconds);
+  // A follower's op outside a block: what rank 0 offered.
+  void follow(Op op, size_t bytes, bool leader_offered) { bucket(op, bytes).leader_single_copy = leader_offered; }
 
   // The path the bucket's untimed ops take now (single-copy until both
   // paths were timed).
@@ -64,34 +76,37 @@ class Crossover {
   struct Bucket {
     uint64_t ops = 0;  // ops planned so far
     bool single_copy = true;
+    bool leader_single_copy = true;      // a follower's guess of rank 0's choice
     std::array<double, 2> best{-1, -1};  // [staged, single-copy]; < 0: none yet
   };
   Bucket& bucket(Op op, size_t bytes);
   const Bucket& bucket(Op op, size_t bytes) const;
 
+  bool decides_;
   std::array<std::array<Bucket, 64>, 3> buckets_{};
 };
 
-// One op's offer, timed when its bucket is on trial: made before the op's
-// path is agreed, told the path, and on leaving (when the op returned
-// normally) records the time.
+// One op's offer: made before the op's path is agreed, told what was
+// agreed (agree_on_path), and on leaving, when the op was timed and
+// returned normally, records its time.
 class CrossoverTrial {
  public:
   CrossoverTrial() = default;
-  // c null: this rank does not decide, and offers whenever it may.
+  // c null: no calibration, the rank offers whenever it may.
   CrossoverTrial(Crossover* c, Crossover::Op op, size_t bytes, bool may_offer);
   ~CrossoverTrial();
   CrossoverTrial(const CrossoverTrial&) = delete;
   CrossoverTrial& operator=(const CrossoverTrial&) = delete;
 
   bool offers() const { return offers_; }
-  // The path the group agreed on; an op in place over symmetric memory is
-  // neither, and is not timed.
-  void took(bool single_copy) { single_copy_ = single_copy; }
-  void untimed() { timed_ = nullptr; }
+  // What the group agreed on: in place over symmetric memory (not timed),
+  // single-copy or staged; and whether rank 0 offered single-copy.
+  void agreed(bool symmetric, bool single_copy, bool leader_offered);
 
  private:
-  Crossover* timed_ = nullptr;  // set while the op's time is wanted
+  Crossover* crossover_ = nullptr;
+  bool timed_ = false;
+  bool in_block_ = false;
   Crossover::Op op_ = Crossover::Op::kAllReduce;
   size_t bytes_ = 0;
   bool offers_ = false;

@@ -24,9 +24,8 @@ void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, c
   };
   CrossoverTrial trial =
       CmaChannel::trial(root < 0 ? cma : nullptr, Crossover::Op::kAllGather, bytes * rounds.size());
-  PathOffer offer{sym_in ? sym_in.key : nullptr, cma, trial.offers(), in, out};
+  PathOffer offer{sym_in ? sym_in.key : nullptr, cma, trial.offers(), in, out, &trial};
   const Path path = agree_on_path(rounds, offer, desc, d, [&] { post(0); });
-  tell(trial, path);
   if (path == Path::kSingleCopy) {
     cma_all_gather(rounds, *cma, in, out, bytes, desc, d);
     return;

@@ -9,10 +9,10 @@ namespace {
 // op's whole first round stays in one cache line (rounds.h).
 constexpr uint8_t kHasKey = 1;      // its symmetric key is in sym_key
 constexpr uint8_t kOffersCma = 2;   // its single-copy offer is in cma
-}  // namespace
 
-Path agree_on_path(Rounds& rounds, const PathOffer& offer, const OpDesc& desc, Deadline d,
-                   const std::function<void()>& post_round0) {
+// The path; *leader_offered: whether rank 0 offered single-copy.
+Path agree(Rounds& rounds, const PathOffer& offer, const OpDesc& desc, Deadline d,
+           const std::function<void()>& post_round0, bool* leader_offered) {
   const uint64_t none[2] = {0, 0};
   const uint64_t* key = offer.sym_key ? offer.sym_key : none;
   const bool have_key = (key[0] | key[1]) != 0;
@@ -27,6 +27,7 @@ Path agree_on_path(Rounds& rounds, const PathOffer& offer, const OpDesc& desc, D
   if (cma_offer) offer.cma->publish(rounds, offer.in, offer.out);
   if (!have_key && !cma_offer) post_round0();
   rounds.first_barrier(published, d);
+  *leader_offered = (rounds.desc_of(0).flags & kOffersCma) != 0;
   bool all_same = have_key, any_key = false;
   int offers = 0;
   for (int r = 0; r < rounds.size(); ++r) {
@@ -53,6 +54,16 @@ Path agree_on_path(Rounds& rounds, const PathOffer& offer, const OpDesc& desc, D
     rounds.barrier_round(desc, d);
   }
   return Path::kStaged;
+}
+
+}  // namespace
+
+Path agree_on_path(Rounds& rounds, const PathOffer& offer, const OpDesc& desc, Deadline d,
+                   const std::function<void()>& post_round0) {
+  bool leader_offered = false;
+  const Path path = agree(rounds, offer, desc, d, post_round0, &leader_offered);
+  if (offer.trial) offer.trial->agreed(path == Path::kSymmetric, path == Path::kSingleCopy, leader_offered);
+  return path;
 }
 
 }  // namespace tdist::comm::shm

@@ -33,21 +33,14 @@ enum class Path { kStaged, kSymmetric, kSingleCopy };
 struct PathOffer {
   const uint64_t* sym_key = nullptr;  // {0, 0} or null: none
   CmaChannel* cma = nullptr;          // null: no single-copy
-  bool cma_offer = false;             // this rank offers (cma->offers(...))
+  bool cma_offer = false;             // this rank offers (its trial's offers())
   const void* in = nullptr;           // the op's buffers, for the offer
   const void* out = nullptr;
+  CrossoverTrial* trial = nullptr;    // told what was agreed (crossover.h)
 };
 
 Path agree_on_path(Rounds& rounds, const PathOffer& offer, const OpDesc& desc, Deadline d,
                    const std::function<void()>& post_round0);
 
-// Tells an op's offer (crossover.h) the path agreed on.
-inline void tell(CrossoverTrial& trial, Path path) {
-  if (path == Path::kSymmetric) {
-    trial.untimed();
-  } else {
-    trial.took(path == Path::kSingleCopy);
-  }
-}
 
 }  // namespace tdist::comm::shm

@@ -34,9 +34,8 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
     }
   };
   CrossoverTrial trial = CmaChannel::trial(cma, Crossover::Op::kReduceScatter, count * n * es);
-  PathOffer offer{sym_in ? sym_in.key : nullptr, cma, trial.offers(), in, out};
+  PathOffer offer{sym_in ? sym_in.key : nullptr, cma, trial.offers(), in, out, &trial};
   const Path path = agree_on_path(rounds, offer, desc, d, [&] { post(0); });
-  tell(trial, path);
   if (path == Path::kSingleCopy) {
     cma_reduce_scatter(rounds, *cma, in, out, count, t, op, desc, d);
     return;

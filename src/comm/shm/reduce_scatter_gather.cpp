@@ -71,9 +71,8 @@ void reduce_scatter_gather(Rounds& rounds, const PieceWalker& walk, DataType t, 
   }
   const uint64_t* sym_key = sym ? sym->key() : nullptr;
   CrossoverTrial trial = CmaChannel::trial(whole ? cma : nullptr, Crossover::Op::kAllReduce, count * es);
-  const PathOffer offer{sym_key, cma, trial.offers(), whole, whole};
+  const PathOffer offer{sym_key, cma, trial.offers(), whole, whole, &trial};
   const Path path = agree_on_path(rounds, offer, desc, d, [&] { post(0); });
-  tell(trial, path);
   if (path == Path::kSymmetric) {
     sym->run(rounds, count, t, wire, op, desc, d);
     return;

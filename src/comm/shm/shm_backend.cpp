@@ -244,7 +244,9 @@ class ShmBackend final : public Backend {
   PointToPoint p2p_;
   std::shared_ptr<SymRegistry> sym_ = std::make_shared<SymRegistry>();
   SymmetricAllReduce sym_reduce_{sym_};
-  CmaChannel cma_{opt_.cma_bytes, opt_.cma_calibrate && rank() == 0};
+  CmaChannel cma_{opt_.cma_bytes, !opt_.cma_calibrate ? CmaChannel::Role::kOffersWheneverItMay
+                                  : rank() == 0      ? CmaChannel::Role::kDecides
+                                                     : CmaChannel::Role::kFollows};
 };
 
 }  // namespace

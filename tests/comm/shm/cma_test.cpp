@@ -8,6 +8,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -98,15 +99,18 @@ TEST(ShmCma, AllReduceReduceScatterAndAllGatherGiveTheExactResults) {
 TEST(ShmCma, WhereRankZeroTimesBothPathsEveryOpIsExactAsThePathsChange) {
   // Rank 0 decides (crossover.h): a size's ops 2-9 take the staging path
   // and single copy by pairs, then the faster one, with more pairs at 16;
-  // the others offer every time, so the group follows rank 0's offers.
+  // the others follow its offers. A staged op after offers made in vain
+  // passes one more barrier (everyone posts round 0 again): the followers
+  // guess wrong at most right after rank 0's choice changed.
   for (int size : {2, 3}) {
     GroupOptions o;
     o.size = size;
     auto errors = run_group(o, [&](Member& m) {
       Rounds& rounds = m.rounds;
       const int me = rounds.rank(), n = rounds.size();
-      CmaChannel cma(1, /*decides=*/me == 0);
+      CmaChannel cma(1, me == 0 ? CmaChannel::Role::kDecides : CmaChannel::Role::kFollows);
       const size_t count = 20'003;
+      std::vector<uint64_t> gather_barriers;
       for (int k = 0; k < 20; ++k) {
         std::vector<float> buf(count);
         for (size_t i = 0; i < count; ++i) buf[i] = value<float>(me, i + k);
@@ -121,7 +125,9 @@ TEST(ShmCma, WhereRankZeroTimesBothPathsEveryOpIsExactAsThePathsChange) {
         algo::reduce_scatter(rounds, rin.data(), rout.data(), count, DataType::kFloat32, ReduceOp::kSum, desc, in(10s),
                              SymSpan{}, &cma);
         desc = rounds.make_desc(OpKind::kAllGather, DataType::kUInt8, ReduceOp::kSum, -1, count * sizeof(float));
+        const uint64_t before = m.segment.slot(me)->arrived();
         algo::gather(rounds, rout.data(), gout.data(), count * sizeof(float), -1, desc, in(10s), SymSpan{}, &cma);
+        gather_barriers.push_back(m.segment.slot(me)->arrived() - before);
         for (size_t i = 0; i < count; ++i) {
           float want = 0;
           for (int r = 0; r < n; ++r) want += value<float>(r, i + k);
@@ -135,6 +141,15 @@ TEST(ShmCma, WhereRankZeroTimesBothPathsEveryOpIsExactAsThePathsChange) {
           }
         }
       }
+      // A staged all_gather passes one barrier a round (4 KiB rounds here),
+      // one more after offers made in vain; a single-copy one passes two.
+      const uint64_t staged = Rounds::count_for(count * sizeof(float), rounds.round_bytes());
+      auto ops_with = [&](uint64_t barriers) {
+        return std::count(gather_barriers.begin(), gather_barriers.end(), barriers);
+      };
+      EXPECT_GE(ops_with(staged), 4) << "staged all_gathers";
+      EXPECT_LE(ops_with(staged + 1), 2) << "staged all_gathers that passed an extra barrier";
+      EXPECT_GE(ops_with(2), 4)          << "single-copy all_gathers";
     });
     for (int r = 0; r < size; ++r) EXPECT_EQ(message(errors[r]), "") << "size " << size << ", rank " << r;
   }

@@ -109,6 +109,27 @@ TEST(Crossover, ABucketWhereSingleCopyNeverRanStages) {
   EXPECT_FALSE(c.prefers_single_copy(Op::kAllReduce, kMiB));
 }
 
+TEST(Crossover, AFollowerOffersWhatTheLeaderWillExceptRightAfterItsChoiceChanged) {
+  // The leader (rank 0) finds staging faster from its first block, then
+  // single-copy faster from the block at 16 on; the follower learns the
+  // leader's offer from each op outside a block.
+  Crossover leader, follower(/*decides=*/false);
+  std::string missed;
+  for (int k = 0; k < 40; ++k) {
+    const Crossover::Plan l = leader.next(Op::kAllGather, kMiB);
+    const Crossover::Plan f = follower.next(Op::kAllGather, kMiB);
+    EXPECT_FALSE(f.timed) << "a follower times nothing";
+    EXPECT_EQ(f.in_block, l.in_block) << "op " << k;
+    if (f.single_copy != l.single_copy) missed += std::to_string(k) + " ";
+    if (!f.in_block) follower.follow(Op::kAllGather, kMiB, l.single_copy);
+    const double fast = k < 16 ? 1.0 : 0.5;  // staged before op 16, single-copy from it
+    if (l.timed) leader.record(Op::kAllGather, kMiB, l.single_copy, l.single_copy == (k >= 16) ? fast : 2.0);
+  }
+  // Op 10: the first after the leader chose staging; op 20: the first
+  // after it chose single-copy.
+  EXPECT_EQ(missed, "10 20 ");
+}
+
 TEST(CrossoverTrial, OffersAsPlannedAndRecordsTheTimeOfAnOpThatReturned) {
   Crossover c;
   for (int k = 0; k < 10; ++k) {
@@ -116,7 +137,7 @@ TEST(CrossoverTrial, OffersAsPlannedAndRecordsTheTimeOfAnOpThatReturned) {
     if (k >= 2) {
       EXPECT_EQ(t.offers(), (k >= 4 && k < 6) || k >= 8) << "op " << k << " of two blocks";
     }
-    t.took(t.offers());
+    t.agreed(false, t.offers(), t.offers());
     if (!t.offers()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_TRUE(c.prefers_single_copy(Op::kAllGather, kMiB)) << "the staged ops slept 10 ms";
@@ -128,13 +149,13 @@ TEST(CrossoverTrial, OffersAsPlannedAndRecordsTheTimeOfAnOpThatReturned) {
   try {
     CrossoverTrial t(&e, Op::kAllReduce, kMiB, true);
     EXPECT_FALSE(t.offers());
-    t.took(false);
+    t.agreed(false, false, false);
     throw std::runtime_error("peer died");
   } catch (const std::runtime_error&) {
   }
   {
     CrossoverTrial t(&e, Op::kAllReduce, kMiB, true);
-    t.untimed();
+    t.agreed(/*symmetric=*/true, false, false);
   }
   EXPECT_TRUE(e.prefers_single_copy(Op::kAllReduce, kMiB)) << "no staged time was recorded";
 }
