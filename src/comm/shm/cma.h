@@ -8,10 +8,11 @@
 // and all_gather on ordinary tensors use it (cma_collectives.cpp).
 //
 // Whether an op goes single-copy is decided by every rank together, with
-// the op's first round (agree_on_path, path.h): each rank offers (the op is
-// large enough, the group has not found CMA refused, and in a group that
-// calibrates, rank 0 chose or tries single-copy at the op's size:
-// crossover.h) and publishes its buffers' addresses. The first time every rank offers, each one probes
+// the op's first round (agree_on_path, path.h): each rank offers (the op
+// is large enough, the group has not found CMA refused, and in a group
+// that calibrates, rank 0 chose or tries single-copy at the op's size, or
+// the other ranks expect it to: crossover.h) and publishes its buffers'
+// addresses. The first time every rank offers, each one probes
 // every peer with a one-byte read and one more round tells everyone whether
 // all probes passed (CMA can be refused: another user's process, Yama's
 // ptrace_scope, a seccomp filter such as Docker's default one). The answer
@@ -51,11 +52,12 @@ class CmaChannel {
   bool offers(size_t bytes) const { return min_bytes_ > 0 && bytes >= min_bytes_ && state_ != State::kRefused; }
 
   // The offer of an op of kind op whose largest buffer has `bytes`, by
-  // this rank's role. cma null: no offer.
-  static CrossoverTrial trial(CmaChannel* cma, Crossover::Op op, size_t bytes) {
+  // this rank's role; eligible: this rank's buffers can go single-copy
+  // (crossover.h). cma null: no offer.
+  static CrossoverTrial trial(CmaChannel* cma, Crossover::Op op, size_t bytes, bool eligible = true) {
     if (!cma) return CrossoverTrial();
     Crossover* c = cma->role_ == Role::kOffersWheneverItMay ? nullptr : &cma->crossover_;
-    return CrossoverTrial(c, op, bytes, cma->offers(bytes));
+    return CrossoverTrial(c, op, bytes, cma->offers(bytes), eligible);
   }
 
   // Publishes this rank's offer for the op in the current round (before

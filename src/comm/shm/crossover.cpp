@@ -59,14 +59,14 @@ void Crossover::record(Op op, size_t bytes, bool single_copy, double seconds) {
   }
 }
 
-CrossoverTrial::CrossoverTrial(Crossover* c, Crossover::Op op, size_t bytes, bool may_offer)
-    : op_(op), bytes_(bytes), offers_(may_offer) {
+CrossoverTrial::CrossoverTrial(Crossover* c, Crossover::Op op, size_t bytes, bool may_offer, bool eligible)
+    : op_(op), bytes_(bytes), offers_(may_offer && eligible) {
   if (!may_offer || !c) return;
   const Crossover::Plan p = c->next(op, bytes);
   crossover_ = c;
-  offers_ = p.single_copy;
+  offers_ = p.single_copy && eligible;
   in_block_ = p.in_block;
-  if (!p.timed) return;
+  if (!p.timed || !eligible) return;
   timed_ = true;
   exceptions_ = std::uncaught_exceptions();
   start_ = std::chrono::steady_clock::now();

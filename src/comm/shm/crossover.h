@@ -30,8 +30,11 @@
 // blocks it offers what it offered at the bucket's last op outside one,
 // which every rank read with that op's descriptor), so a staged op pays no
 // extra round for offers made in vain; a wrong guess (right after rank 0
-// changed its choice, or where the ranks' settings differ) costs one round
-// and never a wrong path. Rank 0 times an op from before its first barrier
+// changed its choice) costs one round and may stage that op, never a
+// wrong path. The ranks must agree on TDIST_SHM_CMA_BYTES and
+// TDIST_SHM_CMA_CALIBRATE: where they differ, the ranks count a bucket's
+// ops or place its blocks differently, and the guesses, and with them
+// rank 0's timings, go wrong for good (still on a correct path). Rank 0 times an op from before its first barrier
 // to its own end: the time includes the others' late arrival, and an op
 // that follows another bucket's staged op may pay that op's tail.
 //
@@ -66,7 +69,9 @@ class Crossover {
   // A timed op's path and time.
   void record(Op op, size_t bytes, bool single_copy, double seconds);
   // A follower's op outside a block: what rank 0 offered.
-  void follow(Op op, size_t bytes, bool leader_offered) { bucket(op, bytes).leader_single_copy = leader_offered; }
+  void follow(Op op, size_t bytes, bool leader_offered) {
+    if (!decides_) bucket(op, bytes).leader_single_copy = leader_offered;
+  }
 
   // The path the bucket's untimed ops take now (single-copy until both
   // paths were timed).
@@ -92,8 +97,12 @@ class Crossover {
 class CrossoverTrial {
  public:
   CrossoverTrial() = default;
+  // may_offer: the op is large enough for single-copy and the group may
+  // use it (the same on every rank; only such ops count in a bucket).
+  // eligible: this rank's buffers can go single-copy (one contiguous
+  // piece); an op that is not still counts, offers nothing, is not timed.
   // c null: no calibration, the rank offers whenever it may.
-  CrossoverTrial(Crossover* c, Crossover::Op op, size_t bytes, bool may_offer);
+  CrossoverTrial(Crossover* c, Crossover::Op op, size_t bytes, bool may_offer, bool eligible = true);
   ~CrossoverTrial();
   CrossoverTrial(const CrossoverTrial&) = delete;
   CrossoverTrial& operator=(const CrossoverTrial&) = delete;

@@ -42,5 +42,4 @@ struct PathOffer {
 Path agree_on_path(Rounds& rounds, const PathOffer& offer, const OpDesc& desc, Deadline d,
                    const std::function<void()>& post_round0);
 
-
 }  // namespace tdist::comm::shm

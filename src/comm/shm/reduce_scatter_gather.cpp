@@ -70,7 +70,9 @@ void reduce_scatter_gather(Rounds& rounds, const PieceWalker& walk, DataType t, 
     if (pieces != 1) whole = nullptr;
   }
   const uint64_t* sym_key = sym ? sym->key() : nullptr;
-  CrossoverTrial trial = CmaChannel::trial(whole ? cma : nullptr, Crossover::Op::kAllReduce, count * es);
+  // Counted in its size's bucket on every rank, whole or not (crossover.h).
+  CrossoverTrial trial = CmaChannel::trial(root < 0 && wire == t ? cma : nullptr, Crossover::Op::kAllReduce,
+                                           count * es, whole != nullptr);
   const PathOffer offer{sym_key, cma, trial.offers(), whole, whole, &trial};
   const Path path = agree_on_path(rounds, offer, desc, d, [&] { post(0); });
   if (path == Path::kSymmetric) {

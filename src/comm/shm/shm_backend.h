@@ -40,8 +40,9 @@ struct ShmOptions {
   size_t cma_bytes = 16 * 1024;
   // Whether the group times both paths for such ops and keeps, per op kind
   // and size, the faster (crossover.h); else every op of at least
-  // cma_bytes goes single-copy. Rank 0's setting decides; a rank whose
-  // setting differs from rank 0's costs the group a round at some ops.
+  // cma_bytes goes single-copy. Every rank should have the same setting
+  // (and the same cma_bytes): where they differ, ops stay correct but
+  // some pay an extra round and the timings mislead (crossover.h).
   bool cma_calibrate = true;
   // Read from TDIST_SHM_ROUND_BYTES, TDIST_SHM_SMALL_BYTES, TDIST_SHM_SPIN_US,
   // TDIST_SHM_YIELD_US, TDIST_SHM_SYMMETRIC (0 or 1), TDIST_SHM_CMA_BYTES,

@@ -160,6 +160,21 @@ TEST(CrossoverTrial, OffersAsPlannedAndRecordsTheTimeOfAnOpThatReturned) {
   EXPECT_TRUE(e.prefers_single_copy(Op::kAllReduce, kMiB)) << "no staged time was recorded";
 }
 
+TEST(CrossoverTrial, AnOpThisRankCannotGiveSingleCopyStillCountsInItsBucket) {
+  // E.g. an all_reduce of several pieces on this rank: it offers nothing
+  // and is not timed, but keeps the bucket's count in step with the
+  // ranks that could.
+  Crossover c;
+  for (int k = 0; k < 6; ++k) {
+    CrossoverTrial t(&c, Op::kAllReduce, kMiB, /*may_offer=*/true, /*eligible=*/k != 5);
+    EXPECT_FALSE(k == 5 && t.offers()) << "op 5 would try single-copy, but this rank cannot";
+    t.agreed(false, false, false);
+  }
+  const Crossover::Plan p = c.next(Op::kAllReduce, kMiB);
+  EXPECT_TRUE(p.in_block && !p.single_copy && !p.timed) << "op 6 starts the second block";
+  EXPECT_FALSE(c.prefers_single_copy(Op::kAllReduce, kMiB)) << "only op 3's staged time was recorded";
+}
+
 TEST(CrossoverTrial, ARankThatDoesNotDecideOffersWheneverItMay) {
   Crossover c;
   EXPECT_TRUE(CrossoverTrial(nullptr, Op::kAllReduce, kMiB, true).offers());
