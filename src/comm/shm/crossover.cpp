@@ -72,9 +72,10 @@ CrossoverTrial::CrossoverTrial(Crossover* c, Crossover::Op op, size_t bytes, boo
   start_ = std::chrono::steady_clock::now();
 }
 
-void CrossoverTrial::agreed(bool symmetric, bool single_copy, bool leader_offered) {
+void CrossoverTrial::agreed(bool symmetric, bool single_copy, bool leader_offered, bool leader_timed) {
   single_copy_ = single_copy;
   if (symmetric) timed_ = false;
+  closing_barrier_ = leader_timed && !symmetric && !single_copy;
   if (crossover_ && !in_block_) crossover_->follow(op_, bytes_, leader_offered);
 }
 

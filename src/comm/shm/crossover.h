@@ -35,8 +35,10 @@
 // TDIST_SHM_CMA_CALIBRATE: where they differ, the ranks count a bucket's
 // ops or place its blocks differently, and the guesses, and with them
 // rank 0's timings, go wrong for good (still on a correct path). Rank 0 times an op from before its first barrier
-// to its own end: the time includes the others' late arrival, and an op
-// that follows another bucket's staged op may pay that op's tail.
+// to its end, which for a timed staged op is one more barrier (rank 0's
+// descriptor tells the others): both paths' times include the slowest
+// rank, the others' late arrival too, and an op that follows another
+// bucket's staged op may pay that op's tail.
 //
 // Contract: one per backend, used by its collective thread only; not
 // thread-safe. LibTorch-free.
@@ -108,13 +110,23 @@ class CrossoverTrial {
   CrossoverTrial& operator=(const CrossoverTrial&) = delete;
 
   bool offers() const { return offers_; }
+  // Whether this rank times the op (rank 0 says so with its descriptor).
+  bool timed() const { return timed_; }
   // What the group agreed on: in place over symmetric memory (not timed),
-  // single-copy or staged; and whether rank 0 offered single-copy.
-  void agreed(bool symmetric, bool single_copy, bool leader_offered);
+  // single-copy or staged; whether rank 0 offered single-copy and whether
+  // it times the op.
+  void agreed(bool symmetric, bool single_copy, bool leader_offered, bool leader_timed);
+  // Whether the op, staged, ends with one more barrier (on every rank):
+  // rank 0 times it. A staged op otherwise ends on each rank as its own
+  // part does, a single-copy one with a barrier, so without it rank 0's
+  // time of a staged op would leave out the slowest rank's last part (on
+  // oversubscribed cores, most of the op) and favour staging.
+  bool ends_with_barrier() const { return closing_barrier_; }
 
  private:
   Crossover* crossover_ = nullptr;
   bool timed_ = false;
+  bool closing_barrier_ = false;
   bool in_block_ = false;
   Crossover::Op op_ = Crossover::Op::kAllReduce;
   size_t bytes_ = 0;

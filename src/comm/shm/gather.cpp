@@ -56,6 +56,7 @@ void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, c
       }
     }
   }
+  if (trial.ends_with_barrier()) rounds.barrier_round(desc, d);
 }
 
 }  // namespace tdist::comm::shm::algo

@@ -9,16 +9,23 @@ namespace {
 // op's whole first round stays in one cache line (rounds.h).
 constexpr uint8_t kHasKey = 1;      // its symmetric key is in sym_key
 constexpr uint8_t kOffersCma = 2;   // its single-copy offer is in cma
+constexpr uint8_t kTimed = 4;       // rank 0 times the op (crossover.h)
 
-// The path; *leader_offered: whether rank 0 offered single-copy.
+struct Leader {
+  bool offered = false;  // rank 0 offered single-copy
+  bool timed = false;    // rank 0 times the op
+};
+
+// The path; *leader: what rank 0 published with the op.
 Path agree(Rounds& rounds, const PathOffer& offer, const OpDesc& desc, Deadline d,
-           const std::function<void()>& post_round0, bool* leader_offered) {
+           const std::function<void()>& post_round0, Leader* leader) {
   const uint64_t none[2] = {0, 0};
   const uint64_t* key = offer.sym_key ? offer.sym_key : none;
   const bool have_key = (key[0] | key[1]) != 0;
   const bool cma_offer = offer.cma && offer.cma_offer;
   OpDesc published = desc;
-  published.flags = (have_key ? kHasKey : 0) | (cma_offer ? kOffersCma : 0);
+  published.flags = (have_key ? kHasKey : 0) | (cma_offer ? kOffersCma : 0) |
+                    (offer.trial && offer.trial->timed() ? kTimed : 0);
   if (have_key) {
     uint64_t* slot = rounds.sym_key_slot();
     slot[0] = key[0];
@@ -27,7 +34,9 @@ Path agree(Rounds& rounds, const PathOffer& offer, const OpDesc& desc, Deadline 
   if (cma_offer) offer.cma->publish(rounds, offer.in, offer.out);
   if (!have_key && !cma_offer) post_round0();
   rounds.first_barrier(published, d);
-  *leader_offered = (rounds.desc_of(0).flags & kOffersCma) != 0;
+  const uint8_t leader_flags = rounds.desc_of(0).flags;
+  leader->offered = (leader_flags & kOffersCma) != 0;
+  leader->timed = (leader_flags & kTimed) != 0;
   bool all_same = have_key, any_key = false;
   int offers = 0;
   for (int r = 0; r < rounds.size(); ++r) {
@@ -60,9 +69,11 @@ Path agree(Rounds& rounds, const PathOffer& offer, const OpDesc& desc, Deadline 
 
 Path agree_on_path(Rounds& rounds, const PathOffer& offer, const OpDesc& desc, Deadline d,
                    const std::function<void()>& post_round0) {
-  bool leader_offered = false;
-  const Path path = agree(rounds, offer, desc, d, post_round0, &leader_offered);
-  if (offer.trial) offer.trial->agreed(path == Path::kSymmetric, path == Path::kSingleCopy, leader_offered);
+  Leader leader;
+  const Path path = agree(rounds, offer, desc, d, post_round0, &leader);
+  if (offer.trial) {
+    offer.trial->agreed(path == Path::kSymmetric, path == Path::kSingleCopy, leader.offered, leader.timed);
+  }
   return path;
 }
 

@@ -17,7 +17,8 @@
 // Contract: collective; raises as Rounds does (CollectiveMismatchError from
 // the first barrier included). After kSymmetric and kSingleCopy the op must
 // end with a barrier_round; after kStaged, round 0 is posted and its
-// barrier passed.
+// barrier passed, and the op must end with one more barrier_round when its
+// trial says so (CrossoverTrial::ends_with_barrier: rank 0 times it).
 #pragma once
 
 #include <cstdint>

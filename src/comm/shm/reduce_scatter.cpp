@@ -58,6 +58,7 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
     }
     reduce_many(dst + off * es, inputs.data(), n, len, t, op, n);
   }
+  if (trial.ends_with_barrier()) rounds.barrier_round(desc, d);
 }
 
 }  // namespace tdist::comm::shm::algo

@@ -124,6 +124,7 @@ void reduce_scatter_gather(Rounds& rounds, const PieceWalker& walk, DataType t, 
       }
     }
   }
+  if (trial.ends_with_barrier()) rounds.barrier_round(desc, d);
 }
 
 }  // namespace tdist::comm::shm::algo

@@ -137,7 +137,7 @@ TEST(CrossoverTrial, OffersAsPlannedAndRecordsTheTimeOfAnOpThatReturned) {
     if (k >= 2) {
       EXPECT_EQ(t.offers(), (k >= 4 && k < 6) || k >= 8) << "op " << k << " of two blocks";
     }
-    t.agreed(false, t.offers(), t.offers());
+    t.agreed(false, t.offers(), t.offers(), t.timed());
     if (!t.offers()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_TRUE(c.prefers_single_copy(Op::kAllGather, kMiB)) << "the staged ops slept 10 ms";
@@ -149,13 +149,13 @@ TEST(CrossoverTrial, OffersAsPlannedAndRecordsTheTimeOfAnOpThatReturned) {
   try {
     CrossoverTrial t(&e, Op::kAllReduce, kMiB, true);
     EXPECT_FALSE(t.offers());
-    t.agreed(false, false, false);
+    t.agreed(false, false, false, t.timed());
     throw std::runtime_error("peer died");
   } catch (const std::runtime_error&) {
   }
   {
     CrossoverTrial t(&e, Op::kAllReduce, kMiB, true);
-    t.agreed(/*symmetric=*/true, false, false);
+    t.agreed(/*symmetric=*/true, false, false, t.timed());
   }
   EXPECT_TRUE(e.prefers_single_copy(Op::kAllReduce, kMiB)) << "no staged time was recorded";
 }
@@ -168,7 +168,7 @@ TEST(CrossoverTrial, AnOpThisRankCannotGiveSingleCopyStillCountsInItsBucket) {
   for (int k = 0; k < 6; ++k) {
     CrossoverTrial t(&c, Op::kAllReduce, kMiB, /*may_offer=*/true, /*eligible=*/k != 5);
     EXPECT_FALSE(k == 5 && t.offers()) << "op 5 would try single-copy, but this rank cannot";
-    t.agreed(false, false, false);
+    t.agreed(false, false, false, t.timed());
   }
   const Crossover::Plan p = c.next(Op::kAllReduce, kMiB);
   EXPECT_TRUE(p.in_block && !p.single_copy && !p.timed) << "op 6 starts the second block";
