@@ -34,11 +34,13 @@
 // wrong path. The ranks must agree on TDIST_SHM_CMA_BYTES and
 // TDIST_SHM_CMA_CALIBRATE: where they differ, the ranks count a bucket's
 // ops or place its blocks differently, and the guesses, and with them
-// rank 0's timings, go wrong for good (still on a correct path). Rank 0 times an op from before its first barrier
-// to its end, which for a timed staged op is one more barrier (rank 0's
-// descriptor tells the others): both paths' times include the slowest
-// rank, the others' late arrival too, and an op that follows another
-// bucket's staged op may pay that op's tail.
+// rank 0's timings, go wrong for good (still on a correct path).
+//
+// Rank 0 times an op from before its first barrier to its end, which for
+// a timed staged op is one more barrier (rank 0's descriptor tells the
+// others): both paths' times include the slowest rank, the others' late
+// arrival too, and an op that follows another bucket's staged op may pay
+// that op's tail.
 //
 // Contract: one per backend, used by its collective thread only; not
 // thread-safe. LibTorch-free.
