@@ -121,7 +121,7 @@ struct ProcessGroup::Impl {
     std::optional<uint64_t> label;
     try {
       label = queue->run_now(name, to, [&](comm::Deadline d) {
-        counts.add(op, traffic.input_bytes, traffic.output_bytes);
+        counts.add_running(op, traffic.input_bytes, traffic.output_bytes);
         rec = record(op, traffic, to, comm::current_op_label());
         if (!sig.empty()) collective_check->check(sig, d);
         result = body(d);

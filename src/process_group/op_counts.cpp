@@ -40,24 +40,36 @@ const std::string& group_op_string(GroupOp op) {
   return (*names)[std::min(static_cast<size_t>(op), names->size() - 1)];
 }
 
+std::array<CollectiveCount, static_cast<size_t>(GroupOp::kCount)> OpCounts::totals() const {
+  std::array<CollectiveCount, static_cast<size_t>(GroupOp::kCount)> out{};
+  for (size_t i = 0; i < out.size(); ++i) {
+    for (const Slots* slots : {&queued_, &running_}) {
+      const Slot& s = (*slots)[i];
+      out[i].calls += s.calls.load(std::memory_order_relaxed);
+      out[i].input_bytes += s.input_bytes.load(std::memory_order_relaxed);
+      out[i].output_bytes += s.output_bytes.load(std::memory_order_relaxed);
+    }
+  }
+  return out;
+}
+
 std::map<std::string, CollectiveCount> OpCounts::read() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto now = totals();
   std::map<std::string, CollectiveCount> out;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const Slot& s = slots_[i];
-    const int64_t calls = s.calls.load(std::memory_order_relaxed);
-    if (calls == 0) continue;
-    out[group_op_name(static_cast<GroupOp>(i))] = CollectiveCount{
-        calls, s.input_bytes.load(std::memory_order_relaxed), s.output_bytes.load(std::memory_order_relaxed)};
+  for (size_t i = 0; i < now.size(); ++i) {
+    const CollectiveCount& z = zero_[i];
+    const int64_t calls = now[i].calls - z.calls;
+    if (calls <= 0) continue;
+    out[group_op_name(static_cast<GroupOp>(i))] =
+        CollectiveCount{calls, now[i].input_bytes - z.input_bytes, now[i].output_bytes - z.output_bytes};
   }
   return out;
 }
 
 void OpCounts::reset() {
-  for (Slot& s : slots_) {
-    s.calls.store(0, std::memory_order_relaxed);
-    s.input_bytes.store(0, std::memory_order_relaxed);
-    s.output_bytes.store(0, std::memory_order_relaxed);
-  }
+  std::lock_guard<std::mutex> lock(mu_);
+  zero_ = totals();
 }
 
 }  // namespace tdist::detail

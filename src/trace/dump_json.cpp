@@ -205,6 +205,21 @@ void put_entry(std::string& out, const FrRecord& r) {
   out += '}';
 }
 
+// A group's pg_status object.
+void put_progress(std::string& out, const FrProgress& collective, const FrProgress& p2p) {
+  const auto put = [&out](const char* key, uint64_t v) {
+    out += key;
+    put_int(out, static_cast<int64_t>(v));
+  };
+  put("{\"last_enqueued_collective\":", collective.enqueued());
+  put(",\"last_started_collective\":", collective.started.load());
+  put(",\"last_completed_collective\":", collective.completed.load());
+  put(",\"last_enqueued_p2p\":", p2p.enqueued());
+  put(",\"last_started_p2p\":", p2p.started.load());
+  put(",\"last_completed_p2p\":", p2p.completed.load());
+  out += '}';
+}
+
 }  // namespace
 
 std::string json_quote(const std::string& s) {
@@ -259,19 +274,8 @@ std::string dump_json(const FlightRecorder& fr, DumpReason why) {
     const FrGroup& g = *groups[i];
     if (i) out += ',';
     put_string(out, g.name);
-    out += ":{\"last_enqueued_collective\":";
-    put_int(out, static_cast<int64_t>(g.enqueued_collective.load()));
-    out += ",\"last_started_collective\":";
-    put_int(out, static_cast<int64_t>(g.started_collective.load()));
-    out += ",\"last_completed_collective\":";
-    put_int(out, static_cast<int64_t>(g.completed_collective.load()));
-    out += ",\"last_enqueued_p2p\":";
-    put_int(out, static_cast<int64_t>(g.enqueued_p2p.load()));
-    out += ",\"last_started_p2p\":";
-    put_int(out, static_cast<int64_t>(g.started_p2p.load()));
-    out += ",\"last_completed_p2p\":";
-    put_int(out, static_cast<int64_t>(g.completed_p2p.load()));
-    out += '}';
+    out += ':';
+    put_progress(out, g.collective, g.p2p);
   }
   out += "},\"entries\":[";
   for (size_t i = 0; i < records.size(); ++i) {

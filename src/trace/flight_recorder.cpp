@@ -45,12 +45,15 @@ size_t capacity_from_env() {
   return std::min(static_cast<size_t>(n), kMaxCapacity);
 }
 
-// counter = max(counter, seq): ops of one group may end out of their
-// numbers' order (several threads queueing, a chain's continuation).
-void raise_to(std::atomic<uint64_t>& counter, uint64_t seq) {
-  uint64_t cur = counter.load(std::memory_order_relaxed);
-  while (cur < seq && !counter.compare_exchange_weak(cur, seq, std::memory_order_relaxed)) {
-  }
+// counter = max(counter, seq), written by one thread at a time (the op
+// that runs: FrProgress): no locked instruction.
+void advance(std::atomic<uint64_t>& counter, uint64_t seq) {
+  if (counter.load(std::memory_order_relaxed) < seq) counter.store(seq, std::memory_order_relaxed);
+}
+
+// ++counter, likewise by one thread at a time.
+void bump(std::atomic<uint64_t>& counter) {
+  counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
 }
 
 // The first line of an error message, at most kErrorBytes.
@@ -158,9 +161,16 @@ FrHandle FlightRecorder::record(FrGroup* group, const FrOp& op, uint64_t started
   FrHandle h;
   if (!enabled() || !recording_.load(std::memory_order_relaxed)) return h;
   const bool p2p = op.p2p;
+  FrProgress& progress = group->progress(p2p);
   // Numbered when it starts (FrHandle::started); until then the count of
-  // ops queued is the highest number they will have.
-  (p2p ? group->enqueued_p2p : group->enqueued_collective).fetch_add(1, std::memory_order_relaxed);
+  // ops recorded is the highest number they will have. An op started
+  // already runs under the group's run token; a queued one may be queued
+  // by any thread.
+  if (started != 0) {
+    bump(progress.ran_at_once);
+  } else {
+    progress.queued.fetch_add(1, std::memory_order_relaxed);
+  }
   const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
   Slot& s = slots_[id % capacity_];
   const int64_t now = fr_op_now_ns();
@@ -202,7 +212,7 @@ FrHandle FlightRecorder::record(FrGroup* group, const FrOp& op, uint64_t started
   h.id_ = id;
   if (started != 0) {
     h.seq_ = started;
-    raise_to(p2p ? group->started_p2p : group->started_collective, started);
+    advance(progress.started, started);
   }
   h.group_ = group;
   h.p2p_ = p2p;
@@ -221,7 +231,7 @@ void FrHandle::started() const {
       slot_->seq = seq_;
     }
   }
-  raise_to(p2p_ ? group_->started_p2p : group_->started_collective, seq_);
+  advance(group_->progress(p2p_).started, seq_);
 }
 
 namespace {
@@ -270,7 +280,9 @@ void FrHandle::completed() const {
     }
   }
   if (span) span->add_to(*tl);
-  raise_to(p2p_ ? group_->completed_p2p : group_->completed_collective, seq_);
+  FrProgress& progress = group_->progress(p2p_);
+  advance(progress.completed, seq_);
+  bump(progress.completed_ops);
   FlightRecorder::get().completed_one(now);
 }
 
@@ -329,6 +341,15 @@ std::vector<FrRecord> FlightRecorder::snapshot() const {
     out.push_back(std::move(r));
   }
   return out;
+}
+
+int64_t FlightRecorder::completed_ops() const {
+  std::lock_guard<std::mutex> lock(groups_mu_);
+  uint64_t n = 0;
+  for (const auto& g : groups_) {
+    n += g->collective.completed_ops.load(std::memory_order_relaxed) + g->p2p.completed_ops.load(std::memory_order_relaxed);
+  }
+  return static_cast<int64_t>(n);
 }
 
 std::vector<const FrGroup*> FlightRecorder::groups() const {

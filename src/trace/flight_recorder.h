@@ -10,12 +10,15 @@
 // and groups record nothing).
 //
 // Cost: an op claims a slot (one atomic increment), takes the slot's own
-// mutex (uncontended: only the op's threads and a dump touch it) three
-// times, and reads the clock three times (a synchronous op run on its
-// caller's thread: twice each); the clock is the coarse one
-// (fr_op_now_ns) unless the timeline is on. No string is built: a record
-// holds enums and counts, and the calling site is copied into a fixed
-// array.
+// spin lock (uncontended: only the op's threads and a dump touch it) to
+// record it and again to mark it ended, and reads the clock twice (a
+// synchronous op run on its caller's thread; a queued one three times);
+// the clock is the coarse one (fr_op_now_ns) unless the timeline is on.
+// A group's progress counters (FrProgress) are plain stores: a group runs
+// one op at a time (TaskQueue's run token), so one thread at a time writes
+// them. Three locked instructions an op in all; no string is built: a
+// record holds enums and counts, and the calling site is copied into a
+// fixed array.
 //
 // Threading: every member may be called from any thread. A record's slot
 // is reused N records later; an update through a stale handle (its slot
@@ -42,20 +45,37 @@ namespace tdist::detail {
 enum class DumpReason : uint8_t { kTimeout, kPeerFailure, kMismatch, kSignal, kStall, kRequest };
 const char* dump_reason_name(DumpReason r);
 
-// A group's progress, per process, by the group's own numbers (given as
-// each op starts, in the order ops run: comm/op_label.h): how many ops were
-// enqueued while recording (the highest number they will have), the
-// highest started and completed; 0: none yet. Collectives and point-to-point ops
-// are numbered apart (send/recv are not symmetric across ranks, so they
-// cannot share the numbers ranks line up by).
+// One numbering's progress on a group (its collectives, or its send/recv
+// ops: send/recv are not symmetric across ranks, so they cannot share the
+// numbers ranks line up by), by the group's own numbers (given as each op
+// starts, in the order ops run: comm/op_label.h); 0: none yet.
+// Threading: everything but `queued` is written only by the op that runs,
+// and a group runs one op at a time (TaskQueue's run token orders one op's
+// writes before the next op's), so those are relaxed loads and stores, no
+// locked instruction; any thread may read them. `queued` is bumped by
+// whichever thread queues an op.
+struct FrProgress {
+  std::atomic<uint64_t> queued{0};      // ops queued while recording (not run at once on the caller's thread)
+  std::atomic<uint64_t> ran_at_once{0};  // ops recorded as they started on the caller's thread
+  std::atomic<uint64_t> started{0};     // the highest number started
+  std::atomic<uint64_t> completed{0};   // the highest number completed
+  std::atomic<uint64_t> completed_ops{0};  // how many completed while recording
+  // How many ops were recorded: the highest number the ops queued so far
+  // will have (while recording ran throughout).
+  uint64_t enqueued() const {
+    return queued.load(std::memory_order_relaxed) + ran_at_once.load(std::memory_order_relaxed);
+  }
+};
+
+// A group as the recorder knows it.
 struct FrGroup {
   int id = 0;  // creation order in this process
   std::string name;
   std::string desc;  // "default_pg" for the world group
   std::string backend;
   std::vector<int> ranks;  // global ranks
-  std::atomic<uint64_t> enqueued_collective{0}, started_collective{0}, completed_collective{0};
-  std::atomic<uint64_t> enqueued_p2p{0}, started_p2p{0}, completed_p2p{0};
+  FrProgress collective, p2p;
+  FrProgress& progress(bool is_p2p) { return is_p2p ? p2p : collective; }
 };
 
 enum class FrState : uint8_t { kScheduled, kStarted, kCompleted, kFailed };
@@ -174,17 +194,15 @@ class FlightRecorder {
 
   int rank() const { return rank_.load(std::memory_order_relaxed); }
   int world_size() const { return world_size_.load(std::memory_order_relaxed); }
-  int64_t completed_ops() const { return completed_ops_.load(std::memory_order_relaxed); }
+  // Ops completed while recording, over all groups.
+  int64_t completed_ops() const;
   int64_t last_completed_ns() const { return last_completed_ns_.load(std::memory_order_relaxed); }
   int64_t dumps() const { return dumps_.load(std::memory_order_relaxed); }  // written so far
 
  private:
   friend class FrHandle;
   FlightRecorder();
-  void completed_one(int64_t now_ns) {
-    completed_ops_.fetch_add(1, std::memory_order_relaxed);
-    last_completed_ns_.store(now_ns, std::memory_order_relaxed);
-  }
+  void completed_one(int64_t now_ns) { last_completed_ns_.store(now_ns, std::memory_order_relaxed); }
 
   size_t capacity_ = 0;
   std::unique_ptr<struct Slot[]> slots_;
@@ -196,7 +214,6 @@ class FlightRecorder {
   std::atomic<int> rank_{-1};
   std::atomic<int> world_size_{0};
   std::atomic<int64_t> steps_{0};
-  std::atomic<int64_t> completed_ops_{0};
   std::atomic<int64_t> last_completed_ns_{0};
   std::atomic<int64_t> dumps_{0};
   std::mutex dump_mu_;

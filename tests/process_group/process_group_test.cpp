@@ -420,6 +420,21 @@ TEST_P(Accounting, CollectiveCountsTallyEachOpsBytes) {
                 "the refused all_gather was counted");
     pg.reset_collective_counts();
     WORLD_CHECK(pg.collective_counts().empty(), "reset after use");
+    // Synchronous calls (run at once on this thread, counted as they
+    // start) count with the queued ones, and from zero after a reset.
+    tdist::AllreduceOptions now;
+    now.async_op = false;
+    for (int i = 0; i < 3; ++i) pg.all_reduce(x, now);
+    pg.all_reduce(x)->wait();
+    WORLD_CHECK(get_count(pg.collective_counts(), "all_reduce").calls == 4 &&
+                    get_count(pg.collective_counts(), "all_reduce").input_bytes == 160,
+                "synchronous all_reduce calls " << get_count(pg.collective_counts(), "all_reduce").calls);
+    pg.reset_collective_counts();
+    pg.all_reduce(x, now);
+    WORLD_CHECK(get_count(pg.collective_counts(), "all_reduce").calls == 1 &&
+                    get_count(pg.collective_counts(), "all_reduce").output_bytes == 40 &&
+                    pg.collective_counts().size() == 1,
+                "after a reset: " << get_count(pg.collective_counts(), "all_reduce").calls);
   }, wo), "");
 }
 INSTANTIATE_TEST_SUITE_P(Backends, Accounting, ::testing::Values("shm", "gloo"),

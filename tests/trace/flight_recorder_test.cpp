@@ -60,6 +60,9 @@ TEST(FlightRecorder, ADumpHoldsEveryGroupsOpsInOrderNumberedPerGroup) {
     const int r = pg.rank();
     auto sub = pg.new_group({0, 1});
     at::Tensor t = at::ones({6});
+    tdist::CollectiveOptions at_once;  // run on this thread as it is called: recorded as it starts
+    at_once.async_op = false;
+    pg.all_gather_into_tensor(at::empty({12}), t, at_once);
     pg.all_reduce(t)->wait();
     at::Tensor d = at::zeros({3}, at::kDouble);
     pg.broadcast(d, {0})->wait();
@@ -115,6 +118,9 @@ TEST(FlightRecorder, ADumpHoldsEveryGroupsOpsInOrderNumberedPerGroup) {
     WORLD_CHECK(p2p == 1, p2p);
     const auto& status = dump["pg_status"]["world"];
     WORLD_CHECK(status["last_completed_collective"] == want - 1 && status["last_enqueued_p2p"] == 1, status.dump());
+    WORLD_CHECK(status["last_enqueued_collective"] == want - 1 && status["last_started_collective"] == want - 1 &&
+                    status["last_started_p2p"] == 1 && status["last_completed_p2p"] == 1,
+                status.dump());
     // all_reduce then broadcast (float 6, double 3), in that order.
     size_t i = 0;
     while (i < world.size() && !(world[i]["profiling_name"] == "tdist:all_reduce")) ++i;
