@@ -33,6 +33,10 @@ struct CollectivesBenchOptions {
   // Each timed op queued and its Work waited for (async_op=true), instead
   // of one synchronous call (async_op=false, as MPI's blocking calls).
   bool async = false;
+  // An untimed barrier before every timed op, so that no rank runs ahead
+  // (a small broadcast's root otherwise returns at once and gets ahead of
+  // its receivers; bench/mpi_collectives_reference.c has the same flag).
+  bool barrier_each = false;
   // "cpp": the C++ API; "c": the C ABI (include/tdist/c/tdist.h), as a
   // language binding calls it, with what it adds per op over C++.
   std::string api = "cpp";

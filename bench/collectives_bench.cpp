@@ -207,11 +207,15 @@ std::vector<std::string> parse_ops(const std::string& arg) {
 }
 
 // Per-op times on this rank, then element-wise the slowest rank's.
-std::vector<double> timed_samples(ProcessGroup& pg, const std::string& op, Buffers& b, int iters, bool async) {
+std::vector<double> timed_samples(ProcessGroup& pg, const std::string& op, Buffers& b, int iters, bool async,
+                                  bool barrier_each) {
   at::Tensor t = at::empty({iters}, at::kDouble);
   double* s = t.data_ptr<double>();
   pg.barrier()->wait();
+  CollectiveOptions at_once;
+  at_once.async_op = false;
   for (int i = 0; i < iters; ++i) {
+    if (barrier_each) pg.barrier(at_once);
     const auto t0 = Clock::now();
     run_op(pg, op, b, async);
     s[i] = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -290,9 +294,9 @@ int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
     std::printf("# per-op overhead: %.0f ns synchronous (async_op=false), %.0f ns queued and waited for (all_reduce "
                 "of one float32 on a group of one rank: what the process group adds to every op)\n",
                 overhead.sync_ns, overhead.async_ns);
-    std::printf("# timed calls: %s%s\n", o.async ? "queued, then waited for (async_op=true, then Work::wait)"
-                                                 : "synchronous (async_op=false)",
-                c_groups ? ", through the C ABI" : "");
+    std::printf("# timed calls: %s%s%s\n", o.async ? "queued, then waited for (async_op=true, then Work::wait)"
+                                                   : "synchronous (async_op=false)",
+                c_groups ? ", through the C ABI" : "", o.barrier_each ? ", each after an untimed barrier" : "");
   }
   c_api::Overhead c_overhead;
   if (c_groups) {
@@ -326,10 +330,10 @@ int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
       const int64_t wrong = check(*pg, op, b);
       // Warm up, then agree on an iteration count that fills o.seconds.
       for (int i = 0; i < 3; ++i) run_op(*pg, op, b, o.async);
-      const std::vector<double> est = timed_samples(*pg, op, b, 3, o.async);
+      const std::vector<double> est = timed_samples(*pg, op, b, 3, o.async, o.barrier_each);
       const int iters =
           static_cast<int>(std::clamp(o.seconds / std::max(percentile(est, 50), 1e-7), 20.0, 20000.0));
-      const std::vector<double> samples = timed_samples(*pg, op, b, iters, o.async);
+      const std::vector<double> samples = timed_samples(*pg, op, b, iters, o.async, o.barrier_each);
       at::Tensor wrong_t = at::tensor({wrong}, at::kLong);
       pg->all_reduce(wrong_t)->wait();
       if (rank == 0) {
@@ -361,6 +365,7 @@ int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
         json.field("memcpy_all_cores_GBps", mem_all);
         json.field("wrong", static_cast<double>(wrong_t.item<int64_t>()));
         json.field("async_op", o.async ? 1.0 : 0.0);
+        json.field("barrier_each", o.barrier_each ? 1.0 : 0.0);
         json.field("op_overhead_ns", overhead.sync_ns);
         json.field("op_overhead_async_ns", overhead.async_ns);
         json.field("api", o.api);
@@ -393,6 +398,8 @@ void CollectivesBenchOptions::add_to(CLI::App& mode) {
       ->capture_default_str();
   mode.add_flag("--async", async,
                 "queue each timed op and wait for its Work (async_op=true); default: synchronous calls");
+  mode.add_flag("--barrier-each", barrier_each,
+                "an untimed barrier before each timed op: no rank runs ahead (a small broadcast's root would)");
   const CLI::Validator size(
       [](std::string& s) -> std::string {
         try {

@@ -6,8 +6,14 @@
  * the slowest rank's times. Built and run by bench/compare_collectives.sh
  * when mpicc and mpirun are installed.
  *
- *   mpirun -np 2 ./mpi_collectives_reference OPS MIN_BYTES MAX_BYTES STEP SECONDS [JSON]
+ *   mpirun -np 2 ./mpi_collectives_reference [--barrier-each] OPS MIN_BYTES MAX_BYTES STEP SECONDS [JSON]
  *   (OPS: comma-separated, e.g. all_reduce,reduce_scatter,all_gather)
+ *
+ * --barrier-each: an untimed MPI_Barrier before every timed call (as
+ * `tdist-bench collectives --barrier-each`), so that no rank runs ahead:
+ * without it a small MPI_Bcast's root returns at once and fills its
+ * receivers' queue many calls ahead, and the receivers' time is their own
+ * call's alone.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -45,11 +51,14 @@ static void run(const char* op, float* in, float* out, long count, int world) {
 }
 
 /* Times iters calls; returns the slowest rank's times, sorted (caller frees). */
+static int barrier_each = 0;
+
 static double* timed(const char* op, float* in, float* out, long count, int world, int iters) {
   double* mine = malloc(sizeof(double) * (size_t)iters);
   double* slowest = malloc(sizeof(double) * (size_t)iters);
   MPI_Barrier(MPI_COMM_WORLD);
   for (int i = 0; i < iters; ++i) {
+    if (barrier_each) MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = MPI_Wtime();
     run(op, in, out, count, world);
     mine[i] = MPI_Wtime() - t0;
@@ -65,8 +74,13 @@ int main(int argc, char** argv) {
   int rank, world;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (argc > 1 && !strcmp(argv[1], "--barrier-each")) {
+    barrier_each = 1;
+    --argc;
+    ++argv;
+  }
   if (argc < 6) {
-    if (rank == 0) fprintf(stderr, "usage: mpi_collectives_reference OPS MIN MAX STEP SECONDS [JSON]\n");
+    if (rank == 0) fprintf(stderr, "usage: mpi_collectives_reference [--barrier-each] OPS MIN MAX STEP SECONDS [JSON]\n");
     MPI_Finalize();
     return 2;
   }
