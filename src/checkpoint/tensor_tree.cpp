@@ -7,6 +7,8 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "util/mapped_tensor.h"
+
 namespace tdist::checkpoint {
 
 PtValue TensorSink::add(at::ScalarType dtype, std::vector<int64_t> shape, Make make) {
@@ -20,7 +22,11 @@ at::Tensor CopyPool::copy(const at::Tensor& t) {
   if (next_ == buffers_.size()) buffers_.emplace_back();
   at::Tensor& b = buffers_[next_++];
   if (!b.defined() || b.scalar_type() != t.scalar_type() || b.sizes() != t.sizes() || b.is_pinned() != pinned) {
-    b = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(pinned));
+    // Pinned for a GPU's tensors; else mapped outside malloc's heap, so
+    // that the copies, kept from save to save, leave its free space to
+    // training's temporaries (util/mapped_tensor.h).
+    b = pinned ? at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true))
+               : detail::mapped_cpu_tensor(t.sizes(), {}, t.options());
   }
   const bool now = !deferred_ || !t.is_cpu() || !t.is_contiguous() || t.nbytes() == 0 ||
                    std::find(now_.begin(), now_.end(), t.storage().data()) != now_.end();

@@ -35,6 +35,7 @@
 #include "deferred/record.h"
 #include "tdist/deferred_init.h"
 #include "tdist/errors.h"
+#include "util/mapped_tensor.h"
 
 namespace tdist {
 namespace detail {
@@ -169,20 +170,15 @@ bool touches_meta(const std::vector<c10::IValue>& args) {
 }
 
 // A zeroed tensor of m's sizes and strides on `device`. On the CPU its
-// memory is mapped for it alone and unmapped when it dies: freed through
-// malloc, blocks of this size stay in the process (glibc raises its mmap
-// threshold after the first free), and deferred_init's peak would grow
-// with every scratch tensor instead of being the largest one.
+// memory is mapped for it alone (util/mapped_tensor.h): freed through
+// malloc, blocks of this size stay in the process, and deferred_init's
+// peak would grow with every scratch tensor instead of being the largest
+// one.
 at::Tensor scratch_like(const at::Tensor& m, c10::Device device) {
   if (!device.is_cpu() || m.numel() == 0) {
     return at::empty_strided(m.sizes(), m.strides(), m.options().device(device)).zero_();
   }
-  size_t span = 1;
-  for (int64_t d = 0; d < m.dim(); ++d) span += static_cast<size_t>(m.size(d) - 1) * static_cast<size_t>(m.stride(d));
-  const size_t bytes = span * m.element_size();
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
-  return at::from_blob(p, m.sizes(), m.strides(), [bytes](void* q) { ::munmap(q, bytes); }, m.options().device(device));
+  return detail::mapped_cpu_tensor(m.sizes(), m.strides(), m.options());
 }
 
 // Runs op for real on scratch tensors of the meta arguments' shapes, on

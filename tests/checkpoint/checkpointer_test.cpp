@@ -6,6 +6,7 @@
 // leaving the latest one as it was; a slow save is committed within a
 // tenth of the interval; a hostile latest marker is an error, not a hang.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -17,7 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/tensor_tree.h"
 #include "checkpoint/writer_pause.h"
+#include "util/mapped_tensor.h"
 #include "tdist/tdist.h"
 #include "tests/fsdp/models.h"
 #include "tests/util/process.h"
@@ -442,6 +445,75 @@ TEST(Checkpointer, MisuseIsNamed) {
     o.every_steps = -1;
     bad(o, "every_steps");
   }), "");
+}
+
+// The /proc/self/maps range [start, end) that holds address p; {0, 0}: none.
+std::pair<uintptr_t, uintptr_t> mapping_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    const size_t dash = line.find('-'), space = line.find(' ');
+    const uintptr_t lo = std::stoull(line.substr(0, dash), nullptr, 16);
+    const uintptr_t hi = std::stoull(line.substr(dash + 1, space - dash - 1), nullptr, 16);
+    if (lo <= a && a < hi) return {lo, hi};
+  }
+  return {0, 0};
+}
+
+// Whether [p, p + bytes) is mapped in this process now.
+bool is_mapped(const void* p, size_t bytes) {
+  std::vector<unsigned char> pages((bytes + 4095) / 4096);
+  return ::mincore(const_cast<void*>(p), bytes, pages.data()) == 0;
+}
+
+// An asynchronous save's host copies, kept from one save to the next, are
+// mapped for themselves, never taken from malloc's heap: there they would
+// use up its free space, and every large temporary of the steps that
+// follow (a weight's gradient, each backward) would be mapped and faulted
+// afresh (util/mapped_tensor.h).
+TEST(Checkpointer, AnAsynchronousSavesCopiesAreMappedOutsideMallocsHeap) {
+  const at::Tensor weights = torch::randn({3, 1000, 333});  // ~3.8 MiB
+  const size_t bytes = weights.nbytes();
+  const void* data = nullptr;
+  {
+    tdist::checkpoint::CopyPool pool;
+    at::Tensor copy = pool.copy(weights);
+    EXPECT_TRUE(torch::equal(copy, weights));
+    data = copy.data_ptr();
+    // A mapping of its own starts on a page; malloc's blocks (LibTorch's
+    // at 64-byte alignment) start inside its heap, or 16 or more bytes into
+    // a mapping of their own (the chunk's header).
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(data) % 4096, 0u) << "the copy is not at the start of a mapping";
+    const auto [lo, hi] = mapping_of(data);
+    EXPECT_GE(hi, reinterpret_cast<uintptr_t>(data) + bytes);
+    // Reused by the next save: the same buffer.
+    pool.restart();
+    copy = at::Tensor();
+    EXPECT_EQ(pool.copy(weights * 2).data_ptr(), data);
+  }
+  EXPECT_FALSE(is_mapped(data, bytes)) << "the copy's memory outlived the pool";
+}
+
+TEST(MappedCpuTensor, HoldsZerosInItsOwnMappingWithTheShapeAsked) {
+  const at::Tensor t = tdist::detail::mapped_cpu_tensor({4, 300, 7}, {}, at::TensorOptions(at::kDouble));
+  EXPECT_EQ(t.sizes(), (std::vector<int64_t>{4, 300, 7}));
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.scalar_type(), at::kDouble);
+  EXPECT_TRUE(torch::equal(t, torch::zeros({4, 300, 7}, at::kDouble)));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data_ptr()) % 4096, 0u);
+  t.fill_(2.5);  // writable
+  EXPECT_EQ(t.sum().item<double>(), 2.5 * 4 * 300 * 7);
+  // Strided (a transpose's strides): spans what the last element needs.
+  const at::Tensor s = tdist::detail::mapped_cpu_tensor({300, 4}, {1, 300}, at::TensorOptions(at::kFloat));
+  EXPECT_EQ(s.strides(), (std::vector<int64_t>{1, 300}));
+  s.fill_(1);
+  EXPECT_EQ(s.sum().item<float>(), 1200);
+  EXPECT_TRUE(is_mapped(s.data_ptr(), 1200 * sizeof(float)));
+  // Empty: no mapping at all.
+  EXPECT_EQ(tdist::detail::mapped_cpu_tensor({0, 5}, {}, at::TensorOptions(at::kFloat)).numel(), 0);
+  const void* p = s.data_ptr();
+  { at::Tensor gone = std::move(const_cast<at::Tensor&>(s)); }
+  EXPECT_FALSE(is_mapped(p, 1200 * sizeof(float)));
 }
 
 }  // namespace
