@@ -7,6 +7,16 @@
 
 namespace tdist::comm::shm {
 
+namespace {
+
+uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
 Rounds::Rounds(const GroupSegment& segment, Waiter& waiter)
     : seg_(segment), waiter_(waiter), rank_(waiter.rank()), size_(segment.size()) {}
 
@@ -19,13 +29,14 @@ OpDesc Rounds::make_desc(OpKind k, DataType t, ReduceOp op, int root, size_t cou
   d.count = count;
   d.seq = seq_++;
   d.history = history_;
-  // FNV-1a over the fields that say what the op is.
-  uint32_t h = history_ ^ 2166136261u;
-  const uint64_t words[] = {d.kind, d.dtype, d.reduce_op, static_cast<uint64_t>(static_cast<uint32_t>(root)), count};
-  for (uint64_t w : words) {
-    for (int b = 0; b < 8; ++b) h = (h ^ static_cast<uint8_t>(w >> (8 * b))) * 16777619u;
-  }
-  history_ = h;
+  // The fields that say what the op is, in two words, each mixed in whole
+  // (splitmix64's finalizer): four multiplies, where hashing them a byte
+  // at a time (FNV-1a, segment version 6) took 40 dependent ones, ~20 ns
+  // of every small op.
+  const uint64_t what = uint64_t{d.kind} | uint64_t{d.dtype} << 8 | uint64_t{d.reduce_op} << 16 |
+                        uint64_t{static_cast<uint32_t>(root)} << 32;
+  uint64_t h = mix(mix(history_ ^ what) ^ count);
+  history_ = static_cast<uint32_t>(h ^ (h >> 32));
   return d;
 }
 

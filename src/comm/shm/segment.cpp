@@ -27,7 +27,9 @@ namespace tdist::comm::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x316d737473696474ull;  // "tdistsm1"
-constexpr uint32_t kVersion = 6;  // 5: OpDesc.history, Slot.prev (eager ops); 6: RoundLine (a line per parity, the box)
+// 5: OpDesc.history, Slot.prev (eager ops); 6: RoundLine (a line per parity, the box);
+// 7: OpDesc.history hashed a word at a time (rounds.cpp): ranks of 6 and 7 would disagree on it.
+constexpr uint32_t kVersion = 7;
 
 }  // namespace
 
