@@ -22,11 +22,16 @@ at::Tensor CopyPool::copy(const at::Tensor& t) {
   if (next_ == buffers_.size()) buffers_.emplace_back();
   at::Tensor& b = buffers_[next_++];
   if (!b.defined() || b.scalar_type() != t.scalar_type() || b.sizes() != t.sizes() || b.is_pinned() != pinned) {
-    // Pinned for a GPU's tensors; else mapped outside malloc's heap, so
-    // that the copies, kept from save to save, leave its free space to
-    // training's temporaries (util/mapped_tensor.h).
-    b = pinned ? at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true))
-               : detail::mapped_cpu_tensor(t.sizes(), {}, t.options());
+    // Pinned for a GPU's tensors; else, from kMappedBytes up, mapped
+    // outside malloc's heap, so that the copies, kept from save to save,
+    // leave its free space to training's large temporaries
+    // (util/mapped_tensor.h). Smaller ones (biases, Adam's step counts)
+    // would each cost a page and a system call, and malloc never maps
+    // blocks below 128 KiB anyway.
+    constexpr size_t kMappedBytes = size_t{256} << 10;
+    b = pinned || t.nbytes() < kMappedBytes
+            ? at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(pinned))
+            : detail::mapped_cpu_tensor(t.sizes(), {}, t.options());
   }
   const bool now = !deferred_ || !t.is_cpu() || !t.is_contiguous() || t.nbytes() == 0 ||
                    std::find(now_.begin(), now_.end(), t.storage().data()) != now_.end();

@@ -1,5 +1,5 @@
 // OpCounts: ProcessGroup::collective_counts() kept without a lock or a
-// string lookup. Every op a group queues has a slot (GroupOp); an op
+// string lookup on the ops' side (reading and resetting take one). Every op a group queues has a slot (GroupOp); an op
 // counts as it is queued, or, a synchronous op run at once on its caller's
 // thread, as it starts; collective_counts() reads the slots into a map by
 // name.
@@ -9,7 +9,9 @@
 // writer at a time: plain stores, no locked instruction). A read while ops
 // are queued sees each counter at some recent value (the three of a slot
 // are not read as one). reset() never writes a counter (it keeps what they
-// held as the zero), so an op counted meanwhile is never lost or undone.
+// held as the zero), so an op counted meanwhile is never lost or undone
+// (though a reset in the middle of a queued op's three adds may split
+// that op's calls from its bytes).
 #pragma once
 
 #include <array>

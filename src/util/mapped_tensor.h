@@ -22,32 +22,53 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <stdexcept>
 #include <vector>
 
 namespace tdist::detail {
 
 // sizes and strides as at::empty_strided's (strides empty: contiguous);
-// `options` names the dtype (its device must be the CPU, or is ignored).
+// `options` names the dtype (the device is the CPU; pinning, which a
+// mapping of this kind cannot give, is the caller's to ask of at::empty).
+// Throws std::invalid_argument for strides that do not fit the sizes,
+// std::bad_alloc when the bytes overflow or cannot be mapped.
 inline at::Tensor mapped_cpu_tensor(at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options) {
   std::vector<int64_t> contiguous(sizes.size());
   for (size_t d = sizes.size(), step = 1; d-- > 0;) {
     contiguous[d] = static_cast<int64_t>(step);
-    step *= static_cast<size_t>(std::max<int64_t>(sizes[d], 1));
+    if (__builtin_mul_overflow(step, static_cast<size_t>(std::max<int64_t>(sizes[d], 1)), &step) ||
+        step > static_cast<size_t>(INT64_MAX)) {
+      throw std::bad_alloc();
+    }
   }
   if (strides.empty()) strides = contiguous;
+  if (strides.size() != sizes.size()) throw std::invalid_argument("mapped_cpu_tensor: strides do not fit the sizes");
+  bool empty = false;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] < 0 || strides[d] < 0) throw std::invalid_argument("mapped_cpu_tensor: a negative size or stride");
+    empty = empty || sizes[d] == 0;
+  }
+  const auto cpu = options.device(at::kCPU).pinned_memory(false);
+  if (empty) return at::empty_strided(sizes, strides, cpu);
+  // The last element's offset + 1, in elements, then bytes: checked.
   size_t span = 1;
   for (size_t d = 0; d < sizes.size(); ++d) {
-    if (sizes[d] == 0) span = 0;
+    size_t reach = 0;
+    if (__builtin_mul_overflow(static_cast<size_t>(sizes[d] - 1), static_cast<size_t>(strides[d]), &reach) ||
+        __builtin_add_overflow(span, reach, &span)) {
+      throw std::bad_alloc();
+    }
   }
-  if (span != 0) {
-    for (size_t d = 0; d < sizes.size(); ++d) span += static_cast<size_t>(sizes[d] - 1) * static_cast<size_t>(strides[d]);
-  }
-  const size_t bytes = span * options.dtype().itemsize();
-  const auto cpu = options.device(at::kCPU);
-  if (bytes == 0) return at::empty_strided(sizes, strides, cpu);
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(span, options.dtype().itemsize(), &bytes)) throw std::bad_alloc();
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
-  return at::from_blob(p, sizes, strides, [bytes](void* q) { ::munmap(q, bytes); }, cpu);
+  try {
+    return at::from_blob(p, sizes, strides, [bytes](void* q) { ::munmap(q, bytes); }, cpu);
+  } catch (...) {
+    ::munmap(p, bytes);
+    throw;
+  }
 }
 
 }  // namespace tdist::detail

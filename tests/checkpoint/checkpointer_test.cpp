@@ -504,15 +504,20 @@ TEST(MappedCpuTensor, HoldsZerosInItsOwnMappingWithTheShapeAsked) {
   t.fill_(2.5);  // writable
   EXPECT_EQ(t.sum().item<double>(), 2.5 * 4 * 300 * 7);
   // Strided (a transpose's strides): spans what the last element needs.
-  const at::Tensor s = tdist::detail::mapped_cpu_tensor({300, 4}, {1, 300}, at::TensorOptions(at::kFloat));
+  at::Tensor s = tdist::detail::mapped_cpu_tensor({300, 4}, {1, 300}, at::TensorOptions(at::kFloat));
   EXPECT_EQ(s.strides(), (std::vector<int64_t>{1, 300}));
   s.fill_(1);
   EXPECT_EQ(s.sum().item<float>(), 1200);
   EXPECT_TRUE(is_mapped(s.data_ptr(), 1200 * sizeof(float)));
-  // Empty: no mapping at all.
+  // Empty: no mapping of its own (a size of zero has nothing to map).
   EXPECT_EQ(tdist::detail::mapped_cpu_tensor({0, 5}, {}, at::TensorOptions(at::kFloat)).numel(), 0);
+  // Strides that do not fit, and sizes whose bytes overflow: errors, nothing mapped.
+  EXPECT_THROW(tdist::detail::mapped_cpu_tensor({3, 4}, {1}, at::TensorOptions(at::kFloat)), std::invalid_argument);
+  EXPECT_THROW(tdist::detail::mapped_cpu_tensor({3, 4}, {-1, 1}, at::TensorOptions(at::kFloat)), std::invalid_argument);
+  EXPECT_THROW(tdist::detail::mapped_cpu_tensor({int64_t{1} << 62, 8}, {}, at::TensorOptions(at::kFloat)),
+               std::bad_alloc);
   const void* p = s.data_ptr();
-  { at::Tensor gone = std::move(const_cast<at::Tensor&>(s)); }
+  s = at::Tensor();
   EXPECT_FALSE(is_mapped(p, 1200 * sizeof(float)));
 }
 
