@@ -8,14 +8,17 @@
 # reduce_scatter, all_gather) from 4 B to MAX_BYTES (256M), every op timed
 # call by call. tdist's ops are synchronous calls (async_op=false, as MPI's
 # blocking calls and torch.distributed's default); ASYNC=1 times them queued
-# and waited for instead (tdist-bench --async). The summary gives, per world
+# and waited for instead (tdist-bench --async). BARRIER_EACH=1 puts an untimed
+# barrier before every timed call in every tool (--barrier-each), so that no
+# rank runs ahead (a small broadcast's root otherwise does, OpenMPI's by many
+# calls). The summary gives, per world
 # size, op and size, the median over the rounds of each tool's median time
 # (and of tdist shm's p99), busbw, and tdist shm's busbw as a multiple of the
 # others'; tdist shm's "of ceil" is its fraction of the memory-model ceiling
 # (bench/collective_model.h) measured in the same round. Everything is kept
 # as JSON in OUT_DIR: <tool>-<round>.json at world size 2 (what
 # bench/plot.py draws), <tool>-w<W>-<round>.json at the others.
-#   [REPEATS=3] [WORLDS="2 4"] [OPS=...] [MAX_BYTES=256M] [SECONDS_PER_ROW=0.25] [ASYNC=0]
+#   [REPEATS=3] [WORLDS="2 4"] [OPS=...] [MAX_BYTES=256M] [SECONDS_PER_ROW=0.25] [ASYNC=0] [BARRIER_EACH=0]
 #   [TORCH1_PYTHON=/usr/bin/python3] [TORCH2_PYTHON=<repo>/.venv/bin/python]
 #     bench/compare_collectives.sh [BUILD_DIR=build] [OUT_DIR=BUILD_DIR/bench]
 # (WORLD=N is still read: WORLDS=N.) A world of 4 on fewer cores is
@@ -36,7 +39,9 @@ max_bytes=${MAX_BYTES:-256M}
 seconds=${SECONDS_PER_ROW:-0.25}
 call_flags=()
 [ "${ASYNC:-0}" = 1 ] && call_flags=(--async)
-sizes=(--min-bytes 4 --max-bytes "$max_bytes" --step-factor 4 --seconds "$seconds")
+each_flags=()
+[ "${BARRIER_EACH:-0}" = 1 ] && each_flags=(--barrier-each)
+sizes=(--min-bytes 4 --max-bytes "$max_bytes" --step-factor 4 --seconds "$seconds" ${each_flags[@]+"${each_flags[@]}"})
 torch1_python=${TORCH1_PYTHON:-/usr/bin/python3}
 torch2_python=${TORCH2_PYTHON:-$root/.venv/bin/python}
 failed=0
@@ -78,7 +83,8 @@ for ((r = 1; r <= repeats; r++)); do
     "$build/bin/tdist-bench" collectives --backend shm --world-size "$world" --op "$ops" "${sizes[@]}" \
       ${call_flags[@]+"${call_flags[@]}"} --json "$(name tdist-shm "$world" "$r")" || failed=1
     if [ $have_mpi = 1 ]; then
-      mpirun --allow-run-as-root --oversubscribe -np "$world" "$out/mpi_collectives_reference" "$ops" 4 \
+      mpirun --allow-run-as-root --oversubscribe -np "$world" "$out/mpi_collectives_reference" \
+        ${each_flags[@]+"${each_flags[@]}"} "$ops" 4 \
         "$(bytes "$max_bytes")" 4 "$seconds" "$(name openmpi "$world" "$r")" || failed=1
     fi
     "$build/bin/tdist-bench" collectives --backend gloo --world-size "$world" --op "$ops" "${sizes[@]}" \

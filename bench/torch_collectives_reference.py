@@ -53,11 +53,13 @@ def buffers(op, count, world):
     return torch.ones(count), None
 
 
-def timed(call, i, o, iters):
-    """Each call timed alone; the slowest rank's times."""
+def timed(call, i, o, iters, barrier_each=False):
+    """Each call timed alone (after an untimed barrier with barrier_each); the slowest rank's times."""
     t = torch.empty(iters, dtype=torch.float64)
     dist.barrier()
     for k in range(iters):
+        if barrier_each:
+            dist.barrier()
         t0 = time.perf_counter()
         call(i, o)
         t[k] = time.perf_counter() - t0
@@ -85,9 +87,9 @@ def rank_main(rank, world, port, args, out):
             except RuntimeError as e:  # this PyTorch's Gloo lacks the op
                 skipped.append(f"{op}: {str(e).splitlines()[0]}")
                 break
-            est = timed(call, i, o, 3)
+            est = timed(call, i, o, 3, args.barrier_each)
             iters = int(min(max(args.seconds / max(percentile(est, 50), 1e-7), 20), 20000))
-            t = timed(call, i, o, iters)
+            t = timed(call, i, o, iters, args.barrier_each)
             med, p99 = percentile(t, 50), percentile(t, 99)
             algbw = count * 4 / med / 1e9
             bus = 2 * (world - 1) / world if op == "all_reduce" else 1 if op == "broadcast" else (world - 1) / world
@@ -111,6 +113,7 @@ def main():
     ap.add_argument("--step-factor", type=float, default=4)
     ap.add_argument("--seconds", type=float, default=0.25)
     ap.add_argument("--json")
+    ap.add_argument("--barrier-each", action="store_true", help="an untimed barrier before each timed call")
     args = ap.parse_args()
     rows, skipped = run_ranks(rank_main, args)
     for op in args.op.split(","):
