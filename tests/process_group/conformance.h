@@ -159,8 +159,10 @@ inline void AllGatherBothForms(ProcessGroup& pg) {
 inline void ReduceScatterBothForms(ProcessGroup& pg) {
     const int n = pg.size(), r = pg.rank();
     for (auto t : {at::kFloat, at::kBFloat16, at::kInt}) {
-      // 4 float32s a rank at world 2: 32 bytes in all, the shm box's most.
-      for (int64_t size : {int64_t(0), int64_t(1), int64_t(4), int64_t(9), int64_t(150'001)}) {
+      // shm's box holds the shares a rank posts for the others (32 bytes
+      // at most): 8 float32s a rank at world 2, 4 at world 3, bf16 9 at
+      // world 2 and 4 at world 4; 9 float32s at world 2 are staged.
+      for (int64_t size : {int64_t(0), int64_t(1), int64_t(4), int64_t(8), int64_t(9), int64_t(150'001)}) {
         // Each rank contributes n blocks; block b goes to rank b.
         std::vector<at::Tensor> blocks;
         for (int b = 0; b < n; ++b) blocks.push_back(input(r + 10 * b, size, t, ReduceOp::SUM));

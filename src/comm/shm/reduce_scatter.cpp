@@ -20,17 +20,20 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
   const size_t es = dtype_size(t);
   const size_t piece = std::max<size_t>(1, rounds.round_bytes() / n / kAlign * kAlign / es);  // elements
   const size_t n_rounds = Rounds::count_for(count, piece);
-  // A round's posts: rank r's piece at r * stride, in the box when the
-  // whole op fits it (then in one round).
-  const size_t posted = n * count * es;
-  const size_t stride = (Rounds::fits_box(posted) ? count : piece) * es;
+  // A round's posts: in the box when the other ranks' shares fit it (then
+  // in one round), rank q's at slot(q, me) = q, less one past the poster's
+  // own (which it never posts); else rank q's piece at q * stride.
+  const bool boxed = Rounds::fits_box((n - 1) * count * es);
+  const size_t posted = boxed ? (n - 1) * count * es : n * count * es;  // mine/theirs pick the box by it
+  const size_t stride = (boxed ? count : piece) * es;
+  auto slot = [boxed](int q, int poster) { return static_cast<size_t>(boxed && q > poster ? q - 1 : q); };
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
   RankPointers inputs(n);
   auto post = [&](size_t j) {
     const size_t off = j * piece, len = std::min(piece, count - std::min(count, off));
     for (int r = 0; r < n; ++r) {
-      if (r != me) detail::copy_bytes(rounds.mine(posted) + r * stride, src + (r * count + off) * es, len * es);
+      if (r != me) detail::copy_bytes(rounds.mine(posted) + slot(r, me) * stride, src + (r * count + off) * es, len * es);
     }
   };
   CrossoverTrial trial = CmaChannel::trial(cma, Crossover::Op::kReduceScatter, count * n * es);
@@ -54,7 +57,7 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
       rounds.barrier_round(desc, d);
     }
     for (int r = 0; r < n; ++r) {
-      inputs[r] = r == me ? src + (me * count + off) * es : rounds.theirs(r, posted) + me * stride;
+      inputs[r] = r == me ? src + (me * count + off) * es : rounds.theirs(r, posted) + slot(me, r) * stride;
     }
     reduce_many(dst + off * es, inputs.data(), n, len, t, op, n);
   }
