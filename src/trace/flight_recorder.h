@@ -16,7 +16,8 @@
 // the clock is the coarse one (fr_op_now_ns) unless the timeline is on.
 // A group's progress counters (FrProgress) are plain stores: a group runs
 // one op at a time (TaskQueue's run token), so one thread at a time writes
-// them. Three locked instructions an op in all; no string is built: a
+// them. Three locked instructions a synchronous op in all (a queued one:
+// five, with its count and its start); no string is built: a
 // record holds enums and counts, and the calling site is copied into a
 // fixed array.
 //
