@@ -40,8 +40,8 @@ const std::string& group_op_string(GroupOp op) {
   return (*names)[std::min(static_cast<size_t>(op), names->size() - 1)];
 }
 
-std::array<CollectiveCount, static_cast<size_t>(GroupOp::kCount)> OpCounts::totals() const {
-  std::array<CollectiveCount, static_cast<size_t>(GroupOp::kCount)> out{};
+OpCounts::Totals OpCounts::totals() const {
+  Totals out{};
   for (size_t i = 0; i < out.size(); ++i) {
     for (const Slots* slots : {&queued_, &running_}) {
       const Slot& s = (*slots)[i];

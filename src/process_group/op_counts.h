@@ -1,8 +1,8 @@
 // OpCounts: ProcessGroup::collective_counts() kept without a lock or a
-// string lookup on the ops' side (reading and resetting take one). Every op a group queues has a slot (GroupOp); an op
-// counts as it is queued, or, a synchronous op run at once on its caller's
-// thread, as it starts; collective_counts() reads the slots into a map by
-// name.
+// string lookup on the ops' side (reading and resetting take one). Every
+// op a group queues has a slot (GroupOp); an op counts as it is queued,
+// or, a synchronous op run at once on its caller's thread, as it starts;
+// collective_counts() reads the slots into a map by name.
 //
 // Threading: add() and read() may run on any thread at once; add_running()
 // only under the group's run token (TaskQueue: one op at a time, so one
@@ -80,16 +80,17 @@ class OpCounts {
     std::atomic<int64_t> output_bytes{0};
   };
   using Slots = std::array<Slot, static_cast<size_t>(GroupOp::kCount)>;
+  using Totals = std::array<CollectiveCount, static_cast<size_t>(GroupOp::kCount)>;
   static void bump(std::atomic<int64_t>& c, int64_t by) {
     c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
   }
   // Both kinds of slot added up, since the process began.
-  std::array<CollectiveCount, static_cast<size_t>(GroupOp::kCount)> totals() const;
+  Totals totals() const;
 
   Slots queued_;
   Slots running_;
   mutable std::mutex mu_;  // guards zero_
-  std::array<CollectiveCount, static_cast<size_t>(GroupOp::kCount)> zero_{};  // the totals at the last reset
+  Totals zero_{};  // the totals at the last reset
 };
 
 }  // namespace tdist::detail

@@ -33,15 +33,18 @@ namespace tdist::detail {
 // Throws std::invalid_argument for strides that do not fit the sizes,
 // std::bad_alloc when the bytes overflow or cannot be mapped.
 inline at::Tensor mapped_cpu_tensor(at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options) {
-  std::vector<int64_t> contiguous(sizes.size());
-  for (size_t d = sizes.size(), step = 1; d-- > 0;) {
-    contiguous[d] = static_cast<int64_t>(step);
-    if (__builtin_mul_overflow(step, static_cast<size_t>(std::max<int64_t>(sizes[d], 1)), &step) ||
-        step > static_cast<size_t>(INT64_MAX)) {
-      throw std::bad_alloc();
+  std::vector<int64_t> contiguous;
+  if (strides.empty()) {
+    contiguous.resize(sizes.size());
+    for (size_t d = sizes.size(), step = 1; d-- > 0;) {
+      contiguous[d] = static_cast<int64_t>(step);
+      if (__builtin_mul_overflow(step, static_cast<size_t>(std::max<int64_t>(sizes[d], 1)), &step) ||
+          step > static_cast<size_t>(INT64_MAX)) {
+        throw std::bad_alloc();
+      }
     }
+    strides = contiguous;
   }
-  if (strides.empty()) strides = contiguous;
   if (strides.size() != sizes.size()) throw std::invalid_argument("mapped_cpu_tensor: strides do not fit the sizes");
   bool empty = false;
   for (size_t d = 0; d < sizes.size(); ++d) {
