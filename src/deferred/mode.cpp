@@ -35,6 +35,7 @@
 #include "deferred/record.h"
 #include "tdist/deferred_init.h"
 #include "tdist/errors.h"
+#include "util/torch_compat.h"
 #include "util/mapped_tensor.h"
 
 namespace tdist {
@@ -237,7 +238,7 @@ void deferred_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, 
     at::Generator gen = given ? args[call.generator_arg].toGenerator() : at::globalContext().defaultGenerator(device);
     {
       std::lock_guard<std::mutex> lock(gen.mutex());
-      before = gen.clone();
+      before = compat::clone_generator(gen);
     }
     advance_generator(op, args, call.generator_arg, gen, *record);
   }

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "tdist/errors.h"
+#include "util/torch_compat.h"
 
 namespace tdist::detail {
 namespace {
@@ -233,7 +234,7 @@ void DeferredRecord::replay(Op& op, RealStorages& real) {
   }
   std::vector<c10::IValue> stack = op.args;
   if (op.generator.has_value() && op.generator_arg >= 0) {
-    stack[op.generator_arg] = c10::IValue(op.generator->clone());
+    stack[op.generator_arg] = c10::IValue(compat::clone_generator(*op.generator));
     op.op.callBoxed(&stack);
   } else if (op.generator.has_value()) {
     // A random operation without a generator argument (randn(size),

@@ -13,7 +13,9 @@
 #error "tdist needs LibTorch 1.13 or newer"
 #endif
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/optim/optimizer.h>
 
@@ -69,6 +71,22 @@ inline OptimizerStateKey optimizer_state_key(const at::Tensor& p) {
 #else
   return c10::guts::to_string(p.unsafeGetTensorImpl());
 #endif
+}
+
+// A copy of g, as Generator::clone() makes it (the caller holds g's
+// mutex), that is freed when its last holder lets go. LibTorch 1.x's
+// GeneratorImpl::clone() hands the copy out without the weak reference
+// that an intrusive_ptr's strong references hold together, so the last
+// release never deletes it (LeakSanitizer: CPUGeneratorImpl::clone_impl);
+// 2.x adds that reference itself.
+inline at::Generator clone_generator(const at::Generator& g) {
+  at::Generator copy = g.clone();
+#if !TDIST_TORCH_VERSION_AT_LEAST(2, 0)
+  if (copy.getIntrusivePtr().weak_use_count() == 0) {
+    c10::raw::weak_intrusive_ptr::incref(copy.unsafeGetGeneratorImpl());
+  }
+#endif
+  return copy;
 }
 
 }  // namespace tdist::compat

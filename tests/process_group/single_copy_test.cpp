@@ -22,8 +22,8 @@ using tdist::test::run_world;
 
 namespace {
 
-// Runs all_reduce (SUM and AVG), reduce_scatter_tensor and
-// all_gather_into_tensor of 1-4 MB on g and checks them against the sums
+// Runs all_reduce (SUM and AVG), reduce_scatter_tensor, broadcast and
+// all_gather_into_tensor of 1-4 MB on g (broadcast also 6 KB) and checks them against the sums
 // computed here from every rank's inputs (random floats: the same bits
 // whatever path reduces them in rank order).
 void large_ops_are_exact(ProcessGroup& g) {
@@ -51,6 +51,16 @@ void large_ops_are_exact(ProcessGroup& g) {
   at::Tensor shard = at::empty({numel});
   g.reduce_scatter_tensor(shard, inputs[r])->wait();
   WORLD_CHECK(at::equal(shard, want.slice(0, r * numel, (r + 1) * numel)), "reduce_scatter_tensor");
+
+  // Broadcasts of several staging rounds and of one (of at least 4 KiB,
+  // which agree on their path first), from the last rank and from 0.
+  for (const int64_t len : {numel * n, int64_t(1500)}) {
+    for (const int root : {n - 1, 0}) {
+      at::Tensor b = r == root ? inputs[root].slice(0, 0, len).clone() : at::full({len}, -1.0f);
+      g.broadcast(b, {root})->wait();
+      WORLD_CHECK(at::equal(b, inputs[root].slice(0, 0, len)), "broadcast of " << len << " floats from " << root);
+    }
+  }
 
   at::Tensor gathered = at::empty({numel * n});
   g.all_gather_into_tensor(gathered, inputs[r].slice(0, 0, numel))->wait();

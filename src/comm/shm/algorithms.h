@@ -83,8 +83,11 @@ void reduce_scatter_gather(Rounds& rounds, const PieceWalker& walk, DataType t, 
 
 // root's bytes into every rank's buf, a round per round_bytes; in one
 // eager round when they fit one (the root posts them and goes on, the
-// others wait for the root alone). broadcast.cpp.
-void broadcast(Rounds& rounds, void* buf, size_t bytes, int root, const OpDesc& desc, Deadline d);
+// others wait for the root alone). With cma, an op large enough for it
+// may go single-copy as cma_broadcast when every rank offers (its rounds,
+// if staged, are then none eager). broadcast.cpp.
+void broadcast(Rounds& rounds, void* buf, size_t bytes, int root, const OpDesc& desc, Deadline d,
+               CmaChannel* cma = nullptr);
 
 // Every rank's bytes into out (size() * bytes, rank r's at r * bytes) on
 // root, or on every rank when root < 0 (all_gather). in may alias
@@ -112,6 +115,8 @@ void cma_reduce_scatter(Rounds& rounds, CmaChannel& cma, const void* in, void* o
                         ReduceOp op, const OpDesc& desc, Deadline d);
 void cma_all_gather(Rounds& rounds, CmaChannel& cma, const void* in, void* out, size_t bytes, const OpDesc& desc,
                     Deadline d);
+void cma_broadcast(Rounds& rounds, CmaChannel& cma, void* buf, size_t bytes, int root, const OpDesc& desc,
+                   Deadline d);
 
 // Backend::all_to_all; a first round swaps the sizes, and senders and
 // receivers that disagree raise CollectiveMismatchError. all_to_all.cpp.

@@ -1,18 +1,37 @@
 // broadcast: root posts a round_bytes chunk per round, the others copy it
-// out after the barrier; one round is eager (rounds.h).
+// out after the barrier; one round is eager (rounds.h). A broadcast of at
+// least kAgreeBytes in a group with single-copy (cma.h) agrees on its path
+// first, as all_gather does: single-copy, every other rank reads the
+// root's buffer straight into its own, then one barrier frees the root's
+// buffer; staged, the rounds as above, none eager. The threshold is a
+// constant, not TDIST_SHM_CMA_BYTES: the ranks must take the same
+// protocol even where that setting differs between them (a rank that
+// does not offer single-copy makes the op staged, never a mismatch).
 #include <algorithm>
 
 #include "comm/shm/algorithms.h"
+#include "comm/shm/path.h"
 #include "util/bytes.h"
 
 namespace tdist::comm::shm::algo {
 
-void broadcast(Rounds& rounds, void* buf, size_t bytes, int root, const OpDesc& desc, Deadline d) {
+namespace {
+// From here a broadcast pays its first barrier in full (no eager root) so
+// that it may go single-copy: on the Intel Xeon VM a single-copy broadcast
+// timed after a barrier beat the eager staged one from 4 KiB (8 KiB: 1.33
+// against 2.0 µs, docs/benchmarks.md), as the staged one copies each byte
+// twice, one after the other.
+constexpr size_t kAgreeBytes = 4096;
+}  // namespace
+
+void broadcast(Rounds& rounds, void* buf, size_t bytes, int root, const OpDesc& desc, Deadline d, CmaChannel* cma) {
   const size_t chunk = rounds.round_bytes();
   const size_t n_rounds = Rounds::count_for(bytes, chunk);
   auto* p = static_cast<uint8_t*>(buf);
-  if (n_rounds == 1) {
-    if (rounds.rank() == root) {
+  const bool is_root = rounds.rank() == root;
+  const bool agree_first = cma != nullptr && bytes >= kAgreeBytes;  // the same on every rank
+  if (n_rounds == 1 && !agree_first) {
+    if (is_root) {
       detail::copy_bytes(rounds.mine(bytes), p, bytes);
       rounds.arrive(desc);
     } else {
@@ -22,11 +41,34 @@ void broadcast(Rounds& rounds, void* buf, size_t bytes, int root, const OpDesc& 
     }
     return;
   }
-  for (size_t j = 0; j < n_rounds; ++j) {
+  auto post = [&](size_t j) {
     const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
-    if (rounds.rank() == root) detail::copy_bytes(rounds.mine(), p + off, len);
+    if (is_root) detail::copy_bytes(rounds.mine(), p + off, len);
+  };
+  auto take = [&](size_t j) {
+    const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
+    if (!is_root) detail::copy_bytes(p + off, rounds.theirs(root), len);
+  };
+  if (agree_first) {
+    CrossoverTrial trial = CmaChannel::trial(cma, Crossover::Op::kBroadcast, bytes);
+    const PathOffer offer{nullptr, cma, trial.offers(), buf, buf, &trial};
+    if (agree_on_path(rounds, offer, desc, d, [&] { post(0); }) == Path::kSingleCopy) {
+      cma_broadcast(rounds, *cma, buf, bytes, root, desc, d);
+      return;
+    }
+    take(0);
+    for (size_t j = 1; j < n_rounds; ++j) {
+      post(j);
+      rounds.barrier_round(desc, d);
+      take(j);
+    }
+    if (trial.ends_with_barrier()) rounds.barrier_round(desc, d);
+    return;
+  }
+  for (size_t j = 0; j < n_rounds; ++j) {
+    post(j);
     rounds.barrier(j, desc, d);
-    if (rounds.rank() != root) detail::copy_bytes(p + off, rounds.theirs(root), len);
+    take(j);
   }
 }
 

@@ -15,6 +15,9 @@
 //   with its own into its output.
 // - all_gather: rank r writes its input into slot r of every rank's output
 //   (the chunk read once, written n times).
+// - broadcast: every rank but the root reads the root's buffer into its
+//   own; the root moves nothing (its buffer is read n - 1 times, each byte
+//   written once where it lands).
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -96,6 +99,18 @@ void cma_all_gather(Rounds& rounds, CmaChannel& cma, const void* in, void* out, 
     if (own != src) detail::copy_bytes(own + at, src + at, k);
     for (int q = 0; q < n; ++q) {
       if (q != me) cma.write(rounds, q, src + at, cma.out_of(q) + static_cast<size_t>(me) * bytes + at, k, what);
+    }
+  }
+  rounds.barrier_round(desc, d);
+}
+
+void cma_broadcast(Rounds& rounds, CmaChannel& cma, void* buf, size_t bytes, int root, const OpDesc& desc,
+                   Deadline d) {
+  if (rounds.rank() != root) {
+    const std::string what = describe(desc);
+    auto* dst = static_cast<uint8_t*>(buf);
+    for (size_t at = 0; at < bytes; at += CmaChannel::kChunkBytes) {
+      cma.read(rounds, root, dst + at, cma.in_of(root) + at, std::min(CmaChannel::kChunkBytes, bytes - at), what);
     }
   }
   rounds.barrier_round(desc, d);

@@ -55,7 +55,7 @@ namespace tdist::comm::shm {
 
 class Crossover {
  public:
-  enum class Op : uint8_t { kAllReduce, kReduceScatter, kAllGather };
+  enum class Op : uint8_t { kAllReduce, kReduceScatter, kAllGather, kBroadcast };
 
   // decides: this rank times and chooses (rank 0); else it follows.
   explicit Crossover(bool decides = true) : decides_(decides) {}
@@ -92,7 +92,7 @@ class Crossover {
   const Bucket& bucket(Op op, size_t bytes) const;
 
   bool decides_;
-  std::array<std::array<Bucket, 64>, 3> buckets_{};
+  std::array<std::array<Bucket, 64>, 4> buckets_{};
 };
 
 // One op's offer: made before the op's path is agreed, told what was

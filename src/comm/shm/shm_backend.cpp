@@ -97,7 +97,7 @@ class ShmBackend final : public Backend {
   void broadcast(void* buf, size_t bytes, int root, Deadline d) override {
     check_root(root);
     algo::broadcast(rounds_, buf, bytes, root,
-                    rounds_.begin_op(OpKind::kBroadcast, DataType::kUInt8, ReduceOp::kSum, root, bytes, d), d);
+                    rounds_.begin_op(OpKind::kBroadcast, DataType::kUInt8, ReduceOp::kSum, root, bytes, d), d, cma());
   }
 
   void all_gather(const void* in, void* out, size_t bytes, Deadline d) override {

@@ -32,12 +32,14 @@ struct ShmOptions {
   // none, and DDP keeps its buckets in ordinary memory). Every rank of a
   // group must agree.
   bool symmetric = true;
-  // all_reduce, reduce_scatter and all_gather of ordinary tensors whose
-  // largest buffer has at least this many bytes go single-copy through
-  // process_vm_readv/writev when every rank can reach every other (cma.h)
-  // and, when calibrating, where it was the faster (crossover.h); 0: never.
-  // On the Intel Xeon VM single copy wins from 16 KiB.
-  size_t cma_bytes = 16 * 1024;
+  // all_reduce, reduce_scatter, all_gather and broadcast of ordinary
+  // tensors whose largest buffer has at least this many bytes go
+  // single-copy through process_vm_readv/writev when every rank can reach
+  // every other (cma.h) and, when calibrating, where it was the faster
+  // (crossover.h); 0: never. On the Intel Xeon VM single copy wins from
+  // 16 KiB in the first three (the calibration stages them below) and
+  // from 4 KiB in a broadcast timed after a barrier.
+  size_t cma_bytes = 4 * 1024;
   // Whether the group times both paths for such ops and keeps, per op kind
   // and size, the faster (crossover.h); else every op of at least
   // cma_bytes goes single-copy. Every rank should have the same setting

@@ -1,4 +1,4 @@
-// Single-copy collectives (cma.h, cma_collectives.cpp) and the agreement on
+// Single-copy collectives (cma.h, cma_collectives.cpp, broadcast.cpp) and the agreement on
 // an op's path (path.h), with ranks as threads: process_vm_readv/writev on
 // the process's own pid move bytes as they do between processes. Results
 // against sums computed here, for every dtype width, uneven shares and
@@ -80,11 +80,28 @@ void all_three_ops(int size, size_t count, DataType t) {
         ASSERT_EQ(gout[r * count + i], value<T>(r, i)) << "all_gather slot " << r << " element " << i;
       }
     }
+    // broadcast from every root, through its entry point: from 4 KiB it
+    // agrees on its path and goes single-copy (two barriers: the first and
+    // the one that frees the root's buffer); below, one eager round.
+    const size_t bytes = count * sizeof(T);
+    for (int root = 0; root < n; ++root) {
+      std::vector<T> b(count, T(99));
+      if (me == root) b = gin;
+      desc = rounds.begin_op(OpKind::kBroadcast, DataType::kUInt8, ReduceOp::kSum, root, bytes, in(10s));
+      const uint64_t before = m.segment.slot(me)->arrived();
+      algo::broadcast(rounds, b.data(), bytes, root, desc, in(10s), &cma);
+      if (n > 1 && bytes >= 4096) {
+        ASSERT_EQ(m.segment.slot(me)->arrived() - before, 2u) << "broadcast of " << bytes << " bytes from " << root;
+      }
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(b[i], value<T>(root, i)) << "broadcast from " << root << " element " << i << " on rank " << me;
+      }
+    }
   });
   for (int r = 0; r < size; ++r) EXPECT_EQ(message(errors[r]), "") << "size " << size << ", rank " << r;
 }
 
-TEST(ShmCma, AllReduceReduceScatterAndAllGatherGiveTheExactResults) {
+TEST(ShmCma, AllReduceReduceScatterAllGatherAndBroadcastGiveTheExactResults) {
   // Counts below, at and past one chunk (256 KiB), shares that do not
   // divide evenly, and a share smaller than a cache line.
   for (int size : {1, 2, 3, 4}) {
