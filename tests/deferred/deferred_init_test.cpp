@@ -3,9 +3,11 @@
 // the same seed, bit for bit, whatever order its tensors are made real in;
 // the tensors stay the objects the module and an optimizer hold; what
 // cannot be deferred is refused by name.
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
@@ -270,6 +272,35 @@ TEST(DeferredInit, AGeneratorOfTheUsersIsReplayedAndAdvanced) {
   EXPECT_TRUE(torch::equal(at::randn({2}, gen), want_next));
   tdist::materialize_tensor(t);
   EXPECT_TRUE(torch::equal(t, want));
+}
+
+// A CPU generator that counts its live instances, copies included.
+std::atomic<int> live_generators{0};
+struct CountedGenerator : at::CPUGeneratorImpl {
+  explicit CountedGenerator(uint64_t seed) : at::CPUGeneratorImpl(seed) { ++live_generators; }
+  ~CountedGenerator() override { --live_generators; }
+  CountedGenerator* clone_impl() const override {
+    auto* copy = new CountedGenerator(0);
+    copy->set_state(*get_state());
+    return copy;
+  }
+};
+
+// The copies of a generator that recording and replay keep are freed with
+// the record (LibTorch 1.x's Generator::clone() alone leaves them
+// unfreeable: compat::clone_generator).
+TEST(DeferredInit, TheGeneratorCopiesItKeepsAreFreed) {
+  {
+    at::Generator gen = at::make_generator<CountedGenerator>(42);
+    at::Generator eager_gen = at::make_generator<CountedGenerator>(42);
+    const at::Tensor want = at::randn({6}, eager_gen);
+    at::Tensor t = tdist::deferred_init([&] { return at::randn({6}, gen); });
+    EXPECT_GE(live_generators.load(), 3) << "the record keeps a copy";
+    tdist::materialize_tensor(t);
+    EXPECT_TRUE(torch::equal(t, want));
+  }
+  EXPECT_EQ(tdist::detail::deferred_record_count(), 0u);
+  EXPECT_EQ(live_generators.load(), 0);
 }
 
 // Materializing draws nothing from the default generator, even for
