@@ -81,7 +81,9 @@ struct ProcessGroup::Impl {
     int dtype = -1;
     int peer = -1;
   };
-  // `body(deadline)` runs the op and returns Work's result. `async_op`
+  // `body(deadline)` runs the op and returns Work's result; it is called
+  // at most once, so it may move what it captured into that result (a
+  // synchronous op's tensor then takes one reference, not two). `async_op`
   // false: the op has run when this returns (on this thread when the queue
   // is idle: TaskQueue::run_now), its error thrown from here. `device`:
   // where the op's tensors live (op_device); for a CUDA device the body

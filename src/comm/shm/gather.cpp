@@ -22,8 +22,35 @@ void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, c
     const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
     detail::copy_bytes(rounds.mine(bytes), src + off, len);
   };
-  CrossoverTrial trial =
-      CmaChannel::trial(root < 0 ? cma : nullptr, Crossover::Op::kAllGather, bytes * rounds.size());
+  // Round 0 posted and its barrier passed: the rest of the staged rounds,
+  // each copied out where wanted.
+  auto staged = [&] {
+    for (size_t j = 0; j < n_rounds; ++j) {
+      const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
+      if (j > 0) {
+        post(j);
+        rounds.barrier_round(desc, d);
+      }
+      if (!want) continue;
+      for (int r = 0; r < rounds.size(); ++r) {
+        uint8_t* to = dst + r * bytes + off;
+        if (r == rounds.rank()) {
+          if (to != src + off) detail::move_bytes(to, src + off, len);
+        } else {
+          detail::copy_bytes(to, rounds.theirs(r, bytes), len);
+        }
+      }
+    }
+  };
+  if (root >= 0 || Rounds::fits_box(bytes)) {
+    // No other path to agree on, the same on every rank: a gather has
+    // none, nor has an all_gather of one line a rank.
+    post(0);
+    rounds.first_barrier(desc, d);
+    staged();
+    return;
+  }
+  CrossoverTrial trial = CmaChannel::trial(cma, Crossover::Op::kAllGather, bytes * rounds.size());
   PathOffer offer{sym_in ? sym_in.key : nullptr, cma, trial.offers(), in, out, &trial};
   const Path path = agree_on_path(rounds, offer, desc, d, [&] { post(0); });
   if (path == Path::kSingleCopy) {
@@ -40,22 +67,7 @@ void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, c
     rounds.barrier_round(desc, d);
     return;
   }
-  for (size_t j = 0; j < n_rounds; ++j) {
-    const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
-    if (j > 0) {
-      post(j);
-      rounds.barrier_round(desc, d);
-    }
-    if (!want) continue;
-    for (int r = 0; r < rounds.size(); ++r) {
-      uint8_t* to = dst + r * bytes + off;
-      if (r == rounds.rank()) {
-        if (to != src + off) detail::move_bytes(to, src + off, len);
-      } else {
-        detail::copy_bytes(to, rounds.theirs(r, bytes), len);
-      }
-    }
-  }
+  staged();
   if (trial.ends_with_barrier()) rounds.barrier_round(desc, d);
 }
 

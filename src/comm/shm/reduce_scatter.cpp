@@ -36,6 +36,15 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
       if (r != me) detail::copy_bytes(rounds.mine(posted) + slot(r, me) * stride, src + (r * count + off) * es, len * es);
     }
   };
+  if (boxed) {
+    // One line a rank: no symmetric or single-copy path to agree on (the
+    // same on every rank, as the counts are), so the box goes at once.
+    post(0);
+    rounds.first_barrier(desc, d);
+    for (int r = 0; r < n; ++r) inputs[r] = r == me ? src + me * count * es : rounds.theirs(r, posted) + slot(me, r) * stride;
+    reduce_many(dst, inputs.data(), n, count, t, op, n);
+    return;
+  }
   CrossoverTrial trial = CmaChannel::trial(cma, Crossover::Op::kReduceScatter, count * n * es);
   PathOffer offer{sym_in ? sym_in.key : nullptr, cma, trial.offers(), in, out, &trial};
   const Path path = agree_on_path(rounds, offer, desc, d, [&] { post(0); });
