@@ -16,8 +16,8 @@
 // - all_gather: rank r writes its input into slot r of every rank's output
 //   (the chunk read once, written n times).
 // - broadcast: every rank but the root reads the root's buffer into its
-//   own; the root moves nothing (its buffer is read n - 1 times, each byte
-//   written once where it lands).
+//   own, in one call (nothing is reduced or forwarded, so no chunk needs
+//   to stay in cache); the root moves nothing.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -109,9 +109,7 @@ void cma_broadcast(Rounds& rounds, CmaChannel& cma, void* buf, size_t bytes, int
   if (rounds.rank() != root) {
     const std::string what = describe(desc);
     auto* dst = static_cast<uint8_t*>(buf);
-    for (size_t at = 0; at < bytes; at += CmaChannel::kChunkBytes) {
-      cma.read(rounds, root, dst + at, cma.in_of(root) + at, std::min(CmaChannel::kChunkBytes, bytes - at), what);
-    }
+    cma.read(rounds, root, dst, cma.in_of(root), bytes, what);
   }
   rounds.barrier_round(desc, d);
 }
