@@ -23,9 +23,11 @@ void set_active_coordinator(Coordinator* c) { t_active = c; }
 void FsdpState::before_grad_accumulates(size_t index) {
   // The reduction in flight ends (and its buffer goes back to the pool)
   // before this unit takes its gradient buffer from it (not now when it
-  // has one, or takes it late).
+  // has one, or takes it late, or takes none: without sharding the
+  // gradients accumulate in autograd's tensors and are reduced in them,
+  // so this unit's backward runs while the one before it is reduced).
   if (auto c = current.lock()) {
-    if (unit->has_grad_buffer() || unit->late_grad_buffer()) {
+    if (!unit->sharded() || unit->has_grad_buffer() || unit->late_grad_buffer()) {
       c->poll_in_flight();
     } else {
       c->finish_in_flight();

@@ -46,9 +46,10 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   // than at the next launch (the memory peak is inside a unit's backward).
   void poll_in_flight();
   // Waits for the reduction in flight and hands its shards over: before a
-  // unit takes its gradient buffer, so that at most one unit's full
-  // gradients exist besides the accumulating ones (the ZeRO bounds allow
-  // one).
+  // sharded unit takes its gradient buffer, so that at most one unit's
+  // full gradients exist besides the accumulating ones (the ZeRO bounds
+  // allow one). A unit without sharding takes none, so its backward runs
+  // while the unit before it in backward is reduced.
   void finish_in_flight();
   // The queued callback at the end of backward.
   void end_of_backward();

@@ -6,7 +6,9 @@
 // buffer; staged, the rounds as above, none eager. The threshold is a
 // constant, not TDIST_SHM_CMA_BYTES: the ranks must take the same
 // protocol even where that setting differs between them (a rank that
-// does not offer single-copy makes the op staged, never a mismatch).
+// does not offer single-copy makes the op staged, never a mismatch). A
+// group that found single-copy refused (the same answer on every rank)
+// stays eager.
 #include <algorithm>
 
 #include "comm/shm/algorithms.h"
@@ -29,7 +31,7 @@ void broadcast(Rounds& rounds, void* buf, size_t bytes, int root, const OpDesc& 
   const size_t n_rounds = Rounds::count_for(bytes, chunk);
   auto* p = static_cast<uint8_t*>(buf);
   const bool is_root = rounds.rank() == root;
-  const bool agree_first = cma != nullptr && bytes >= kAgreeBytes;  // the same on every rank
+  const bool agree_first = cma != nullptr && !cma->refused() && bytes >= kAgreeBytes;  // the same on every rank
   if (n_rounds == 1 && !agree_first) {
     if (is_root) {
       detail::copy_bytes(rounds.mine(bytes), p, bytes);

@@ -50,6 +50,9 @@ class CmaChannel {
   // Whether this rank may offer single-copy for an op whose largest buffer
   // has `bytes`.
   bool offers(size_t bytes) const { return min_bytes_ > 0 && bytes >= min_bytes_ && state_ != State::kRefused; }
+  // Whether the group found single-copy refused (the same answer on every
+  // rank from the op that probed on: confirm).
+  bool refused() const { return state_ == State::kRefused; }
 
   // The offer of an op of kind op whose largest buffer has `bytes`, by
   // this rank's role; eligible: this rank's buffers can go single-copy

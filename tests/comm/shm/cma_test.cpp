@@ -9,9 +9,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "comm/shm/algorithms.h"
@@ -90,8 +92,9 @@ void all_three_ops(int size, size_t count, DataType t) {
       desc = rounds.begin_op(OpKind::kBroadcast, DataType::kUInt8, ReduceOp::kSum, root, bytes, in(10s));
       const uint64_t before = m.segment.slot(me)->arrived();
       algo::broadcast(rounds, b.data(), bytes, root, desc, in(10s), &cma);
-      if (n > 1 && bytes >= 4096) {
-        ASSERT_EQ(m.segment.slot(me)->arrived() - before, 2u) << "broadcast of " << bytes << " bytes from " << root;
+      if (n > 1) {
+        ASSERT_EQ(m.segment.slot(me)->arrived() - before, bytes >= 4096 ? 2u : 1u)
+            << "broadcast of " << bytes << " bytes from " << root;
       }
       for (size_t i = 0; i < count; ++i) {
         ASSERT_EQ(b[i], value<T>(root, i)) << "broadcast from " << root << " element " << i << " on rank " << me;
@@ -205,6 +208,7 @@ TEST(ShmCma, AGroupWhereOneRankDoesNotOfferStagesTogether) {
 TEST(ShmCma, WhenOneRankCannotReachTheOthersTheGroupStagesForGood) {
   GroupOptions o;
   o.size = 3;
+  std::atomic<bool> root_returned{false};
   auto errors = run_group(o, [&](Member& m) {
     Rounds& rounds = m.rounds;
     if (rounds.rank() == 2) tdist::test::refuse_cross_memory_attach(/*every_thread=*/false);
@@ -221,6 +225,17 @@ TEST(ShmCma, WhenOneRankCannotReachTheOthersTheGroupStagesForGood) {
       // offers again.
       ASSERT_FALSE(cma.offers(400)) << "op " << op;
     }
+    // So a broadcast large enough for single copy stays eager: its root
+    // returns before the others have called it (they wait until it has).
+    std::vector<uint8_t> b(4096, rounds.rank() == 1 ? 7 : 0);  // one round (of 4 KiB here)
+    if (rounds.rank() != 1) {
+      const auto give_up = std::chrono::steady_clock::now() + 10s;
+      while (!root_returned.load() && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+    }
+    const OpDesc desc = rounds.begin_op(OpKind::kBroadcast, DataType::kUInt8, ReduceOp::kSum, 1, b.size(), in(10s));
+    algo::broadcast(rounds, b.data(), b.size(), 1, desc, in(2s), &cma);
+    if (rounds.rank() == 1) root_returned.store(true);
+    ASSERT_EQ(std::count(b.begin(), b.end(), 7), 4096);
   });
   for (int r = 0; r < 3; ++r) EXPECT_EQ(message(errors[r]), "") << "rank " << r;
 }
