@@ -95,7 +95,8 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(const at::Tensor& tensor, const A
   comm::Backend* b = impl_->backend_for(dev, "all_reduce");
   const int64_t wire_bytes = tensor.numel() * static_cast<int64_t>(comm::dtype_size(wire));
   const Impl::Traffic traffic{wire_bytes, wire_bytes, static_cast<int>(wire)};
-  return impl_->enqueue(detail::GroupOp::kAllReduce, traffic, o.timeout, o.async_op, [=, t = tensor](comm::Deadline d) mutable -> detail::OpResult {
+  return impl_->enqueue(detail::GroupOp::kAllReduce, traffic, o.timeout, o.async_op,
+                        [=, t = tensor](comm::Deadline d) mutable -> detail::OpResult {
     if (wire == dt) {
       b->all_reduce(t.data_ptr(), static_cast<size_t>(t.numel()), dt, op, d);
     } else {
@@ -192,7 +193,8 @@ std::shared_ptr<Work> ProcessGroup::broadcast(const at::Tensor& tensor, const Br
   const auto dev = impl_->op_device("broadcast", tensor);
   comm::Backend* b = impl_->backend_for(dev, "broadcast");
   const Impl::Traffic traffic{nb(tensor), nb(tensor), fr_dtype(tensor)};
-  return impl_->enqueue(detail::GroupOp::kBroadcast, traffic, o.timeout, o.async_op, [b, root = o.root, t = tensor](comm::Deadline d) mutable -> detail::OpResult {
+  return impl_->enqueue(detail::GroupOp::kBroadcast, traffic, o.timeout, o.async_op,
+                        [b, root = o.root, t = tensor](comm::Deadline d) mutable -> detail::OpResult {
     b->broadcast(t.data_ptr(), t.nbytes(), root, d);
     return {std::move(t)};
   }, [&] { return std::string("broadcast " + shape_of(tensor) + " root " + std::to_string(o.root)); }, dev);
@@ -221,7 +223,8 @@ std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const at::Tensor& out
   const auto dev = impl_->op_device("all_gather_into_tensor", input, output);
   comm::Backend* b = impl_->backend_for(dev, "all_gather_into_tensor");
   const Impl::Traffic traffic{nb(input), nb(output), fr_dtype(input)};
-  return impl_->enqueue(detail::GroupOp::kAllGatherIntoTensor, traffic, o.timeout, o.async_op, [b, input, out = output](comm::Deadline d) mutable -> detail::OpResult {
+  return impl_->enqueue(detail::GroupOp::kAllGatherIntoTensor, traffic, o.timeout, o.async_op,
+                        [b, input, out = output](comm::Deadline d) mutable -> detail::OpResult {
     b->all_gather(input.data_ptr(), out.data_ptr(), input.nbytes(), d);
     return {std::move(out)};
   }, [&] { return std::string("all_gather " + shape_of(input)); }, dev);
@@ -253,7 +256,8 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const at::Tensor& outp
   const auto dev = impl_->op_device("reduce_scatter_tensor", input, output);
   comm::Backend* b = impl_->backend_for(dev, "reduce_scatter_tensor");
   const Impl::Traffic traffic{nb(input), nb(output), fr_dtype(input)};
-  return impl_->enqueue(detail::GroupOp::kReduceScatterTensor, traffic, o.timeout, o.async_op, [b, input, out = output, dt, op](comm::Deadline d) mutable -> detail::OpResult {
+  return impl_->enqueue(detail::GroupOp::kReduceScatterTensor, traffic, o.timeout, o.async_op,
+                        [b, input, out = output, dt, op](comm::Deadline d) mutable -> detail::OpResult {
     b->reduce_scatter(input.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()), dt, op, d);
     return {std::move(out)};
   }, [&] { return std::string("reduce_scatter " + shape_of(output) + " " + reduce_name(o.op)); }, dev);

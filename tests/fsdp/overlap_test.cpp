@@ -61,7 +61,9 @@ TEST(FsdpOverlap, WithoutShardingABlocksBackwardRunsWhileTheBlockAfterItIsReduce
 TEST(FsdpOverlap, ShardedABlockTakesItsGradientBufferOnlyAfterTheReductionInFlight) {
   EXPECT_EQ(run_world(2, [](ProcessGroup& pg) {
     const double ms = ms_to_block1_on_rank0(pg, ShardingStrategy::FULL_SHARD, std::chrono::milliseconds(1500));
-    if (pg.rank() == 0) WORLD_CHECK(ms >= 1000, "block 1's backward ran after " << ms << " ms, before block 2's reduction ended");
+    if (pg.rank() == 0) {
+      WORLD_CHECK(ms >= 1000, "block 1's backward ran after " << ms << " ms, before block 2's reduction ended");
+    }
   }), "");
 }
 

@@ -41,7 +41,9 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
     // same on every rank, as the counts are), so the box goes at once.
     post(0);
     rounds.first_barrier(desc, d);
-    for (int r = 0; r < n; ++r) inputs[r] = r == me ? src + me * count * es : rounds.theirs(r, posted) + slot(me, r) * stride;
+    for (int r = 0; r < n; ++r) {
+      inputs[r] = r == me ? src + me * count * es : rounds.theirs(r, posted) + slot(me, r) * stride;
+    }
     reduce_many(dst, inputs.data(), n, count, t, op, n);
     return;
   }
