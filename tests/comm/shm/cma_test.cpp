@@ -131,7 +131,7 @@ TEST(ShmCma, WhereRankZeroTimesBothPathsEveryOpIsExactAsThePathsChange) {
       const int me = rounds.rank(), n = rounds.size();
       CmaChannel cma(1, me == 0 ? CmaChannel::Role::kDecides : CmaChannel::Role::kFollows);
       const size_t count = 20'003;
-      std::vector<uint64_t> gather_barriers;
+      std::vector<uint64_t> gather_barriers, broadcast_barriers;
       for (int k = 0; k < 20; ++k) {
         std::vector<float> buf(count);
         for (size_t i = 0; i < count; ++i) buf[i] = value<float>(me, i + k);
@@ -149,6 +149,21 @@ TEST(ShmCma, WhereRankZeroTimesBothPathsEveryOpIsExactAsThePathsChange) {
         const uint64_t before = m.segment.slot(me)->arrived();
         algo::gather(rounds, rout.data(), gout.data(), count * sizeof(float), -1, desc, in(10s), SymSpan{}, &cma);
         gather_barriers.push_back(m.segment.slot(me)->arrived() - before);
+        // A broadcast from a different root each time, its size's own
+        // schedule (Crossover::Op::kBroadcast).
+        const int root = k % n;
+        std::vector<float> bc(count, -1.0f);
+        if (me == root) bc = rout;
+        desc = rounds.begin_op(OpKind::kBroadcast, DataType::kUInt8, ReduceOp::kSum, root, count * sizeof(float),
+                               in(10s));
+        const uint64_t bc_before = m.segment.slot(me)->arrived();
+        algo::broadcast(rounds, bc.data(), count * sizeof(float), root, desc, in(10s), &cma);
+        broadcast_barriers.push_back(m.segment.slot(me)->arrived() - bc_before);
+        std::vector<float> want_bc(count);
+        for (size_t i = 0; i < count; ++i) {
+          for (int r = 0; r < n; ++r) want_bc[i] += value<float>(r, root * count + i + k);
+        }
+        ASSERT_EQ(bc, want_bc) << "broadcast " << k << " from " << root << " on rank " << me;
         for (size_t i = 0; i < count; ++i) {
           float want = 0;
           for (int r = 0; r < n; ++r) want += value<float>(r, i + k);
@@ -176,6 +191,10 @@ TEST(ShmCma, WhereRankZeroTimesBothPathsEveryOpIsExactAsThePathsChange) {
         const uint64_t b = gather_barriers[k];
         EXPECT_TRUE(b == 2 || b == s || (k == 10 && b == s + 1)) << "all_gather " << k << ": " << b << " barriers";
       }
+      // A broadcast agrees on its path the same way: the same schedule.
+      EXPECT_EQ(std::vector<uint64_t>(broadcast_barriers.begin(), broadcast_barriers.begin() + 10), want);
+      EXPECT_EQ(std::vector<uint64_t>(broadcast_barriers.begin() + 16, broadcast_barriers.end()),
+                (std::vector<uint64_t>{s, s + 1, 2, 2}));
     });
     for (int r = 0; r < size; ++r) EXPECT_EQ(message(errors[r]), "") << "size " << size << ", rank " << r;
   }
