@@ -47,31 +47,32 @@ void broadcast(Rounds& rounds, void* buf, size_t bytes, int root, const OpDesc& 
     const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
     if (is_root) detail::copy_bytes(rounds.mine(), p + off, len);
   };
-  auto take = [&](size_t j) {
-    const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
-    if (!is_root) detail::copy_bytes(p + off, rounds.theirs(root), len);
+  // Round 0 posted and its barrier passed: each round copied out, the
+  // next posted and passed.
+  auto staged = [&] {
+    for (size_t j = 0; j < n_rounds; ++j) {
+      const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
+      if (j > 0) {
+        post(j);
+        rounds.barrier_round(desc, d);
+      }
+      if (!is_root) detail::copy_bytes(p + off, rounds.theirs(root), len);
+    }
   };
-  if (agree_first) {
-    CrossoverTrial trial = CmaChannel::trial(cma, Crossover::Op::kBroadcast, bytes);
-    const PathOffer offer{nullptr, cma, trial.offers(), buf, buf, &trial};
-    if (agree_on_path(rounds, offer, desc, d, [&] { post(0); }) == Path::kSingleCopy) {
-      cma_broadcast(rounds, *cma, buf, bytes, root, desc, d);
-      return;
-    }
-    take(0);
-    for (size_t j = 1; j < n_rounds; ++j) {
-      post(j);
-      rounds.barrier_round(desc, d);
-      take(j);
-    }
-    if (trial.ends_with_barrier()) rounds.barrier_round(desc, d);
+  if (!agree_first) {
+    post(0);
+    rounds.first_barrier(desc, d);
+    staged();
     return;
   }
-  for (size_t j = 0; j < n_rounds; ++j) {
-    post(j);
-    rounds.barrier(j, desc, d);
-    take(j);
+  CrossoverTrial trial = CmaChannel::trial(cma, Crossover::Op::kBroadcast, bytes);
+  const PathOffer offer{nullptr, cma, trial.offers(), buf, buf, &trial};
+  if (agree_on_path(rounds, offer, desc, d, [&] { post(0); }) == Path::kSingleCopy) {
+    cma_broadcast(rounds, *cma, buf, bytes, root, desc, d);
+    return;
   }
+  staged();
+  if (trial.ends_with_barrier()) rounds.barrier_round(desc, d);
 }
 
 }  // namespace tdist::comm::shm::algo

@@ -106,11 +106,7 @@ void cma_all_gather(Rounds& rounds, CmaChannel& cma, const void* in, void* out, 
 
 void cma_broadcast(Rounds& rounds, CmaChannel& cma, void* buf, size_t bytes, int root, const OpDesc& desc,
                    Deadline d) {
-  if (rounds.rank() != root) {
-    const std::string what = describe(desc);
-    auto* dst = static_cast<uint8_t*>(buf);
-    cma.read(rounds, root, dst, cma.in_of(root), bytes, what);
-  }
+  if (rounds.rank() != root) cma.read(rounds, root, buf, cma.in_of(root), bytes, describe(desc));
   rounds.barrier_round(desc, d);
 }
 

@@ -36,15 +36,27 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
       if (r != me) detail::copy_bytes(rounds.mine(posted) + slot(r, me) * stride, src + (r * count + off) * es, len * es);
     }
   };
+  // Round 0 posted and its barrier passed: each round reduced, the next
+  // posted and passed.
+  auto staged = [&] {
+    for (size_t j = 0; j < n_rounds; ++j) {
+      const size_t off = j * piece, len = std::min(piece, count - std::min(count, off));
+      if (j > 0) {
+        post(j);
+        rounds.barrier_round(desc, d);
+      }
+      for (int r = 0; r < n; ++r) {
+        inputs[r] = r == me ? src + (me * count + off) * es : rounds.theirs(r, posted) + slot(me, r) * stride;
+      }
+      reduce_many(dst + off * es, inputs.data(), n, len, t, op, n);
+    }
+  };
   if (boxed) {
     // One line a rank: no symmetric or single-copy path to agree on (the
     // same on every rank, as the counts are), so the box goes at once.
     post(0);
     rounds.first_barrier(desc, d);
-    for (int r = 0; r < n; ++r) {
-      inputs[r] = r == me ? src + me * count * es : rounds.theirs(r, posted) + slot(me, r) * stride;
-    }
-    reduce_many(dst, inputs.data(), n, count, t, op, n);
+    staged();
     return;
   }
   CrossoverTrial trial = CmaChannel::trial(cma, Crossover::Op::kReduceScatter, count * n * es);
@@ -61,17 +73,7 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
     rounds.barrier_round(desc, d);
     return;
   }
-  for (size_t j = 0; j < n_rounds; ++j) {
-    const size_t off = j * piece, len = std::min(piece, count - std::min(count, off));
-    if (j > 0) {
-      post(j);
-      rounds.barrier_round(desc, d);
-    }
-    for (int r = 0; r < n; ++r) {
-      inputs[r] = r == me ? src + (me * count + off) * es : rounds.theirs(r, posted) + slot(me, r) * stride;
-    }
-    reduce_many(dst + off * es, inputs.data(), n, len, t, op, n);
-  }
+  staged();
   if (trial.ends_with_barrier()) rounds.barrier_round(desc, d);
 }
 
