@@ -72,6 +72,7 @@ struct FsdpBenchOptions {
   int64_t batch = 0;
   int steps = 6;
   int rounds = 3;
+  bool forward_prefetch = false;  // FSDP's forward_prefetch (the FSDP variants)
   std::string variants;  // empty: all
   std::string json;
   std::string run_variant;  // set for the ranks of one variant's job

@@ -2,7 +2,8 @@
 // precision save in memory and cost in step time.
 //
 //   tdist-bench fsdp [--model mlp|vit|gpt] [--backend shm|gloo] [--world-size 2] [--blocks B] [--width W]
-//       [--hidden H] [--heads N] [--batch N] [--steps 6] [--rounds 3] [--variants V,V,...] [--json FILE]
+//       [--hidden H] [--heads N] [--batch N] [--steps 6] [--rounds 3] [--forward-prefetch]
+//       [--variants V,V,...] [--json FILE]
 //
 // A variant's name + "_nofr" (full_shard_nofr): the same with the flight
 // recorder paused; + "_trace": with the timeline on (written to
@@ -360,6 +361,8 @@ void FsdpBenchOptions::add_to(CLI::App& mode) {
   mode.add_option("--steps", steps, "timed steps per round")->check(cli::in_range(1, 1e6))->capture_default_str();
   mode.add_option("--rounds", rounds, "rounds, the variants taking turns")->check(cli::in_range(1, 1e6))
       ->capture_default_str();
+  mode.add_flag("--forward-prefetch", forward_prefetch,
+                "FSDP's forward_prefetch: each unit's forward starts gathering the next (a job bound by its link)");
   mode.add_option("--variants", variants,
                   "comma-separated (default: all): ddp, no_shard, shard_grad_op, full_shard, full_shard_ckpt, "
                   "full_shard_bf16, full_shard_ckpt_bf16")

@@ -96,7 +96,7 @@ struct BenchModel {
 };
 
 template <typename Net, typename Block>
-BenchModel wrap_for_variant(Net net, const std::string& variant) {
+BenchModel wrap_for_variant(Net net, const std::string& variant, bool forward_prefetch) {
   BenchModel b;
   if (variant == "ddp") {
     DistributedDataParallelOptions d;
@@ -118,6 +118,7 @@ BenchModel wrap_for_variant(Net net, const std::string& variant) {
     };
   }
   f.auto_wrap_policy = transformer_auto_wrap_policy<Block>();
+  f.forward_prefetch = forward_prefetch;
   auto m = std::make_shared<FSDP<Net>>(std::move(net), f);
   b.forward = [m](const torch::Tensor& x) { return (*m)(x); };
   b.params = unique_parameters(**m);
@@ -127,13 +128,14 @@ BenchModel wrap_for_variant(Net net, const std::string& variant) {
 
 inline BenchModel build_bench_model(const FsdpBenchOptions& o, const std::string& variant) {
   if (o.model == "vit") {
-    return wrap_for_variant<examples::Vit, examples::VitBlock>(examples::Vit(vit_config(o)), variant);
+    return wrap_for_variant<examples::Vit, examples::VitBlock>(examples::Vit(vit_config(o)), variant,
+                                                              o.forward_prefetch);
   }
   if (o.model == "gpt") {
     return wrap_for_variant<examples::GptLMHeadModel, examples::GptBlock>(examples::GptLMHeadModel(gpt_config(o)),
-                                                                          variant);
+                                                                          variant, o.forward_prefetch);
   }
-  return wrap_for_variant<MlpNet, MlpBlock>(MlpNet(o), variant);
+  return wrap_for_variant<MlpNet, MlpBlock>(MlpNet(o), variant, o.forward_prefetch);
 }
 
 // Psi and the largest unit's parameters (a block, or the root's rest).

@@ -12,10 +12,13 @@
 #     rate), and step / that (target: at most 1.1: the link never idles).
 # The model is the bench's MLP at MODEL_ARGS (default 8 blocks of
 # 256 -> 1024 -> 256, 4.2 M parameters: about 2 s of wire a step at
-# 100 Mbit/s), STEPS timed steps (default 3) after two untimed.
+# 100 Mbit/s), STEPS timed steps (default 3) after two untimed, with FSDP's
+# forward_prefetch on (what a job bound by its link sets: each unit's
+# forward queues the next unit's gather before waiting for its own, so the
+# link does not idle while a unit computes; FORWARD_PREFETCH=0 turns it off).
 # Prints a table and writes OUT_DIR/slow_link_fsdp.json. Needs root.
 #
-#   [WORLDS="2 4"] [RATE=100mbit] [VARIANTS="full_shard no_shard"] [STEPS=3]
+#   [WORLDS="2 4"] [RATE=100mbit] [VARIANTS="full_shard no_shard"] [STEPS=3] [FORWARD_PREFETCH=1]
 #   bench/slow_link_fsdp.sh [BUILD_DIR=build] [OUT_DIR=BUILD_DIR/bench]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,6 +28,8 @@ WORLDS=${WORLDS:-"2 4"}
 RATE=${RATE:-100mbit}
 VARIANTS=${VARIANTS:-"full_shard no_shard"}
 STEPS=${STEPS:-3}
+prefetch=(--forward-prefetch) fp_json=true
+[ "${FORWARD_PREFETCH:-1}" != 0 ] || { prefetch=(); fp_json=false; }
 MODEL_ARGS=${MODEL_ARGS:-"--model mlp --blocks 8 --width 256 --hidden 1024 --batch 8"}
 bench="$(cd "$build" && pwd)/bin/tdist-bench"
 [ -x "$bench" ] || { echo "slow_link_fsdp.sh: $bench not built (make build)" >&2; exit 2; }
@@ -48,7 +53,8 @@ json="$out/slow_link_fsdp.json"
 echo "[" >"$json"
 first=1
 port=29900
-echo "# FSDP over gloo, one rank per network namespace, every link at $RATE both ways; per rank and step"
+echo "# FSDP over gloo, one rank per network namespace, every link at $RATE both ways; per rank and step" \
+  "(forward_prefetch: $fp_json)"
 echo "# wire: TCP bytes the busiest rank sent; bound: what ring collectives must send; at rate: wire * 8 / rate"
 printf "%-6s %-12s %10s %10s %8s %10s %10s %8s\n" world variant "wire MiB" "bound MiB" "x bound" "step s" "at rate s" "x rate"
 for w in $WORLDS; do
@@ -61,7 +67,7 @@ for w in $WORLDS; do
       # shellcheck disable=SC2086
       netlab_exec "$k" env RANK=$k WORLD_SIZE=$w MASTER_ADDR="$(netlab_ip 0)" MASTER_PORT=$port OMP_NUM_THREADS=1 \
         TDIST_GLOO_IFNAME=eth0 timeout 900 "$bench" fsdp --backend gloo --world-size "$w" $MODEL_ARGS \
-        --steps "$STEPS" --rounds 1 --run-variant "$v" --result "$dir/result" >"$dir/rank$k.log" 2>&1 &
+        "${prefetch[@]}" --steps "$STEPS" --rounds 1 --run-variant "$v" --result "$dir/result" >"$dir/rank$k.log" 2>&1 &
       pids+=($!)
     done
     rc=0
@@ -80,7 +86,7 @@ for w in $WORLDS; do
     printf "%-6s %-12s %10s %10s %8s %10s %10s %8s\n" "$w" "$v" "$wire_mib" "$bound_mib" "$x_bound" "$step_s" "$at_s" "$x_rate"
     [ $first -eq 1 ] || echo "," >>"$json"
     first=0
-    echo -n "  {\"world_size\": $w, \"variant\": \"$v\", \"rate\": \"$RATE\", \"wire_bytes_per_step\": ${f[9]}, \"wire_bound_bytes_per_step\": ${f[10]}, \"wire_over_bound\": $x_bound, \"step_s\": $step_s, \"wire_at_rate_s\": $at_s, \"step_over_wire_time\": $x_rate}" >>"$json"
+    echo -n "  {\"world_size\": $w, \"variant\": \"$v\", \"forward_prefetch\": $fp_json, \"rate\": \"$RATE\", \"wire_bytes_per_step\": ${f[9]}, \"wire_bound_bytes_per_step\": ${f[10]}, \"wire_over_bound\": $x_bound, \"step_s\": $step_s, \"wire_at_rate_s\": $at_s, \"step_over_wire_time\": $x_rate}" >>"$json"
   done
 done
 echo >>"$json"

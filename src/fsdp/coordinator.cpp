@@ -77,12 +77,17 @@ void Coordinator::drop_unused_prefetches() {
   prefetched_.clear();
 }
 
-void Coordinator::prefetch_forward(FsdpState& s) {
-  if (s.forward_prefetch_units) {
-    prefetch(*s.forward_prefetch_units);
-  } else if (s.options.forward_prefetch) {
-    if (FsdpState* next = next_in_last_forward(s)) prefetch_one(*next);
+void Coordinator::gather_for_forward(FsdpState& s) {
+  if (s.forward_prefetch_units || s.options.forward_prefetch) {
+    const detail::AsyncOpsScope async;
+    s.unit->start_unshard();
+    if (s.forward_prefetch_units) {
+      prefetch(*s.forward_prefetch_units);
+    } else if (FsdpState* next = next_in_last_forward(s)) {
+      prefetch_one(*next);
+    }
   }
+  s.unit->finish_unshard();
 }
 
 void Coordinator::settle(bool keep_gathered) {

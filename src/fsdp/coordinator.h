@@ -33,10 +33,16 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   void begin_iteration();
   // A unit's forward with gradients on starts (once per unit per iteration).
   void record_forward(FsdpState& s);
-  // Forward prefetch: the unit that followed s in the last iteration, or
-  // the units s names.
+  // Gathers s for its forward, and starts its forward prefetch: the unit
+  // that followed s in the last iteration, or the units s names. With a
+  // prefetch, s's gather and the prefetch are queued for the group's
+  // worker before s's is waited for: on the CPU nothing runs ahead of a
+  // wait (as a GPU's launches do), so a prefetch started after it would
+  // leave the link idle from the end of s's gather to the end of s's
+  // forward, and the worker runs the two back to back, with no hand-over
+  // between threads.
   FsdpState* next_in_last_forward(const FsdpState& s) const;
-  void prefetch_forward(FsdpState& s);
+  void gather_for_forward(FsdpState& s);
   // Backward reached one of s's outputs.
   void pre_backward(FsdpState& s);
   // s's tracked gradients have all arrived.

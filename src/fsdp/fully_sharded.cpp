@@ -404,8 +404,7 @@ void FullyShardedCore::begin_forward() {
     s.current = active->weak_from_this();
     // In a checkpointed forward gradients are off, but they will come.
     if (at::GradMode::is_enabled() || phase == RecomputePhase::kForward) active->record_forward(s);
-    s.unit->finish_unshard();
-    active->prefetch_forward(s);
+    active->gather_for_forward(s);
   } catch (...) {
     abort_forward();
     throw;

@@ -1,15 +1,24 @@
-// What an FSDP unit's backward waits for. Without sharding (NO_SHARD) a
-// unit's gradients accumulate in autograd's own tensors and are all-reduced
-// in them, so a block's backward runs while the block after it is still
-// being reduced; a sharded unit takes its gradient buffer only after the
-// reduction in flight returned its own to the pool (coordinator.h).
+// What an FSDP unit waits for. Without sharding (NO_SHARD) a unit's
+// gradients accumulate in autograd's own tensors and are all-reduced in
+// them, so a block's backward runs while the block after it is still being
+// reduced; a sharded unit takes its gradient buffer only after the
+// reduction in flight returned its own to the pool. With forward_prefetch a
+// unit's forward queues the next unit's gather before it waits for its own
+// (coordinator.h).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "tdist/trace.h"
 #include "tests/fsdp/models.h"
+#include "tests/util/process.h"
 #include "tests/util/world.h"
 
 using tdist::ProcessGroup;
@@ -63,6 +72,54 @@ TEST(FsdpOverlap, ShardedABlockTakesItsGradientBufferOnlyAfterTheReductionInFlig
     const double ms = ms_to_block1_on_rank0(pg, ShardingStrategy::FULL_SHARD, std::chrono::milliseconds(1500));
     if (pg.rank() == 0) {
       WORLD_CHECK(ms >= 1000, "block 1's backward ran after " << ms << " ms, before block 2's reduction ended");
+    }
+  }), "");
+}
+
+// The gathers of the world group the flight recorder holds, in the order
+// they were queued: when each was queued and when it completed.
+struct Gather {
+  int64_t created_ns = 0, completed_ns = 0;
+};
+std::vector<Gather> recorded_gathers() {
+  const std::string path = tdist::trace::dump_flight_recorder();
+  WORLD_CHECK(!path.empty(), "no flight recorder dump (is TDIST_DUMP_DIR set?)");
+  const auto dump = nlohmann::json::parse(tdist::test::read_all(path));
+  std::vector<Gather> out;
+  for (const auto& e : dump["entries"]) {
+    if (e["process_group"][0] != "world" || e["profiling_name"] != "tdist:all_gather_into_tensor_coalesced") continue;
+    out.push_back({e["time_created_ns"].get<int64_t>(), e["time_discovered_completed_ns"].get<int64_t>()});
+  }
+  return out;
+}
+
+// Rank 1 comes to the second forward 600 ms late, so rank 0's first gather
+// of it (the root's) completes 600 ms after it was queued. With the prefetch
+// block 0's gather was queued at once behind it (the worker then runs the
+// two back to back), not when the root's gather had been waited for.
+TEST(FsdpOverlap, AForwardPrefetchIsQueuedBeforeTheUnitsOwnGatherIsWaitedFor) {
+  tdist::test::TempDir dumps;
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    setenv("TDIST_DUMP_DIR", dumps.path().c_str(), 1);
+    torch::manual_seed(3);
+    tdist::FullyShardedDataParallelOptions o;
+    o.forward_prefetch = true;
+    tdist::FSDP<Net> model(Net(&o), o);
+    const torch::Tensor x = torch::randn({4, 6}), y = torch::randn({4, 3});
+    torch::mse_loss(model(x), y).backward();  // the order the next forward's prefetches follow
+    const size_t before = recorded_gathers().size();
+    if (pg.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    torch::mse_loss(model(x), y).backward();
+    const auto g = recorded_gathers();
+    WORLD_CHECK(g.size() >= before + 2, "the second forward made " << g.size() - before << " gathers");
+    if (pg.rank() == 0) {
+      const Gather& root = g[before];
+      const Gather& block0 = g[before + 1];
+      WORLD_CHECK(root.completed_ns - root.created_ns >= 400'000'000,
+                  "the root's gather took " << (root.completed_ns - root.created_ns) / 1e6 << " ms");
+      WORLD_CHECK(block0.created_ns < root.completed_ns - 300'000'000,
+                  "block 0's gather was queued " << (block0.created_ns - root.completed_ns) / 1e6
+                                                 << " ms after the root's completed");
     }
   }), "");
 }
