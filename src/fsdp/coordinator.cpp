@@ -101,14 +101,14 @@ void Coordinator::settle(bool keep_gathered) {
     }
     s->kept_after_backward = false;
   }
-  in_flight_ = nullptr;
+  in_flight_.clear();
   backward_started_ = false;
 }
 
 void Coordinator::forget_units() {
   order_.clear();
   last_order_.clear();
-  in_flight_ = nullptr;
+  in_flight_.clear();
   launched_ = 0;
 }
 
@@ -189,23 +189,29 @@ bool Coordinator::gathers_left() const {
 }
 
 void Coordinator::poll_in_flight() {
-  if (in_flight_ && in_flight_->unit->reduce_done()) {
-    in_flight_->unit->finish_reduce();
-    in_flight_ = nullptr;
-  }
+  size_t done = 0;
+  while (done < in_flight_.size() && in_flight_[done]->unit->reduce_done()) ++done;
+  if (done == 0) return;
+  // Erased first: a finish that throws leaves none of them in the list.
+  const std::vector<FsdpState*> finished(in_flight_.begin(), in_flight_.begin() + static_cast<std::ptrdiff_t>(done));
+  in_flight_.erase(in_flight_.begin(), in_flight_.begin() + static_cast<std::ptrdiff_t>(done));
+  for (FsdpState* s : finished) s->unit->finish_reduce();
 }
 
 void Coordinator::finish_in_flight() {
-  if (!in_flight_) return;
-  FsdpState* s = in_flight_;
-  in_flight_ = nullptr;
-  s->unit->finish_reduce();
+  const std::vector<FsdpState*> all = std::move(in_flight_);
+  in_flight_.clear();
+  for (FsdpState* s : all) s->unit->finish_reduce();
 }
 
 void Coordinator::launch(FsdpState& s) {
-  finish_in_flight();
+  if (s.unit->sharded()) {
+    finish_in_flight();
+  } else {
+    poll_in_flight();
+  }
   s.unit->start_reduce();
-  in_flight_ = &s;
+  in_flight_.push_back(&s);
 }
 
 void Coordinator::launch_ready_in_order() {
@@ -239,7 +245,7 @@ void Coordinator::end_of_backward() {
       s->unit->keep_full_grads();
     }
   }
-  in_flight_ = nullptr;
+  in_flight_.clear();
   // A unit stays gathered only while its gradients stay full: one whose
   // gradients were reduced now holds shard gradients, which the optimizer
   // steps with the shards.

@@ -47,15 +47,18 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   void pre_backward(FsdpState& s);
   // s's tracked gradients have all arrived.
   void unit_ready(FsdpState& s);
-  // A gradient is about to accumulate: a reduction that has finished in the
-  // meantime hands its shards over and frees its full gradients now rather
-  // than at the next launch (the memory peak is inside a unit's backward).
+  // A gradient is about to accumulate: the reductions that have finished in
+  // the meantime hand their shards over and free their full gradients now
+  // rather than at the next launch (the memory peak is inside a unit's
+  // backward).
   void poll_in_flight();
-  // Waits for the reduction in flight and hands its shards over: before a
-  // sharded unit takes its gradient buffer, so that at most one unit's
+  // Waits for the reductions in flight and hands their shards over: before
+  // a sharded unit takes its gradient buffer, so that at most one unit's
   // full gradients exist besides the accumulating ones (the ZeRO bounds
   // allow one). A unit without sharding takes none, so its backward runs
-  // while the unit before it in backward is reduced.
+  // while the units before it in backward are reduced, and its reduction is
+  // queued behind theirs (launch): the group's worker runs them back to
+  // back, with no wait for the training thread in between.
   void finish_in_flight();
   // The queued callback at the end of backward.
   void end_of_backward();
@@ -93,7 +96,9 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   std::vector<std::shared_ptr<FsdpState>> order_;       // this iteration's forward order
   std::vector<std::shared_ptr<FsdpState>> last_order_;  // the last iteration's
   size_t launched_ = 0;                                 // units reduced, counted from the end of order_
-  FsdpState* in_flight_ = nullptr;                      // the unit whose reduction may still run
+  // The units whose reductions may still run, in launch order: more than
+  // one only without sharding (a sharded unit's launch waits for them).
+  std::vector<FsdpState*> in_flight_;
   std::vector<std::weak_ptr<FsdpState>> prefetched_;    // started gathering ahead, this iteration
   bool backward_started_ = false;
 };

@@ -1,9 +1,10 @@
 // What an FSDP unit waits for. Without sharding (NO_SHARD) a unit's
 // gradients accumulate in autograd's own tensors and are all-reduced in
 // them, so a block's backward runs while the block after it is still being
-// reduced; a sharded unit takes its gradient buffer only after the
-// reduction in flight returned its own to the pool. With forward_prefetch a
-// unit's forward queues the next unit's gather before it waits for its own
+// reduced, and its reduction is queued behind the ones in flight; a sharded
+// unit takes its gradient buffer only after the reduction in flight
+// returned its own to the pool. With forward_prefetch a unit's forward
+// queues the next unit's gather before it waits for its own
 // (coordinator.h).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -76,21 +77,46 @@ TEST(FsdpOverlap, ShardedABlockTakesItsGradientBufferOnlyAfterTheReductionInFlig
   }), "");
 }
 
-// The gathers of the world group the flight recorder holds, in the order
-// they were queued: when each was queued and when it completed.
-struct Gather {
+// The ops of the world group named `op` that the flight recorder holds, in
+// the order they were queued: when each was queued and when it completed.
+struct Recorded {
   int64_t created_ns = 0, completed_ns = 0;
 };
-std::vector<Gather> recorded_gathers() {
+std::vector<Recorded> recorded(const std::string& op) {
   const std::string path = tdist::trace::dump_flight_recorder();
   WORLD_CHECK(!path.empty(), "no flight recorder dump (is TDIST_DUMP_DIR set?)");
   const auto dump = nlohmann::json::parse(tdist::test::read_all(path));
-  std::vector<Gather> out;
+  std::vector<Recorded> out;
   for (const auto& e : dump["entries"]) {
-    if (e["process_group"][0] != "world" || e["profiling_name"] != "tdist:all_gather_into_tensor_coalesced") continue;
+    if (e["process_group"][0] != "world" || e["profiling_name"] != "tdist:" + op) continue;
     out.push_back({e["time_created_ns"].get<int64_t>(), e["time_discovered_completed_ns"].get<int64_t>()});
   }
   return out;
+}
+std::vector<Recorded> recorded_gathers() { return recorded("all_gather_into_tensor_coalesced"); }
+
+// Without sharding a unit's reduction is queued behind the one still
+// running (no buffer to wait for), so the worker runs them back to back:
+// rank 1 comes to block 2's reduction 600 ms late, and rank 0 has queued
+// block 1's before block 2's completed.
+TEST(FsdpOverlap, WithoutShardingAReductionIsQueuedBehindTheOneInFlight) {
+  tdist::test::TempDir dumps;
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    setenv("TDIST_DUMP_DIR", dumps.path().c_str(), 1);
+    const size_t before = recorded("all_reduce_coalesced").size();
+    ms_to_block1_on_rank0(pg, ShardingStrategy::NO_SHARD, std::chrono::milliseconds(600));
+    const auto r = recorded("all_reduce_coalesced");
+    WORLD_CHECK(r.size() >= before + 2, "the backward made " << r.size() - before << " reductions");
+    if (pg.rank() == 0) {
+      const Recorded& block2 = r[before];
+      const Recorded& block1 = r[before + 1];
+      WORLD_CHECK(block2.completed_ns - block2.created_ns >= 400'000'000,
+                  "block 2's reduction took " << (block2.completed_ns - block2.created_ns) / 1e6 << " ms");
+      WORLD_CHECK(block1.created_ns < block2.completed_ns - 300'000'000,
+                  "block 1's reduction was queued " << (block1.created_ns - block2.completed_ns) / 1e6
+                                                    << " ms after block 2's completed");
+    }
+  }), "");
 }
 
 // Rank 1 comes to the second forward 600 ms late, so rank 0's first gather
@@ -113,8 +139,8 @@ TEST(FsdpOverlap, AForwardPrefetchIsQueuedBeforeTheUnitsOwnGatherIsWaitedFor) {
     const auto g = recorded_gathers();
     WORLD_CHECK(g.size() >= before + 2, "the second forward made " << g.size() - before << " gathers");
     if (pg.rank() == 0) {
-      const Gather& root = g[before];
-      const Gather& block0 = g[before + 1];
+      const Recorded& root = g[before];
+      const Recorded& block0 = g[before + 1];
       WORLD_CHECK(root.completed_ns - root.created_ns >= 400'000'000,
                   "the root's gather took " << (root.completed_ns - root.created_ns) / 1e6 << " ms");
       WORLD_CHECK(block0.created_ns < root.completed_ns - 300'000'000,
