@@ -93,7 +93,23 @@ std::vector<Recorded> recorded(const std::string& op) {
   }
   return out;
 }
-std::vector<Recorded> recorded_gathers() { return recorded("all_gather_into_tensor_coalesced"); }
+
+// On rank 0, of the ops named `op` recorded after the first `before`: the
+// first (which rank 1 joined 600 ms late) took 400 ms or more, and the
+// second was queued while the first still ran, not after it completed.
+void check_second_queued_while_first_ran(ProcessGroup& pg, const std::string& op, size_t before,
+                                         const std::string& first, const std::string& second) {
+  const auto r = recorded(op);
+  WORLD_CHECK(r.size() >= before + 2, r.size() - before << " " << op << " since");
+  if (pg.rank() != 0) return;
+  const Recorded& a = r[before];
+  const Recorded& b = r[before + 1];
+  WORLD_CHECK(a.completed_ns - a.created_ns >= 400'000'000,
+              first << " took " << (a.completed_ns - a.created_ns) / 1e6 << " ms");
+  const double late_ms = (b.created_ns - a.completed_ns) / 1e6;
+  WORLD_CHECK(b.created_ns < a.completed_ns - 300'000'000,
+              second << " was queued " << late_ms << " ms after " << first << " completed");
+}
 
 // Without sharding a unit's reduction is queued behind the one still
 // running (no buffer to wait for), so the worker runs them back to back:
@@ -105,17 +121,7 @@ TEST(FsdpOverlap, WithoutShardingAReductionIsQueuedBehindTheOneInFlight) {
     setenv("TDIST_DUMP_DIR", dumps.path().c_str(), 1);
     const size_t before = recorded("all_reduce_coalesced").size();
     ms_to_block1_on_rank0(pg, ShardingStrategy::NO_SHARD, std::chrono::milliseconds(600));
-    const auto r = recorded("all_reduce_coalesced");
-    WORLD_CHECK(r.size() >= before + 2, "the backward made " << r.size() - before << " reductions");
-    if (pg.rank() == 0) {
-      const Recorded& block2 = r[before];
-      const Recorded& block1 = r[before + 1];
-      WORLD_CHECK(block2.completed_ns - block2.created_ns >= 400'000'000,
-                  "block 2's reduction took " << (block2.completed_ns - block2.created_ns) / 1e6 << " ms");
-      WORLD_CHECK(block1.created_ns < block2.completed_ns - 300'000'000,
-                  "block 1's reduction was queued " << (block1.created_ns - block2.completed_ns) / 1e6
-                                                    << " ms after block 2's completed");
-    }
+    check_second_queued_while_first_ran(pg, "all_reduce_coalesced", before, "block 2's reduction", "block 1's");
   }), "");
 }
 
@@ -133,20 +139,11 @@ TEST(FsdpOverlap, AForwardPrefetchIsQueuedBeforeTheUnitsOwnGatherIsWaitedFor) {
     tdist::FSDP<Net> model(Net(&o), o);
     const torch::Tensor x = torch::randn({4, 6}), y = torch::randn({4, 3});
     torch::mse_loss(model(x), y).backward();  // the order the next forward's prefetches follow
-    const size_t before = recorded_gathers().size();
+    const std::string gather = "all_gather_into_tensor_coalesced";
+    const size_t before = recorded(gather).size();
     if (pg.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(600));
     torch::mse_loss(model(x), y).backward();
-    const auto g = recorded_gathers();
-    WORLD_CHECK(g.size() >= before + 2, "the second forward made " << g.size() - before << " gathers");
-    if (pg.rank() == 0) {
-      const Recorded& root = g[before];
-      const Recorded& block0 = g[before + 1];
-      WORLD_CHECK(root.completed_ns - root.created_ns >= 400'000'000,
-                  "the root's gather took " << (root.completed_ns - root.created_ns) / 1e6 << " ms");
-      WORLD_CHECK(block0.created_ns < root.completed_ns - 300'000'000,
-                  "block 0's gather was queued " << (block0.created_ns - root.completed_ns) / 1e6
-                                                 << " ms after the root's completed");
-    }
+    check_second_queued_while_first_ran(pg, gather, before, "the root's gather", "block 0's");
   }), "");
 }
 
