@@ -2,6 +2,8 @@
 // backward. The contract is in coordinator.h.
 #include "fsdp/coordinator.h"
 
+#include <algorithm>
+
 #include <torch/csrc/autograd/engine.h>
 
 #include "autograd/weight_fence.h"
@@ -25,7 +27,7 @@ void FsdpState::before_grad_accumulates(size_t index) {
   // before this unit takes its gradient buffer from it (not now when it
   // has one, or takes it late, or takes none: without sharding the
   // gradients accumulate in autograd's tensors and are reduced in them,
-  // so this unit's backward runs while the one before it is reduced).
+  // so this unit's backward runs while the ones before it are reduced).
   if (auto c = current.lock()) {
     if (!unit->sharded() || unit->has_grad_buffer() || unit->late_grad_buffer()) {
       c->poll_in_flight();
@@ -78,16 +80,32 @@ void Coordinator::drop_unused_prefetches() {
 }
 
 void Coordinator::gather_for_forward(FsdpState& s) {
-  if (s.forward_prefetch_units || s.options.forward_prefetch) {
+  std::vector<FsdpState*> ahead;
+  if (s.forward_prefetch_units) {
+    for (const auto& w : *s.forward_prefetch_units) {
+      if (auto t = w.lock()) ahead.push_back(t.get());
+    }
+  } else if (s.options.forward_prefetch) {
+    if (FsdpState* next = next_in_last_forward(s)) ahead.push_back(next);
+  }
+  const auto needs_gather = [](const FsdpState* t) { return !t->unit->unsharded() && !t->unit->gathering(); };
+  if (std::any_of(ahead.begin(), ahead.end(), needs_gather)) {
     const detail::AsyncOpsScope async;
     s.unit->start_unshard();
-    if (s.forward_prefetch_units) {
-      prefetch(*s.forward_prefetch_units);
-    } else if (FsdpState* next = next_in_last_forward(s)) {
-      prefetch_one(*next);
-    }
+    for (FsdpState* t : ahead) prefetch_one(*t);
   }
-  s.unit->finish_unshard();
+  try {
+    s.unit->finish_unshard();
+  } catch (...) {
+    drop_failed_prefetches();
+    throw;
+  }
+}
+
+void Coordinator::drop_failed_prefetches() noexcept {
+  for (const auto& w : prefetched_) {
+    if (auto t = w.lock(); t && t->unit->gathering()) t->unit->drop_in_flight();
+  }
 }
 
 void Coordinator::settle(bool keep_gathered) {
@@ -205,10 +223,10 @@ void Coordinator::finish_in_flight() {
 }
 
 void Coordinator::launch(FsdpState& s) {
-  if (s.unit->sharded()) {
-    finish_in_flight();
-  } else {
+  if (s.unit->reduces_in_place()) {
     poll_in_flight();
+  } else {
+    finish_in_flight();  // its buffer or converted copy: at most one besides the accumulating gradients
   }
   s.unit->start_reduce();
   in_flight_.push_back(&s);

@@ -7,8 +7,10 @@
 // gathers follow the autograd graph and the reductions are launched in
 // reverse forward order only (a unit ready early waits for the ones before
 // it); units still unreduced when backward ends are reduced then, in the
-// same order, with zeros for gradients they never got. At most one unit's
-// reduction is in flight while another is launched.
+// same order, with zeros for gradients they never got. A unit's reduction
+// is launched after the ones in flight have finished, unless it takes no
+// memory of its own (without sharding, in the gradients' own dtype): then
+// it is queued behind them.
 //
 // Owns: the forward order (shared references to the units' states, the
 // owner's own among them, until forget_units()).
@@ -56,9 +58,10 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   // a sharded unit takes its gradient buffer, so that at most one unit's
   // full gradients exist besides the accumulating ones (the ZeRO bounds
   // allow one). A unit without sharding takes none, so its backward runs
-  // while the units before it in backward are reduced, and its reduction is
-  // queued behind theirs (launch): the group's worker runs them back to
-  // back, with no wait for the training thread in between.
+  // while the units before it in backward are reduced, and its reduction,
+  // when it takes no memory of its own either (ShardedUnit::
+  // reduces_in_place), is queued behind theirs (launch): the group's worker
+  // runs them back to back, with no wait for the training thread between.
   void finish_in_flight();
   // The queued callback at the end of backward.
   void end_of_backward();
@@ -83,6 +86,9 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   // Reshards the units prefetched in this iteration that did not run in
   // it (a gather from before the optimizer's step must not be used).
   void drop_unused_prefetches();
+  // After a unit's own gather failed: the prefetches queued behind it are
+  // waited out quietly and dropped (not rethrown at the next forward).
+  void drop_failed_prefetches() noexcept;
   void launch_ready_in_order();
   // Whether s's full parameters are freed once its gradients are all in
   // (not under SHARD_GRAD_OP, nor while a frozen parameter's backward may

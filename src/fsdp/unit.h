@@ -139,6 +139,10 @@ class ShardedUnit {
   bool has_frozen() const;
   bool has_trainable() const;
   bool sharded() const { return sharded_; }
+  // Whether its reduction takes no memory of its own: without sharding, in
+  // autograd's gradients in their dtype (a reduce dtype of another makes a
+  // converted copy, alive until the reduction is finished).
+  bool reduces_in_place() const { return !sharded_ && reduce_dtype_ == dtype_; }
   // The layout (world 1 without sharding) and this rank's place in it.
   const ShardLayout& layout() const { return layout_; }
   int shard_rank() const { return shard_rank_; }

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,10 +34,12 @@ namespace {
 // Rank 1 holds back its part of block 2's reduction for `hold`; returns
 // how long after the backward began rank 0 computed block 1's first-layer
 // weight gradient (after block 1's second layer's gradients accumulated).
-double ms_to_block1_on_rank0(ProcessGroup& pg, ShardingStrategy strategy, std::chrono::milliseconds hold) {
+double ms_to_block1_on_rank0(ProcessGroup& pg, ShardingStrategy strategy, std::chrono::milliseconds hold,
+                             std::optional<at::ScalarType> reduce_dtype = std::nullopt) {
   torch::manual_seed(3);
   tdist::FullyShardedDataParallelOptions o;
   o.sharding_strategy = strategy;
+  o.mixed_precision.reduce_dtype = reduce_dtype;
   tdist::FSDP<Net> model(Net(&o), o);
   tdist::test::NetImpl& net = *model->module();
   auto block = [&](int i) { return net.named_children()["block" + std::to_string(i)]; };
@@ -96,9 +99,10 @@ std::vector<Recorded> recorded(const std::string& op) {
 
 // On rank 0, of the ops named `op` recorded after the first `before`: the
 // first (which rank 1 joined 600 ms late) took 400 ms or more, and the
-// second was queued while the first still ran, not after it completed.
-void check_second_queued_while_first_ran(ProcessGroup& pg, const std::string& op, size_t before,
-                                         const std::string& first, const std::string& second) {
+// second was queued while the first still ran (`while_running`), or only
+// once it had completed.
+void check_when_second_was_queued(ProcessGroup& pg, const std::string& op, size_t before, const std::string& first,
+                                  const std::string& second, bool while_running = true) {
   const auto r = recorded(op);
   WORLD_CHECK(r.size() >= before + 2, r.size() - before << " " << op << " since");
   if (pg.rank() != 0) return;
@@ -107,8 +111,13 @@ void check_second_queued_while_first_ran(ProcessGroup& pg, const std::string& op
   WORLD_CHECK(a.completed_ns - a.created_ns >= 400'000'000,
               first << " took " << (a.completed_ns - a.created_ns) / 1e6 << " ms");
   const double late_ms = (b.created_ns - a.completed_ns) / 1e6;
-  WORLD_CHECK(b.created_ns < a.completed_ns - 300'000'000,
-              second << " was queued " << late_ms << " ms after " << first << " completed");
+  if (while_running) {
+    WORLD_CHECK(b.created_ns < a.completed_ns - 300'000'000,
+                second << " was queued " << late_ms << " ms after " << first << " completed");
+  } else {
+    WORLD_CHECK(b.created_ns > a.completed_ns - 100'000'000,  // the recorder's clock is coarse
+                second << " was queued " << -late_ms << " ms before " << first << " completed");
+  }
 }
 
 // Without sharding a unit's reduction is queued behind the one still
@@ -121,7 +130,21 @@ TEST(FsdpOverlap, WithoutShardingAReductionIsQueuedBehindTheOneInFlight) {
     setenv("TDIST_DUMP_DIR", dumps.path().c_str(), 1);
     const size_t before = recorded("all_reduce_coalesced").size();
     ms_to_block1_on_rank0(pg, ShardingStrategy::NO_SHARD, std::chrono::milliseconds(600));
-    check_second_queued_while_first_ran(pg, "all_reduce_coalesced", before, "block 2's reduction", "block 1's");
+    check_when_second_was_queued(pg, "all_reduce_coalesced", before, "block 2's reduction", "block 1's");
+  }), "");
+}
+
+// ... unless it reduces a converted copy of them (a reduce dtype other than
+// theirs): then it waits for the one in flight, so that no more than one
+// such copy lives beside the gradients.
+TEST(FsdpOverlap, WithoutShardingAReductionInAnotherDtypeWaitsForTheOneInFlight) {
+  tdist::test::TempDir dumps;
+  EXPECT_EQ(run_world(2, [&](ProcessGroup& pg) {
+    setenv("TDIST_DUMP_DIR", dumps.path().c_str(), 1);
+    const size_t before = recorded("all_reduce_coalesced").size();
+    ms_to_block1_on_rank0(pg, ShardingStrategy::NO_SHARD, std::chrono::milliseconds(600), at::kBFloat16);
+    check_when_second_was_queued(pg, "all_reduce_coalesced", before, "block 2's reduction", "block 1's",
+                                 /*while_running=*/false);
   }), "");
 }
 
@@ -143,7 +166,7 @@ TEST(FsdpOverlap, AForwardPrefetchIsQueuedBeforeTheUnitsOwnGatherIsWaitedFor) {
     const size_t before = recorded(gather).size();
     if (pg.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(600));
     torch::mse_loss(model(x), y).backward();
-    check_second_queued_while_first_ran(pg, gather, before, "the root's gather", "block 0's");
+    check_when_second_was_queued(pg, gather, before, "the root's gather", "block 0's");
   }), "");
 }
 
