@@ -5,8 +5,11 @@
 // wire: each rank sends (N-1)/N of its input (an all-reduce would send
 // twice that). The all-gather: every rank's chunk in its place at odd sizes
 // and world sizes 2 to 4, with the input apart from the output or its own
-// slice, and (N-1)/N of the output on the wire.
+// slice, and (N-1)/N of the output on the wire. And SIGPIPE: a gloo group
+// ignores it while its action is the default (Gloo's writes to a dead
+// peer's socket would otherwise end the rank), and keeps a handler.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <ATen/ATen.h>
 
@@ -153,4 +156,27 @@ TEST(GlooAllGather, EachRankSendsTheRingBound) {
     for (int r = 0; r < world; ++r) WORLD_CHECK(at::equal(out.narrow(0, r * count, count), chunk_of(r, count)), "chunk " << r);
   }, gloo());
   EXPECT_EQ(failures, "");
+}
+
+namespace {
+void on_sigpipe(int) {}
+}  // namespace
+
+TEST(GlooSigpipe, AGroupIgnoresTheDefaultActionAndKeepsAHandler) {
+  struct sigaction before {};
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &before), 0);
+  // The ranks are forked from here: they start with what is set here.
+  signal(SIGPIPE, SIG_DFL);
+  EXPECT_EQ(run_world(2, [](ProcessGroup&) {
+    struct sigaction now {};
+    WORLD_CHECK(sigaction(SIGPIPE, nullptr, &now) == 0 && now.sa_handler == SIG_IGN,
+                "SIGPIPE's action after the gloo group was made is not SIG_IGN: a write to a dead peer ends the rank");
+  }, gloo()), "");
+  signal(SIGPIPE, on_sigpipe);
+  EXPECT_EQ(run_world(2, [](ProcessGroup&) {
+    struct sigaction now {};
+    WORLD_CHECK(sigaction(SIGPIPE, nullptr, &now) == 0 && now.sa_handler == on_sigpipe,
+                "the program's SIGPIPE handler was replaced");
+  }, gloo()), "");
+  ASSERT_EQ(sigaction(SIGPIPE, &before, nullptr), 0);
 }

@@ -22,6 +22,7 @@
 #include <gloo/scatter.h>
 #include <gloo/transport/tcp/device.h>
 #include <netdb.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -104,9 +105,27 @@ void with_element_type(size_t size, Fn&& fn) {
   throw UsageError("gloo backend: unsupported element size " + std::to_string(size));
 }
 
+// Gloo writes to its sockets with writev, which cannot ask for
+// MSG_NOSIGNAL: a write to a peer that has just died raises SIGPIPE, whose
+// default action ends this rank before Gloo can report the broken
+// connection (a test saw "rank 0: signal 13" instead of a
+// PeerFailureError). As Python does at startup (so every PyTorch job),
+// SIGPIPE is ignored while its action is the default; a handler the
+// program installed, or an ignore, is kept. The write then fails with
+// EPIPE, which Gloo raises as an IoException.
+void ignore_default_sigpipe() {
+  struct sigaction old {};
+  if (sigaction(SIGPIPE, nullptr, &old) != 0 || (old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) return;
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  (void)sigaction(SIGPIPE, &ignore, nullptr);
+}
+
 class GlooBackend final : public Backend {
  public:
   GlooBackend(const BackendContext& ctx, const GlooOptions& options) : Backend(ctx.rank, ctx.size), ctx_(ctx) {
+    ignore_default_sigpipe();
     ::gloo::transport::tcp::attr attr;
     if (!options.iface.empty()) {
       attr.iface = options.iface;
