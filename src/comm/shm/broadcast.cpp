@@ -50,14 +50,9 @@ void broadcast(Rounds& rounds, void* buf, size_t bytes, int root, const OpDesc& 
   // Round 0 posted and its barrier passed: each round copied out, the
   // next posted and passed.
   auto staged = [&] {
-    for (size_t j = 0; j < n_rounds; ++j) {
-      const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
-      if (j > 0) {
-        post(j);
-        rounds.barrier_round(desc, d);
-      }
+    rounds.staged_rounds(n_rounds, chunk, bytes, desc, d, post, [&](size_t off, size_t len) {
       if (!is_root) detail::copy_bytes(p + off, rounds.theirs(root), len);
-    }
+    });
   };
   if (!agree_first) {
     post(0);

@@ -25,13 +25,8 @@ void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, c
   // Round 0 posted and its barrier passed: the rest of the staged rounds,
   // each copied out where wanted.
   auto staged = [&] {
-    for (size_t j = 0; j < n_rounds; ++j) {
-      const size_t off = j * chunk, len = std::min(chunk, bytes - std::min(bytes, off));
-      if (j > 0) {
-        post(j);
-        rounds.barrier_round(desc, d);
-      }
-      if (!want) continue;
+    rounds.staged_rounds(n_rounds, chunk, bytes, desc, d, post, [&](size_t off, size_t len) {
+      if (!want) return;
       for (int r = 0; r < rounds.size(); ++r) {
         uint8_t* to = dst + r * bytes + off;
         if (r == rounds.rank()) {
@@ -40,7 +35,7 @@ void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, c
           detail::copy_bytes(to, rounds.theirs(r, bytes), len);
         }
       }
-    }
+    });
   };
   if (root >= 0 || Rounds::fits_box(bytes)) {
     // No other path to agree on, the same on every rank: a gather has

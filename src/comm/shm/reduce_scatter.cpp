@@ -39,17 +39,12 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
   // Round 0 posted and its barrier passed: each round reduced, the next
   // posted and passed.
   auto staged = [&] {
-    for (size_t j = 0; j < n_rounds; ++j) {
-      const size_t off = j * piece, len = std::min(piece, count - std::min(count, off));
-      if (j > 0) {
-        post(j);
-        rounds.barrier_round(desc, d);
-      }
+    rounds.staged_rounds(n_rounds, piece, count, desc, d, post, [&](size_t off, size_t len) {
       for (int r = 0; r < n; ++r) {
         inputs[r] = r == me ? src + (me * count + off) * es : rounds.theirs(r, posted) + slot(me, r) * stride;
       }
       reduce_many(dst + off * es, inputs.data(), n, len, t, op, n);
-    }
+    });
   };
   if (boxed) {
     // One line a rank: no symmetric or single-copy path to agree on (the

@@ -48,6 +48,8 @@
 //   theirs(r) is rank r's buffer from the round that just completed.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 #include "comm/backend.h"
@@ -107,6 +109,22 @@ class Rounds {
   // Round j's barrier of an op: first_barrier for j == 0, else barrier_round.
   void barrier(size_t j, const OpDesc& desc, Deadline deadline) {
     if (j == 0) first_barrier(desc, deadline); else barrier_round(desc, deadline);
+  }
+  // The staged rounds of an op whose round 0 is posted and past its first
+  // barrier: round j carries units [off, off + len) of `total` at
+  // `per_round` a round; for j > 0 post(j) writes it and a barrier passes,
+  // then take(off, len) reads it.
+  template <typename Post, typename Take>
+  void staged_rounds(size_t n_rounds, size_t per_round, size_t total, const OpDesc& desc, Deadline deadline,
+                     Post&& post, Take&& take) {
+    for (size_t j = 0; j < n_rounds; ++j) {
+      const size_t off = j * per_round, len = std::min(per_round, total - std::min(total, off));
+      if (j > 0) {
+        post(j);
+        barrier_round(desc, deadline);
+      }
+      take(off, len);
+    }
   }
   // How many rounds carry `total` units at `per_round` a round: at least
   // one, so that even an empty op meets the others and checks its desc.
