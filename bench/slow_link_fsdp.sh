@@ -16,9 +16,16 @@
 # forward_prefetch on (what a job bound by its link sets: each unit's
 # forward queues the next unit's gather before waiting for its own, so the
 # link does not idle while a unit computes; FORWARD_PREFETCH=0 turns it off).
+# Before the variants of each world size it times plain TCP round the same
+# ring (bench/tcp_ring_floor.py: each node streams FLOOR_BYTES, default
+# 24M, to the next while it takes as much from the one before) and prints
+# the steady part's time (the last three quarters) against those bytes'
+# time at RATE: what TCP's headers and ACKs and the shaper leave of the
+# link, the floor under "x rate" (FLOOR=0 skips it; it needs python3).
 # Prints a table and writes OUT_DIR/slow_link_fsdp.json. Needs root.
 #
 #   [WORLDS="2 4"] [RATE=100mbit] [VARIANTS="full_shard no_shard"] [STEPS=3] [FORWARD_PREFETCH=1]
+#   [FLOOR=1] [FLOOR_BYTES=24M]
 #   bench/slow_link_fsdp.sh [BUILD_DIR=build] [OUT_DIR=BUILD_DIR/bench]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -57,7 +64,30 @@ echo "# FSDP over gloo, one rank per network namespace, every link at $RATE both
   "(forward_prefetch: $fp_json)"
 echo "# wire: TCP bytes the busiest rank sent; bound: what ring collectives must send; at rate: wire * 8 / rate"
 printf "%-6s %-12s %10s %10s %8s %10s %10s %8s\n" world variant "wire MiB" "bound MiB" "x bound" "step s" "at rate s" "x rate"
+floor_bytes=$(awk -v b="${FLOOR_BYTES:-24M}" 'BEGIN {
+  n = b + 0; u = toupper(substr(b, length(n "") + 1));
+  m = (u == "K") ? 1024 : (u == "M") ? 1048576 : (u == "G") ? 1073741824 : (u == "") ? 1 : -1;
+  if (m < 0 || n <= 0) exit 1; printf "%.0f", n * m }') || { echo "slow_link_fsdp.sh: FLOOR_BYTES=$FLOOR_BYTES: bytes, K, M or G" >&2; exit 2; }
+# Plain TCP round a ring of W nodes: prints the slowest node's time over
+# the bytes' time at RATE ("" when it cannot run).
+tcp_ring_floor() {  # W
+  local w=$1 k ips="" start pids=() slowest
+  [ "${FLOOR:-1}" != 0 ] && command -v python3 >/dev/null || return 0
+  for ((k = 0; k < w; ++k)); do ips+="${ips:+,}$(netlab_ip "$k")"; done
+  start=$(python3 -c 'import time; print(time.time() + 2)')
+  for ((k = 0; k < w; ++k)); do
+    netlab_exec "$k" timeout 300 python3 "$here/tcp_ring_floor.py" --rank "$k" --ips "$ips" --bytes "$floor_bytes" \
+      --start "$start" >"$NETLAB_DIR/floor$w.$k" 2>&1 &
+    pids+=($!)
+  done
+  for k in "${pids[@]}"; do wait "$k" || { echo "slow_link_fsdp.sh: the TCP floor at world $w failed:" >&2; cat "$NETLAB_DIR/floor$w".* >&2; return 0; }; done
+  slowest=$(sort -g "$NETLAB_DIR/floor$w".* | tail -1)
+  awk -v s="$slowest" -v b="$floor_bytes" -v bps="$rate_bps" 'BEGIN { printf "%.3f", s / ((b - int(b / 4)) * 8 / bps) }'
+}
+
 for w in $WORLDS; do
+  floor=$(tcp_ring_floor "$w")
+  [ -z "$floor" ] || echo "# world $w: plain TCP round the ring takes ${floor}x its bytes' time at $RATE (the floor under x rate)"
   for v in $VARIANTS; do
     port=$((port + 1))
     dir="$NETLAB_DIR/$w-$v"
@@ -86,7 +116,7 @@ for w in $WORLDS; do
     printf "%-6s %-12s %10s %10s %8s %10s %10s %8s\n" "$w" "$v" "$wire_mib" "$bound_mib" "$x_bound" "$step_s" "$at_s" "$x_rate"
     [ $first -eq 1 ] || echo "," >>"$json"
     first=0
-    echo -n "  {\"world_size\": $w, \"variant\": \"$v\", \"forward_prefetch\": $fp_json, \"rate\": \"$RATE\", \"wire_bytes_per_step\": ${f[9]}, \"wire_bound_bytes_per_step\": ${f[10]}, \"wire_over_bound\": $x_bound, \"step_s\": $step_s, \"wire_at_rate_s\": $at_s, \"step_over_wire_time\": $x_rate}" >>"$json"
+    echo -n "  {\"world_size\": $w, \"variant\": \"$v\", \"forward_prefetch\": $fp_json, \"rate\": \"$RATE\", \"wire_bytes_per_step\": ${f[9]}, \"wire_bound_bytes_per_step\": ${f[10]}, \"wire_over_bound\": $x_bound, \"step_s\": $step_s, \"wire_at_rate_s\": $at_s, \"step_over_wire_time\": $x_rate, \"tcp_ring_over_wire_time\": ${floor:-null}}" >>"$json"
   done
 done
 echo >>"$json"
