@@ -67,20 +67,28 @@ printf "%-6s %-12s %10s %10s %8s %10s %10s %8s\n" world variant "wire MiB" "boun
 floor_bytes=$(awk -v b="${FLOOR_BYTES:-24M}" 'BEGIN {
   n = b + 0; u = toupper(substr(b, length(n "") + 1));
   m = (u == "K") ? 1024 : (u == "M") ? 1048576 : (u == "G") ? 1073741824 : (u == "") ? 1 : -1;
-  if (m < 0 || n <= 0) exit 1; printf "%.0f", n * m }') || { echo "slow_link_fsdp.sh: FLOOR_BYTES=$FLOOR_BYTES: bytes, K, M or G" >&2; exit 2; }
+  if (m < 0 || n * m < 4194304) exit 1; printf "%.0f", n * m }') ||
+  { echo "slow_link_fsdp.sh: FLOOR_BYTES=$FLOOR_BYTES: at least 4M (bytes, K, M or G)" >&2; exit 2; }
+# What the floor's streams may take: three times their bytes at RATE, and 30 s.
+floor_timeout=$(awk -v b="$floor_bytes" -v bps="$rate_bps" 'BEGIN { printf "%d", 3 * b * 8 / bps + 30 }')
 # Plain TCP round a ring of W nodes: prints the slowest node's time over
 # the bytes' time at RATE ("" when it cannot run).
 tcp_ring_floor() {  # W
-  local w=$1 k ips="" start pids=() slowest
-  [ "${FLOOR:-1}" != 0 ] && command -v python3 >/dev/null || return 0
+  local w=$1 k ips="" start pids=() rc=0 slowest
+  [ "${FLOOR:-1}" != 0 ] && [ "$w" -ge 2 ] && command -v python3 >/dev/null || return 0
   for ((k = 0; k < w; ++k)); do ips+="${ips:+,}$(netlab_ip "$k")"; done
   start=$(python3 -c 'import time; print(time.time() + 2)')
   for ((k = 0; k < w; ++k)); do
-    netlab_exec "$k" timeout 300 python3 "$here/tcp_ring_floor.py" --rank "$k" --ips "$ips" --bytes "$floor_bytes" \
-      --start "$start" >"$NETLAB_DIR/floor$w.$k" 2>&1 &
+    netlab_exec "$k" timeout $((floor_timeout + 10)) python3 "$here/tcp_ring_floor.py" --rank "$k" --ips "$ips" \
+      --bytes "$floor_bytes" --start "$start" --timeout "$floor_timeout" >"$NETLAB_DIR/floor$w.$k" 2>&1 &
     pids+=($!)
   done
-  for k in "${pids[@]}"; do wait "$k" || { echo "slow_link_fsdp.sh: the TCP floor at world $w failed:" >&2; cat "$NETLAB_DIR/floor$w".* >&2; return 0; }; done
+  for k in "${pids[@]}"; do wait "$k" || rc=1; done
+  if [ $rc -ne 0 ]; then
+    echo "slow_link_fsdp.sh: the TCP floor at world $w failed:" >&2
+    cat "$NETLAB_DIR/floor$w".* >&2
+    return 0
+  fi
   slowest=$(sort -g "$NETLAB_DIR/floor$w".* | tail -1)
   awk -v s="$slowest" -v b="$floor_bytes" -v bps="$rate_bps" 'BEGIN { printf "%.3f", s / ((b - int(b / 4)) * 8 / bps) }'
 }

@@ -46,8 +46,8 @@ def main():
     a = ap.parse_args()
     ips = a.ips.split(",")
     n, k = len(ips), a.rank
-    if n < 2 or not 0 <= k < n or a.bytes <= 0:
-        sys.exit("tcp_ring_floor.py: needs 2+ nodes, 0 <= rank < nodes and bytes > 0")
+    if n < 2 or not 0 <= k < n or a.bytes < 4 * CHUNK:
+        sys.exit("tcp_ring_floor.py: needs 2+ nodes, 0 <= rank < nodes and at least %d bytes" % (4 * CHUNK))
     deadline = a.start + a.timeout
     nxt, prv = (k + 1) % n, (k - 1) % n
     srv = socket.socket()
@@ -62,7 +62,7 @@ def main():
         inc = out
     else:
         box = {}
-        t = threading.Thread(target=lambda: box.update(s=srv.accept()[0]))
+        t = threading.Thread(target=lambda: box.update(s=srv.accept()[0]), daemon=True)
         t.start()
         out = connect(ips[nxt], a.port, deadline)
         t.join(max(0.1, deadline - time.time()))
@@ -77,13 +77,13 @@ def main():
 
     def send():
         try:
-            buf, left = bytes(CHUNK), a.bytes
+            buf, left = memoryview(bytes(CHUNK)), a.bytes
             while left > 0:
                 left -= out.send(buf[: min(CHUNK, left)])
         except OSError as e:
             err.append("send: %s" % e)
 
-    t = threading.Thread(target=send)
+    t = threading.Thread(target=send, daemon=True)
     t.start()
     got, quarter = 0, None
     try:
@@ -94,15 +94,18 @@ def main():
                 break
             got += len(b)
             if quarter is None and got >= a.bytes // 4:
-                quarter = (time.time(), got)
+                quarter = (time.monotonic(), got)
     except OSError as e:
         err.append("recv: %s" % e)
+    end = time.monotonic()
     t.join(max(0.1, deadline - time.time()))
     if err or t.is_alive():
         sys.exit("tcp_ring_floor.py: node %d: %s" % (k, "; ".join(err) or "the send did not finish"))
     # Seconds for the last three quarters, scaled to them exactly.
     t0, at = quarter
-    print("%.4f" % ((time.time() - t0) * (a.bytes - a.bytes // 4) / (a.bytes - at)))
+    if at >= a.bytes:
+        sys.exit("tcp_ring_floor.py: node %d: the last three quarters came in one read; use more bytes" % k)
+    print("%.4f" % ((end - t0) * (a.bytes - a.bytes // 4) / (a.bytes - at)))
 
 
 if __name__ == "__main__":
