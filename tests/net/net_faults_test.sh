@@ -35,7 +35,12 @@ TIMEOUT=15
 # margin allowed it: measured 4-5 s past TIMEOUT idle, 20 s with a load
 # of 18.
 MARGIN=12
-STEPS=60
+# Long enough that a fault injected a second after the first step lands
+# mid-run on a fast machine: 60 steps took 1.5 s on a quiet Intel VM, and
+# the partitions then came after the training had ended (the clean room of
+# 7a849a0; done_before below now fails such a run instead of letting it
+# pass without the fault).
+STEPS=240
 netlab_up 2
 token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
 port=29500
@@ -87,6 +92,12 @@ wait_job() {
   fi
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
 }
+# done_before NAME T: a rank of job NAME had finished its epoch by time T
+# (the logs' lines are stamped as they come).
+done_before() {
+  cat "$NETLAB_DIR/$1"/node*.log 2>/dev/null | grep "\]: epoch 1/1: " |
+    awk -v t="$2" '$1 <= t { found = 1 } END { exit !found }'
+}
 # wait_training NAME: until a status line shows a step (bounded).
 wait_training() {
   local i
@@ -125,10 +136,14 @@ start short
 if wait_training short; then
   sleep 1
   netlab_partition 1
+  t_short=$EPOCHREALTIME
   sleep 4
   netlab_heal 1
 fi
 wait_job short 120
+if [ -n "${t_short:-}" ] && done_before short "$t_short"; then
+  fail "short partition: the training had ended before the fault (it must come mid-run: raise STEPS)"
+fi
 got=$(fp "$NETLAB_DIR/short/result.json")
 restarts=$(cat "$NETLAB_DIR/short"/node*.log | grep -c "to the rendezvous again" || true)
 echo "4 s partition: weights ${got:-none}, $restarts restart(s)"
@@ -175,6 +190,7 @@ if wait_training long; then
   else
     echo "named after $(awk -v a="$t_fault" -v b="${named%% *}" 'BEGIN { printf "%.1f", b - a }') s: ${named#* }"
   fi
+  done_before long "$t_fault" && fail "long partition: the training had ended before the fault (it must come mid-run: raise STEPS)"
   world=$(sed -n 's/.*"world_size": \([0-9]*\).*/\1/p' "$NETLAB_DIR/long/result.json" 2>/dev/null)
   [ "$world" = 1 ] || { show long; fail "long partition: node 0 did not finish alone (world size ${world:-none})"; }
 fi
