@@ -133,9 +133,9 @@ TEST_F(GptExample, DdpAndFsdpTrainToTheSameWeights) {
 TEST_F(GptExample, AKilledRankRestartsAndResumesBitForBit) {
   test::expect_a_killed_rank_to_resume_bit_for_bit(
       kRun + " --nproc-per-node 2", kGpt, "gpt",
-      "--data " + data_ + " --n-layer 2 --n-head 2 --n-embd 32 --block-size 32 --batch-size 4 --steps 24 "
+      "--data " + data_ + " --n-layer 2 --n-head 2 --n-embd 32 --block-size 32 --batch-size 4 --steps 200 "
       "--warmup 4 --skip-eval --sample-bytes 0 --quiet",
-      3, 9);
+      3, 9, 200);
 }
 
 // A conversion (no training, no evaluation, no sample) of a model whose

@@ -110,7 +110,7 @@ TEST(EtcdRun, LosingTheFirstNodeLeavesTheOthersToGoOnAsARestartByHandWould) {
     if (mine.find("[rank 0]: test accuracy") != std::string::npos) json = d + "/elastic" + std::to_string(n) + ".json";
   }
   EXPECT_NE(log.find("joined etcd at 127.0.0.1:"), std::string::npos) << log;
-  test::expect_a_by_hand_restart_to_match(kRun, kMnist, kTrain, d, log, json);
+  test::expect_a_by_hand_restart_to_match(kRun, kMnist, kTrain, d, log, json, 24);
 }
 
 // A node frozen (its launcher and ranks stopped, as by SIGSTOP or a hung

@@ -298,7 +298,7 @@ TEST(FashionMnist, OneEpochOnTwoRanksWithTheFp16Hook) {
 TEST(FashionMnist, AKilledRankRestartsAndResumesBitForBit) {
   test::expect_a_killed_rank_to_resume_bit_for_bit(kRun + " --nproc-per-node 2", tdist::test::bin_dir() + "/fashion_mnist",
                                                    "fashion_mnist", "--batch-size 1000 --epochs 2 --max-steps 45 --quiet",
-                                                   3, 9);
+                                                   3, 9, 45);
 }
 
 // The same for FSDP (FULL_SHARD, every stage a unit of its own, its
@@ -307,7 +307,7 @@ TEST(FsdpMnist, AKilledRankRestartsAndResumesBitForBit) {
   test::expect_a_killed_rank_to_resume_bit_for_bit(kRun + " --nproc-per-node 2", tdist::test::bin_dir() + "/fsdp_mnist",
                                                    "fsdp_mnist",
                                                    "--batch-size 500 --epochs 2 --max-steps 20 --use-nested-fsdp --quiet",
-                                                   4, 8);
+                                                   4, 8, 20);
 }
 
 // --quiet: no progress lines, the summaries stay; --all-ranks: every rank's.

@@ -39,11 +39,14 @@ inline int latest_checkpoint_step(const std::string& ckpt) {
 
 // `launch`: tdist-run and its options up to the program; `program`: the
 // example's path; `name`: its process name; `args`: its arguments (with no
-// --json or --checkpoint-*). Kills a rank once the latest checkpoint is at
-// `kill_after` steps or later, with checkpoints every `every` steps.
+// --json or --checkpoint-*), which run `steps` steps. Kills a rank once the
+// latest checkpoint is at `kill_after` steps or later, with checkpoints
+// every `every` steps. The kill is polled for, so on a fast machine it
+// could land after the last step's checkpoint, and the resumed run would
+// train nothing and match trivially: a resume from step `steps` fails.
 inline void expect_a_killed_rank_to_resume_bit_for_bit(const std::string& launch, const std::string& program,
                                                        const std::string& name, const std::string& args,
-                                                       int every, int kill_after) {
+                                                       int every, int kill_after, int steps) {
   using namespace std::chrono_literals;
   TempDir dir;
   const std::string d = dir.path();
@@ -71,6 +74,10 @@ inline void expect_a_killed_rank_to_resume_bit_for_bit(const std::string& launch
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << describe_status(st) << "\n" << log;
   EXPECT_NE(log.find("restarting all ranks"), std::string::npos) << log;
   EXPECT_NE(log.find("[rank 0]: resumed from " + d + "/ckpt/step-"), std::string::npos) << log;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex(R"(\[rank 0\]: resumed from \S*/ckpt/step-0*(\d+))"))) << log;
+  EXPECT_LT(std::stoi(m[1]), steps) << "the rank was killed after the last step's checkpoint: the resumed run "
+                                       "trained nothing (give the run more steps)\n" << log;
   const std::string want = fingerprint_in(d + "/straight.json");
   EXPECT_EQ(want.size(), 16u) << straight.output;
   EXPECT_EQ(fingerprint_in(d + "/resumed.json"), want) << log;
@@ -82,10 +89,13 @@ inline void expect_a_killed_rank_to_resume_bit_for_bit(const std::string& launch
 // S, then world 2 from that checkpoint, in `d`/hand) ends with the very
 // weights the elastic run's rank 0 wrote to `json`. `run`: tdist-run;
 // `mnist`: fashion_mnist; `train`: fashion_mnist with the arguments the
-// elastic job gave it (--batch-size 1000 --epochs 2 --checkpoint-every 3).
+// elastic job gave it (--batch-size 1000 --epochs 2 --checkpoint-every 3),
+// `steps` its --max-steps: a resume from there (the node was lost after the
+// training had ended, as could happen on a fast machine) trained nothing
+// at world size 2, and fails.
 inline void expect_a_by_hand_restart_to_match(const std::string& run, const std::string& mnist,
                                               const std::string& train, const std::string& d,
-                                              const std::string& log, const std::string& json) {
+                                              const std::string& log, const std::string& json, int steps) {
   using namespace std::chrono_literals;
   EXPECT_NE(log.find("of a world of 2 (was 3)"), std::string::npos) << log;
   std::smatch m;
@@ -94,6 +104,7 @@ inline void expect_a_by_hand_restart_to_match(const std::string& run, const std:
       std::regex(R"(\[rank 0\]: resumed from \S+ \(step (\d+) at world size 3\): continuing at step \d+ at world size 2)")))
       << log;
   const std::string step = m[1];
+  EXPECT_LT(std::stoi(step), steps) << "the node was lost after the training had ended\n" << log;
   ASSERT_FALSE(json.empty()) << log;
   const std::string hand = " --checkpoint-dir " + d + "/hand";
   const auto r3 = run_command("OMP_NUM_THREADS=1 " + run + " --nproc-per-node 3 " + mnist +
