@@ -50,7 +50,7 @@ void broadcast(Rounds& rounds, void* buf, size_t bytes, int root, const OpDesc& 
   // Round 0 posted and its barrier passed: each round copied out, the
   // next posted and passed.
   auto staged = [&] {
-    rounds.staged_rounds(n_rounds, chunk, bytes, desc, d, post, [&](size_t off, size_t len) {
+    rounds.staged_rounds(chunk, bytes, desc, d, post, [&](size_t off, size_t len) {
       if (!is_root) detail::copy_bytes(p + off, rounds.theirs(root), len);
     });
   };

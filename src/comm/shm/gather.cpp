@@ -14,7 +14,6 @@ namespace tdist::comm::shm::algo {
 void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, const OpDesc& desc, Deadline d,
             const SymSpan& sym_in, CmaChannel* cma) {
   const size_t chunk = rounds.round_bytes();
-  const size_t n_rounds = Rounds::count_for(bytes, chunk);
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
   const bool want = root < 0 || root == rounds.rank();
@@ -25,7 +24,7 @@ void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, c
   // Round 0 posted and its barrier passed: the rest of the staged rounds,
   // each copied out where wanted.
   auto staged = [&] {
-    rounds.staged_rounds(n_rounds, chunk, bytes, desc, d, post, [&](size_t off, size_t len) {
+    rounds.staged_rounds(chunk, bytes, desc, d, post, [&](size_t off, size_t len) {
       if (!want) return;
       for (int r = 0; r < rounds.size(); ++r) {
         uint8_t* to = dst + r * bytes + off;

@@ -19,7 +19,6 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
   const int n = rounds.size(), me = rounds.rank();
   const size_t es = dtype_size(t);
   const size_t piece = std::max<size_t>(1, rounds.round_bytes() / n / kAlign * kAlign / es);  // elements
-  const size_t n_rounds = Rounds::count_for(count, piece);
   // A round's posts: in the box when the other ranks' shares fit it (then
   // in one round), rank q's at slot(q, me) = q, less one past the poster's
   // own (which it never posts); else rank q's piece at q * stride.
@@ -39,7 +38,7 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
   // Round 0 posted and its barrier passed: each round reduced, the next
   // posted and passed.
   auto staged = [&] {
-    rounds.staged_rounds(n_rounds, piece, count, desc, d, post, [&](size_t off, size_t len) {
+    rounds.staged_rounds(piece, count, desc, d, post, [&](size_t off, size_t len) {
       for (int r = 0; r < n; ++r) {
         inputs[r] = r == me ? src + (me * count + off) * es : rounds.theirs(r, posted) + slot(me, r) * stride;
       }

@@ -111,12 +111,12 @@ class Rounds {
     if (j == 0) first_barrier(desc, deadline); else barrier_round(desc, deadline);
   }
   // The staged rounds of an op whose round 0 is posted and past its first
-  // barrier: round j carries units [off, off + len) of `total` at
-  // `per_round` a round; for j > 0 post(j) writes it and a barrier passes,
-  // then take(off, len) reads it.
+  // barrier: round j (of count_for(total, per_round)) carries units
+  // [off, off + len) of `total` at `per_round` a round; for j > 0 post(j)
+  // writes it and a barrier passes, then take(off, len) reads it.
   template <typename Post, typename Take>
-  void staged_rounds(size_t n_rounds, size_t per_round, size_t total, const OpDesc& desc, Deadline deadline,
-                     Post&& post, Take&& take) {
+  void staged_rounds(size_t per_round, size_t total, const OpDesc& desc, Deadline deadline, Post&& post, Take&& take) {
+    const size_t n_rounds = count_for(total, per_round);
     for (size_t j = 0; j < n_rounds; ++j) {
       const size_t off = j * per_round, len = std::min(per_round, total - std::min(total, off));
       if (j > 0) {
