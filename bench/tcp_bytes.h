@@ -19,10 +19,19 @@
 
 namespace tdist::bench {
 
-inline uint64_t tcp_bytes_sent() {
-  uint64_t total = 0;
+// Both counters of this process's open TCP sockets: what was sent
+// (retransmits included) and what of it was sent again (tcpi_bytes_retrans:
+// loss, or on a busy machine's loopback a tail-loss probe or a spurious
+// timeout). sent - retransmitted is what the program asked to send.
+struct TcpSent {
+  uint64_t sent = 0;
+  uint64_t retransmitted = 0;
+};
+
+inline TcpSent tcp_sent() {
+  TcpSent total;
   DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return 0;
+  if (!dir) return total;
   const int own = dirfd(dir);
   while (dirent* e = readdir(dir)) {
     char* end = nullptr;
@@ -33,10 +42,15 @@ inline uint64_t tcp_bytes_sent() {
     ::tcp_info info{};
     socklen_t len = sizeof info;
     if (getsockopt(static_cast<int>(fd), IPPROTO_TCP, TCP_INFO, &info, &len) != 0) continue;  // not TCP
-    if (len >= offsetof(::tcp_info, tcpi_bytes_sent) + sizeof info.tcpi_bytes_sent) total += info.tcpi_bytes_sent;
+    if (len >= offsetof(::tcp_info, tcpi_bytes_retrans) + sizeof info.tcpi_bytes_retrans) {
+      total.sent += info.tcpi_bytes_sent;
+      total.retransmitted += info.tcpi_bytes_retrans;
+    }
   }
   closedir(dir);
   return total;
 }
+
+inline uint64_t tcp_bytes_sent() { return tcp_sent().sent; }
 
 }  // namespace tdist::bench
