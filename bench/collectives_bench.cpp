@@ -125,29 +125,42 @@ Buffers make_buffers(ProcessGroup& pg, const std::string& op, int64_t count, at:
 // With --api c: the world's C handle, through which run_op goes.
 tdist_pg* c_world = nullptr;
 
-void run_op(ProcessGroup& pg, const std::string& op, Buffers& b, bool async = false) {
+void run_op(ProcessGroup& pg, c_api::BenchOp op, Buffers& b, bool async = false) {
   if (c_world) return c_api::run_op(c_world, op, b.in, b.out, async);
   std::shared_ptr<Work> w;
-  if (op == "all_reduce") {
-    AllreduceOptions o;
-    o.async_op = async;
-    w = pg.all_reduce(b.in, o);
-  } else if (op == "broadcast") {
-    BroadcastOptions o;
-    o.async_op = async;
-    w = pg.broadcast(b.in, o);
-  } else if (op == "reduce") {
-    ReduceOptions o;
-    o.async_op = async;
-    w = pg.reduce(b.in, o);
-  } else if (op == "reduce_scatter") {
-    ReduceScatterOptions o;
-    o.async_op = async;
-    w = pg.reduce_scatter_tensor(b.out, b.in, o);
-  } else {
-    CollectiveOptions o;
-    o.async_op = async;
-    w = op == "all_gather" ? pg.all_gather_into_tensor(b.out, b.in, o) : pg.all_to_all_single(b.out, b.in, {}, {}, o);
+  switch (op) {
+    case c_api::BenchOp::kAllReduce: {
+      AllreduceOptions o;
+      o.async_op = async;
+      w = pg.all_reduce(b.in, o);
+      break;
+    }
+    case c_api::BenchOp::kBroadcast: {
+      BroadcastOptions o;
+      o.async_op = async;
+      w = pg.broadcast(b.in, o);
+      break;
+    }
+    case c_api::BenchOp::kReduce: {
+      ReduceOptions o;
+      o.async_op = async;
+      w = pg.reduce(b.in, o);
+      break;
+    }
+    case c_api::BenchOp::kReduceScatter: {
+      ReduceScatterOptions o;
+      o.async_op = async;
+      w = pg.reduce_scatter_tensor(b.out, b.in, o);
+      break;
+    }
+    case c_api::BenchOp::kAllGather:
+    case c_api::BenchOp::kAllToAll: {
+      CollectiveOptions o;
+      o.async_op = async;
+      w = op == c_api::BenchOp::kAllGather ? pg.all_gather_into_tensor(b.out, b.in, o)
+                                           : pg.all_to_all_single(b.out, b.in, {}, {}, o);
+      break;
+    }
   }
   w->wait();  // a no-op for a synchronous call: it is done
 }
@@ -159,7 +172,7 @@ int64_t check(ProcessGroup& pg, const std::string& op, Buffers& b) {
   const auto t = b.in.scalar_type();
   auto pattern = [&](int64_t len, int rank) { return ((at::arange(len, at::kLong) + rank * 3) % 7).to(t); };
   b.in.copy_(pattern(b.in.numel(), r));
-  run_op(pg, op, b);
+  run_op(pg, c_api::bench_op(op), b);
   at::Tensor got, want;
   if (op == "all_reduce" || (op == "reduce" && r == 0)) {
     got = b.in;
@@ -207,7 +220,7 @@ std::vector<std::string> parse_ops(const std::string& arg) {
 }
 
 // Per-op times on this rank, then element-wise the slowest rank's.
-std::vector<double> timed_samples(ProcessGroup& pg, const std::string& op, Buffers& b, int iters, bool async,
+std::vector<double> timed_samples(ProcessGroup& pg, c_api::BenchOp op, Buffers& b, int iters, bool async,
                                   bool barrier_each) {
   at::Tensor t = at::empty({iters}, at::kDouble);
   double* s = t.data_ptr<double>();
@@ -329,11 +342,12 @@ int run_rank(const CollectivesBenchOptions& o, int rank, int world) {
       Buffers b = make_buffers(*pg, op, count, dtype, symmetric);
       const int64_t wrong = check(*pg, op, b);
       // Warm up, then agree on an iteration count that fills o.seconds.
-      for (int i = 0; i < 3; ++i) run_op(*pg, op, b, o.async);
-      const std::vector<double> est = timed_samples(*pg, op, b, 3, o.async, o.barrier_each);
+      const c_api::BenchOp k = c_api::bench_op(op);
+      for (int i = 0; i < 3; ++i) run_op(*pg, k, b, o.async);
+      const std::vector<double> est = timed_samples(*pg, k, b, 3, o.async, o.barrier_each);
       const int iters =
           static_cast<int>(std::clamp(o.seconds / std::max(percentile(est, 50), 1e-7), 20.0, 20000.0));
-      const std::vector<double> samples = timed_samples(*pg, op, b, iters, o.async, o.barrier_each);
+      const std::vector<double> samples = timed_samples(*pg, k, b, iters, o.async, o.barrier_each);
       at::Tensor wrong_t = at::tensor({wrong}, at::kLong);
       pg->all_reduce(wrong_t)->wait();
       if (rank == 0) {

@@ -63,30 +63,41 @@ std::unique_ptr<Groups> init(const std::string& backend, int64_t timeout_ms) {
   return g;
 }
 
-void run_op(tdist_pg* pg, const std::string& op, at::Tensor& in, at::Tensor& out, bool async) {
+BenchOp bench_op(const std::string& name) {
+  static const std::pair<const char*, BenchOp> kNames[] = {
+      {"all_reduce", BenchOp::kAllReduce}, {"broadcast", BenchOp::kBroadcast},
+      {"reduce", BenchOp::kReduce},        {"all_gather", BenchOp::kAllGather},
+      {"reduce_scatter", BenchOp::kReduceScatter}, {"all_to_all", BenchOp::kAllToAll}};
+  for (const auto& [n, op] : kNames) {
+    if (name == n) return op;
+  }
+  throw std::invalid_argument("tdist-bench: unknown op '" + name + "'");
+}
+
+void run_op(tdist_pg* pg, BenchOp op, at::Tensor& in, at::Tensor& out, bool async) {
   void* i = &in;
   void* o = &out;
   const int64_t ms = 0;  // the group's timeout, as the C++ calls here use
-  if (op == "all_reduce") {
-    call(async, "tdist_all_reduce", [&] { return tdist_all_reduce(pg, i, TDIST_SUM, ms); },
-         [&](tdist_work** w) { return tdist_all_reduce_async(pg, i, TDIST_SUM, ms, w); });
-  } else if (op == "broadcast") {
-    call(async, "tdist_broadcast", [&] { return tdist_broadcast(pg, i, 0, ms); },
-         [&](tdist_work** w) { return tdist_broadcast_async(pg, i, 0, ms, w); });
-  } else if (op == "reduce") {
-    call(async, "tdist_reduce", [&] { return tdist_reduce(pg, i, 0, TDIST_SUM, ms); },
-         [&](tdist_work** w) { return tdist_reduce_async(pg, i, 0, TDIST_SUM, ms, w); });
-  } else if (op == "all_gather") {
-    call(async, "tdist_all_gather_into_tensor", [&] { return tdist_all_gather_into_tensor(pg, o, i, ms); },
-         [&](tdist_work** w) { return tdist_all_gather_into_tensor_async(pg, o, i, ms, w); });
-  } else if (op == "reduce_scatter") {
-    call(async, "tdist_reduce_scatter_tensor", [&] { return tdist_reduce_scatter_tensor(pg, o, i, TDIST_SUM, ms); },
-         [&](tdist_work** w) { return tdist_reduce_scatter_tensor_async(pg, o, i, TDIST_SUM, ms, w); });
-  } else if (op == "all_to_all") {
-    call(async, "tdist_all_to_all_single", [&] { return tdist_all_to_all_single(pg, o, i, ms); },
-         [&](tdist_work** w) { return tdist_all_to_all_single_async(pg, o, i, ms, w); });
-  } else {
-    throw std::runtime_error("tdist-bench: no C ABI call for op " + op);
+  switch (op) {
+    case BenchOp::kAllReduce:
+      return call(async, "tdist_all_reduce", [&] { return tdist_all_reduce(pg, i, TDIST_SUM, ms); },
+                  [&](tdist_work** w) { return tdist_all_reduce_async(pg, i, TDIST_SUM, ms, w); });
+    case BenchOp::kBroadcast:
+      return call(async, "tdist_broadcast", [&] { return tdist_broadcast(pg, i, 0, ms); },
+                  [&](tdist_work** w) { return tdist_broadcast_async(pg, i, 0, ms, w); });
+    case BenchOp::kReduce:
+      return call(async, "tdist_reduce", [&] { return tdist_reduce(pg, i, 0, TDIST_SUM, ms); },
+                  [&](tdist_work** w) { return tdist_reduce_async(pg, i, 0, TDIST_SUM, ms, w); });
+    case BenchOp::kAllGather:
+      return call(async, "tdist_all_gather_into_tensor", [&] { return tdist_all_gather_into_tensor(pg, o, i, ms); },
+                  [&](tdist_work** w) { return tdist_all_gather_into_tensor_async(pg, o, i, ms, w); });
+    case BenchOp::kReduceScatter:
+      return call(async, "tdist_reduce_scatter_tensor",
+                  [&] { return tdist_reduce_scatter_tensor(pg, o, i, TDIST_SUM, ms); },
+                  [&](tdist_work** w) { return tdist_reduce_scatter_tensor_async(pg, o, i, TDIST_SUM, ms, w); });
+    case BenchOp::kAllToAll:
+      return call(async, "tdist_all_to_all_single", [&] { return tdist_all_to_all_single(pg, o, i, ms); },
+                  [&](tdist_work** w) { return tdist_all_to_all_single_async(pg, o, i, ms, w); });
   }
 }
 

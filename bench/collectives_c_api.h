@@ -25,9 +25,13 @@ struct Groups {
 };
 std::unique_ptr<Groups> init(const std::string& backend, int64_t timeout_ms);
 
-// One op on in/out through the C ABI (op as collectives_bench.cpp names
-// them); done when this returns.
-void run_op(tdist_pg* pg, const std::string& op, at::Tensor& in, at::Tensor& out, bool async);
+// The ops the bench times, resolved from their names ("all_reduce", ...)
+// before the timed loop, so that the loop runs the op and nothing else.
+enum class BenchOp { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter, kAllToAll };
+BenchOp bench_op(const std::string& name);  // std::invalid_argument for another name
+
+// One op on in/out through the C ABI; done when this returns.
+void run_op(tdist_pg* pg, BenchOp op, at::Tensor& in, at::Tensor& out, bool async);
 
 // Per-op cost of an all_reduce of one float32 on the solo group, through
 // C++ and through the C ABI, measured taking turns (medians, ns), and the

@@ -38,22 +38,37 @@ static double bus_factor(const char* op, int n) {
   return (double)(n - 1) / n;
 }
 
-static void run(const char* op, float* in, float* out, long count, int world) {
-  if (!strcmp(op, "all_reduce")) {
-    MPI_Allreduce(MPI_IN_PLACE, in, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-  } else if (!strcmp(op, "reduce_scatter")) {
-    MPI_Reduce_scatter_block(in, out, (int)(count / world), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-  } else if (!strcmp(op, "all_gather")) {
-    MPI_Allgather(in, (int)(count / world), MPI_FLOAT, out, (int)(count / world), MPI_FLOAT, MPI_COMM_WORLD);
-  } else {
-    MPI_Bcast(in, (int)count, MPI_FLOAT, 0, MPI_COMM_WORLD);
+/* The op, resolved from its name before the timed loop (as tdist-bench does). */
+enum kind { ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST };
+
+static enum kind kind_of(const char* op) {
+  if (!strcmp(op, "all_reduce")) return ALL_REDUCE;
+  if (!strcmp(op, "reduce_scatter")) return REDUCE_SCATTER;
+  if (!strcmp(op, "all_gather")) return ALL_GATHER;
+  return BROADCAST;
+}
+
+static void run(enum kind k, float* in, float* out, long count, int world) {
+  switch (k) {
+    case ALL_REDUCE:
+      MPI_Allreduce(MPI_IN_PLACE, in, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      break;
+    case REDUCE_SCATTER:
+      MPI_Reduce_scatter_block(in, out, (int)(count / world), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      break;
+    case ALL_GATHER:
+      MPI_Allgather(in, (int)(count / world), MPI_FLOAT, out, (int)(count / world), MPI_FLOAT, MPI_COMM_WORLD);
+      break;
+    case BROADCAST:
+      MPI_Bcast(in, (int)count, MPI_FLOAT, 0, MPI_COMM_WORLD);
+      break;
   }
 }
 
 /* Times iters calls; returns the slowest rank's times, sorted (caller frees). */
 static int barrier_each = 0;
 
-static double* timed(const char* op, float* in, float* out, long count, int world, int iters) {
+static double* timed(enum kind op, float* in, float* out, long count, int world, int iters) {
   double* mine = malloc(sizeof(double) * (size_t)iters);
   double* slowest = malloc(sizeof(double) * (size_t)iters);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -102,12 +117,12 @@ int main(int argc, char** argv) {
       float* in = malloc(sizeof(float) * (size_t)count);
       float* out = malloc(sizeof(float) * (size_t)count);
       for (long i = 0; i < count; ++i) in[i] = out[i] = 1.0f;
-      for (int i = 0; i < 3; ++i) run(op, in, out, count, world);
-      double* est = timed(op, in, out, count, world, 3);
+      for (int i = 0; i < 3; ++i) run(kind_of(op), in, out, count, world);
+      double* est = timed(kind_of(op), in, out, count, world, 3);
       int iters = (int)(seconds / (est[1] > 1e-7 ? est[1] : 1e-7));
       free(est);
       iters = iters < 20 ? 20 : iters > 20000 ? 20000 : iters;
-      double* t = timed(op, in, out, count, world, iters);
+      double* t = timed(kind_of(op), in, out, count, world, iters);
       if (rank == 0) {
         const double bytes = (double)count * 4, med = percentile(t, iters, 50), p99 = percentile(t, iters, 99);
         const double algbw = bytes / med / 1e9, busbw = algbw * bus_factor(op, world);
