@@ -35,7 +35,7 @@ inline int64_t shm_collectives_started(int size, int rank) {
     // Symmetric blocks are segments too, without the header.
     if (header->magic != kGroupSegmentMagic || header->size != static_cast<uint32_t>(size)) continue;
     ++matches;
-    found = reinterpret_cast<const Slot*>(start + comm::shm::align_up(sizeof(Header), comm::shm::kAlign)) + rank;
+    found = reinterpret_cast<const Slot*>(start + comm::shm::slots_offset()) + rank;
   }
   if (matches != 1) return -1;
   if (found->arrived() == 0) return 0;  // no barrier passed: no op yet

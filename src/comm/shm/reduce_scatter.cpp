@@ -14,25 +14,51 @@
 
 namespace tdist::comm::shm::algo {
 
+namespace {
+
+// The others' shares fit the box (Rounds::fits_box): one round, in the
+// barrier's line, with no path to agree on (the counts, and so this
+// choice, are the same on every rank), and none of the staged rounds'
+// arithmetic. Rank q's share goes at slot q of the poster's box, less one
+// past the poster itself (it never posts its own).
+void reduce_scatter_boxed(Rounds& rounds, const uint8_t* src, uint8_t* dst, size_t count, DataType t, ReduceOp op,
+                          const OpDesc& desc, Deadline d) {
+  const int n = rounds.size(), me = rounds.rank();
+  const size_t share = count * dtype_size(t);
+  const size_t posted = (n - 1) * share;
+  uint8_t* box = rounds.mine(posted);
+  for (int r = 0; r < n; ++r) {
+    if (r != me) detail::copy_bytes(box + (r > me ? r - 1 : r) * share, src + r * share, share);
+  }
+  rounds.first_barrier(desc, d);
+  RankPointers inputs(n);
+  for (int r = 0; r < n; ++r) {
+    inputs[r] = r == me ? src + me * share : rounds.theirs(r, posted) + (me > r ? me - 1 : me) * share;
+  }
+  reduce_many(dst, inputs.data(), n, count, t, op, n);
+}
+
+}  // namespace
+
 void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, DataType t, ReduceOp op,
                     const OpDesc& desc, Deadline d, const SymSpan& sym_in, CmaChannel* cma) {
   const int n = rounds.size(), me = rounds.rank();
-  const size_t es = dtype_size(t);
-  const size_t piece = std::max<size_t>(1, rounds.round_bytes() / n / kAlign * kAlign / es);  // elements
-  // A round's posts: in the box when the other ranks' shares fit it (then
-  // in one round), rank q's at slot(q, me) = q, less one past the poster's
-  // own (which it never posts); else rank q's piece at q * stride.
-  const bool boxed = Rounds::fits_box((n - 1) * count * es);
-  const size_t posted = boxed ? (n - 1) * count * es : n * count * es;  // mine/theirs pick the box by it
-  const size_t stride = (boxed ? count : piece) * es;
-  auto slot = [boxed](int q, int poster) { return static_cast<size_t>(boxed && q > poster ? q - 1 : q); };
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
+  if (Rounds::fits_box((n - 1) * count * dtype_size(t))) {
+    reduce_scatter_boxed(rounds, src, dst, count, t, op, desc, d);
+    return;
+  }
+  const size_t es = dtype_size(t);
+  const size_t piece = std::max<size_t>(1, rounds.round_bytes() / n / kAlign * kAlign / es);  // elements
+  // A round's posts, rank q's piece at q * stride of the staging buffer.
+  const size_t posted = n * count * es;  // beyond the box: mine/theirs pick the staging buffer by it
+  const size_t stride = piece * es;
   RankPointers inputs(n);
   auto post = [&](size_t j) {
     const size_t off = j * piece, len = std::min(piece, count - std::min(count, off));
     for (int r = 0; r < n; ++r) {
-      if (r != me) detail::copy_bytes(rounds.mine(posted) + slot(r, me) * stride, src + (r * count + off) * es, len * es);
+      if (r != me) detail::copy_bytes(rounds.mine(posted) + r * stride, src + (r * count + off) * es, len * es);
     }
   };
   // Round 0 posted and its barrier passed: each round reduced, the next
@@ -40,19 +66,11 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
   auto staged = [&] {
     rounds.staged_rounds(piece, count, desc, d, post, [&](size_t off, size_t len) {
       for (int r = 0; r < n; ++r) {
-        inputs[r] = r == me ? src + (me * count + off) * es : rounds.theirs(r, posted) + slot(me, r) * stride;
+        inputs[r] = r == me ? src + (me * count + off) * es : rounds.theirs(r, posted) + me * stride;
       }
       reduce_many(dst + off * es, inputs.data(), n, len, t, op, n);
     });
   };
-  if (boxed) {
-    // One line a rank: no symmetric or single-copy path to agree on (the
-    // same on every rank, as the counts are), so the box goes at once.
-    post(0);
-    rounds.first_barrier(desc, d);
-    staged();
-    return;
-  }
   CrossoverTrial trial = CmaChannel::trial(cma, Crossover::Op::kReduceScatter, count * n * es);
   PathOffer offer{sym_in ? sym_in.key : nullptr, cma, trial.offers(), in, out, &trial};
   const Path path = agree_on_path(rounds, offer, desc, d, [&] { post(0); });

@@ -94,7 +94,7 @@ GroupSegment::~GroupSegment() {
 
 void GroupSegment::attach(const BackendContext& ctx) {
   const int n = size_;
-  const size_t header_bytes = align_up(sizeof(Header), kAlign);
+  const size_t header_bytes = slots_offset();
   const size_t slots = align_up(sizeof(Slot) * n, kAlign);
   const size_t staging = size_t(n) * 2 * round_bytes_;
   const size_t rings = size_t(n) * n * (align_up(sizeof(Ring), kAlign) + ring_bytes_);

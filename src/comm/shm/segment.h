@@ -100,6 +100,10 @@ struct alignas(kAlign) Slot {
   }
 };
 
+// Where the slots start in a group segment: after the header, at the
+// slots' alignment.
+inline size_t slots_offset() { return align_up(sizeof(Header), alignof(Slot)); }
+
 struct alignas(kAlign) Ring {
   std::atomic<uint64_t> head;  // bytes written by the sender
   alignas(kAlign) std::atomic<uint64_t> tail;  // bytes consumed by the receiver
