@@ -17,15 +17,6 @@
 
 namespace tdist::comm::shm::algo {
 
-namespace {
-// From here a broadcast pays its first barrier in full (no eager root) so
-// that it may go single-copy: on the Intel Xeon VM a single-copy broadcast
-// timed after a barrier beat the eager staged one from 4 KiB (8 KiB: 1.33
-// against 2.0 µs, docs/benchmarks.md), as the staged one copies each byte
-// twice, one after the other.
-constexpr size_t kAgreeBytes = 4096;
-}  // namespace
-
 void broadcast(Rounds& rounds, void* buf, size_t bytes, int root, const OpDesc& desc, Deadline d, CmaChannel* cma) {
   const size_t chunk = rounds.round_bytes();
   const size_t n_rounds = Rounds::count_for(bytes, chunk);

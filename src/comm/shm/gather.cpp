@@ -36,9 +36,9 @@ void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, c
       }
     });
   };
-  if (root >= 0 || Rounds::fits_box(bytes)) {
+  if (root >= 0 || Rounds::fits_box(bytes) || bytes * rounds.size() < kAgreeBytes) {
     // No other path to agree on, the same on every rank: a gather has
-    // none, nor has an all_gather of one line a rank.
+    // none, nor has a small all_gather (path.h).
     post(0);
     rounds.first_barrier(desc, d);
     staged();

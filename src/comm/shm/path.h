@@ -31,6 +31,19 @@ namespace tdist::comm::shm {
 
 enum class Path { kStaged, kSymmetric, kSingleCopy };
 
+// Below this many bytes in all (the larger of an op's whole input and
+// output) all_gather, reduce_scatter and broadcast take the staging path
+// without agreeing on one (a broadcast there is eager: rounds.h). From it
+// they agree, and may go single copy. On the Intel Xeon VM single copy
+// lost below it (1.6-1.9 us at 1-8 KiB against staged 0.6-1.5), a
+// single-copy broadcast timed after a barrier beat the eager staged one
+// from 4 KiB (8 KiB: 1.33 against 2.0 us, as the staged one copies each
+// byte twice, one after the other), and reading small symmetric inputs in
+// place saves no more than the agreement costs (docs/benchmarks.md). A
+// constant, not TDIST_SHM_CMA_BYTES: the ranks must take the same protocol
+// even where that setting differs between them.
+constexpr size_t kAgreeBytes = 4096;
+
 struct PathOffer {
   const uint64_t* sym_key = nullptr;  // {0, 0} or null: none
   CmaChannel* cma = nullptr;          // null: no single-copy

@@ -71,6 +71,12 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
       reduce_many(dst + off * es, inputs.data(), n, len, t, op, n);
     });
   };
+  if (n * count * es < kAgreeBytes) {  // the same on every rank: no path to agree on
+    post(0);
+    rounds.first_barrier(desc, d);
+    staged();
+    return;
+  }
   CrossoverTrial trial = CmaChannel::trial(cma, Crossover::Op::kReduceScatter, count * n * es);
   PathOffer offer{sym_in ? sym_in.key : nullptr, cma, trial.offers(), in, out, &trial};
   const Path path = agree_on_path(rounds, offer, desc, d, [&] { post(0); });
