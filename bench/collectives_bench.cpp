@@ -125,42 +125,30 @@ Buffers make_buffers(ProcessGroup& pg, const std::string& op, int64_t count, at:
 // With --api c: the world's C handle, through which run_op goes.
 tdist_pg* c_world = nullptr;
 
+// Options of type O with async_op as given.
+template <typename O>
+O async_as(bool async) {
+  O o;
+  o.async_op = async;
+  return o;
+}
+
 void run_op(ProcessGroup& pg, c_api::BenchOp op, Buffers& b, bool async = false) {
   if (c_world) return c_api::run_op(c_world, op, b.in, b.out, async);
   std::shared_ptr<Work> w;
   switch (op) {
-    case c_api::BenchOp::kAllReduce: {
-      AllreduceOptions o;
-      o.async_op = async;
-      w = pg.all_reduce(b.in, o);
+    case c_api::BenchOp::kAllReduce: w = pg.all_reduce(b.in, async_as<AllreduceOptions>(async)); break;
+    case c_api::BenchOp::kBroadcast: w = pg.broadcast(b.in, async_as<BroadcastOptions>(async)); break;
+    case c_api::BenchOp::kReduce: w = pg.reduce(b.in, async_as<ReduceOptions>(async)); break;
+    case c_api::BenchOp::kReduceScatter:
+      w = pg.reduce_scatter_tensor(b.out, b.in, async_as<ReduceScatterOptions>(async));
       break;
-    }
-    case c_api::BenchOp::kBroadcast: {
-      BroadcastOptions o;
-      o.async_op = async;
-      w = pg.broadcast(b.in, o);
-      break;
-    }
-    case c_api::BenchOp::kReduce: {
-      ReduceOptions o;
-      o.async_op = async;
-      w = pg.reduce(b.in, o);
-      break;
-    }
-    case c_api::BenchOp::kReduceScatter: {
-      ReduceScatterOptions o;
-      o.async_op = async;
-      w = pg.reduce_scatter_tensor(b.out, b.in, o);
-      break;
-    }
     case c_api::BenchOp::kAllGather:
-    case c_api::BenchOp::kAllToAll: {
-      CollectiveOptions o;
-      o.async_op = async;
-      w = op == c_api::BenchOp::kAllGather ? pg.all_gather_into_tensor(b.out, b.in, o)
-                                           : pg.all_to_all_single(b.out, b.in, {}, {}, o);
+      w = pg.all_gather_into_tensor(b.out, b.in, async_as<CollectiveOptions>(async));
       break;
-    }
+    case c_api::BenchOp::kAllToAll:
+      w = pg.all_to_all_single(b.out, b.in, {}, {}, async_as<CollectiveOptions>(async));
+      break;
   }
   w->wait();  // a no-op for a synchronous call: it is done
 }
