@@ -169,6 +169,19 @@ TEST(ShmFailures, MismatchedCollectivesRaiseOnEveryRank) {
       {"root, large", [](ProcessGroup& pg) {
          pg.broadcast(at::ones({1 << 22}), {pg.rank()})->wait();
        }, "root 0", "root 1"},
+      // Sizes on both sides of the 2 KiB below which all_gather and
+      // reduce_scatter take the staging path without agreeing on one
+      // (kStagedBytes, comm/shm/path.h): one rank stages at once, the
+      // other agrees (and may offer single copy); the first barrier still
+      // compares.
+      {"all_gather size across kStagedBytes", [](ProcessGroup& pg) {
+         const int64_t n = pg.rank() ? 400 : 200;  // 3200 and 1600 bytes in all
+         pg.all_gather_into_tensor(at::empty({2 * n}), at::ones({n}))->wait();
+       }, "all_gather(800 bytes)", "all_gather(1600 bytes)"},
+      {"reduce_scatter size across kStagedBytes", [](ProcessGroup& pg) {
+         const int64_t n = pg.rank() ? 512 : 128;  // 4096 and 1024 bytes in all
+         pg.reduce_scatter_tensor(at::empty({n}), at::ones({2 * n}))->wait();
+       }, "reduce_scatter(float32 x 128, SUM)", "reduce_scatter(float32 x 512, SUM)"},
       // A small reduce's non-roots do not wait either: its mismatch too is
       // raised by the op after it on them.
       {"reduce root", [](ProcessGroup& pg) {

@@ -9,7 +9,8 @@
 // went faster single-copy from 256 KiB; on an Intel Xeon VM all three
 // were faster single-copy from 16 KiB (staged below). A constant threshold
 // is wrong somewhere, so a group measures: per op kind and power-of-two
-// bucket of sizes (from ShmOptions::cma_bytes up), some of the bucket's ops
+// bucket of sizes (from ShmOptions::cma_bytes up, and no lower than where
+// an op starts to agree on its path: path.h), some of the bucket's ops
 // are timed, and its other ops take the path whose best time is lower.
 // The first two ops go single-copy untimed (they pay the group's probe and
 // the first page faults); then come blocks of four ops: two staged, two

@@ -1,8 +1,9 @@
 // gather and all_gather: every rank posts a round_bytes chunk of its input
 // per round; after the barrier root (or everyone) copies all of them out.
-// An all_gather whose inputs are symmetric on every rank reads them
-// straight from the ranks' copies instead (symmetric_span.h); a large one
-// on ordinary tensors may go single-copy (cma.h).
+// An all_gather whose inputs are symmetric on every rank (from 2 KiB in
+// all: kStagedBytes, path.h) reads them straight from the ranks' copies
+// instead (symmetric_span.h); a large one on ordinary tensors may go
+// single-copy (cma.h).
 #include <algorithm>
 
 #include "comm/shm/algorithms.h"
@@ -36,7 +37,7 @@ void gather(Rounds& rounds, const void* in, void* out, size_t bytes, int root, c
       }
     });
   };
-  if (root >= 0 || Rounds::fits_box(bytes) || bytes * rounds.size() < kAgreeBytes) {
+  if (root >= 0 || Rounds::fits_box(bytes) || bytes * rounds.size() < kStagedBytes) {
     // No other path to agree on, the same on every rank: a gather has
     // none, nor has a small all_gather (path.h).
     post(0);

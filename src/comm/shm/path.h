@@ -31,18 +31,25 @@ namespace tdist::comm::shm {
 
 enum class Path { kStaged, kSymmetric, kSingleCopy };
 
-// Below this many bytes in all (the larger of an op's whole input and
-// output) all_gather, reduce_scatter and broadcast take the staging path
-// without agreeing on one (a broadcast there is eager: rounds.h). From it
-// they agree, and may go single copy. On the Intel Xeon VM single copy
-// lost below it (1.6-1.9 us at 1-8 KiB against staged 0.6-1.5), a
-// single-copy broadcast timed after a barrier beat the eager staged one
-// from 4 KiB (8 KiB: 1.33 against 2.0 us, as the staged one copies each
-// byte twice, one after the other), and reading small symmetric inputs in
-// place saves no more than the agreement costs (docs/benchmarks.md). A
-// constant, not TDIST_SHM_CMA_BYTES: the ranks must take the same protocol
-// even where that setting differs between them.
+// Below these many bytes in all (the larger of an op's whole input and
+// output) an op takes the staging path without agreeing on one; from them
+// it agrees, and may go single copy or, where every rank's input is
+// symmetric, read the inputs in place. Constants, not TDIST_SHM_CMA_BYTES:
+// the ranks must take the same protocol even where that setting differs
+// between them. On the Intel Xeon VM (docs/benchmarks.md, part 7):
+// - kAgreeBytes, a broadcast's (eager below it: rounds.h; it agrees only
+//   in a group where single copy is not refused): a single-copy broadcast
+//   timed after a barrier beat the eager staged one from 4 KiB (8 KiB:
+//   1.33 against 2.0 us, as the staged one copies each byte twice, one
+//   after the other).
+// - kStagedBytes, all_gather's and reduce_scatter's (an all_gather whose
+//   part a rank fits the box never agrees): single copy lost below 4 KiB
+//   (1.6-1.9 us at 1-8 KiB against staged 0.6-1.5), and symmetric inputs
+//   read in place, which ends with a second barrier, took 0.70-0.76 us up
+//   to 1 KiB against staged 0.48-0.59, but 0.70-0.73 at 2 KiB against
+//   0.78.
 constexpr size_t kAgreeBytes = 4096;
+constexpr size_t kStagedBytes = 2048;
 
 struct PathOffer {
   const uint64_t* sym_key = nullptr;  // {0, 0} or null: none

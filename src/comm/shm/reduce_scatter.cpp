@@ -1,9 +1,10 @@
 // reduce_scatter: per round every rank posts, for each other rank, the
 // next piece of that rank's share; after the barrier each reduces its own
 // share from every rank's piece (its own straight from its input). With
-// inputs symmetric on every rank, each rank reduces its share straight
-// from the ranks' copies (symmetric_span.h); a large one on ordinary
-// tensors may go single-copy (cma.h).
+// inputs symmetric on every rank (from 2 KiB in all: kStagedBytes,
+// path.h), each rank reduces its share straight from the ranks' copies
+// (symmetric_span.h); a large one on ordinary tensors may go single-copy
+// (cma.h).
 #include <algorithm>
 #include <vector>
 
@@ -71,7 +72,7 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
       reduce_many(dst + off * es, inputs.data(), n, len, t, op, n);
     });
   };
-  if (n * count * es < kAgreeBytes) {  // the same on every rank: no path to agree on
+  if (n * count * es < kStagedBytes) {  // the same on every rank: no path to agree on
     post(0);
     rounds.first_barrier(desc, d);
     staged();

@@ -38,7 +38,10 @@ struct ShmOptions {
   // every other (cma.h) and, when calibrating, where it was the faster
   // (crossover.h); 0: never. On the Intel Xeon VM single copy wins from
   // 16 KiB in the first three (the calibration stages them below) and
-  // from 4 KiB in a broadcast timed after a barrier.
+  // from 4 KiB in a broadcast timed after a barrier. Below 2 KiB in all an
+  // all_gather or reduce_scatter never goes single copy, below 4 KiB a
+  // broadcast (kStagedBytes, kAgreeBytes: path.h), nor does an all_reduce
+  // of up to small_bytes: a setting below those changes nothing for them.
   size_t cma_bytes = 4 * 1024;
   // Whether the group times both paths for such ops and keeps, per op kind
   // and size, the faster (crossover.h); else every op of at least

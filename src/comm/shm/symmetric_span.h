@@ -9,7 +9,8 @@
 // and reduces it into the output. Both need every rank's buffer at the same
 // offset of the same block: agree_on_path (path.h) compares keys published
 // with the op's first round; ranks that disagree (one passed an ordinary
-// tensor) all take another path.
+// tensor) all take another path. Ops of less than 2 KiB in all take the
+// staging path without agreeing (kStagedBytes, path.h).
 //
 // Contract: find() never blocks. The block must stay alive until the op
 // returns (the caller's tensors hold it). Used by the collective thread
