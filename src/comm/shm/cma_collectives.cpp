@@ -19,7 +19,8 @@
 //   rank but the root reads the head of the root's buffer into its own, in
 //   one call (nothing is reduced or forwarded, so no chunk needs to stay in
 //   cache), while the root writes the tail, 1/n of the buffer in whole
-//   cache lines, into each of them; each moves (n - 1)/n of it at world n.
+//   cache lines, into each of them (from 32 KiB); each moves (n - 1)/n of
+//   it at world n.
 //   On the Intel Xeon VM at world 2: 1 MiB 45 -> 17.5 us, 256 KiB 9.2 ->
 //   5.6, 64 KiB 3.5 -> 2.6 (docs/benchmarks.md, part 7), where the root
 //   used to move nothing.
@@ -112,8 +113,13 @@ void cma_all_gather(Rounds& rounds, CmaChannel& cma, const void* in, void* out, 
 void cma_broadcast(Rounds& rounds, CmaChannel& cma, void* buf, size_t bytes, int root, const OpDesc& desc,
                    Deadline d) {
   const int n = rounds.size();
-  const size_t tail = bytes / n / kAlign * kAlign;  // what the root writes into each other rank
-  const size_t head = bytes - tail;                  // what each other rank reads itself
+  // Below kSplitBytes one system call more on the root costs more than
+  // half the copy saves (world 2, Intel Xeon VM: 8 KiB 1.31 -> 1.65 us
+  // split, 16 KiB 1.68 -> 1.73, 32 KiB 2.49 -> 2.00).
+  constexpr size_t kSplitBytes = 32 * 1024;
+  // What the root writes into each other rank, and what each reads itself.
+  const size_t tail = bytes < kSplitBytes ? 0 : bytes / n / kAlign * kAlign;
+  const size_t head = bytes - tail;
   auto* p = static_cast<uint8_t*>(buf);
   if (rounds.rank() != root) {
     cma.read(rounds, root, p, cma.in_of(root), head, describe(desc));
