@@ -117,12 +117,13 @@ int main(int argc, char** argv) {
       float* in = malloc(sizeof(float) * (size_t)count);
       float* out = malloc(sizeof(float) * (size_t)count);
       for (long i = 0; i < count; ++i) in[i] = out[i] = 1.0f;
-      for (int i = 0; i < 3; ++i) run(kind_of(op), in, out, count, world);
-      double* est = timed(kind_of(op), in, out, count, world, 3);
+      const enum kind k = kind_of(op);
+      for (int i = 0; i < 3; ++i) run(k, in, out, count, world);
+      double* est = timed(k, in, out, count, world, 3);
       int iters = (int)(seconds / (est[1] > 1e-7 ? est[1] : 1e-7));
       free(est);
       iters = iters < 20 ? 20 : iters > 20000 ? 20000 : iters;
-      double* t = timed(kind_of(op), in, out, count, world, iters);
+      double* t = timed(k, in, out, count, world, iters);
       if (rank == 0) {
         const double bytes = (double)count * 4, med = percentile(t, iters, 50), p99 = percentile(t, iters, 99);
         const double algbw = bytes / med / 1e9, busbw = algbw * bus_factor(op, world);

@@ -46,11 +46,11 @@ void reduce_scatter(Rounds& rounds, const void* in, void* out, size_t count, Dat
   const int n = rounds.size(), me = rounds.rank();
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
-  if (Rounds::fits_box((n - 1) * count * dtype_size(t))) {
+  const size_t es = dtype_size(t);
+  if (Rounds::fits_box((n - 1) * count * es)) {
     reduce_scatter_boxed(rounds, src, dst, count, t, op, desc, d);
     return;
   }
-  const size_t es = dtype_size(t);
   const size_t piece = std::max<size_t>(1, rounds.round_bytes() / n / kAlign * kAlign / es);  // elements
   // A round's posts, rank q's piece at q * stride of the staging buffer.
   const size_t posted = n * count * es;  // beyond the box: mine/theirs pick the staging buffer by it
