@@ -72,14 +72,14 @@ bool CmaChannel::confirm(Rounds& rounds, const OpDesc& desc, Deadline d) {
   return all;
 }
 
-void CmaChannel::read(Rounds& rounds, int r, void* local, uint64_t remote, size_t bytes, const std::string& what) {
-  if (const int err = transfer(true, rounds.pid_of(r), local, remote, bytes)) fail(rounds, r, "process_vm_readv", err, what);
+void CmaChannel::read(Rounds& rounds, int r, void* local, uint64_t remote, size_t bytes, const OpDesc& desc) {
+  if (const int err = transfer(true, rounds.pid_of(r), local, remote, bytes)) fail(rounds, r, "process_vm_readv", err, desc);
 }
 
 void CmaChannel::write(Rounds& rounds, int r, const void* local, uint64_t remote, size_t bytes,
-                       const std::string& what) {
+                       const OpDesc& desc) {
   if (const int err = transfer(false, rounds.pid_of(r), const_cast<void*>(local), remote, bytes)) {
-    fail(rounds, r, "process_vm_writev", err, what);
+    fail(rounds, r, "process_vm_writev", err, desc);
   }
 }
 
@@ -89,9 +89,9 @@ uint8_t* CmaChannel::scratch(size_t bytes) {
   return scratch_.data() + ((64 - p % 64) % 64);
 }
 
-void CmaChannel::fail(Rounds& rounds, int r, const char* call, int err, const std::string& what) {
+void CmaChannel::fail(Rounds& rounds, int r, const char* call, int err, const OpDesc& desc) {
   Waiter& w = rounds.waiter();
-  const std::string msg = what + ": " + call + " with rank " + std::to_string(w.global(r)) + " failed: " +
+  const std::string msg = describe(desc) + ": " + call + " with rank " + std::to_string(w.global(r)) + " failed: " +
                           std::strerror(err);
   w.fail(err == ESRCH ? AbortKind::kPeerFailure : AbortKind::kOther, r, msg);
 }

@@ -27,7 +27,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "comm/backend.h"
@@ -79,9 +78,10 @@ class CmaChannel {
   uint64_t out_of(int r) const { return out_[r]; }
 
   // Copies bytes from rank r's remote address into local / from local to
-  // rank r's remote address. `what` names the op for the error.
-  void read(Rounds& rounds, int r, void* local, uint64_t remote, size_t bytes, const std::string& what);
-  void write(Rounds& rounds, int r, const void* local, uint64_t remote, size_t bytes, const std::string& what);
+  // rank r's remote address. The error names the op by desc (described
+  // only then: a transfer that succeeds builds no string).
+  void read(Rounds& rounds, int r, void* local, uint64_t remote, size_t bytes, const OpDesc& desc);
+  void write(Rounds& rounds, int r, const void* local, uint64_t remote, size_t bytes, const OpDesc& desc);
 
   // A scratch buffer of at least `bytes`, 64-byte aligned, kept between
   // calls.
@@ -94,7 +94,7 @@ class CmaChannel {
 
  private:
   enum class State { kUnknown, kWorks, kRefused };
-  [[noreturn]] void fail(Rounds& rounds, int r, const char* call, int err, const std::string& what);
+  [[noreturn]] void fail(Rounds& rounds, int r, const char* call, int err, const OpDesc& desc);
 
   size_t min_bytes_;
   Role role_;

@@ -25,7 +25,6 @@
 //   5.6, 64 KiB 3.5 -> 2.6 (docs/benchmarks.md, part 7), where the root
 //   used to move nothing.
 #include <algorithm>
-#include <string>
 #include <vector>
 
 #include "comm/reduce.h"
@@ -46,7 +45,7 @@ size_t chunk_elems(size_t es) { return std::max<size_t>(kAlign / es, CmaChannel:
 // calls after_chunk(at, k) for the elements just reduced.
 template <typename Remote, typename AfterChunk>
 void reduce_from_peers(Rounds& rounds, CmaChannel& cma, const uint8_t* mine, uint8_t* out, size_t count,
-                       DataType t, ReduceOp op, const std::string& what, Remote&& remote, AfterChunk&& after_chunk) {
+                       DataType t, ReduceOp op, const OpDesc& desc, Remote&& remote, AfterChunk&& after_chunk) {
   const int n = rounds.size(), me = rounds.rank();
   const size_t es = dtype_size(t), step = chunk_elems(es);
   uint8_t* scratch = cma.scratch(static_cast<size_t>(n) * step * es);
@@ -59,7 +58,7 @@ void reduce_from_peers(Rounds& rounds, CmaChannel& cma, const uint8_t* mine, uin
         continue;
       }
       uint8_t* buf = scratch + static_cast<size_t>(q) * step * es;
-      cma.read(rounds, q, buf, remote(q) + at * es, k * es, what);
+      cma.read(rounds, q, buf, remote(q) + at * es, k * es, desc);
       inputs[q] = buf;
     }
     reduce_many(out + at * es, inputs.data(), n, k, t, op, n);
@@ -76,11 +75,10 @@ void cma_all_reduce(Rounds& rounds, CmaChannel& cma, void* buf, size_t count, Da
   const size_t per = ((count + n - 1) / n + line - 1) / line * line;
   const size_t begin = std::min(count, me * per), len = std::min(count, begin + per) - begin;
   auto* mine = static_cast<uint8_t*>(buf) + begin * es;
-  const std::string what = describe(desc);
-  reduce_from_peers(rounds, cma, mine, mine, len, t, op, what, [&](int q) { return cma.in_of(q) + begin * es; },
+  reduce_from_peers(rounds, cma, mine, mine, len, t, op, desc, [&](int q) { return cma.in_of(q) + begin * es; },
                     [&](size_t at, size_t k) {
                       for (int q = 0; q < n; ++q) {
-                        if (q != me) cma.write(rounds, q, mine + at * es, cma.in_of(q) + (begin + at) * es, k * es, what);
+                        if (q != me) cma.write(rounds, q, mine + at * es, cma.in_of(q) + (begin + at) * es, k * es, desc);
                       }
                     });
   rounds.barrier_round(desc, d);
@@ -90,21 +88,20 @@ void cma_reduce_scatter(Rounds& rounds, CmaChannel& cma, const void* in, void* o
                         ReduceOp op, const OpDesc& desc, Deadline d) {
   const size_t share = static_cast<size_t>(rounds.rank()) * count * dtype_size(t);
   reduce_from_peers(rounds, cma, static_cast<const uint8_t*>(in) + share, static_cast<uint8_t*>(out), count, t, op,
-                    describe(desc), [&](int q) { return cma.in_of(q) + share; }, [](size_t, size_t) {});
+                    desc, [&](int q) { return cma.in_of(q) + share; }, [](size_t, size_t) {});
   rounds.barrier_round(desc, d);
 }
 
 void cma_all_gather(Rounds& rounds, CmaChannel& cma, const void* in, void* out, size_t bytes, const OpDesc& desc,
                     Deadline d) {
   const int n = rounds.size(), me = rounds.rank();
-  const std::string what = describe(desc);
   const auto* src = static_cast<const uint8_t*>(in);
   uint8_t* own = static_cast<uint8_t*>(out) + static_cast<size_t>(me) * bytes;
   for (size_t at = 0; at < bytes; at += CmaChannel::kChunkBytes) {
     const size_t k = std::min(CmaChannel::kChunkBytes, bytes - at);
     if (own != src) detail::copy_bytes(own + at, src + at, k);
     for (int q = 0; q < n; ++q) {
-      if (q != me) cma.write(rounds, q, src + at, cma.out_of(q) + static_cast<size_t>(me) * bytes + at, k, what);
+      if (q != me) cma.write(rounds, q, src + at, cma.out_of(q) + static_cast<size_t>(me) * bytes + at, k, desc);
     }
   }
   rounds.barrier_round(desc, d);
@@ -122,11 +119,10 @@ void cma_broadcast(Rounds& rounds, CmaChannel& cma, void* buf, size_t bytes, int
   const size_t head = bytes - tail;
   auto* p = static_cast<uint8_t*>(buf);
   if (rounds.rank() != root) {
-    cma.read(rounds, root, p, cma.in_of(root), head, describe(desc));
+    cma.read(rounds, root, p, cma.in_of(root), head, desc);
   } else if (tail > 0) {
-    const std::string what = describe(desc);
     for (int q = 0; q < n; ++q) {
-      if (q != root) cma.write(rounds, q, p + head, cma.in_of(q) + head, tail, what);
+      if (q != root) cma.write(rounds, q, p + head, cma.in_of(q) + head, tail, desc);
     }
   }
   rounds.barrier_round(desc, d);

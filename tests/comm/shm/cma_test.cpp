@@ -273,12 +273,13 @@ TEST(ShmCma, ATransferThatFailsNamesThePeerAndAbortsTheGroup) {
               Path::kSingleCopy);
     if (rounds.rank() == 0) {
       m.segment.slot(1)->pid.store(gone);  // as if rank 1 had died
-      cma.read(rounds, 1, buf.data(), cma.in_of(1), 400, "all_reduce #0");
+      cma.read(rounds, 1, buf.data(), cma.in_of(1), 400, desc);
     }
     rounds.barrier_round(desc, in(10s));
   });
   EXPECT_TRUE(raised<tdist::PeerFailureError>(errors[0])) << message(errors[0]);
-  EXPECT_TRUE(contains(message(errors[0]), "all_reduce #0: process_vm_readv with rank 1 failed")) << message(errors[0]);
+  EXPECT_TRUE(contains(message(errors[0]), "all_reduce(float32 x 100, SUM) #1: process_vm_readv with rank 1 failed"))
+      << message(errors[0]);
   EXPECT_NE(message(errors[1]), "");  // the group was aborted under it
 }
 
